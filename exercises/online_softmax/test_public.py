@@ -1,0 +1,140 @@
+"""Public tests for online softmax: small, fast, and each failure says what to look at.
+
+Run: make check EX=online_softmax   (or: pytest exercises/online_softmax)
+The oracle everywhere is the textbook formula in float64, never a clever implementation.
+"""
+
+import pytest
+import torch
+
+from grader.testing import OnceIterable
+
+INF = float("inf")
+
+
+@pytest.fixture(scope="module")
+def sm(student):
+    return student.load("online_softmax")
+
+
+def textbook_softmax(x: torch.Tensor) -> torch.Tensor:
+    """exp(x - max) / sum, in float64; rows of only -inf give zeros."""
+    x = x.double()
+    m = x.amax(-1, keepdim=True)
+    m = torch.where(m == -INF, torch.zeros_like(m), m)
+    e = torch.exp(x - m)
+    s = e.sum(-1, keepdim=True)
+    return torch.where(s > 0, e / s, torch.zeros_like(e))
+
+
+def first_bad_row(got: torch.Tensor, want: torch.Tensor, atol: float) -> str:
+    err = (got.double() - want.double()).abs().reshape(-1, got.shape[-1]).amax(-1)
+    row = int(err.argmax())
+    return f"row {row}: max error {float(err[row]):.3g} (tolerance {atol:g})"
+
+
+@pytest.mark.check("normalizer_public")
+def test_normalizer_one_chunk_is_max_and_sum(sm):
+    x = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]])
+    m, l = sm.online_normalizer(OnceIterable([x], "the chunks"))
+    assert m.dtype == torch.float32 and l.dtype == torch.float32, f"expected fp32 (m, l), found {m.dtype}, {l.dtype}"
+    torch.testing.assert_close(m, torch.tensor([3.0, 0.0]), msg=lambda e: f"m should be the row max. {e}")
+    want_l = torch.tensor([1 + torch.e**-1 + torch.e**-2, 3.0])
+    torch.testing.assert_close(l, want_l, msg=lambda e: f"l should be sum(exp(x - m)). {e}")
+
+
+@pytest.mark.check("normalizer_public")
+def test_normalizer_rescales_when_the_max_grows(sm):
+    x = torch.tensor([[0.0, 1.0, 5.0, 2.0, 9.0]])
+    m, l = sm.online_normalizer(OnceIterable([x[:, :2], x[:, 2:4], x[:, 4:]], "the chunks"))
+    want = torch.exp(x.double() - 9.0).sum()
+    assert float(m) == 9.0, f"m should be 9 (the row max), found {float(m)}"
+    assert abs(float(l) - float(want)) < 1e-5, (
+        f"l is {float(l):.6f} but should be {float(want):.6f}. When a later chunk raises the max, "
+        "the sum so far must be multiplied by exp(old_max - new_max)."
+    )
+
+
+@pytest.mark.check("normalizer_public")
+def test_normalizer_reads_the_chunks_once_and_skips_empty_ones(sm):
+    x = torch.randn(3, 7, generator=torch.Generator().manual_seed(0))
+    chunks = OnceIterable([x[:, :0], x[:, :4], x[:, 4:4], x[:, 4:]], "the chunks")
+    m, l = sm.online_normalizer(chunks)
+    torch.testing.assert_close(m, x.amax(1))
+    torch.testing.assert_close(l, torch.exp(x - x.amax(1, keepdim=True)).sum(1))
+
+
+@pytest.mark.check("normalizer_public")
+def test_normalizer_needs_a_chunk(sm):
+    with pytest.raises(ValueError):
+        sm.online_normalizer(OnceIterable([], "the chunks"))
+
+
+@pytest.mark.check("merge_public")
+def test_merge_two_states(sm):
+    x = torch.tensor([[1.0, 4.0, -2.0, 3.0]])
+    a, b = x[:, :2], x[:, 2:]
+    state = lambda t: (t.amax(1), torch.exp(t - t.amax(1, keepdim=True)).sum(1))  # noqa: E731
+    m, l = sm.merge_states(*state(a), *state(b))
+    want_m, want_l = state(x)
+    torch.testing.assert_close(m, want_m)
+    torch.testing.assert_close(l, want_l, msg=lambda e: f"merged l is off: rescale both sums to the common max. {e}")
+
+
+@pytest.mark.check("merge_public")
+def test_merge_with_the_empty_state_changes_nothing(sm):
+    m_a, l_a = torch.tensor([2.0, -INF]), torch.tensor([1.5, 0.0])
+    empty_m, empty_l = torch.full((2,), -INF), torch.zeros(2)
+    m, l = sm.merge_states(m_a, l_a, empty_m, empty_l)
+    assert not torch.isnan(l).any(), (
+        f"merging with the empty state (-inf, 0) gave NaN in l = {l.tolist()}: exp(-inf - (-inf)) is NaN; "
+        "subtract 0 when the max is -inf"
+    )
+    assert torch.equal(m, m_a) and torch.equal(l, l_a), f"expected ({m_a.tolist()}, {l_a.tolist()}), found ({m.tolist()}, {l.tolist()})"
+
+
+@pytest.mark.check("softmax_public")
+@pytest.mark.parametrize("block_size", [1, 3, 4, 1024])
+def test_softmax_matches_the_textbook(sm, block_size):
+    x = torch.randn(2, 3, 10, generator=torch.Generator().manual_seed(1)) * 4
+    out = sm.online_softmax(x, block_size=block_size)
+    assert out.shape == x.shape and out.dtype == x.dtype, f"expected {tuple(x.shape)} {x.dtype}, found {tuple(out.shape)} {out.dtype}"
+    want = textbook_softmax(x)
+    assert torch.allclose(out.double(), want, atol=1e-6), first_bad_row(out, want, 1e-6) + (
+        f" with block_size={block_size}: is the last, partial block included?"
+    )
+
+
+@pytest.mark.check("softmax_public")
+def test_softmax_of_a_masked_row_is_zero(sm):
+    x = torch.tensor([[-INF, -INF, -INF], [0.0, -INF, 0.0]])
+    out = sm.online_softmax(x, block_size=2)
+    want = torch.tensor([[0.0, 0.0, 0.0], [0.5, 0.0, 0.5]])
+    assert not torch.isnan(out).any(), f"found NaN in {out.tolist()}: a row of only -inf must give zeros"
+    torch.testing.assert_close(out, want)
+
+
+@pytest.mark.check("softmax_public")
+def test_softmax_keeps_the_dtype(sm):
+    x = torch.randn(4, 9, generator=torch.Generator().manual_seed(2)).half()
+    out = sm.online_softmax(x, block_size=4)
+    assert out.dtype == torch.float16, f"expected float16 output for float16 input, found {out.dtype}"
+    torch.testing.assert_close(out.double(), textbook_softmax(x), atol=2e-3, rtol=0)
+
+
+@pytest.mark.check("triton_public")
+def test_triton_small_rows(sm):
+    x = torch.randn(3, 5, generator=torch.Generator().manual_seed(3)) * 3
+    out = sm.softmax_triton(x)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    assert torch.allclose(out.double(), textbook_softmax(x), atol=1e-6), first_bad_row(out, textbook_softmax(x), 1e-6)
+
+
+@pytest.mark.check("triton_public")
+def test_triton_transposed_input(sm):
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(4)).t()  # shape [4, 6], strides (1, 4)
+    out = sm.softmax_triton(x)
+    assert out.is_contiguous(), "the output must be a new contiguous tensor"
+    assert torch.allclose(out.double(), textbook_softmax(x), atol=1e-6), (
+        first_bad_row(out, textbook_softmax(x), 1e-6) + ": use x.stride(0) and x.stride(1), not the shape, to address x"
+    )

@@ -1,0 +1,212 @@
+"""course.yaml: the single source of the rubric, validated on load.
+
+Every exercise, check, point value, time limit, speed bar and hint lives in course.yaml. This module
+loads it into pydantic models and turns any mistake into one error that names the path and what was
+expected, for example::
+
+    course.yaml: exercises[2].points: expected a positive number, found 'ten'
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+COURSE_FILE = "course.yaml"
+IDENT = r"^[a-z][a-z0-9_]*$"
+
+
+class CourseError(ValueError):
+    """course.yaml is missing or does not describe a valid course."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SpeedBar(_Model):
+    """Partial credit on a speed check: full marks at `bar`, none below `floor`, linear between.
+
+    `metric` names what the check measures (a fraction of a measured ceiling, or a ratio to a library
+    baseline); the check reports the achieved value and the grader scores it on this scale.
+    """
+
+    metric: str
+    bar: float = Field(gt=0)
+    floor: float = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _floor_below_bar(self) -> "SpeedBar":
+        if self.floor > self.bar:
+            raise ValueError(f"floor ({self.floor}) must not exceed bar ({self.bar})")
+        return self
+
+    def credit(self, achieved: float) -> float:
+        """Fraction of the check's points earned for an achieved value of the metric."""
+        if achieved != achieved or achieved <= self.floor:  # NaN or below the floor
+            return 0.0 if achieved < self.bar else 1.0
+        if achieved >= self.bar:
+            return 1.0
+        return (achieved - self.floor) / (self.bar - self.floor)
+
+
+class Check(_Model):
+    """One line of the rubric: a group of tests that earns `points` together.
+
+    Tests name their check with ``@pytest.mark.check("<id>")``. A check's points are split evenly
+    over its tests (a parametrized sweep earns partial credit), except that a speed check scores
+    each test on its `speed` scale.
+    """
+
+    id: str = Field(pattern=IDENT)
+    title: str
+    points: float = Field(gt=0)
+    visibility: Literal["public", "hidden"] = "hidden"
+    cuda: bool = False
+    speed: SpeedBar | None = None
+
+
+class Exercise(_Model):
+    id: str = Field(pattern=IDENT)
+    title: str
+    file: str = Field(pattern=r"^[A-Za-z0-9_]+\.py$")
+    points: float = Field(gt=0)
+    budget: str = Field(description="the budget the technique buys back: memory, compute or bandwidth")
+    difficulty: Literal["easy", "medium", "hard"]
+    minutes: int = Field(gt=0, description="expected minutes, for interview practice")
+    time_limit_s: float = Field(gt=0, description="wall-clock limit for grading the whole exercise")
+    call_timeout_s: float = Field(gt=0, description="wall-clock limit for one call into student code")
+    checks: list[Check] = Field(min_length=1)
+    hints: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Exercise":
+        ids = [c.id for c in self.checks]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ValueError(f"check ids must be unique, found {dupes} more than once")
+        total = sum(c.points for c in self.checks)
+        if abs(total - self.points) > 1e-9:
+            raise ValueError(
+                f"points ({self.points:g}) must equal the sum of its checks' points, found {total:g}"
+            )
+        return self
+
+    def check(self, check_id: str) -> Check:
+        for c in self.checks:
+            if c.id == check_id:
+                return c
+        raise KeyError(f"exercise {self.id!r} has no check {check_id!r}; known: {[c.id for c in self.checks]}")
+
+
+class WorkerLimits(_Model):
+    """Resource limits for the sandboxed worker that runs student code."""
+
+    memory_mb: int = Field(8192, gt=0)
+    cpu_s: int = Field(900, gt=0)
+    file_size_mb: int = Field(256, gt=0)
+    processes: int = Field(256, gt=0)
+    max_result_mb: int = Field(1024, gt=0)
+
+
+class Course(_Model):
+    course: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
+    title: str
+    version: str
+    worker: WorkerLimits = WorkerLimits()
+    exercises: list[Exercise] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> "Course":
+        ids = [e.id for e in self.exercises]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ValueError(f"exercise ids must be unique, found {dupes} more than once")
+        return self
+
+    def exercise(self, exercise_id: str) -> Exercise:
+        for e in self.exercises:
+            if e.id == exercise_id:
+                return e
+        raise KeyError(
+            f"no exercise {exercise_id!r} in {COURSE_FILE}; expected one of {[e.id for e in self.exercises]}"
+        )
+
+    @property
+    def total_points(self) -> float:
+        return sum(e.points for e in self.exercises)
+
+
+def _describe(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _format_error(err: dict, source: str) -> str:
+    path = ""
+    for part in err["loc"]:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    kind, msg = err["type"], err["msg"]
+    found = _describe(err.get("input"))
+    if kind in ("greater_than", "greater_than_equal") and not isinstance(err.get("input"), (int, float)):
+        expected = "a positive number"
+    elif kind in ("greater_than", "greater_than_equal"):
+        expected = f"a number {'>' if kind == 'greater_than' else '>='} {err['ctx'].get('gt', err['ctx'].get('ge'))}"
+    elif kind in ("float_parsing", "float_type", "int_parsing", "int_type"):
+        expected = "a positive number" if "points" in path or "_s" in path else "a number"
+    elif kind == "missing":
+        return f"{source}: {path}: missing (this field is required)"
+    elif kind == "extra_forbidden":
+        return f"{source}: {path}: unknown field (check its spelling)"
+    elif kind == "string_pattern_mismatch":
+        expected = f"a name matching {err['ctx']['pattern']}"
+    elif kind == "literal_error":
+        expected = f"one of {err['ctx']['expected']}"
+    else:
+        expected = msg[0].lower() + msg[1:] if msg else kind
+        return f"{source}: {path or '(top level)'}: {expected}"
+    return f"{source}: {path}: expected {expected}, found {found}"
+
+
+def parse_course(data: object, source: str = COURSE_FILE) -> Course:
+    if not isinstance(data, dict):
+        raise CourseError(f"{source}: expected a mapping at the top level, found {type(data).__name__}")
+    try:
+        return Course.model_validate(data)
+    except ValidationError as exc:
+        lines = [_format_error(e, source) for e in exc.errors(include_url=False)]
+        raise CourseError("\n".join(lines)) from None
+
+
+def find_root(start: Path | None = None) -> Path:
+    """The course root: the nearest folder at or above `start` that holds course.yaml."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / COURSE_FILE).is_file():
+            return folder
+    packaged = Path(__file__).resolve().parent.parent
+    if (packaged / COURSE_FILE).is_file():
+        return packaged
+    raise CourseError(f"no {COURSE_FILE} found in {here} or any folder above it")
+
+
+def load_course(root: Path | None = None) -> Course:
+    path = (root or find_root()) / COURSE_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CourseError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CourseError(f"{path.name}: not valid YAML: {exc}") from None
+    return parse_course(data, path.name)
+
+
+def json_schema() -> dict:
+    """The JSON Schema of course.yaml (shipped as grader/schemas/course.schema.json)."""
+    return Course.model_json_schema()
+

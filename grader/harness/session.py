@@ -1,0 +1,121 @@
+"""The `student` fixture's object: one API, two modes.
+
+* ``local`` (``make check``): the student's module is imported into the test process. Real
+  tracebacks, a debugger works, no sandbox. For self-study, where the student is the only user.
+* ``sandbox`` (``grader grade``): the module runs in a sandboxed worker process (client.py) and the
+  test process never imports it.
+
+Tests are written once against this API::
+
+    sm = student.load("online_softmax", forbid=["torch.softmax"])
+    out = sm.online_softmax(x)                      # a call, local or remote
+    out, lines = student.lines_executed(sm.online_softmax, x)
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from grader.harness import probes
+from grader.harness.client import CallOptions, RemoteCallable, RemoteModule, Sandbox, WorkerProcess
+
+
+class LocalModule:
+    """The student's module imported in-process, with the same probes as the worker applies."""
+
+    def __init__(self, module: Any, path: Path, options: CallOptions):
+        self._module, self._path, self._options = module, str(path), options
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        value = getattr(self._module, name)
+        if callable(value) and not isinstance(value, type):
+            return LocalCallable(value, self._path, self._options)
+        return value
+
+    def __repr__(self) -> str:
+        return f"<student module {self._module.__name__} (in-process)>"
+
+
+class LocalCallable:
+    def __init__(self, fn: Callable, path: str, options: CallOptions):
+        self._fn, self._path, self._options = fn, path, options
+        functools.update_wrapper(self, fn)
+
+    def _invoke(self, args: tuple, kwargs: dict, count_lines: bool = False) -> tuple[Any, int | None]:
+        with probes.around_call(self._path, self._options.forbid, self._options.forbid_why, count_lines) as counter:
+            value = self._fn(*args, **kwargs)
+        return value, (counter.count if counter is not None else None)
+
+    def __call__(self, *args, **kwargs):
+        return self._invoke(args, kwargs)[0]
+
+
+class StudentSession:
+    """Loads the student's modules for the tests, in the mode the run was started in."""
+
+    def __init__(self, mode: str, locate: Callable[[str], Path], sandbox: Sandbox | None = None,
+                 call_timeout: Callable[[str], float] | None = None):
+        if mode not in ("local", "sandbox"):
+            raise ValueError(f"mode must be 'local' or 'sandbox', found {mode!r}")
+        self.mode = mode
+        self._locate = locate
+        self._sandbox = sandbox or Sandbox()
+        self._call_timeout = call_timeout or (lambda _id: 60.0)
+        self._workers: dict[str, WorkerProcess] = {}
+        self._local: dict[str, Any] = {}
+
+    def load(self, exercise_id: str, forbid: Iterable[str] = (), forbid_why: str = "") -> Any:
+        """The student's module for an exercise. `forbid` names library functions it must not call."""
+        options = CallOptions(tuple(forbid), forbid_why)
+        path = self._locate(exercise_id)
+        if self.mode == "local":
+            return LocalModule(self._import(exercise_id, path), path, options)
+        if exercise_id not in self._workers:
+            self._workers[exercise_id] = WorkerProcess(path, self._sandbox, self._call_timeout(exercise_id))
+        return RemoteModule(self._workers[exercise_id], exercise_id, options)
+
+    def _import(self, exercise_id: str, path: Path) -> Any:
+        if exercise_id not in self._local:
+            if not path.is_file():
+                raise FileNotFoundError(f"expected the student's file at {path}, found nothing there")
+            name = path.stem
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                sys.modules.pop(name, None)
+                raise
+            self._local[exercise_id] = module
+        return self._local[exercise_id]
+
+    def lines_executed(self, fn: Any, *args, **kwargs) -> tuple[Any, int]:
+        """Call `fn` and count the lines of the student's module it executed.
+
+        The structural test for vectorisation: a loop over tokens executes more lines when there are
+        more tokens; vectorised code executes the same lines whatever the size.
+        """
+        if not isinstance(fn, (RemoteCallable, LocalCallable)):
+            raise TypeError("lines_executed takes a function of a module returned by student.load")
+        value, lines = fn._invoke(args, kwargs, count_lines=True)
+        if not isinstance(lines, int):
+            raise RuntimeError("the line count did not come back from the student's process")
+        return value, lines
+
+    def warnings(self) -> list[str]:
+        return sorted({w for worker in self._workers.values() for w in worker.warnings})
+
+    def worker_starts(self) -> int:
+        return sum(w.starts for w in self._workers.values())
+
+    def close(self) -> None:
+        for worker in self._workers.values():
+            worker.close()
+        self._workers.clear()

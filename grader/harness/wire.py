@@ -1,0 +1,222 @@
+"""What travels between the grader and the worker, and how it is framed.
+
+Two directions, two levels of trust:
+
+* grader -> worker (requests): the grader is trusted, so requests are plain pickles. They may carry
+  torch modules, generators and anything else the test builds.
+* worker -> grader (replies): the worker runs student code, so its bytes are hostile until proven
+  otherwise. Replies are written with ``torch.save`` and read with ``torch.load(weights_only=True)``,
+  whose unpickler admits only tensors, numbers, strings, bytes, dtypes and plain containers. Richer
+  values (named tuples, numpy arrays, remote handles) travel as tagged dicts and are rebuilt here,
+  field by field, after validation. A reply that tries to smuggle in any other object fails to decode
+  and the test fails with "malformed result"; no code from the worker ever runs in the grader.
+
+Frames are an 8-byte big-endian length followed by the payload.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import keyword
+import pickle
+import socket
+import struct
+from typing import Any, Callable
+
+TAG = "__wire__"
+_HEADER = struct.Struct(">Q")
+
+
+class MalformedReply(Exception):
+    """The worker sent bytes that are not a well-formed reply."""
+
+
+class OnceIterable:
+    """An iterable that may be iterated once. A second ``iter()`` raises with a message that teaches.
+
+    Tests pass one where the contract says "the iterable may be consumed only once" (a stream of
+    chunks that cannot be rewound). It travels to the worker as the list of its items.
+    """
+
+    def __init__(self, items, what: str = "this iterable"):
+        self._items = list(items)
+        self._what = what
+        self._used = False
+
+    def __iter__(self):
+        if self._used:
+            raise RuntimeError(
+                f"{self._what} was already consumed: it can be read only once (one pass over the data)"
+            )
+        self._used = True
+        return iter(self._items)
+
+    def __reduce__(self):
+        return (OnceIterable, (self._items, self._what))
+
+
+class HandleRef:
+    """A reference to an object kept in the worker, as it travels inside a request."""
+
+    def __init__(self, hid: int):
+        self.id = hid
+
+    def __reduce__(self):
+        return (HandleRef, (self.id,))
+
+
+# --------------------------------------------------------------------------------------------------
+# Framing
+
+
+def send_frame(sock: socket.socket, payload: bytes) -> None:
+    sock.sendall(_HEADER.pack(len(payload)) + payload)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        chunk = sock.recv(min(n - got, 1 << 20))
+        if not chunk:
+            raise EOFError("the connection closed mid-frame")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def recv_frame(sock: socket.socket, max_bytes: int) -> bytes:
+    (n,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
+    if n > max_bytes:
+        raise MalformedReply(f"reply of {n} bytes exceeds the limit of {max_bytes} bytes")
+    return _recv_exact(sock, n)
+
+
+# --------------------------------------------------------------------------------------------------
+# Requests (trusted direction)
+
+
+def encode_request(request: dict) -> bytes:
+    return pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode_request(data: bytes) -> dict:
+    return pickle.loads(data)
+
+
+# --------------------------------------------------------------------------------------------------
+# Replies (untrusted direction)
+
+
+def to_wire(value: Any, keep: Callable[[Any], int]) -> Any:
+    """Turn a value into a tree that ``torch.load(weights_only=True)`` can read.
+
+    Objects that cannot travel (instances of the student's classes) are kept in the worker, and
+    `keep(obj)` returns the handle id under which the grader can reach them.
+    """
+    import torch
+
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, torch.Size):
+        return tuple(int(v) for v in value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return {
+            TAG: "namedtuple",
+            "name": type(value).__name__,
+            "fields": [str(f) for f in value._fields],
+            "values": [to_wire(v, keep) for v in value],
+        }
+    if isinstance(value, tuple):
+        return tuple(to_wire(v, keep) for v in value)
+    if isinstance(value, list):
+        return [to_wire(v, keep) for v in value]
+    if isinstance(value, dict):
+        return {TAG: "dict", "items": [[to_wire(k, keep), to_wire(v, keep)] for k, v in value.items()]}
+    if isinstance(value, (set, frozenset)):
+        return {TAG: "set", "items": [to_wire(v, keep) for v in value]}
+    try:
+        import numpy as np
+
+        if isinstance(value, np.ndarray):
+            return {TAG: "ndarray", "data": torch.from_numpy(np.ascontiguousarray(value).copy())}
+        if isinstance(value, np.generic):
+            return value.item()
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        pass
+    return {TAG: "handle", "id": keep(value), "type": type(value).__name__}
+
+
+def encode_reply(reply: dict, keep: Callable[[Any], int]) -> bytes:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(to_wire(reply, keep), buf)
+    return buf.getvalue()
+
+
+_namedtuple_types: dict[tuple[str, tuple[str, ...]], type] = {}
+
+
+def _namedtuple(name: str, fields: list[str]) -> type:
+    if not (isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)):
+        name = "Result"
+    if not all(isinstance(f, str) for f in fields):
+        raise MalformedReply("named tuple field names must be strings")
+    key = (name, tuple(fields))
+    if key not in _namedtuple_types:
+        _namedtuple_types[key] = collections.namedtuple(name, fields, rename=True)
+    return _namedtuple_types[key]
+
+
+def from_wire(tree: Any, make_handle: Callable[[int, str], Any]) -> Any:
+    """Rebuild a value from its wire tree, checking every node's type on the way."""
+    import torch
+
+    if tree is None or isinstance(tree, (bool, int, float, str, bytes, torch.Tensor, torch.dtype)):
+        return tree
+    if isinstance(tree, tuple):
+        return tuple(from_wire(v, make_handle) for v in tree)
+    if isinstance(tree, list):
+        return [from_wire(v, make_handle) for v in tree]
+    if isinstance(tree, dict):
+        kind = tree.get(TAG)
+        if kind == "namedtuple":
+            cls = _namedtuple(tree["name"], list(tree["fields"]))
+            values = [from_wire(v, make_handle) for v in tree["values"]]
+            if len(values) != len(cls._fields):
+                raise MalformedReply("named tuple with a wrong number of values")
+            return cls(*values)
+        if kind == "dict":
+            return {from_wire(k, make_handle): from_wire(v, make_handle) for k, v in tree["items"]}
+        if kind == "set":
+            return {from_wire(v, make_handle) for v in tree["items"]}
+        if kind == "ndarray":
+            data = tree["data"]
+            if not isinstance(data, torch.Tensor):
+                raise MalformedReply("ndarray payload is not a tensor")
+            return data.numpy()
+        if kind == "handle":
+            if not isinstance(tree.get("id"), int):
+                raise MalformedReply("handle without an integer id")
+            return make_handle(tree["id"], str(tree.get("type", "object")))
+        raise MalformedReply(f"unknown wire tag {kind!r}")
+    raise MalformedReply(f"unexpected {type(tree).__name__} in reply")
+
+
+def decode_reply(data: bytes, make_handle: Callable[[int, str], Any]) -> Any:
+    """Decode untrusted reply bytes. Raises MalformedReply for anything but a well-formed tree."""
+    import torch
+
+    try:
+        tree = torch.load(io.BytesIO(data), weights_only=True, map_location=None)
+    except Exception as exc:  # noqa: BLE001 - any failure to decode hostile bytes is a malformed reply
+        raise MalformedReply(f"the worker's reply could not be decoded safely: {type(exc).__name__}") from None
+    try:
+        return from_wire(tree, make_handle)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise MalformedReply(f"malformed reply: {exc}") from None

@@ -1,0 +1,221 @@
+"""The worker: the only process that imports student code.
+
+It serves requests from the grader over one socket: import the student's module, read an attribute,
+call a function or method. Values that cannot travel (objects of the student's classes) stay here in
+a handle table; the grader holds their ids. Exceptions come back as the student's traceback, trimmed
+to the student's own frames. Nothing this process sends is trusted by the grader (see wire.py).
+
+Run as ``python -I -m grader.harness.worker FD MODULE_PATH`` by the sandbox launcher.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from grader.harness import probes, wire
+
+MODULE = "module"  # the root target name for the student's module
+
+
+class Worker:
+    def __init__(self, sock: socket.socket, module_path: str):
+        self.sock = sock
+        self.module_path = str(Path(module_path).resolve())
+        self.module: Any = None
+        self.handles: dict[int, Any] = {}
+
+    # -- handles ------------------------------------------------------------------------------
+
+    def keep(self, obj: Any) -> int:
+        hid = len(self.handles) + 1
+        self.handles[hid] = obj
+        return hid
+
+    def resolve(self, target: Any) -> Any:
+        if target == MODULE:
+            return self.load()
+        if isinstance(target, int) and target in self.handles:
+            return self.handles[target]
+        raise LookupError(f"unknown handle {target!r}")
+
+    def unwrap(self, value: Any) -> Any:
+        """Replace handle references in call arguments by the objects they stand for."""
+        if isinstance(value, wire.HandleRef):
+            return self.resolve(value.id)
+        if isinstance(value, list):
+            return [self.unwrap(v) for v in value]
+        if isinstance(value, tuple) and not hasattr(value, "_fields"):
+            return tuple(self.unwrap(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self.unwrap(v) for k, v in value.items()}
+        return value
+
+    # -- operations ---------------------------------------------------------------------------
+
+    def load(self) -> Any:
+        if self.module is None:
+            name = Path(self.module_path).stem
+            spec = importlib.util.spec_from_file_location(name, self.module_path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+            self.module = module
+        return self.module
+
+    def op_getattr(self, target: Any, name: str) -> dict:
+        value = getattr(self.resolve(target), name)
+        if isinstance(value, type) and issubclass(value, BaseException):
+            return {"kind": "exception", "mro": [c.__name__ for c in value.__mro__]}
+        if isinstance(value, type):
+            return {"kind": "class"}
+        if callable(value):
+            return {"kind": "callable"}
+        return {"kind": "value", "value": value}
+
+    def op_call(self, target: Any, path: list[str], args: tuple, kwargs: dict, options: dict) -> dict:
+        fn = self.resolve(target)
+        for name in path:
+            fn = getattr(fn, name)
+        args, kwargs = self.unwrap(args), self.unwrap(kwargs)
+        snapshots = _snapshot_tensors((args, kwargs))
+        with probes.around_call(
+            self.module_path,
+            forbid=options.get("forbid", ()),
+            forbid_why=options.get("forbid_why", ""),
+            count_lines=options.get("count_lines", False),
+        ) as counter:
+            value = fn(*args, **kwargs)
+        reply = {"value": value, "mutated": _mutated(snapshots)}
+        if counter is not None:
+            reply["lines"] = counter.count
+        return reply
+
+    def handle(self, request: dict) -> dict:
+        op = request["op"]
+        if op == "ping":
+            return {"pid": os.getpid()}
+        if op == "load":
+            self.load()
+            return {}
+        if op == "getattr":
+            return self.op_getattr(request["target"], request["name"])
+        if op == "call":
+            return self.op_call(
+                request["target"], request["path"], request["args"], request["kwargs"], request.get("options", {})
+            )
+        if op == "release":
+            self.handles.pop(request["target"], None)
+            return {}
+        raise ValueError(f"unknown op {op!r}")
+
+    def serve(self) -> None:
+        max_bytes = 1 << 40
+        while True:
+            try:
+                request = wire.decode_request(wire.recv_frame(self.sock, max_bytes))
+            except EOFError:
+                return
+            try:
+                reply = {"ok": True, **self.handle(request)}
+            except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt included
+                reply = {"ok": False, "error": self.describe(exc)}
+            try:
+                payload = wire.encode_reply(reply, self.keep)
+            except BaseException as exc:  # noqa: BLE001 - a value that cannot be encoded
+                payload = wire.encode_reply(
+                    {"ok": False, "error": self.describe(exc, prefix="the result could not be sent back: ")},
+                    self.keep,
+                )
+            wire.send_frame(self.sock, payload)
+
+    def describe(self, exc: BaseException, prefix: str = "") -> dict:
+        return {
+            "type": type(exc).__name__,
+            "mro": [c.__name__ for c in type(exc).__mro__],
+            "message": prefix + _exception_text(exc),
+            "traceback": student_traceback(exc, self.module_path),
+        }
+
+
+def _exception_text(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"your code called sys.exit({exc.code!r}); a graded function must return, not exit"
+    if isinstance(exc, KeyboardInterrupt):
+        return "KeyboardInterrupt raised inside your code"
+    return str(exc)
+
+
+def student_traceback(exc: BaseException, module_path: str) -> str:
+    """The traceback with only the student's frames (and the frame that raised), paths shortened."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    keep = [f for f in frames if f.filename == module_path]
+    if frames and (not keep or frames[-1] is not keep[-1]):
+        keep.append(frames[-1])
+    lines = ["Traceback (most recent call last, your code only):"]
+    for f in keep:
+        where = Path(f.filename).name if f.filename == module_path else _short(f.filename)
+        lines.append(f'  File "{where}", line {f.lineno}, in {f.name}')
+        if f.line:
+            lines.append(f"    {f.line.strip()}")
+    lines.extend(traceback.format_exception_only(type(exc), exc))
+    return "\n".join(line.rstrip("\n") for line in lines)
+
+
+def _short(filename: str) -> str:
+    parts = Path(filename).parts
+    for anchor in ("site-packages", "lib"):
+        if anchor in parts:
+            return str(Path(*parts[parts.index(anchor) + 1 :]))
+    return Path(filename).name
+
+
+def _tensors(tree: Any, path: tuple = ()):
+    import torch
+
+    if isinstance(tree, torch.Tensor):
+        yield path, tree
+    elif isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
+        for i, v in enumerate(tree):
+            yield from _tensors(v, path + (i,))
+    elif isinstance(tree, dict):
+        for k, v in tree.items():
+            if isinstance(k, str):
+                yield from _tensors(v, path + (k,))
+
+
+_SNAPSHOT_LIMIT = 256 << 20
+
+
+def _snapshot_tensors(tree: Any) -> list:
+    """Copies of the tensor arguments, so in-place changes can be sent back to the caller."""
+    snaps = []
+    for path, t in _tensors(tree):
+        if t.numel() * t.element_size() <= _SNAPSHOT_LIMIT:
+            snaps.append((path, t, t.detach().clone()))
+    return snaps
+
+
+def _mutated(snapshots: list) -> list:
+    import torch
+
+    changed = []
+    for path, t, before in snapshots:
+        if t.shape != before.shape or t.dtype != before.dtype or not torch.equal(t.detach(), before):
+            changed.append((list(path), t.detach()))
+    return changed
+
+
+def main(argv: list[str]) -> None:
+    fd, module_path = int(argv[1]), argv[2]
+    sock = socket.socket(fileno=fd)
+    Worker(sock, module_path).serve()
+
+
+if __name__ == "__main__":
+    main(sys.argv)

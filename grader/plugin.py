@@ -1,0 +1,328 @@
+"""The pytest plugin every exercise's tests run under (registered as the `grader` pytest11 entry point).
+
+It provides the fixtures tests use (`student`, `seed`, `rng`, `device`, `score`), skips `cuda` tests
+where there is no CUDA device ("not graded: no CUDA device", never a pass), and turns each test's
+outcome into a graded event: passed / failed / error / timeout / not_graded, with a message fit to
+show the student. Hidden tests' source never appears in those messages.
+
+Events go, one JSON line each, to the file descriptor given by ``--grader-events``; the grader's
+runner (a separate, trusted process) reads them and keeps the score. Without that option (a student
+running ``pytest exercises/online_softmax`` by hand) the plugin only provides the fixtures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from grader.course import Course, find_root, load_course
+
+_STATE = pytest.StashKey[dict]()
+MAX_MESSAGE = 4000
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("grader")
+    group.addoption("--grader-mode", default="local", choices=("local", "sandbox"),
+                    help="local: import the student's module in-process; sandbox: run it in a worker")
+    group.addoption("--grader-submission", default=None,
+                    help="folder holding the student's files, flat (sandbox mode)")
+    group.addoption("--grader-events", type=int, default=None, help="file descriptor for graded events")
+    group.addoption("--grader-seed", type=int, default=None, help="seed for the hidden tests' inputs")
+    group.addoption("--grader-hide", default="", help="os.pathsep-separated folders the worker must not read")
+    group.addoption("--grader-no-isolate", action="store_true", help="run workers without namespaces")
+    group.addoption("--grader-user", default="nobody", help="unprivileged user for workers when root")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "check(id): the course.yaml check this test earns points for")
+    config.addinivalue_line("markers", "cuda: needs a CUDA device; reported as not graded elsewhere")
+    fd = config.getoption("--grader-events")
+    config.stash[_STATE] = {"events": os.fdopen(fd, "w", buffering=1) if fd is not None else None}
+    if config.getoption("--grader-mode") == "local" and "TRITON_INTERPRET" not in os.environ:
+        # Triton reads this at import time: decide before any test imports it.
+        if not _cuda_available():
+            os.environ["TRITON_INTERPRET"] = "1"
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:  # pragma: no cover
+        return False
+
+
+def _course(config: pytest.Config) -> Course | None:
+    state = config.stash[_STATE]
+    if "course" not in state:
+        try:
+            state["root"] = find_root(Path(str(config.rootpath)))
+            state["course"] = load_course(state["root"])
+        except Exception:  # noqa: BLE001 - a plain pytest run outside a course
+            state["root"], state["course"] = None, None
+    return state["course"]
+
+
+def exercise_of(path: Path) -> tuple[str | None, str]:
+    """(exercise id, visibility) for a test file: exercises/<id>/... is public, grader/hidden/<id>/ hidden."""
+    parts = path.resolve().parts
+    for i in range(len(parts) - 2, 0, -1):
+        if parts[i - 1] == "exercises":
+            return parts[i], "public"
+        if parts[i - 1] == "hidden" and i >= 2 and parts[i - 2] == "grader":
+            return parts[i], "hidden"
+    return None, "public"
+
+
+# --------------------------------------------------------------------------------------------------
+# Fixtures
+
+
+@pytest.fixture(scope="session")
+def student(request: pytest.FixtureRequest):
+    """Loads the student's module for an exercise: ``student.load("online_softmax")``."""
+    from grader.harness.client import Sandbox
+    from grader.harness.session import StudentSession
+
+    config = request.config
+    course = _course(config)
+    root = config.stash[_STATE]["root"] or Path.cwd()
+    mode = config.getoption("--grader-mode")
+    submission = config.getoption("--grader-submission")
+
+    def locate(exercise_id: str) -> Path:
+        filename = course.exercise(exercise_id).file if course else f"{exercise_id}.py"
+        if submission:
+            return Path(submission) / filename
+        return Path(root) / "exercises" / exercise_id / filename
+
+    limits = course.worker if course else None
+    sandbox = Sandbox(
+        isolate=not config.getoption("--grader-no-isolate"),
+        user=config.getoption("--grader-user"),
+        hide=[p for p in config.getoption("--grader-hide").split(os.pathsep) if p],
+        cuda=_cuda_available(),
+        **({} if limits is None else {
+            "memory_mb": limits.memory_mb, "cpu_s": limits.cpu_s, "file_size_mb": limits.file_size_mb,
+            "processes": limits.processes, "max_result_mb": limits.max_result_mb,
+        }),
+    )
+
+    def call_timeout(exercise_id: str) -> float:
+        return course.exercise(exercise_id).call_timeout_s if course else 60.0
+
+    session = StudentSession(mode, locate, sandbox, call_timeout)
+    yield session
+    state = config.stash[_STATE]
+    state["warnings"] = session.warnings()
+    state["worker_starts"] = session.worker_starts()
+    session.close()
+
+
+@pytest.fixture(scope="session")
+def seed(request: pytest.FixtureRequest) -> int:
+    """The run's seed. Hidden tests derive every input from it; the result records it."""
+    value = request.config.getoption("--grader-seed")
+    return 0 if value is None else value
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest, seed: int):
+    """A torch.Generator seeded from the run's seed and this test's id (reproducible with --seed)."""
+    import torch
+
+    return torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(request.node.nodeid.encode())) % 2**63)
+
+
+@pytest.fixture(scope="session")
+def device() -> str:
+    return "cuda" if _cuda_available() else "cpu"
+
+
+class Score:
+    """Partial credit and figures for one test (speed checks use it)."""
+
+    def __init__(self, check: Any):
+        self.check = check
+        self.fraction: float | None = None
+        self.message = ""
+        self.figures: dict[str, float] = {}
+
+    def credit(self, fraction: float, message: str = "") -> None:
+        self.fraction = min(1.0, max(0.0, float(fraction)))
+        self.message = message
+
+    def metrics(self, **figures: float) -> None:
+        self.figures.update({k: float(v) for k, v in figures.items()})
+
+    def speed(self, achieved: float, message: str = "") -> float:
+        """Score an achieved speed metric on the check's course.yaml scale; returns the credit."""
+        bar = getattr(self.check, "speed", None)
+        if bar is None:
+            raise RuntimeError("this test's check has no speed bar in course.yaml")
+        fraction = bar.credit(achieved)
+        self.metrics(**{bar.metric: achieved, "bar": bar.bar, "floor": bar.floor})
+        self.credit(fraction, message or f"{bar.metric} = {achieved:.3g} (full marks at {bar.bar:g}, none at {bar.floor:g})")
+        return fraction
+
+
+@pytest.fixture
+def score(request: pytest.FixtureRequest) -> Score:
+    item = request.node
+    return item.stash.setdefault(_SCORE, Score(_check_of(item)))
+
+
+_SCORE = pytest.StashKey[Score]()
+_OUTCOME = pytest.StashKey[dict]()
+
+
+def _check_of(item: pytest.Item):
+    course = _course(item.config)
+    marker = item.get_closest_marker("check")
+    exercise_id, _ = exercise_of(Path(str(item.path)))
+    if course is None or marker is None or exercise_id is None:
+        return None
+    try:
+        return course.exercise(exercise_id).check(marker.args[0])
+    except (KeyError, IndexError):
+        return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Collection and outcomes
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    course = _course(config)
+    for item in items:
+        exercise_id, _ = exercise_of(Path(str(item.path)))
+        if exercise_id is None or course is None:
+            continue
+        marker = item.get_closest_marker("check")
+        problem = None
+        if marker is None or not marker.args:
+            problem = "has no @pytest.mark.check('<id>') marker naming its course.yaml check"
+        else:
+            try:
+                course.exercise(exercise_id).check(marker.args[0])
+            except KeyError as exc:
+                problem = str(exc).strip("'\"")
+        if problem:
+            item.add_marker(pytest.mark.grader_misconfigured(problem))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    bad = item.get_closest_marker("grader_misconfigured")
+    if bad:
+        raise RuntimeError(f"grader configuration error: test {item.name} {bad.args[0]}")
+    if item.get_closest_marker("cuda") and not _cuda_available():
+        pytest.skip("not graded: no CUDA device")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    report = outcome.get_result()
+    state = item.stash.setdefault(_OUTCOME, {"status": "passed", "message": "", "traceback": "", "duration": 0.0})
+    state["duration"] += report.duration
+    if report.passed or state["status"] != "passed":
+        return
+    _, visibility = exercise_of(Path(str(item.path)))
+    if report.skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        state.update(status="not_graded", message=reason.removeprefix("Skipped: "))
+        return
+    state.update(classify(call.excinfo.value if call.excinfo else None, visibility, item.name, report))
+
+
+def classify(exc: BaseException | None, visibility: str, test_name: str, report: Any = None) -> dict:
+    """Map a failed test's exception to a graded status and a message fit for the student."""
+    from grader.harness.client import StudentCrash, StudentError, StudentTimeout
+
+    if isinstance(exc, StudentTimeout):
+        return {"status": "timeout", "message": str(exc)}
+    if isinstance(exc, StudentCrash):
+        return {"status": "error", "message": str(exc)}
+    if isinstance(exc, StudentError):
+        return {"status": "error", "message": f"your code raised {exc}", "traceback": exc.student_traceback}
+    if isinstance(exc, AssertionError):
+        text = str(exc)
+        head = text.split("\nassert ")[0] if "\nassert " in text else text
+        if visibility == "hidden" and (not head or head.startswith("assert ")):
+            head = f"a check in {test_name} failed"
+        return {"status": "failed", "message": _cap(head if visibility == "hidden" else text)}
+    if exc is not None and type(exc).__name__ == "Failed":
+        return {"status": "failed", "message": _cap(str(exc))}
+    if exc is not None and visibility == "public" and report is not None and _is_local_student_frame(report):
+        # In-process mode: the student's own exception, with its real traceback.
+        return {"status": "error", "message": f"your code raised {type(exc).__name__}: {exc}",
+                "traceback": _cap(str(report.longrepr))}
+    if exc is None:
+        return {"status": "error", "message": "the test failed without an exception"}
+    return {"status": "error", "message": _cap(f"{type(exc).__name__}: {exc}")}
+
+
+def _is_local_student_frame(report: Any) -> bool:
+    text = str(getattr(report, "longrepr", ""))
+    return "exercises" in text
+
+
+def _cap(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 20] + "\n... (cut)"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    start = time.perf_counter()
+    yield
+    events = item.config.stash[_STATE]["events"]
+    if events is None:
+        return
+    exercise_id, visibility = exercise_of(Path(str(item.path)))
+    if exercise_id is None:
+        return
+    outcome = item.stash.get(_OUTCOME, {"status": "error", "message": "the test did not run"})
+    score = item.stash.get(_SCORE, None)
+    fraction = 1.0 if outcome["status"] == "passed" else 0.0
+    message = outcome.get("message", "")
+    figures: dict[str, float] = {}
+    if score is not None:
+        figures = score.figures
+        if outcome["status"] == "passed" and score.fraction is not None:
+            fraction = score.fraction
+            message = score.message
+    marker = item.get_closest_marker("check")
+    event = {
+        "event": "test",
+        "exercise": exercise_id,
+        "visibility": visibility,
+        "check": marker.args[0] if marker and marker.args else None,
+        "test": item.nodeid.split("::", 1)[-1],
+        "status": outcome["status"],
+        "fraction": fraction,
+        "message": message,
+        "traceback": outcome.get("traceback", ""),
+        "duration": round(time.perf_counter() - start, 4),
+        "metrics": figures,
+    }
+    events.write(json.dumps(event) + "\n")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    state = session.config.stash[_STATE]
+    events = state.get("events")
+    if events is not None:
+        events.write(json.dumps({
+            "event": "session",
+            "warnings": state.get("warnings", []),
+            "worker_starts": state.get("worker_starts", 0),
+        }) + "\n")
+        events.flush()
