@@ -379,7 +379,7 @@ class RemoteCallable:
         self._worker, self._target, self._path = worker, target, path
         self._options, self._generation = options, generation
 
-    def _invoke(self, args: tuple, kwargs: dict, count_lines: bool = False) -> tuple[Any, int | None]:
+    def _invoke(self, args: tuple, kwargs: dict, count_lines: bool = False, driver: str | None = None) -> tuple[Any, int | None]:
         worker = self._worker
         if isinstance(self._target, int) and self._generation != worker.generation:
             raise StudentCrash("this object lived in a worker that has since been restarted")
@@ -393,6 +393,7 @@ class RemoteCallable:
                 "forbid": list(self._options.forbid),
                 "forbid_why": self._options.forbid_why,
                 "count_lines": count_lines,
+                "driver": driver,
             },
         }
         reply = worker.request(request)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from grader.harness import probes
+from grader.harness.worker import _import_driver as import_driver
 from grader.harness.client import CallOptions, RemoteCallable, RemoteModule, Sandbox, WorkerProcess
 
 
@@ -47,9 +48,12 @@ class LocalCallable:
         self._fn, self._path, self._options = fn, path, options
         functools.update_wrapper(self, fn)
 
-    def _invoke(self, args: tuple, kwargs: dict, count_lines: bool = False) -> tuple[Any, int | None]:
+    def _invoke(self, args: tuple, kwargs: dict, count_lines: bool = False, driver: str | None = None) -> tuple[Any, int | None]:
+        fn = self._fn
+        if driver:
+            fn, args = import_driver(driver), (fn, *args)
         with probes.around_call(self._path, self._options.forbid, self._options.forbid_why, count_lines) as counter:
-            value = self._fn(*args, **kwargs)
+            value = fn(*args, **kwargs)
         return value, (counter.count if counter is not None else None)
 
     def __call__(self, *args, **kwargs):
@@ -108,6 +112,17 @@ class StudentSession:
         if not isinstance(lines, int):
             raise RuntimeError("the line count did not come back from the student's process")
         return value, lines
+
+    def drive(self, driver: str, fn: Any, *args, **kwargs) -> Any:
+        """Run a course-provided driver, ``"grader.support.<module>:<function>"``, on the student's `fn`.
+
+        The driver runs where the student's code runs (the worker, or this process) and is called as
+        ``driver(fn, *args, **kwargs)``. Use it for what must happen beside the student's code: a
+        simulated ring of threads, a forward and backward pass, a timed loop.
+        """
+        if not isinstance(fn, (RemoteCallable, LocalCallable)):
+            raise TypeError("drive takes a function of a module returned by student.load")
+        return fn._invoke(args, kwargs, driver=driver)[0]
 
     def warnings(self) -> list[str]:
         return sorted({w for worker in self._workers.values() for w in worker.warnings})
