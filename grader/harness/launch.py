@@ -92,6 +92,23 @@ def hide_paths(paths: list[str]) -> list[str]:
     return warnings
 
 
+def loopback_up() -> list[str]:
+    """Bring up `lo` in the new network namespace: localhost works, nothing else is reachable."""
+    import fcntl
+    import socket
+    import struct
+
+    SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            ifreq = struct.pack("16sH14s", b"lo", 0, b"")
+            flags = struct.unpack("16sH14s", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, ifreq))[1]
+            fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH14s", b"lo", flags | IFF_UP, b""))
+        return []
+    except OSError as exc:
+        return [f"cannot bring up the loopback interface ({exc}); localhost connections will fail"]
+
+
 def set_limits(limits: dict) -> None:
     mb = 1 << 20
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -146,6 +163,7 @@ def main() -> None:
 
     if isolated:
         warnings += hide_paths(config["hide"])
+        warnings += loopback_up()
     drop = as_root and config.get("uid") is not None
     if drop:
         blocked = python_usable_by(config["uid"], config["gid"])

@@ -19,6 +19,9 @@ import threading
 from typing import Iterable, Iterator
 
 
+_INHERITED = object()
+
+
 class ForbiddenCall(RuntimeError):
     """Student code called a library function the exercise asks it to write itself."""
 
@@ -43,7 +46,8 @@ def forbidden(names: Iterable[str], why: str = "") -> Iterator[None]:
     try:
         for name in names:
             owner, attr = _resolve(name)
-            original = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
+            # For a class, restore exactly what its own __dict__ held (an inherited method: nothing).
+            original = vars(owner).get(attr, _INHERITED) if isinstance(owner, type) else getattr(owner, attr)
 
             def guard(*args, __name=name, **kwargs):
                 raise ForbiddenCall(
@@ -56,7 +60,10 @@ def forbidden(names: Iterable[str], why: str = "") -> Iterator[None]:
         yield
     finally:
         for owner, attr, original in reversed(patched):
-            setattr(owner, attr, original)
+            if original is _INHERITED:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, original)
 
 
 class LineCounter:

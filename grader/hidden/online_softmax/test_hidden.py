@@ -1,0 +1,335 @@
+"""Hidden checks for online softmax.
+
+Every input derives from the run's seed (the `rng` fixture). The oracle is the textbook formula in
+float64; the student's functions are never compared with another clever implementation.
+"""
+
+import math
+
+import pytest
+import torch
+
+from grader import speed
+from grader.testing import OnceIterable
+
+INF = float("inf")
+
+
+@pytest.fixture(scope="module")
+def sm(student):
+    return student.load("online_softmax", forbid=["torch.softmax", "torch.nn.functional.softmax",
+                                                  "torch.Tensor.softmax", "torch.logsumexp"],
+                        forbid_why="the exercise is to compute the normaliser yourself")
+
+
+# --------------------------------------------------------------------------------------------------
+# Oracles
+
+
+def naive_state(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row max and sum(exp(x - max)) in float64; rows of only -inf give (-inf, 0)."""
+    x = x.double()
+    m = x.amax(dim=1) if x.shape[1] else torch.full(x.shape[:1], -INF, dtype=torch.float64)
+    safe = torch.where(m == -INF, torch.zeros_like(m), m)
+    return m, torch.exp(x - safe[:, None]).sum(dim=1)
+
+
+def naive_softmax(x: torch.Tensor) -> torch.Tensor:
+    rows = x.reshape(-1, x.shape[-1]).double()
+    m, l = naive_state(rows)
+    safe = torch.where(m == -INF, torch.zeros_like(m), m)
+    out = torch.exp(rows - safe[:, None]) / torch.where(l > 0, l, torch.ones_like(l))[:, None]
+    return out.reshape(x.shape)
+
+
+def random_split(n: int, rng: torch.Generator, max_parts: int = 6) -> list[int]:
+    """Cut points 0 = c0 <= c1 <= ... <= n, with repeats (empty chunks) allowed."""
+    parts = int(torch.randint(1, max_parts + 1, (1,), generator=rng))
+    cuts = sorted(torch.randint(0, n + 1, (parts - 1,), generator=rng).tolist())
+    return [0, *cuts, n]
+
+
+def chunks_of(x: torch.Tensor, cuts: list[int]) -> OnceIterable:
+    return OnceIterable([x[:, a:b] for a, b in zip(cuts, cuts[1:])], "the chunks iterable")
+
+
+def assert_state(m, l, x, what: str) -> None:
+    want_m, want_l = naive_state(x)
+    assert m.dtype == torch.float32 and l.dtype == torch.float32, f"{what}: (m, l) must be fp32, found {m.dtype}, {l.dtype}"
+    assert torch.equal(m.double() == -INF, want_m == -INF), f"{what}: m is -inf exactly on the rows of only -inf"
+    finite = want_m != -INF
+    assert torch.allclose(m.double()[finite], want_m[finite].float().double()), f"{what}: m is not the row max"
+    assert not torch.isnan(l).any(), f"{what}: l has NaN (rows of only -inf must give l = 0)"
+    bad = (l.double() - want_l).abs() > 1e-5 * want_l.abs() + 1e-6
+    if bad.any():
+        row = int(bad.nonzero()[0])
+        raise AssertionError(
+            f"{what}: row {row}: l = {float(l[row]):.6g}, expected {float(want_l[row]):.6g}. "
+            "Is the running sum rescaled by exp(old_max - new_max) when a chunk raises the max?"
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# online_normalizer
+
+
+@pytest.mark.check("normalizer")
+@pytest.mark.parametrize("trial", range(6))
+def test_normalizer_random_chunkings(sm, rng, trial):
+    rows, n = int(torch.randint(1, 9, (1,), generator=rng)), int(torch.randint(1, 300, (1,), generator=rng))
+    # Increasing trend, so later chunks keep raising the max: the rescale must happen every time.
+    x = torch.randn(rows, n, generator=rng) * 3 + torch.linspace(0, 20, n)
+    cuts = random_split(n, rng)
+    m, l = sm.online_normalizer(chunks_of(x, cuts))
+    assert_state(m, l, x, f"chunk widths {[b - a for a, b in zip(cuts, cuts[1:])]}")
+
+
+@pytest.mark.check("normalizer")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_normalizer_low_precision_inputs_accumulate_in_fp32(sm, rng, dtype):
+    x = (torch.randn(4, 2000, generator=rng) * 2).to(dtype)
+    m, l = sm.online_normalizer(chunks_of(x, [0, 700, 1400, 2000]))
+    assert_state(m, l, x.double(), f"{dtype} input")
+
+
+@pytest.mark.check("normalizer")
+def test_normalizer_masked_rows_and_empty_chunks(sm, rng):
+    x = torch.randn(5, 40, generator=rng)
+    x[1] = -INF
+    x[3, :25] = -INF  # the first chunks of row 3 see nothing
+    m, l = sm.online_normalizer(chunks_of(x, [0, 0, 10, 10, 25, 40, 40]))
+    assert_state(m, l, x, "rows of -inf with empty chunks")
+
+
+@pytest.mark.check("normalizer")
+def test_normalizer_reads_its_input_once(sm, rng):
+    x = torch.randn(3, 50, generator=rng)
+    try:
+        m, l = sm.online_normalizer(chunks_of(x, [0, 20, 50]))
+    except RuntimeError as exc:
+        raise AssertionError(f"online_normalizer must make one pass over the chunks: {exc}") from None
+    assert_state(m, l, x, "one pass")
+
+
+@pytest.mark.check("normalizer")
+def test_normalizer_rejects_no_chunks(sm):
+    with pytest.raises(ValueError):
+        sm.online_normalizer(OnceIterable([], "the chunks iterable"))
+
+
+# --------------------------------------------------------------------------------------------------
+# merge_states
+
+
+def random_state(rng: torch.Generator, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    m = torch.randn(rows, generator=rng) * 30
+    l = torch.rand(rows, generator=rng) * 50 + 1
+    empty = torch.rand(rows, generator=rng) < 0.25
+    return torch.where(empty, -INF, m), torch.where(empty, 0.0, l)
+
+
+@pytest.mark.check("merge")
+def test_merge_is_exactly_commutative(sm, rng):
+    a, b = random_state(rng, 64), random_state(rng, 64)
+    ab, ba = sm.merge_states(*a, *b), sm.merge_states(*b, *a)
+    assert torch.equal(ab[0], ba[0]), "merge(a, b) and merge(b, a) give different m"
+    same = (ab[1] == ba[1]) | (torch.isnan(ab[1]) & torch.isnan(ba[1]))
+    assert same.all(), "merge(a, b) and merge(b, a) differ in l: compute both rescalings the same way, then add"
+
+
+@pytest.mark.check("merge")
+def test_merge_with_empty_state_is_identity(sm, rng):
+    a = random_state(rng, 32)
+    empty = (torch.full((32,), -INF), torch.zeros(32))
+    for order, (m, l) in (("merge(a, empty)", sm.merge_states(*a, *empty)), ("merge(empty, a)", sm.merge_states(*empty, *a))):
+        assert not torch.isnan(l).any(), f"{order} has NaN: exp(-inf - (-inf)) is NaN; subtract 0 when both are -inf"
+        assert torch.equal(m, a[0]) and torch.equal(l, a[1]), f"{order} must return a exactly"
+    m, l = sm.merge_states(*empty, *empty)
+    assert torch.equal(l, torch.zeros(32)) and (m == -INF).all(), "merging two empty states must give the empty state"
+
+
+@pytest.mark.check("merge")
+def test_merge_matches_the_state_of_the_union(sm, rng):
+    x = torch.randn(16, 90, generator=rng) * 5
+    x[2, :45] = -INF
+    left, right = naive_state(x[:, :45]), naive_state(x[:, 45:])
+    m, l = sm.merge_states(*(t.float() for t in left), *(t.float() for t in right))
+    assert_state(m, l, x, "merging the states of two halves")
+
+
+@pytest.mark.check("merge")
+def test_merge_is_associative_up_to_rounding(sm, rng):
+    a, b, c = (random_state(rng, 48) for _ in range(3))
+    m1, l1 = sm.merge_states(*sm.merge_states(*a, *b), *c)
+    m2, l2 = sm.merge_states(*a, *sm.merge_states(*b, *c))
+    assert torch.equal(m1, m2), "(a+b)+c and a+(b+c) disagree on m"
+    assert torch.allclose(l1, l2, rtol=1e-5, atol=0), "(a+b)+c and a+(b+c) disagree on l beyond rounding"
+
+
+# --------------------------------------------------------------------------------------------------
+# online_softmax
+
+
+def assert_softmax(out, x, atol: float, what: str) -> None:
+    assert out.shape == x.shape, f"{what}: expected shape {tuple(x.shape)}, found {tuple(out.shape)}"
+    assert out.dtype == x.dtype, f"{what}: expected dtype {x.dtype} (the input's), found {out.dtype}"
+    assert not torch.isnan(out).any(), f"{what}: output has NaN"
+    want = naive_softmax(x)
+    err = (out.double() - want).abs().reshape(-1, x.shape[-1]).amax(dim=1)
+    if (err > atol).any():
+        row = int(err.argmax())
+        raise AssertionError(f"{what}: row {row} is off by {float(err[row]):.3g} (tolerance {atol:g})")
+
+
+@pytest.mark.check("softmax")
+@pytest.mark.parametrize("block_size", [1, 7, 64, 100, 1024])
+def test_softmax_block_sizes_that_do_not_divide_the_row(sm, rng, block_size):
+    n = 100 + int(torch.randint(1, 63, (1,), generator=rng))  # never a multiple of the block
+    x = torch.randn(3, 4, n, generator=rng) * 4
+    assert_softmax(sm.online_softmax(x, block_size=block_size), x, 1e-6, f"block_size={block_size}, n={n}")
+
+
+@pytest.mark.check("softmax")
+@pytest.mark.parametrize("dtype,atol", [(torch.float16, 1e-3), (torch.bfloat16, 8e-3), (torch.float32, 1e-6)])
+def test_softmax_dtypes(sm, rng, dtype, atol):
+    x = (torch.randn(2, 3, 257, generator=rng) * 3).to(dtype)
+    assert_softmax(sm.online_softmax(x, block_size=64), x, atol, f"{dtype}")
+
+
+@pytest.mark.check("softmax")
+def test_softmax_masked_rows_are_zero(sm, rng):
+    x = torch.randn(6, 33, generator=rng)
+    x[0] = -INF
+    x[4, 5:] = -INF
+    out = sm.online_softmax(x, block_size=8)
+    assert torch.equal(out[0], torch.zeros(33)), "a row of only -inf must give zeros (not NaN, not 1/n)"
+    assert_softmax(out, x, 1e-6, "rows with -inf")
+
+
+@pytest.mark.check("softmax")
+def test_softmax_one_dimensional_and_single_column(sm, rng):
+    x = torch.randn(50, generator=rng)
+    assert_softmax(sm.online_softmax(x, block_size=16), x, 1e-6, "a 1-D input")
+    y = torch.randn(4, 1, generator=rng)
+    assert_softmax(sm.online_softmax(y, block_size=16), y, 1e-7, "rows of one element")
+
+
+@pytest.mark.check("softmax")
+def test_softmax_rejects_bad_block_size(sm):
+    with pytest.raises(ValueError):
+        sm.online_softmax(torch.zeros(2, 3), block_size=0)
+
+
+# --------------------------------------------------------------------------------------------------
+# stability and precision
+
+
+@pytest.mark.check("stability")
+def test_softmax_large_offset_does_not_overflow(sm, rng):
+    x = 1e4 + torch.randn(4, 300, generator=rng) * 3  # exp(1e4) overflows fp32: the max must come off first
+    assert_softmax(sm.online_softmax(x, block_size=64), x, 1e-5, "inputs around 1e4")
+
+
+@pytest.mark.check("stability")
+def test_normalizer_large_offset(sm, rng):
+    x = -1e4 + torch.randn(2, 120, generator=rng) * 3
+    m, l = sm.online_normalizer(chunks_of(x, [0, 50, 120]))
+    assert torch.isfinite(l).all() and (l > 0).all(), f"l must be finite and positive for inputs near -1e4, found {l.tolist()}"
+    assert_state(m, l, x, "inputs around -1e4")
+
+
+@pytest.mark.check("stability")
+def test_long_fp16_rows_accumulate_in_fp32(sm, rng):
+    n = 1 << 17  # 131072 terms: an fp16 running sum overflows (max 65504) or stalls long before
+    x = (torch.randn(2, n, generator=rng) * 0.1).half()
+    out = sm.online_softmax(x, block_size=4096)
+    assert_softmax(out, x, 1e-6, f"fp16 rows of {n}")
+    m, l = sm.online_normalizer(chunks_of(x, [0, n // 2, n]))
+    want = naive_state(x)[1]
+    assert torch.allclose(l.double(), want, rtol=1e-4), (
+        f"l = {l.tolist()} but the row sums are {want.tolist()}: accumulate in fp32, not in the input's dtype"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# softmax_triton (under the interpreter on the CPU; small shapes)
+
+
+@pytest.mark.check("triton")
+@pytest.mark.parametrize("shape", [(1, 1), (3, 17), (5, 128), (2, 1000)])
+def test_triton_shapes(sm, rng, shape):
+    x = torch.randn(*shape, generator=rng) * 4
+    out = sm.softmax_triton(x)
+    assert out.is_contiguous(), "the output must be contiguous"
+    assert_softmax(out, x, 1e-6, f"shape {shape}")
+
+
+@pytest.mark.check("triton")
+def test_triton_rows_longer_than_a_block(sm, rng):
+    n = 9000  # longer than any one block a reasonable kernel uses
+    x = torch.randn(2, n, generator=rng) * 2 + torch.linspace(-5, 5, n)
+    assert_softmax(sm.softmax_triton(x), x, 1e-6, f"rows of {n} columns: do you loop over the whole row?")
+
+
+@pytest.mark.check("triton")
+def test_triton_strided_views(sm, rng):
+    base = torch.randn(40, 30, generator=rng) * 3
+    for what, view in (("a transpose", base.t()), ("a column slice", base[:, 3:27]), ("every other row", base[::2])):
+        out = sm.softmax_triton(view)
+        assert out.shape == view.shape and out.is_contiguous(), f"{what}: expected a contiguous {tuple(view.shape)} output"
+        assert_softmax(out, view, 1e-6, f"{what} (strides {view.stride()})")
+
+
+@pytest.mark.check("triton")
+def test_triton_masked_rows_and_large_values(sm, rng):
+    x = torch.randn(4, 50, generator=rng) * 3 + 1e4
+    x[1] = -INF
+    x[2, 10:] = -INF
+    out = sm.softmax_triton(x)
+    assert torch.equal(out[1], torch.zeros(50)), "a row of only -inf must give zeros"
+    assert_softmax(out, x, 1e-5, "masked rows and values near 1e4")
+
+
+@pytest.mark.check("triton")
+def test_triton_fp16(sm, rng):
+    x = (torch.randn(3, 300, generator=rng) * 3).half()
+    assert_softmax(sm.softmax_triton(x), x, 1e-3, "fp16 input")
+
+
+@pytest.mark.cuda
+@pytest.mark.check("triton")
+def test_triton_bf16_and_very_long_rows_on_cuda(sm, rng):
+    x = (torch.randn(4, 1 << 20, generator=rng) * 2).to("cuda", torch.bfloat16)
+    out = sm.softmax_triton(x)
+    assert_softmax(out.cpu(), x.cpu(), 8e-3, "bf16 rows of 2**20 columns")
+
+
+@pytest.mark.check("triton")
+def test_triton_rejects_non_2d(sm):
+    with pytest.raises(ValueError):
+        sm.softmax_triton(torch.zeros(2, 3, 4))
+
+
+# --------------------------------------------------------------------------------------------------
+# speed (CUDA only)
+
+
+@pytest.mark.cuda
+@pytest.mark.check("triton_speed")
+@pytest.mark.parametrize("rows,cols", [(4096, 8192), (64, 1 << 18)])
+def test_triton_bandwidth(student, sm, score, rows, cols):
+    dtype = torch.float16
+    ceil = speed.ceilings()
+    t = speed.time_student(student, sm.softmax_triton, [speed.Randn((rows, cols), dtype, scale=3.0)])
+    x, out = t.args[0], t.out
+    assert_softmax(out.cpu()[:64], x.cpu()[:64], 2e-3, "the output of the last timed rep")
+    moved = 2 * rows * cols * x.element_size()  # read x once, write y once: the least any softmax moves
+    library = speed.time_here(lambda a: torch.softmax(a, dim=-1), [speed.Randn((rows, cols), dtype)])
+    score.metrics(
+        gbps=moved / t.median_s / 1e9,
+        copy_gbps=ceil.copy_bytes_per_s / 1e9,
+        torch_softmax_gbps=moved / library.median_s / 1e9,
+        ratio_to_torch_softmax=library.median_s / t.median_s,
+    )
+    score.speed(moved / t.median_s / ceil.copy_bytes_per_s)
+    assert math.isfinite(t.median_s)

@@ -1,0 +1,91 @@
+"""Terminal rendering of results with rich: the score table, per-check detail, the progress table."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+STYLE = {"passed": "green", "failed": "red", "error": "red", "timeout": "magenta", "not_graded": "dim",
+         "pending": "yellow", "missing": "red", "ungradable": "red"}
+
+
+def _points(earned: float, possible: float) -> str:
+    return f"{earned:g}/{possible:g}"
+
+
+def _first_line(text: str, width: int = 110) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def score_table(result: dict, detail: bool = True) -> Table:
+    title = f"{result['course']} · submission {result['submission']['id']} · seed {result['seed']}"
+    table = Table(title=title, box=box.SIMPLE_HEAVY, show_lines=False, title_justify="left")
+    table.add_column("exercise / check")
+    table.add_column("points", justify="right")
+    table.add_column("status")
+    table.add_column("message", overflow="fold")
+    for ex in result["exercises"]:
+        ungraded = sum(c["max_points"] for c in ex["checks"] if c["status"] == "not_graded")
+        note = f" ({ungraded:g} not graded here)" if ungraded else ""
+        table.add_row(Text(ex["id"], style="bold"), Text(_points(ex["score"], ex["max_score"]), style="bold"),
+                      Text(ex["status"], style=STYLE.get(ex["status"], "")), _first_line(ex["message"]) + note)
+        if detail:
+            for c in ex["checks"]:
+                table.add_row(f"  {c['id']}", _points(c["points"], c["max_points"]),
+                              Text(c["status"], style=STYLE.get(c["status"], "")), _first_line(c["message"]))
+    total = Text(f"{result['score']:g}/{result['max_score']:g}", style="bold")
+    table.add_row(Text("total", style="bold"), total, "",
+                  f"{result['gradable_max_score']:g} of {result['max_score']:g} points gradable on this machine")
+    return table
+
+
+def comparison_table(results: list[dict]) -> Table:
+    """One row per exercise, one column per submission: the main job's summary."""
+    table = Table(title="score table", box=box.SIMPLE_HEAVY, title_justify="left")
+    table.add_column("exercise")
+    for r in results:
+        table.add_column(r["submission"]["id"], justify="right")
+    table.add_column("not graded here (no CUDA)", justify="right")
+    for i, ex in enumerate(results[0]["exercises"]):
+        ungraded = sum(c["max_points"] for c in ex["checks"] if c["status"] == "not_graded")
+        cells = [_points(r["exercises"][i]["score"], r["exercises"][i]["max_score"]) for r in results]
+        table.add_row(ex["id"], *cells, f"{ungraded:g}" if ungraded else "")
+    table.add_row(Text("total", style="bold"), *[Text(_points(r["score"], r["max_score"]), style="bold") for r in results],
+                  f"{results[0]['max_score'] - results[0]['gradable_max_score']:g}")
+    return table
+
+
+def progress_table(result: dict) -> Table:
+    """`make check`: per exercise, public tests passed and points, and what to look at next."""
+    table = Table(title="your progress (public tests)", box=box.SIMPLE_HEAVY, title_justify="left")
+    table.add_column("exercise")
+    table.add_column("tests passed", justify="right")
+    table.add_column("points", justify="right")
+    table.add_column("next")
+    for ex in result["exercises"]:
+        tests = [t for c in ex["checks"] for t in c["tests"]]
+        passed = sum(t["status"] == "passed" for t in tests)
+        public = [c for c in ex["checks"] if c["visibility"] == "public"]
+        earned = sum(c["points"] for c in public)
+        possible = sum(c["max_points"] for c in public)
+        bad = next((t for t in tests if t["status"] not in ("passed", "not_graded")), None)
+        if not tests:
+            nxt = Text(_first_line(ex["message"]) or "no tests ran", style="red")
+        elif bad is None:
+            nxt = Text("all public tests pass: the hidden tests check more (README, 'Grading')", style="green")
+        elif all(t["status"] != "passed" for t in tests) and "NotImplementedError" in bad["message"]:
+            nxt = Text(f"start here: read exercises/{ex['id']}/README.md, then fill in {ex['id']}.py", style="yellow")
+        else:
+            nxt = Text(f"{bad['name']}: {_first_line(bad['message'], 90)}", style="red")
+        table.add_row(ex["id"], f"{passed}/{len(tests)}", _points(earned, possible), nxt)
+    return table
+
+
+def print_result(result: dict, console: Console | None = None, detail: bool = True) -> None:
+    console = console or Console()
+    console.print(score_table(result, detail))
+    for warning in result.get("warnings", []):
+        console.print(f"[yellow]warning:[/] {warning}")

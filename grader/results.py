@@ -1,0 +1,221 @@
+"""The canonical result: one JSON document per graded submission. Everything else renders from it.
+
+Schema: grader/schemas/result.schema.json (validated in the project's tests). Scoring fails closed:
+a check earns points only from tests that explicitly passed; a check with no recorded outcome scores
+zero with a reason.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from grader import __version__
+from grader.course import Course, Exercise
+
+SCHEMA_ID = "llm-efficiency-lab/result/v1"
+STATUSES = ("passed", "failed", "error", "timeout", "not_graded", "pending")
+# When tests of one check disagree, the check shows the most serious status.
+_SEVERITY = {"timeout": 5, "error": 4, "failed": 3, "not_graded": 1, "passed": 0, "pending": 6}
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def device_info() -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "cpu": _cpu_name(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpu": None,
+    }
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:  # pragma: no cover
+        info["triton"] = None
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info["gpu"] = props.name
+        info["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
+    return info
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def new_result(course: Course, submission_id: str, submission_sha: str, suite_sha: str, seed: int,
+               mode: str, exercises: list[Exercise]) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA_ID,
+        "course": course.course,
+        "course_version": course.version,
+        "grader_version": __version__,
+        "submission": {"id": submission_id, "sha256": submission_sha},
+        "suite_sha256": suite_sha,
+        "seed": seed,
+        "mode": mode,
+        "device": device_info(),
+        "started_at": now(),
+        "finished_at": None,
+        "state": "running",
+        "warnings": [],
+        "score": 0.0,
+        "max_score": sum(e.points for e in exercises),
+        "gradable_max_score": sum(e.points for e in exercises),
+        "exercises": [_new_exercise(e) for e in exercises],
+    }
+
+
+def _new_exercise(exercise: Exercise) -> dict[str, Any]:
+    return {
+        "id": exercise.id,
+        "title": exercise.title,
+        "status": "pending",
+        "message": "",
+        "score": 0.0,
+        "max_score": exercise.points,
+        "duration_s": 0.0,
+        "checks": [
+            {
+                "id": c.id,
+                "title": c.title,
+                "visibility": c.visibility,
+                "cuda": c.cuda,
+                "points": 0.0,
+                "max_points": c.points,
+                "status": "pending",
+                "message": "",
+                "duration_s": 0.0,
+                "tests": [],
+            }
+            for c in exercise.checks
+        ],
+    }
+
+
+def find_exercise(result: dict, exercise_id: str) -> dict:
+    return next(e for e in result["exercises"] if e["id"] == exercise_id)
+
+
+def record_test(result: dict, event: dict) -> None:
+    """Add one test's outcome (an event from the plugin) and rescore its check."""
+    ex = find_exercise(result, event["exercise"])
+    check = next((c for c in ex["checks"] if c["id"] == event.get("check")), None)
+    if check is None:
+        ex["message"] = f"test {event.get('test')} names unknown check {event.get('check')!r}"
+        return
+    status = event["status"] if event.get("status") in STATUSES else "error"
+    fraction = event.get("fraction", 0.0)
+    if status != "passed" or not isinstance(fraction, (int, float)) or fraction != fraction:
+        fraction = 0.0
+    check["tests"].append({
+        "name": str(event.get("test", "")),
+        "status": status,
+        "fraction": min(1.0, max(0.0, float(fraction))),
+        "message": str(event.get("message", "")),
+        "traceback": str(event.get("traceback", "")),
+        "duration_s": float(event.get("duration", 0.0)),
+        "metrics": {k: v for k, v in (event.get("metrics") or {}).items() if isinstance(v, (int, float))},
+    })
+    rescore_check(check)
+
+
+def rescore_check(check: dict) -> None:
+    tests = check["tests"]
+    if not tests:
+        return
+    graded = [t for t in tests if t["status"] != "not_graded"]  # a CUDA-only test does not count off the CPU
+    check["points"] = round(check["max_points"] * sum(t["fraction"] for t in graded) / len(graded), 4) if graded else 0.0
+    check["duration_s"] = round(sum(t["duration_s"] for t in tests), 4)
+    statuses = [t["status"] for t in tests]
+    if all(s == "not_graded" for s in statuses):
+        check["status"] = "not_graded"
+    elif all(s in ("passed", "not_graded") for s in statuses):
+        check["status"] = "passed"
+    else:
+        check["status"] = max((s for s in statuses if s != "passed"), key=_SEVERITY.__getitem__)
+    first_bad = next((t for t in tests if t["status"] not in ("passed",)), None)
+    if check["status"] == "passed":
+        speed = next((t for t in tests if t["metrics"]), None)
+        check["message"] = speed["message"] if speed and speed["fraction"] < 1 else ""
+    elif first_bad is not None:
+        check["message"] = f"{first_bad['name']}: {first_bad['message']}"
+
+
+def close_exercise(result: dict, exercise_id: str, reason: str | None = None, status: str | None = None) -> None:
+    """Fail closed: every check that never recorded a test scores zero, with the reason."""
+    ex = find_exercise(result, exercise_id)
+    for check in ex["checks"]:
+        if not check["tests"]:
+            check["status"] = status or "error"
+            check["points"] = 0.0
+            check["message"] = reason or "no test result was recorded for this check"
+    ex["score"] = round(sum(c["points"] for c in ex["checks"]), 4)
+    ex["duration_s"] = round(ex["duration_s"], 3)
+    if ex["status"] == "pending":
+        ex["status"] = "graded"
+    if reason and not ex["message"]:
+        ex["message"] = reason
+    update_totals(result)
+
+
+def update_totals(result: dict) -> None:
+    result["score"] = round(sum(c["points"] for e in result["exercises"] for c in e["checks"]), 4)
+    result["gradable_max_score"] = sum(
+        c["max_points"] for e in result["exercises"] for c in e["checks"] if c["status"] != "not_graded"
+    )
+    for ex in result["exercises"]:
+        ex["score"] = round(sum(c["points"] for c in ex["checks"]), 4)
+
+
+def finish(result: dict) -> None:
+    update_totals(result)
+    result["finished_at"] = now()
+    result["state"] = "complete"
+
+
+def write_atomic(path: Path, data: dict) -> None:
+    """Write JSON so that a reader sees the old file or the new one, never half of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def schema() -> dict:
+    return json.loads((Path(__file__).parent / "schemas" / "result.schema.json").read_text())
+
+
+def validate(result: dict) -> None:
+    """Raise jsonschema.ValidationError if the result does not match the documented schema."""
+    import jsonschema
+
+    jsonschema.validate(result, schema())

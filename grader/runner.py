@@ -1,0 +1,207 @@
+"""Grade a submission: one pytest process per exercise, its verdicts streamed to this process.
+
+This process is the trusted side. It never imports student code and never runs it: for each
+exercise it starts ``python -m pytest`` on the course's own public and hidden tests (never the
+student's copy of them), whose `student` fixture runs the student's file in a sandboxed worker.
+The plugin sends one JSON line per test over a pipe that only this process and its pytest child
+hold. The result file is rewritten atomically after every test, so a grade killed half-way keeps
+what it finished; when an exercise's pytest dies or runs out of time, its unfinished checks score
+zero with the reason (fail closed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from grader import results
+from grader.course import Course, Exercise
+from grader.submission import Submission, SubmissionError, locate
+
+
+@dataclass
+class GradeOptions:
+    exercises: list[str] | None = None  # None: all
+    seed: int | None = None  # None: a fresh secret seed
+    mode: str = "sandbox"  # or "local" (in-process, for make check)
+    tests: str = "all"  # "all" or "public"
+    isolate: bool = True
+    user: str = "nobody"
+    hide: tuple[str, ...] = ()  # extra folders the worker must not read
+    log_dir: Path | None = None  # keep each exercise's pytest output here
+
+
+def suite_sha256(root: Path, exercises: list[Exercise]) -> str:
+    """A hash of everything that decides a grade: course.yaml and each exercise's tests."""
+    digest = hashlib.sha256((root / "course.yaml").read_bytes())
+    for ex in exercises:
+        for folder in (root / "exercises" / ex.id, root / "grader" / "hidden" / ex.id):
+            for path in sorted(folder.rglob("*.py")) if folder.is_dir() else []:
+                if path.name.startswith("test") or folder.parts[-2] == "hidden":
+                    digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def test_paths(root: Path, exercise: Exercise, tests: str) -> list[Path]:
+    paths = [root / "exercises" / exercise.id / "test_public.py"]
+    hidden = root / "grader" / "hidden" / exercise.id
+    if tests == "all" and hidden.is_dir():
+        paths.append(hidden)
+    return [p for p in paths if p.exists()]
+
+
+def hidden_folders(root: Path) -> list[str]:
+    return [str(root / name) for name in ("solutions", "grader/hidden", "tests")]
+
+
+def run_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed: int, opts: GradeOptions,
+                 on_event: Callable[[dict], None]) -> str | None:
+    """Run one exercise's tests; call `on_event` per event. Returns a reason if it ended abnormally."""
+    paths = test_paths(root, exercise, opts.tests)
+    if not paths:
+        return "this exercise has no tests"
+    read_fd, write_fd = os.pipe()
+    cmd = [
+        sys.executable, "-m", "pytest", *map(str, paths),
+        "-q", "--tb=short", "-p", "no:cacheprovider", "-p", "grader.plugin", "--import-mode=importlib",
+        "--rootdir", str(root), "-c", os.devnull, "-o", "addopts=",
+        "--grader-mode", opts.mode, "--grader-events", str(write_fd), "--grader-seed", str(seed),
+        "--grader-user", opts.user,
+        "--grader-hide", os.pathsep.join([*hidden_folders(root), *opts.hide]),
+    ]
+    if files_dir is not None:
+        cmd += ["--grader-submission", str(files_dir)]
+    if not opts.isolate:
+        cmd.append("--grader-no-isolate")
+    env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", PYTHONDONTWRITEBYTECODE="1")
+    env.pop("PYTEST_ADDOPTS", None)
+    log_path = (opts.log_dir / f"{exercise.id}.log") if opts.log_dir else None
+    log = open(log_path, "wb") if log_path else subprocess.DEVNULL
+    try:
+        proc = subprocess.Popen(cmd, cwd=root, env=env, pass_fds=[write_fd], stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    finally:
+        os.close(write_fd)
+        if log_path:
+            log.close()
+    deadline = time.monotonic() + exercise.time_limit_s
+    buffer = b""
+    reason = None
+    saw_session_end = False
+    with os.fdopen(read_fd, "rb", buffering=0) as pipe:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                reason = f"the exercise's time limit of {exercise.time_limit_s:g} s ran out before this check ran"
+                _kill(proc)
+                break
+            ready, _, _ = select.select([pipe], [], [], min(left, 1.0))
+            if not ready:
+                continue
+            chunk = pipe.read(1 << 16)
+            if not chunk:
+                break
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                try:
+                    event = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                saw_session_end |= event.get("event") == "session"
+                on_event(event)
+    try:
+        code = proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        code = proc.wait()
+    if reason is None and not saw_session_end:
+        reason = f"grading stopped early (pytest exited with code {code})"
+    if reason is None and code not in (0, 1):
+        reason = f"pytest exited with code {code}; see the grading log"
+    return reason
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def grade(course: Course, root: Path, source: Path, out: Path | None = None, opts: GradeOptions | None = None,
+          on_update: Callable[[dict], None] | None = None, submission_id: str | None = None) -> dict:
+    """Grade one submission. Returns the canonical result and, with `out`, keeps it written there."""
+    opts = opts or GradeOptions()
+    exercises = [e for e in course.exercises if not opts.exercises or e.id in opts.exercises]
+    if opts.exercises:
+        unknown = sorted(set(opts.exercises) - {e.id for e in course.exercises})
+        if unknown:
+            raise KeyError(f"unknown exercise {unknown[0]!r}; expected one of {[e.id for e in course.exercises]}")
+    seed = opts.seed if opts.seed is not None else secrets.randbelow(2**31)
+    suite = suite_sha256(root, exercises)
+
+    def save(result: dict) -> None:
+        if out is not None:
+            results.write_atomic(out, result)
+        if on_update is not None:
+            on_update(result)
+
+    try:
+        sub: Submission | None = locate(course, Path(source), [e.id for e in exercises], submission_id)
+    except SubmissionError as exc:
+        sub = None
+        result = results.new_result(course, submission_id or Path(source).name, "", suite, seed, opts.mode, exercises)
+        result["gradable"] = False
+        result["format_errors"] = [str(exc)]
+        for ex in exercises:
+            results.find_exercise(result, ex.id)["status"] = "ungradable"
+            results.close_exercise(result, ex.id, f"the submission could not be read: {exc}")
+        results.finish(result)
+        save(result)
+        return result
+
+    result = results.new_result(course, sub.id, sub.sha256, suite, seed, opts.mode, exercises)
+    result["gradable"] = True
+    save(result)
+    try:
+        for ex in exercises:
+            entry = results.find_exercise(result, ex.id)
+            if ex.id not in sub.files:
+                entry["status"] = "missing"
+                results.close_exercise(result, ex.id, f"not submitted: expected a file named {ex.file}")
+                save(result)
+                continue
+            entry["status"] = "running"
+            started = time.perf_counter()
+
+            def on_event(event: dict, _ex=ex, _entry=entry) -> None:
+                if event.get("event") == "test" and event.get("exercise") == _ex.id:
+                    results.record_test(result, event)
+                    results.update_totals(result)
+                    save(result)
+                elif event.get("event") == "session":
+                    for warning in event.get("warnings", []):
+                        if warning not in result["warnings"]:
+                            result["warnings"].append(warning)
+
+            reason = run_exercise(root, ex, sub.folder / "files", seed, opts, on_event)
+            entry["duration_s"] = time.perf_counter() - started
+            entry["status"] = "graded"
+            results.close_exercise(result, ex.id, reason, status="timeout" if reason and "time limit" in reason else None)
+            save(result)
+    finally:
+        sub.cleanup()
+    results.finish(result)
+    save(result)
+    return result

@@ -1,0 +1,128 @@
+"""Course-provided code for the moe_router exercise that runs where the student's code runs.
+
+* `Routing`: a named tuple with the fields of the exercise's Routing, importable in the grader and in
+  the worker, so a test can build a routing (or pass one back that came from the student) to
+  `dispatch` and `combine`. The student's functions read it by field name.
+* Drivers for gradient checks (`student.drive("grader.support.moe_router:<name>", fn, ...)`): each
+  runs the student's function forward, backpropagates given output gradients, and returns the
+  outputs and the input gradients as plain tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Sequence
+
+import torch
+
+
+class Routing(NamedTuple):
+    expert_index: torch.Tensor
+    combine_weight: torch.Tensor
+    slot: torch.Tensor
+    tokens_per_expert: torch.Tensor
+    aux_loss: Any
+    z_loss: Any
+
+
+FIELDS = Routing._fields
+
+
+def as_routing(value: Any) -> Routing:
+    """A Routing from any object with the six fields (the student's Routing, as it came back)."""
+    missing = [f for f in FIELDS if not hasattr(value, f)]
+    if missing:
+        raise AssertionError(
+            f"route must return a Routing named tuple with fields {list(FIELDS)}; "
+            f"found {type(value).__name__} without {missing}"
+        )
+    return Routing(*(getattr(value, f) for f in FIELDS))
+
+
+def _plain(value: Any) -> Any:
+    """Detached tensors; a Routing-like result as a plain Routing of detached values."""
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if all(hasattr(value, f) for f in FIELDS):
+        return Routing(*(_plain(getattr(value, f)) for f in FIELDS))
+    return value
+
+
+def _requires_grad(t: Any, what: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what} should be a tensor, found {type(t).__name__}")
+    if not t.requires_grad:
+        raise RuntimeError(
+            f"{what} does not require grad: compute it from the inputs with differentiable torch ops "
+            "(no .detach(), no torch.no_grad(), no .item()/.tolist() round trips)"
+        )
+    return t
+
+
+def route_backward(
+    route: Callable, logits: torch.Tensor, args: Sequence[Any], kwargs: dict | None,
+    grad_combine_weight: torch.Tensor, grad_aux: float, grad_z: float,
+) -> tuple[Routing, torch.Tensor]:
+    """``r = route(logits, *args, **kwargs)``; backpropagate ``sum(g * r.combine_weight) +
+    grad_aux * r.aux_loss + grad_z * r.z_loss`` and return ``(r, d loss / d logits)``."""
+    logits = logits.detach().clone().requires_grad_(True)
+    r = route(logits, *args, **(kwargs or {}))
+    terms = []
+    if grad_combine_weight is not None:
+        cw = _requires_grad(r.combine_weight, "combine_weight")
+        terms.append((cw * grad_combine_weight.to(cw.dtype)).sum())
+    if grad_aux:
+        terms.append(grad_aux * _requires_grad(r.aux_loss, "aux_loss"))
+    if grad_z:
+        terms.append(grad_z * _requires_grad(r.z_loss, "z_loss"))
+    sum(terms).backward()
+    grad = logits.grad if logits.grad is not None else torch.zeros_like(logits)
+    return _plain(r), grad
+
+
+def combine_backward(
+    combine: Callable, expert_out: torch.Tensor, routing: Routing, grad_y: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``y = combine(expert_out, routing)`` with expert_out and routing.combine_weight requiring grad;
+    returns ``(y, d/d expert_out, d/d combine_weight)`` for the loss ``sum(grad_y * y)``."""
+    expert_out = expert_out.detach().clone().requires_grad_(True)
+    weight = routing.combine_weight.detach().clone().requires_grad_(True)
+    y = _requires_grad(combine(expert_out, routing._replace(combine_weight=weight)), "combine's output")
+    (y * grad_y.to(y.dtype)).sum().backward()
+    zeros = torch.zeros_like
+    return (y.detach(), expert_out.grad if expert_out.grad is not None else zeros(expert_out),
+            weight.grad if weight.grad is not None else zeros(weight))
+
+
+def dispatch_backward(
+    dispatch: Callable, x: torch.Tensor, routing: Routing, capacity: int, grad_buffers: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``b = dispatch(x, routing, capacity)``; returns ``(b, d/dx)`` for the loss ``sum(grad_buffers * b)``."""
+    x = x.detach().clone().requires_grad_(True)
+    b = _requires_grad(dispatch(x, routing, capacity), "dispatch's output")
+    (b * grad_buffers.to(b.dtype)).sum().backward()
+    return b.detach(), x.grad if x.grad is not None else torch.zeros_like(x)
+
+
+def moe_layer_backward(
+    moe_layer: Callable, x: torch.Tensor, gate_weight: torch.Tensor, experts: Sequence[torch.nn.Module],
+    k: int, capacity_factor: float, grad_y: torch.Tensor,
+) -> tuple[torch.Tensor, Routing, torch.Tensor, torch.Tensor, list[list[torch.Tensor]]]:
+    """``y, r = moe_layer(x, gate_weight, experts, k, capacity_factor)``; backpropagate ``sum(grad_y * y)``.
+
+    Returns ``(y, r, dx, d gate_weight, [[grad of each parameter] for each expert])``; a parameter
+    that received no gradient reports zeros.
+    """
+    x = x.detach().clone().requires_grad_(True)
+    gate_weight = gate_weight.detach().clone().requires_grad_(True)
+    experts = list(experts)
+    for expert in experts:
+        expert.zero_grad(set_to_none=True)
+    y, r = moe_layer(x, gate_weight, experts, k, capacity_factor)
+    _requires_grad(y, "moe_layer's output")
+    (y * grad_y.to(y.dtype)).sum().backward()
+
+    def grad(t: torch.Tensor) -> torch.Tensor:
+        return t.grad.detach() if t.grad is not None else torch.zeros_like(t)
+
+    param_grads = [[grad(p) for p in expert.parameters()] for expert in experts]
+    return y.detach(), _plain(r), grad(x), grad(gate_weight), param_grads

@@ -1,0 +1,74 @@
+"""Counts the activations a student's `run_pipeline` really keeps alive, where the student's code runs.
+
+Autograd keeps a forward's activations as the graph's *saved tensors* until a backward through that
+graph frees them. `census` wraps every saved tensor (torch.autograd.graph.saved_tensors_hooks) in a
+small token that knows which forward call saved it, and counts, per pipeline stage, the forwards that
+still have a token alive. A forward pre-hook on each model piece starts a new forward call; the loss
+module's saved tensors belong to the forward running at the time (the last piece's). The peak of that
+count per stage is what the schedule promises: the microbatches whose forward ran and backward has not.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable, Sequence
+
+import torch
+
+
+class _Census:
+    def __init__(self, num_stages: int):
+        self.num_stages = num_stages
+        self.current: tuple[int, int] | None = None  # (stage, forward call id) saving tensors now
+        self.next_call = 0
+        self.tokens: dict[int, int] = {}  # forward call id -> live saved tensors
+        self.live = [0] * num_stages  # forward calls with a live saved tensor, per stage
+        self.peak = [0] * num_stages
+
+    def start_forward(self, piece: int) -> None:
+        self.current = (piece % self.num_stages, self.next_call)
+        self.next_call += 1
+
+    def pack(self, tensor: torch.Tensor) -> Any:
+        token = _Token(tensor)
+        if self.current is not None:
+            stage, call = self.current
+            if self.tokens.get(call, 0) == 0:
+                self.live[stage] += 1
+                self.peak[stage] = max(self.peak[stage], self.live[stage])
+            self.tokens[call] = self.tokens.get(call, 0) + 1
+            weakref.finalize(token, self.release, stage, call)
+        return token
+
+    def release(self, stage: int, call: int) -> None:
+        self.tokens[call] -= 1
+        if self.tokens[call] == 0:
+            del self.tokens[call]
+            self.live[stage] -= 1
+
+
+class _Token:
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+
+
+def census(run_pipeline: Callable, stages: Sequence[torch.nn.Module], microbatches: Sequence[torch.Tensor],
+           targets: Sequence[torch.Tensor], schedule: Sequence[Sequence[tuple]], loss_fn: torch.nn.Module,
+           ) -> tuple[Any, list[int], list[int]]:
+    """Call ``run_pipeline(stages, microbatches, targets, schedule, loss_fn)`` and return
+    ``(its result, peak live forwards per stage, live forwards per stage at the end)``."""
+    counter = _Census(len(schedule))
+    hooks = [piece.register_forward_pre_hook(lambda _m, _a, i=i: counter.start_forward(i))
+             for i, piece in enumerate(stages)]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda token: token.tensor):
+            result = run_pipeline(stages, microbatches, targets, schedule, loss_fn)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    import gc
+
+    gc.collect()  # forwards the student dropped without a backward are freed now, not counted as live
+    return result, list(counter.peak), list(counter.live)
