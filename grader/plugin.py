@@ -38,6 +38,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--grader-hide", default="", help="os.pathsep-separated folders the worker must not read")
     group.addoption("--grader-no-isolate", action="store_true", help="run workers without namespaces")
     group.addoption("--grader-user", default="nobody", help="unprivileged user for workers when root")
+    group.addoption("--grader-call-timeout", type=float, default=None, help="override course.yaml's call_timeout_s")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -117,6 +118,9 @@ def student(request: pytest.FixtureRequest):
     )
 
     def call_timeout(exercise_id: str) -> float:
+        override = config.getoption("--grader-call-timeout")
+        if override is not None:
+            return override
         return course.exercise(exercise_id).call_timeout_s if course else 60.0
 
     session = StudentSession(mode, locate, sandbox, call_timeout)

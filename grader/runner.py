@@ -39,6 +39,8 @@ class GradeOptions:
     user: str = "nobody"
     hide: tuple[str, ...] = ()  # extra folders the worker must not read
     log_dir: Path | None = None  # keep each exercise's pytest output here
+    call_timeout_s: float | None = None  # override course.yaml's per-call limit
+    time_limit_s: float | None = None  # override course.yaml's per-exercise limit
 
 
 def suite_sha256(root: Path, exercises: list[Exercise]) -> str:
@@ -83,6 +85,8 @@ def run_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed: i
         cmd += ["--grader-submission", str(files_dir)]
     if not opts.isolate:
         cmd.append("--grader-no-isolate")
+    if opts.call_timeout_s is not None:
+        cmd += ["--grader-call-timeout", str(opts.call_timeout_s)]
     env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", PYTHONDONTWRITEBYTECODE="1")
     env.pop("PYTEST_ADDOPTS", None)
     log_path = (opts.log_dir / f"{exercise.id}.log") if opts.log_dir else None
@@ -94,7 +98,8 @@ def run_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed: i
         os.close(write_fd)
         if log_path:
             log.close()
-    deadline = time.monotonic() + exercise.time_limit_s
+    time_limit = opts.time_limit_s or exercise.time_limit_s
+    deadline = time.monotonic() + time_limit
     buffer = b""
     reason = None
     saw_session_end = False
@@ -102,7 +107,7 @@ def run_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed: i
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                reason = f"the exercise's time limit of {exercise.time_limit_s:g} s ran out before this check ran"
+                reason = f"the exercise's time limit of {time_limit:g} s ran out before this check ran"
                 _kill(proc)
                 break
             ready, _, _ = select.select([pipe], [], [], min(left, 1.0))

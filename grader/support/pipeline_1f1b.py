@@ -10,6 +10,7 @@ count per stage is what the schedule promises: the microbatches whose forward ra
 
 from __future__ import annotations
 
+import gc
 import weakref
 from typing import Any, Callable, Sequence
 
@@ -56,9 +57,17 @@ class _Token:
 
 def census(run_pipeline: Callable, stages: Sequence[torch.nn.Module], microbatches: Sequence[torch.Tensor],
            targets: Sequence[torch.Tensor], schedule: Sequence[Sequence[tuple]], loss_fn: torch.nn.Module,
-           ) -> tuple[Any, list[int], list[int]]:
+           dirty_grads: bool = False) -> tuple[Any, list[int], list[int]]:
     """Call ``run_pipeline(stages, microbatches, targets, schedule, loss_fn)`` and return
-    ``(its result, peak live forwards per stage, live forwards per stage at the end)``."""
+    ``(its result, peak live forwards per stage, live forwards per stage at the end)``.
+
+    With `dirty_grads`, every parameter first gets a stale gradient (as after an earlier step), which
+    a correct run_pipeline zeroes before it starts.
+    """
+    if dirty_grads:
+        for piece in stages:
+            for q in piece.parameters():
+                q.grad = torch.full_like(q, 100.0)
     counter = _Census(len(schedule))
     hooks = [piece.register_forward_pre_hook(lambda _m, _a, i=i: counter.start_forward(i))
              for i, piece in enumerate(stages)]
@@ -68,7 +77,5 @@ def census(run_pipeline: Callable, stages: Sequence[torch.nn.Module], microbatch
     finally:
         for hook in hooks:
             hook.remove()
-    import gc
-
     gc.collect()  # forwards the student dropped without a backward are freed now, not counted as live
     return result, list(counter.peak), list(counter.live)

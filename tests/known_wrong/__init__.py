@@ -26,3 +26,27 @@ class Mutant:
                 )
             source = source.replace(old, new)
         return source
+
+
+def load_mutants(exercise_id: str) -> list[Mutant]:
+    """The MUTANTS of tests/known_wrong/<exercise_id>.py ([] when the exercise has none yet)."""
+    import importlib
+
+    try:
+        module = importlib.import_module(f"tests.known_wrong.{exercise_id}")
+    except ModuleNotFoundError as exc:
+        if exc.name == f"tests.known_wrong.{exercise_id}":
+            return []
+        raise
+    return list(module.MUTANTS)
+
+
+def write_mutant(root, exercise, mutant: Mutant, dest):
+    """Write the mutated reference as a flat submission folder `dest`; returns it."""
+    from pathlib import Path
+
+    source = (Path(root) / "solutions" / exercise.id / exercise.file).read_text()
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / exercise.file).write_text(mutant.apply(source))
+    return dest

@@ -1,0 +1,844 @@
+"""Hidden checks for moe_router: per-token loop oracles, tie-heavy inputs, crafted priority cases,
+auxiliary losses and their gradients, dispatch/combine, the whole layer's gradients, vectorisation.
+
+Every oracle here is naive code written for this file: Python loops over tokens and experts on
+lists, and autograd of the textbook formulas in fp64. Inputs come from the run's seed.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from grader.support.moe_router import Routing, as_routing
+
+DRIVER = "grader.support.moe_router:"
+HUGE = 1000.0
+
+
+@pytest.fixture(scope="module")
+def sm(student):
+    return student.load("moe_router")
+
+
+# --------------------------------------------------------------------------------------------------
+# Oracles: plain loops
+
+
+def capacity_formula(T: int, E: int, k: int, cf: float, min_capacity: int = 1) -> int:
+    return max(min_capacity, math.ceil(k * T * cf / E))
+
+
+def ranked_experts(p32_row: list[float], k: int) -> list[int]:
+    """The k best experts of one token: descending probability, ties to the lower index."""
+    return sorted(range(len(p32_row)), key=lambda e: (-p32_row[e], e))[:k]
+
+
+def oracle_route(logits: torch.Tensor, k: int, cf: float, policy: str = "position", min_capacity: int = 1,
+                 renormalize: bool | None = None) -> dict:
+    """Routing by loops. Ranking uses fp32 probabilities (the contract); values are fp64."""
+    T, E = logits.shape
+    p32 = torch.softmax(logits.float(), -1).tolist()
+    p64 = torch.softmax(logits.double(), -1)
+    if renormalize is None:
+        renormalize = k > 1
+    cap = capacity_formula(T, E, k, cf, min_capacity)
+    idx = [ranked_experts(p32[t], k) for t in range(T)]
+    weight = [[float(p64[t, e]) for e in idx[t]] for t in range(T)]
+    if renormalize:
+        weight = [[w / sum(row) for w in row] for row in weight]
+
+    slot = [[-1] * k for _ in range(T)]
+    if policy == "position":
+        count = [0] * E
+        for j in range(k):  # every first choice before any second choice
+            for t in range(T):
+                e = idx[t][j]
+                if count[e] < cap:
+                    slot[t][j] = count[e]
+                    count[e] += 1
+    else:
+        for e in range(E):
+            wanting = [(t, j) for t in range(T) for j in range(k) if idx[t][j] == e]
+            wanting.sort(key=lambda tj: (-p32[tj[0]][e], tj[0]))
+            for rank, (t, j) in enumerate(wanting[:cap]):
+                slot[t][j] = rank
+
+    kept = [[slot[t][j] >= 0 for j in range(k)] for t in range(T)]
+    tokens = [sum(kept[t][j] for t in range(T) for j in range(k) if idx[t][j] == e) for e in range(E)]
+    chosen = [sum(1 for t in range(T) for j in range(k) if idx[t][j] == e) for e in range(E)]
+    f = [c / (T * k) for c in chosen]
+    P = [sum(float(p64[t, e]) for t in range(T)) / T for e in range(E)]
+    lse = torch.logsumexp(logits.double(), -1)
+    return {
+        "capacity": cap,
+        "expert_index": torch.tensor(idx, dtype=torch.long).view(T, k),
+        "weight": torch.tensor(weight, dtype=torch.float64).view(T, k),
+        "slot": torch.tensor(slot, dtype=torch.long).view(T, k),
+        "kept": torch.tensor(kept, dtype=torch.bool).view(T, k),
+        "combine_weight": torch.tensor(
+            [[weight[t][j] if kept[t][j] else 0.0 for j in range(k)] for t in range(T)], dtype=torch.float64
+        ).view(T, k),
+        "tokens_per_expert": torch.tensor(tokens, dtype=torch.long),
+        "f": torch.tensor(f, dtype=torch.float64),
+        "aux_loss": E * sum(f[e] * P[e] for e in range(E)),
+        "z_loss": float((lse**2).mean()),
+    }
+
+
+def oracle_routing(o: dict) -> Routing:
+    """The oracle's decisions as a Routing to feed the student's dispatch/combine."""
+    return Routing(o["expert_index"], o["combine_weight"].float(), o["slot"], o["tokens_per_expert"],
+                   torch.tensor(o["aux_loss"]), torch.tensor(o["z_loss"]))
+
+
+def make_logits(kind: str, T: int, E: int, rng: torch.Generator) -> torch.Tensor:
+    if kind == "random":
+        return torch.randn(T, E, generator=rng) * 2
+    if kind == "zeros":
+        return torch.zeros(T, E)
+    if kind == "duplicated":  # every value twice, in columns far apart
+        half = torch.randn(T, (E + 1) // 2, generator=rng)
+        cols = torch.cat([torch.arange(E // 2 + E % 2), torch.arange(E // 2)])
+        return half[:, cols[torch.randperm(E, generator=rng)]]
+    if kind == "integers":  # a few distinct values per row: ties everywhere
+        return torch.randint(-2, 3, (T, E), generator=rng).float()
+    raise ValueError(kind)
+
+
+def ragged_tokens(E: int, rng: torch.Generator) -> int:
+    """A token count that is not a multiple of E, a few times E."""
+    T = int(torch.randint(2 * E, 4 * E + 7, (1,), generator=rng))
+    return T + 1 if T % E == 0 else T
+
+
+# --------------------------------------------------------------------------------------------------
+# Comparisons that explain themselves
+
+
+def first_mismatch(got: torch.Tensor, want: torch.Tensor) -> tuple[int, ...] | None:
+    bad = (got != want).nonzero()
+    return None if len(bad) == 0 else tuple(int(i) for i in bad[0])
+
+
+def assert_routing_matches(r, o: dict, logits: torch.Tensor, where: str, policy: str = "position") -> None:
+    T, k = o["expert_index"].shape
+    p32 = torch.softmax(logits.float(), -1)
+    for name in ("expert_index", "combine_weight", "slot", "tokens_per_expert"):
+        got = getattr(r, name)
+        assert isinstance(got, torch.Tensor), f"{where}: routing.{name} should be a tensor, found {type(got).__name__}"
+        assert tuple(got.shape) == tuple(o[name].shape), (
+            f"{where}: routing.{name} has shape {tuple(got.shape)}, expected {tuple(o[name].shape)}"
+        )
+    assert r.expert_index.dtype == torch.long and r.slot.dtype == torch.long, (
+        f"{where}: expert_index and slot must be int64, found {r.expert_index.dtype} and {r.slot.dtype}"
+    )
+    at = first_mismatch(r.expert_index, o["expert_index"])
+    if at is not None:
+        t, j = at
+        got_e, want_e = int(r.expert_index[t, j]), int(o["expert_index"][t, j])
+        tie = float(p32[t, got_e]) == float(p32[t, want_e])
+        raise AssertionError(
+            f"{where}: token {t}, choice {j}: expected expert {want_e} (p={float(p32[t, want_e]):.6g}), found "
+            f"{got_e} (p={float(p32[t, got_e]):.6g}). "
+            + ("These probabilities are equal: ties go to the LOWER expert index, and torch.topk does not "
+               "promise any order among equal values." if tie else
+               "Experts must be listed in descending router probability.")
+        )
+    err = (r.combine_weight.double() - o["combine_weight"]).abs()
+    if err.max() > 1e-5:
+        t, j = divmod(int(err.argmax()), k)
+        kept = bool(o["kept"][t, j])
+        hint = ("it was dropped by capacity: its weight must be 0" if not kept else
+                "kept assignments keep the weight they had before any drop (renormalise over the k chosen "
+                "when renormalize is on, never over the kept ones only)")
+        raise AssertionError(
+            f"{where}: combine_weight[{t}, {j}] is {float(r.combine_weight[t, j]):.6g}, expected "
+            f"{float(o['combine_weight'][t, j]):.6g}: {hint}"
+        )
+    at = first_mismatch(r.slot, o["slot"])
+    if at is not None:
+        t, j = at
+        e = int(o["expert_index"][t, j])
+        rule = ("all first choices come before any second choice, and earlier tokens first within the same "
+                "choice rank (GShard)" if policy == "position" else
+                "per expert, higher router probability first (the softmax probability, not the renormalised "
+                "weight), earlier token on ties")
+        raise AssertionError(
+            f"{where}: slot[{t}, {j}] (token {t}'s choice {j}, expert {e}) is {int(r.slot[t, j])}, expected "
+            f"{int(o['slot'][t, j])} with capacity {o['capacity']}. Priority: {rule}; the expert's buffer fills in "
+            "that order from slot 0, and assignments past the capacity get -1."
+        )
+    at = first_mismatch(r.tokens_per_expert.long(), o["tokens_per_expert"])
+    assert at is None, (
+        f"{where}: tokens_per_expert[{at[0]}] is {int(r.tokens_per_expert[at[0]])}, expected "
+        f"{int(o['tokens_per_expert'][at[0]])}: count the assignments KEPT (never more than the capacity "
+        f"{o['capacity']})"
+    )
+
+
+def assert_invariants(r, E: int, capacity: int, where: str) -> None:
+    """Properties any valid routing has, whatever the priority rule."""
+    slot, idx = r.slot, r.expert_index
+    kept = slot >= 0
+    assert int(slot.max()) < capacity, f"{where}: a slot is {int(slot.max())}, but capacity is {capacity}"
+    assert bool((slot >= -1).all()), f"{where}: slots must be -1 (dropped) or a position in the buffer"
+    pairs = (idx[kept] * capacity + slot[kept]).tolist()
+    assert len(pairs) == len(set(pairs)), f"{where}: two assignments share one (expert, slot): a buffer row was overwritten"
+    for e in range(E):
+        used = sorted(slot[kept & (idx == e)].tolist())
+        assert used == list(range(len(used))), (
+            f"{where}: expert {e} uses slots {used[:12]}; its buffer must fill from slot 0 with no gaps"
+        )
+        assert int(r.tokens_per_expert[e]) == len(used) <= capacity, (
+            f"{where}: expert {e} keeps {len(used)} assignments, tokens_per_expert says "
+            f"{int(r.tokens_per_expert[e])}, capacity is {capacity}"
+        )
+    assert bool((r.combine_weight[~kept] == 0).all()), f"{where}: a dropped assignment has a nonzero combine_weight"
+
+
+# --------------------------------------------------------------------------------------------------
+# capacity
+
+
+@pytest.mark.check("capacity")
+def test_capacity_is_the_formula(sm, rng):
+    cases = [(8, 4, 1, 1.0, 1), (10, 4, 1, 1.0, 1), (10, 4, 2, 1.0, 1), (10, 4, 2, 1.25, 1), (7, 64, 1, 1.0, 1),
+             (7, 64, 1, 1.0, 4), (1000, 8, 2, 0.5, 1), (33, 8, 4, 1.1, 1), (13, 3, 2, 0.7, 1), (100, 64, 2, HUGE, 1)]
+    for _ in range(40):
+        T = int(torch.randint(1, 5000, (1,), generator=rng))
+        E = (4, 8, 16, 64, 7)[int(torch.randint(0, 5, (1,), generator=rng))]
+        k = int(torch.randint(1, 5, (1,), generator=rng))
+        cf = round(float(torch.rand(1, generator=rng)) * 3 + 0.05, 3)
+        cases.append((T, E, k, cf, int(torch.randint(1, 9, (1,), generator=rng))))
+    for T, E, k, cf, mc in cases:
+        got = sm.expert_capacity(T, E, k, cf, mc)
+        want = capacity_formula(T, E, k, cf, mc)
+        assert isinstance(got, int) and not isinstance(got, bool), (
+            f"expert_capacity must return a Python int, found {type(got).__name__}"
+        )
+        assert got == want, (
+            f"expert_capacity(num_tokens={T}, num_experts={E}, k={k}, capacity_factor={cf}, min_capacity={mc}) "
+            f"is {got}, expected {want} = max(min_capacity, ceil(k * T * cf / E)). "
+            + ("Round UP: a floor leaves the last assignments without a slot. " if got == max(mc, math.floor(k * T * cf / E)) else "")
+            + ("There are k * T assignments to share, not T. " if got == max(mc, math.ceil(T * cf / E)) else "")
+        )
+
+
+@pytest.mark.check("capacity")
+def test_capacity_evaluation_order(sm):
+    # Inputs where ceil of the same product in another order lands on a different integer.
+    found = []
+    for T in range(1, 400):
+        for cf in (0.1, 0.3, 0.7, 1.1, 1.15, 1.3):
+            for E, k in ((3, 1), (5, 2), (7, 2), (10, 1), (6, 4)):
+                a = math.ceil(k * T * cf / E)
+                b = math.ceil(cf * T * k / E)
+                c = math.ceil(k * T / E * cf)
+                if a != b or a != c:
+                    found.append((T, E, k, cf))
+    assert found, "test setup: no order-sensitive inputs found"
+    for T, E, k, cf in found[:30]:
+        got = sm.expert_capacity(T, E, k, cf)
+        want = capacity_formula(T, E, k, cf)
+        assert got == want, (
+            f"expert_capacity({T}, {E}, {k}, {cf}) is {got}, expected {want}: evaluate exactly "
+            "max(min_capacity, math.ceil(k * num_tokens * capacity_factor / num_experts)) in that order, in "
+            "Python floats (no torch, no reordering): floating-point products differ in the last bit by order"
+        )
+
+
+@pytest.mark.check("capacity")
+@pytest.mark.parametrize("cf", [0.5, 1.25])
+def test_route_uses_that_capacity(sm, rng, cf):
+    E, k = 8, 2
+    T = ragged_tokens(E, rng)
+    logits = torch.randn(T, E, generator=rng) + torch.linspace(2, 0, E)  # low experts overflow
+    r = sm.route(logits, k, cf)
+    cap = capacity_formula(T, E, k, cf)
+    assert_invariants(r, E, cap, f"route(T={T}, E={E}, k={k}, capacity_factor={cf}), capacity {cap}")
+    o = oracle_route(logits, k, cf)
+    assert torch.equal(r.tokens_per_expert.long(), o["tokens_per_expert"]), (
+        f"route(T={T}, E={E}, k={k}, capacity_factor={cf}): tokens_per_expert {r.tokens_per_expert.tolist()}, "
+        f"expected {o['tokens_per_expert'].tolist()} with capacity {cap} = ceil(k * T * cf / E)"
+    )
+    r = sm.route(logits, k, 0.01, min_capacity=3)
+    assert_invariants(r, E, 3, f"route(T={T}, E={E}, k={k}, capacity_factor=0.01, min_capacity=3)")
+    assert int(r.tokens_per_expert.max()) == 3, (
+        f"with min_capacity=3 and a tiny factor every busy expert keeps exactly 3 assignments; found "
+        f"tokens_per_expert {r.tokens_per_expert.tolist()}"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# topk: choices, ties, weights, defaults
+
+
+@pytest.mark.check("topk")
+@pytest.mark.parametrize("kind", ["random", "zeros", "duplicated", "integers"])
+@pytest.mark.parametrize("E", [4, 8, 64])
+def test_choices_and_weights_without_drops(sm, rng, kind, E):
+    T = ragged_tokens(E, rng) if E < 64 else 70
+    logits = make_logits(kind, T, E, rng)
+    for k in (1, 2, 4):
+        o = oracle_route(logits, k, HUGE)
+        r = sm.route(logits, k, HUGE)
+        assert_routing_matches(r, o, logits, f"{kind} logits, T={T}, E={E}, k={k}, no drops")
+
+
+@pytest.mark.check("topk")
+def test_probs_are_fp32_softmax(sm, rng):
+    logits = (torch.randn(37, 8, generator=rng) * 3).bfloat16()
+    p = sm.router_probs(logits)
+    assert p.dtype == torch.float32, f"router_probs must return fp32 for bf16 logits, found {p.dtype}"
+    want = torch.softmax(logits.double(), -1)
+    err = float((p.double() - want).abs().max())
+    assert err < 1e-6, (
+        f"router_probs is off by {err:.3g} from softmax of the bf16 logits in fp64: cast to fp32 BEFORE the "
+        "softmax (a bf16 softmax has only 8 bits of mantissa)"
+    )
+    o = oracle_route(logits, 2, HUGE)
+    r = sm.route(logits, 2, HUGE)
+    assert r.combine_weight.dtype == torch.float32, f"combine_weight must be fp32, found {r.combine_weight.dtype}"
+    assert_routing_matches(r, o, logits, "bf16 logits, T=37, E=8, k=2")
+
+
+@pytest.mark.check("topk")
+def test_renormalize_defaults_and_overrides(sm, rng):
+    logits = torch.randn(20, 8, generator=rng)
+    for k, renorm in ((1, None), (1, True), (2, None), (2, False), (4, True)):
+        o = oracle_route(logits, k, HUGE, renormalize=renorm)
+        r = sm.route(logits, k, HUGE, renormalize=renorm)
+        default = " (the default for this k)" if renorm is None else ""
+        sums = r.combine_weight.sum(-1)
+        assert torch.allclose(r.combine_weight.double(), o["combine_weight"], atol=1e-5), (
+            f"k={k}, renormalize={renorm}{default}: combine_weight row 0 is {r.combine_weight[0].tolist()}, "
+            f"expected {o['combine_weight'][0].tolist()}. renormalize=None means True for k > 1 (Mixtral) and "
+            f"False for k = 1 (Switch); row sums found {sums[:4].tolist()}"
+        )
+
+
+@pytest.mark.check("topk")
+@pytest.mark.parametrize("k", [1, 2])
+def test_combine_weight_gradient(student, sm, rng, k):
+    T, E = 12, 6
+    logits = torch.randn(T, E, generator=rng, dtype=torch.float64).float()
+    g = torch.randn(T, k, generator=rng)
+    r, grad = student.drive(DRIVER + "route_backward", sm.route, logits, [k, HUGE], {}, g, 0.0, 0.0)
+    o = oracle_route(logits, k, HUGE)
+    x = logits.double().requires_grad_(True)
+    w = torch.softmax(x, -1).gather(1, o["expert_index"])
+    if k > 1:
+        w = w / w.sum(-1, keepdim=True)
+    (w * g.double()).sum().backward()
+    err = float((grad.double() - x.grad).abs().max())
+    assert err < 1e-5, (
+        f"k={k}: the gradient of sum(g * combine_weight) with respect to the logits is off by {err:.3g}. "
+        + ("With k = 1 the weight is the raw probability, so the router still learns: do not renormalise it. "
+           if k == 1 else "The renormalised weight p_i / sum(p_chosen) depends on every chosen logit. ")
+        + "Keep the weights on the autograd graph (no .detach(), no index math through .tolist())."
+    )
+
+
+@pytest.mark.check("topk")
+def test_bad_arguments(sm):
+    logits = torch.zeros(4, 4)
+    for bad in (0, 5):
+        with pytest.raises(ValueError):
+            sm.route(logits, bad, 1.0)
+    with pytest.raises(ValueError):
+        sm.route(logits, 1, 1.0, drop_policy="random")
+
+
+# --------------------------------------------------------------------------------------------------
+# drops: the position policy against the loop, on every shape family
+
+
+@pytest.mark.check("drops")
+@pytest.mark.parametrize("E", [4, 8, 64])
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_route_against_the_loop(sm, rng, k, E):
+    T = ragged_tokens(E, rng)
+    skew = torch.linspace(1.5, 0, E)[torch.randperm(E, generator=rng)]  # some experts overflow
+    for kind in ("random", "zeros", "duplicated"):
+        logits = make_logits(kind, T, E, rng) + (skew if kind == "random" else 0)
+        for cf in (0.5, 1.0, 1.25, HUGE):
+            where = f"{kind} logits, T={T}, E={E}, k={k}, capacity_factor={cf}"
+            r = sm.route(logits, k, cf)
+            o = oracle_route(logits, k, cf)
+            assert_invariants(r, E, o["capacity"], where)
+            assert_routing_matches(r, o, logits, where)
+
+
+@pytest.mark.check("drops")
+def test_fully_dropped_tokens(sm):
+    # Everyone wants expert 0 first and expert 1 second; capacity 1 keeps one of each.
+    logits = torch.tensor([[3.0, 2.0, 0.0, 0.0]]).repeat(6, 1)
+    r = sm.route(logits, 2, 0.1)  # capacity ceil(2 * 6 * 0.1 / 4) = 1
+    o = oracle_route(logits, 2, 0.1)
+    assert_routing_matches(r, o, logits, "6 identical tokens, k=2, capacity 1")
+    assert bool((r.slot[1:] == -1).all()) and bool((r.combine_weight[1:] == 0).all()), (
+        "tokens 1..5 lose both choices (token 0 takes the only slot of experts 0 and 1): their slots must be -1 "
+        f"and their weights 0; found slots {r.slot.tolist()}"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# priority: GShard's rule and the probs policy
+
+
+@pytest.mark.check("priority")
+def test_gshard_first_choices_win(sm):
+    # Expert 0 is token 0's SECOND choice and tokens 1 and 2's FIRST choice; capacity is 2.
+    logits = torch.tensor([
+        [2.0, 3.0, 0.0, -1.0],   # token 0: expert 1, then expert 0
+        [3.0, -1.0, 2.0, 0.0],   # token 1: expert 0, then expert 2
+        [3.0, -1.0, 0.0, 2.0],   # token 2: expert 0, then expert 3
+        [-1.0, 0.0, 3.0, 2.0],   # token 3: expert 2, then expert 3
+    ])
+    r = sm.route(logits, 2, 1.0)  # capacity ceil(2 * 4 * 1.0 / 4) = 2
+    assert r.expert_index.tolist() == [[1, 0], [0, 2], [0, 3], [2, 3]], f"expert_index is {r.expert_index.tolist()}"
+    assert r.slot[1, 0] == 0 and r.slot[2, 0] == 1 and r.slot[0, 1] == -1, (
+        "expert 0 can take 2 assignments: tokens 1 and 2 chose it FIRST, token 0 only second, so tokens 1 and 2 "
+        f"get slots 0 and 1 and token 0's second choice is dropped. Found slot[0, 1]={int(r.slot[0, 1])}, "
+        f"slot[1, 0]={int(r.slot[1, 0])}, slot[2, 0]={int(r.slot[2, 0])}. Order the assignments choice by choice "
+        "(all first choices, then all second choices), not token by token."
+    )
+    assert float(r.combine_weight[0, 1]) == 0.0 and float(r.combine_weight[0, 0]) < 1.0, (
+        f"token 0 keeps its first choice with its pre-drop renormalised weight and drops the second: "
+        f"found combine_weight[0] = {r.combine_weight[0].tolist()}"
+    )
+
+
+@pytest.mark.check("priority")
+def test_probs_policy_crafted(sm):
+    # Expert 0 (capacity 2) is wanted by token 0 (p=0.40, first choice), token 1 (p=0.45, second choice)
+    # and token 2 (p=0.60, first choice). By probability: tokens 2 and 1. By renormalised weight it
+    # would be tokens 2 and 0; by position, tokens 0 and 2.
+    p = torch.tensor([
+        [0.40, 0.35, 0.15, 0.10],
+        [0.45, 0.50, 0.03, 0.02],
+        [0.60, 0.10, 0.05, 0.25],
+        [0.05, 0.05, 0.50, 0.40],
+    ])
+    logits = p.log()
+    r = sm.route(logits, 2, 1.0, drop_policy="probs")
+    got = {"token 0": int(r.slot[0, 0]), "token 1": int(r.slot[1, 1]), "token 2": int(r.slot[2, 0])}
+    want = {"token 0": -1, "token 1": 1, "token 2": 0}
+    assert got == want, (
+        f"drop_policy='probs', expert 0 with capacity 2: slots {got}, expected {want}. Rank by the router "
+        "probability of expert 0 for each token (0.60 > 0.45 > 0.40), not by the renormalised weight "
+        "(which would favour token 0) nor by position; slot 0 goes to the highest."
+    )
+    assert float(r.combine_weight[0, 0]) == 0.0 and abs(float(r.combine_weight[1, 1]) - 0.45 / 0.95) < 1e-5, (
+        f"kept weights stay renormalised over the k chosen, before the drop: found {r.combine_weight.tolist()}"
+    )
+
+
+@pytest.mark.check("priority")
+def test_probs_policy_ties_go_to_earlier_tokens(sm):
+    logits = torch.zeros(10, 4)
+    for k, cap in ((1, 3), (2, 5)):
+        r = sm.route(logits, k, 1.0, drop_policy="probs")
+        o = oracle_route(logits, k, 1.0, "probs")
+        assert_routing_matches(r, o, logits, f"all-zero logits, k={k}, drop_policy='probs' (capacity {cap})", "probs")
+
+
+@pytest.mark.check("priority")
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_probs_policy_against_the_loop(sm, rng, k):
+    for E in (4, 8, 64):
+        T = ragged_tokens(E, rng)
+        for kind in ("random", "integers"):
+            logits = make_logits(kind, T, E, rng) + torch.linspace(1, 0, E)
+            for cf in (0.5, 1.0):
+                where = f"drop_policy='probs', {kind} logits, T={T}, E={E}, k={k}, capacity_factor={cf}"
+                r = sm.route(logits, k, cf, drop_policy="probs")
+                o = oracle_route(logits, k, cf, "probs")
+                assert_invariants(r, E, o["capacity"], where)
+                assert_routing_matches(r, o, logits, where, "probs")
+
+
+# --------------------------------------------------------------------------------------------------
+# aux: Switch's balancing loss and the router z-loss
+
+
+@pytest.mark.check("aux")
+@pytest.mark.parametrize("E", [4, 8])
+def test_aux_loss_balanced_is_one_and_collapse_is_E(sm, E):
+    T = 4 * E
+    balanced = torch.zeros(T, E)
+    balanced[torch.arange(T), torch.arange(T) % E] = 4.0  # token t prefers expert t % E
+    r = sm.route(balanced, 1, 1.0)
+    assert abs(float(r.aux_loss) - 1.0) < 1e-5, (
+        f"perfectly balanced routing (E={E}, every expert gets 1/E of the tokens and 1/E of the probability mass) "
+        f"gives aux_loss {float(r.aux_loss):.6g}, expected 1.0 = E * sum_e (1/E)(1/E)"
+    )
+    collapsed = torch.zeros(T, E)
+    collapsed[:, 0] = 20.0
+    r = sm.route(collapsed, 1, 1.0)
+    assert abs(float(r.aux_loss) - E) < 1e-3, (
+        f"every token on expert 0 (E={E}): aux_loss is {float(r.aux_loss):.6g}, expected about {E}: f_0 = 1 counts "
+        "the choices BEFORE capacity drops, P_0 is about 1"
+    )
+
+
+@pytest.mark.check("aux")
+@pytest.mark.parametrize("k", [1, 2])
+def test_aux_loss_value_and_gradient_with_drops(student, sm, rng, k):
+    E = 8
+    T = ragged_tokens(E, rng)
+    logits = torch.randn(T, E, generator=rng) + torch.linspace(2, 0, E)  # overflowing experts
+    cf = 0.5
+    r, grad = student.drive(DRIVER + "route_backward", sm.route, logits, [k, cf], {}, None, 1.0, 0.0)
+    o = oracle_route(logits, k, cf)
+    assert abs(float(r.aux_loss) - o["aux_loss"]) < 1e-5, (
+        f"k={k}, capacity_factor={cf} (some assignments dropped): aux_loss is {float(r.aux_loss):.6g}, expected "
+        f"{o['aux_loss']:.6g} = E * sum_e f_e P_e with f_e the fraction of all T*k choices that picked e BEFORE "
+        "drops (the router is penalised for what it wanted, not for what fitted) and P_e the mean probability"
+    )
+    x = logits.double().requires_grad_(True)
+    aux = E * (o["f"] * torch.softmax(x, -1).mean(0)).sum()
+    aux.backward()
+    err = float((grad.double() - x.grad).abs().max())
+    assert err < 1e-6, (
+        f"k={k}: d aux_loss / d logits is off by {err:.3g}: f_e is a count (no gradient); the gradient flows "
+        "through P_e, the mean router probability"
+    )
+
+
+@pytest.mark.check("aux")
+def test_z_loss_value_and_gradient(student, sm, rng):
+    logits = torch.randn(23, 8, generator=rng) * 4
+    r, grad = student.drive(DRIVER + "route_backward", sm.route, logits, [2, 1.0], {}, None, 0.0, 1.0)
+    x = logits.double().requires_grad_(True)
+    z = torch.logsumexp(x, -1).square().mean()
+    z.backward()
+    z = z.detach()
+    assert abs(float(r.z_loss) - float(z)) < 1e-4 * max(1.0, float(z)), (
+        f"z_loss is {float(r.z_loss):.6g}, expected {float(z):.6g} = mean over tokens of logsumexp(logits)^2"
+    )
+    err = float((grad.double() - x.grad).abs().max())
+    assert err < 1e-5, f"d z_loss / d logits is off by {err:.3g}: compute it with differentiable torch ops"
+    r = sm.route(logits.bfloat16(), 2, 1.0)
+    zb = torch.logsumexp(logits.bfloat16().double(), -1).square().mean()
+    assert abs(float(r.z_loss) - float(zb)) < 1e-4 * float(zb), (
+        f"z_loss for bf16 logits is {float(r.z_loss):.6g}, expected {float(zb):.6g}: compute it in fp32"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# dispatch / combine
+
+
+def oracle_dispatch(x: torch.Tensor, o: dict, E: int, cap: int) -> torch.Tensor:
+    out = torch.zeros(E, cap, x.shape[1], dtype=x.dtype)
+    T, k = o["slot"].shape
+    for t in range(T):
+        for j in range(k):
+            s = int(o["slot"][t, j])
+            if s >= 0:
+                out[int(o["expert_index"][t, j]), s] = x[t]
+    return out
+
+
+def oracle_combine(expert_out: torch.Tensor, o: dict) -> torch.Tensor:
+    T, k = o["slot"].shape
+    y = torch.zeros(T, expert_out.shape[-1], dtype=torch.float64)
+    for t in range(T):
+        for j in range(k):
+            s = int(o["slot"][t, j])
+            if s >= 0:
+                y[t] += float(o["combine_weight"][t, j]) * expert_out[int(o["expert_index"][t, j]), s].double()
+    return y
+
+
+@pytest.mark.check("dispatch_combine")
+@pytest.mark.parametrize("k,cf", [(1, 0.5), (2, 1.0), (2, HUGE), (4, 1.25)])
+def test_dispatch_against_the_loop(student, sm, rng, k, cf):
+    E, d = 8, 5
+    T = ragged_tokens(E, rng)
+    logits = torch.randn(T, E, generator=rng) + torch.linspace(1, 0, E)
+    o = oracle_route(logits, k, cf)
+    cap = o["capacity"]
+    x = torch.randn(T, d, generator=rng)
+    g = torch.randn(E, cap, d, generator=rng)
+    buf, dx = student.drive(DRIVER + "dispatch_backward", sm.dispatch, x, oracle_routing(o), cap, g)
+    want = oracle_dispatch(x, o, E, cap)
+    assert tuple(buf.shape) == (E, cap, d) and buf.dtype == x.dtype, (
+        f"dispatch should return [E, capacity, d] = {(E, cap, d)} {x.dtype}, found {tuple(buf.shape)} {buf.dtype}"
+    )
+    bad = (buf != want).any(-1).nonzero()
+    if len(bad):
+        e, s = (int(i) for i in bad[0])
+        owner = [(t, j) for t in range(T) for j in range(k) if int(o["expert_index"][t, j]) == e and int(o["slot"][t, j]) == s]
+        what = f"token {owner[0][0]}'s row" if owner else "zeros (no assignment has this slot)"
+        raise AssertionError(f"k={k}, capacity {cap}: dispatch buffer[{e}, {s}] should hold {what}")
+    want_dx = torch.zeros(T, d)
+    for t in range(T):
+        for j in range(k):
+            if int(o["slot"][t, j]) >= 0:
+                want_dx[t] += g[int(o["expert_index"][t, j]), int(o["slot"][t, j])]
+    assert torch.allclose(dx, want_dx, atol=1e-6), (
+        "the gradient of dispatch with respect to x is wrong: each token should receive the sum of the buffer "
+        "gradients at its kept slots (use differentiable indexing such as index_copy / index_add, not .tolist())"
+    )
+
+
+@pytest.mark.check("dispatch_combine")
+@pytest.mark.parametrize("k,cf", [(1, 0.5), (2, 0.5), (2, 1.25), (4, 1.0)])
+def test_combine_against_the_loop(student, sm, rng, k, cf):
+    E, d = 8, 6
+    T = ragged_tokens(E, rng)
+    logits = torch.randn(T, E, generator=rng) + torch.linspace(1.5, 0, E)
+    o = oracle_route(logits, k, cf)
+    cap = o["capacity"]
+    expert_out = torch.randn(E, cap, d, generator=rng) * 3
+    g = torch.randn(T, d, generator=rng)
+    y, d_out, d_w = student.drive(DRIVER + "combine_backward", sm.combine, expert_out, oracle_routing(o), g)
+    want = oracle_combine(expert_out, o)
+    assert tuple(y.shape) == (T, d), f"combine should return [T, d] = {(T, d)}, found {tuple(y.shape)}"
+    err = (y.double() - want).abs().amax(-1)
+    t = int(err.argmax())
+    dropped = "all of its assignments were dropped, so it must be zeros" if not bool(o["kept"][t].any()) else (
+        f"its kept choices are {[(int(o['expert_index'][t, j]), int(o['slot'][t, j])) for j in range(k) if o['kept'][t, j]]}")
+    assert float(err[t]) < 1e-5, f"k={k}, capacity {cap}: combine row {t} is off by {float(err[t]):.3g}; {dropped}"
+    want_dout = torch.zeros(E, cap, d, dtype=torch.float64)
+    want_dw = torch.zeros(T, k, dtype=torch.float64)
+    for t in range(T):
+        for j in range(k):
+            s, e = int(o["slot"][t, j]), int(o["expert_index"][t, j])
+            if s >= 0:
+                want_dout[e, s] += float(o["combine_weight"][t, j]) * g[t].double()
+                want_dw[t, j] = float((expert_out[e, s].double() * g[t].double()).sum())
+    assert torch.allclose(d_out.double(), want_dout, atol=1e-5), (
+        "the gradient of combine with respect to expert_out is wrong: each kept slot receives its token's "
+        "output gradient times the combine weight; slots no kept assignment uses receive 0"
+    )
+    assert torch.allclose(d_w.double(), want_dw, atol=1e-4), (
+        "the gradient of combine with respect to combine_weight is wrong: for a kept choice it is "
+        "<expert output, grad of y>; for a dropped one 0. This is the path by which the router learns."
+    )
+
+
+@pytest.mark.check("dispatch_combine")
+def test_combine_never_reads_dropped_or_empty_slots(sm, rng):
+    E, d, k = 4, 3, 2
+    logits = torch.randn(14, E, generator=rng) + torch.tensor([2.0, 1.0, 0.0, 0.0])
+    o = oracle_route(logits, k, 0.5)
+    cap = o["capacity"]
+    expert_out = torch.full((E, cap, d), float("inf"))
+    for t in range(14):
+        for j in range(k):
+            if int(o["slot"][t, j]) >= 0:
+                expert_out[int(o["expert_index"][t, j]), int(o["slot"][t, j])] = 1.0
+    y = sm.combine(expert_out, oracle_routing(o))
+    assert torch.isfinite(y).all(), (
+        "unused buffer slots hold inf here (an expert may produce anything on an empty slot), and combine's "
+        "output is not finite: a dropped assignment (slot -1) must not read any slot, even with weight 0 "
+        "(0 * inf is NaN). Mask with torch.where rather than multiplying by 0."
+    )
+    want = oracle_combine(torch.where(expert_out.isinf(), 0.0, expert_out), o)
+    assert torch.allclose(y.double(), want, atol=1e-5), "combine with ones in every used slot gives the wrong sums"
+
+
+@pytest.mark.check("dispatch_combine")
+@pytest.mark.parametrize("k", [1, 2])
+def test_round_trip_with_identity_experts(sm, rng, k):
+    E, d = 8, 4
+    T = ragged_tokens(E, rng)
+    logits = torch.randn(T, E, generator=rng)
+    cf = 1.0
+    x = torch.randn(T, d, generator=rng)
+    r = as_routing(sm.route(logits, k, cf))
+    cap = capacity_formula(T, E, k, cf)
+    y = sm.combine(sm.dispatch(x, r, cap), r)
+    want = r.combine_weight.sum(-1, keepdim=True) * x
+    err = (y - want).abs().amax(-1)
+    t = int(err.argmax())
+    assert float(err[t]) < 1e-5, (
+        f"combine(dispatch(x)) with identity experts should give (sum of token t's kept weights) * x[t]; "
+        f"token {t} is off by {float(err[t]):.3g}"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# layer: the whole MoE layer against a per-token reference, forward and backward
+
+
+def make_experts(E: int, d: int, h: int, seed: int) -> list[nn.Module]:
+    torch.manual_seed(seed)
+    return [nn.Sequential(nn.Linear(d, h), nn.GELU(), nn.Linear(h, d)) for _ in range(E)]
+
+
+@pytest.mark.check("layer")
+@pytest.mark.parametrize("k,cf", [(1, 0.75), (2, 0.75), (2, 2.0)])
+def test_layer_output_and_gradients(student, sm, rng, seed, k, cf):
+    E, d, h = 4, 6, 8
+    T = 23
+    x = torch.randn(T, d, generator=rng)
+    gate = torch.randn(E, d, generator=rng) * 0.7
+    experts = make_experts(E, d, h, seed)
+    gy = torch.randn(T, d, generator=rng)
+    y, r, dx, dgate, dparams = student.drive(DRIVER + "moe_layer_backward", sm.moe_layer, x, gate, experts, k, cf, gy)
+
+    # Reference: one token at a time, in fp64.
+    logits32 = x @ gate.t()
+    o = oracle_route(logits32, k, cf)
+    assert_routing_matches(r, o, logits32, f"moe_layer routing (T={T}, E={E}, k={k}, capacity_factor={cf})")
+    x64 = x.double().requires_grad_(True)
+    g64 = gate.double().requires_grad_(True)
+    ref = [copy.deepcopy(m).double() for m in experts]
+    p = torch.softmax(x64 @ g64.t(), -1)
+    rows = []
+    for t in range(T):
+        w = p[t, o["expert_index"][t]]
+        if k > 1:
+            w = w / w.sum()
+        out = torch.zeros(d, dtype=torch.float64)
+        for j in range(k):
+            if o["kept"][t, j]:
+                out = out + w[j] * ref[int(o["expert_index"][t, j])](x64[t : t + 1])[0]
+        rows.append(out)
+    want = torch.stack(rows)
+    (want * gy.double()).sum().backward()
+
+    err = (y.double() - want.detach()).abs().amax(-1)
+    t = int(err.argmax())
+    assert float(err[t]) < 1e-4, (
+        f"moe_layer output row {t} is off by {float(err[t]):.3g} from the per-token reference "
+        f"(y[t] = sum over kept choices of weight * expert(x[t]))"
+    )
+    for name, got, want_g in (("x", dx, x64.grad), ("gate_weight", dgate, g64.grad)):
+        e = float((got.double() - want_g).abs().max())
+        assert e < 1e-4 * max(1.0, float(want_g.abs().max())), (
+            f"moe_layer: d loss / d {name} is off by {e:.3g}"
+            + (": the router learns through combine_weight; keep it on the graph from the logits" if name == "gate_weight" else
+               ": x reaches y through dispatch (each expert) and through the router")
+        )
+    for e_idx, (got_list, module) in enumerate(zip(dparams, ref)):
+        for (pname, param), got in zip(module.named_parameters(), got_list):
+            want_g = param.grad if param.grad is not None else torch.zeros_like(param)
+            e = float((got.double() - want_g).abs().max())
+            assert e < 1e-4 * max(1.0, float(want_g.abs().max())), (
+                f"moe_layer: the gradient of expert {e_idx}'s parameter {pname} is off by {e:.3g}; only kept "
+                "assignments reach an expert (empty buffer rows must not add to the bias gradient through combine)"
+            )
+
+
+# --------------------------------------------------------------------------------------------------
+# vectorised: the lines executed must not grow with T
+
+
+def spread_logits(T: int, E: int, rng: torch.Generator) -> torch.Tensor:
+    """Every expert busy at any T: token t prefers t % E, plus noise."""
+    logits = torch.randn(T, E, generator=rng) * 0.5
+    logits[torch.arange(T), torch.arange(T) % E] += 2.0
+    return logits
+
+
+def assert_flat(student, fn, make_args, check, name: str) -> None:
+    """Run `fn` at T=48 and T=480: the results must be right (`check`) and the line count flat."""
+    counts = {}
+    for T in (48, 480):
+        args = make_args(T)
+        result, counts[T] = student.lines_executed(fn, *args)
+        check(result, *args)
+    small, big = counts[48], counts[480]
+    assert big <= small + 10, (
+        f"{name} executed {small} lines of your file for T=48 and {big} for T=480: the count grows with the "
+        "number of tokens, so something loops over tokens (or over slots) in Python. Use whole-tensor "
+        "operations: a cumulative sum of one-hot rows gives every assignment its slot at once."
+    )
+
+
+@pytest.mark.check("vectorised")
+@pytest.mark.parametrize("policy", ["position", "probs"])
+def test_route_is_vectorised(student, sm, rng, policy):
+    E = 8
+
+    def check(r, logits, k, cf, policy):
+        where = f"route(T={logits.shape[0]}, E={E}, k={k}, capacity_factor={cf}, drop_policy={policy!r})"
+        assert_routing_matches(r, oracle_route(logits, k, cf, policy), logits, where, policy)
+
+    assert_flat(student, sm.route, lambda T: (spread_logits(T, E, rng), 2, 1.0, policy), check,
+                f"route (drop_policy={policy!r})")
+
+
+@pytest.mark.check("vectorised")
+def test_dispatch_and_combine_are_vectorised(student, sm, rng):
+    E, d, k, cf = 8, 4, 2, 1.0
+    oracles = {}
+
+    def args(T):
+        o = oracle_route(spread_logits(T, E, rng), k, cf)
+        oracles[T] = o
+        return torch.randn(T, d, generator=rng), oracle_routing(o), o["capacity"]
+
+    def check_dispatch(buf, x, routing, cap):
+        want = oracle_dispatch(x, oracles[x.shape[0]], E, cap)
+        assert buf.shape == want.shape and torch.equal(buf, want), f"dispatch is wrong for T={x.shape[0]}"
+
+    assert_flat(student, sm.dispatch, args, check_dispatch, "dispatch")
+
+    def combine_args(T):
+        x, r, cap = args(T)
+        return torch.randn(E, cap, d, generator=rng), r
+
+    def check_combine(y, expert_out, routing):
+        want = oracle_combine(expert_out, oracles[routing.slot.shape[0]])
+        assert y.shape == want.shape and torch.allclose(y.double(), want, atol=1e-5), (
+            f"combine is wrong for T={routing.slot.shape[0]}"
+        )
+
+    assert_flat(student, sm.combine, combine_args, check_combine, "combine")
+
+
+@pytest.mark.check("vectorised")
+def test_moe_layer_is_vectorised(student, sm, rng):
+    E, d, k, cf = 4, 4, 2, 1.0
+    experts = [nn.Linear(d, d) for _ in range(E)]
+    gate = torch.randn(E, d, generator=rng)
+
+    def check(result, x, gate, experts, k, cf):
+        y, _ = result
+        o = oracle_route(x @ gate.t(), k, cf)
+        with torch.no_grad():
+            want = oracle_combine(torch.stack([m(x) for m in experts]), {
+                **o, "slot": torch.where(o["kept"], torch.arange(x.shape[0])[:, None].expand(-1, k), -1)})
+        assert y.shape == want.shape and torch.allclose(y.double(), want, atol=1e-5), (
+            f"moe_layer's output is wrong for T={x.shape[0]}"
+        )
+
+    assert_flat(student, sm.moe_layer, lambda T: (torch.randn(T, d, generator=rng), gate, experts, k, cf), check,
+                "moe_layer (a loop over the experts is fine; one over tokens is not)")
+
+
+# --------------------------------------------------------------------------------------------------
+# route_speed (CUDA): against one torch.topk plus one softmax over the same logits
+
+
+@pytest.mark.cuda
+@pytest.mark.check("route_speed")
+def test_route_speed(student, sm, score):
+    from grader import speed
+
+    T, E, k, cf = 65536, 64, 2, 1.25
+    spec = speed.Randn((T, E), torch.bfloat16)
+    t = speed.time_student(student, sm.route, [spec, k, cf], reps=30)
+    base = speed.time_here(lambda lg: (torch.topk(lg, k, dim=-1), torch.softmax(lg.float(), dim=-1)), [spec], reps=30)
+    logits = t.args[0]
+    r = t.out
+    probs = torch.softmax(logits.float(), -1)
+    want = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :k]
+    assert torch.equal(r.expert_index.to(want.device), want), "the timed route chose the wrong experts"
+    cap = capacity_formula(T, E, k, cf)
+    assert int(r.tokens_per_expert.max()) <= cap and int(r.slot.max()) < cap, "the timed route exceeded the capacity"
+    ratio = base.median_s / t.median_s
+    score.metrics(route_us=t.median_s * 1e6, topk_softmax_us=base.median_s * 1e6)
+    score.speed(ratio, f"route takes {t.median_s * 1e6:.0f} us, one topk + softmax {base.median_s * 1e6:.0f} us: "
+                       f"ratio {ratio:.3f}")

@@ -1,0 +1,918 @@
+"""Hidden checks for the paged KV cache.
+
+Oracles, all written here and none taken from the solution:
+* `Model`: the BlockManager contract the slow obvious way (a list as the free queue, linear scans,
+  and the prefix cache keyed by the whole token prefix, which is what a chained hash stands for);
+* a per-token loop for slot_mapping;
+* a per-sequence, per-head, per-token walk through the block table in float64 for attention.
+
+Long operation sequences run in the worker through grader.support.paged_kv.run_script, which returns
+what the student's manager reported after every step; every comparison happens here.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from grader import speed
+
+DRIVER = "grader.support.paged_kv"
+
+
+@pytest.fixture(scope="module")
+def pk(student):
+    return student.load("paged_kv")
+
+
+def rand(rng: torch.Generator) -> random.Random:
+    return random.Random(int(torch.randint(0, 2**62, (1,), generator=rng)))
+
+
+def run_script(student, pk, num_blocks: int, block_size: int, caching: bool, script: list) -> list[dict]:
+    records = student.drive(f"{DRIVER}:run_script", pk.slot_mapping, num_blocks, block_size, caching, script)
+    assert isinstance(records, list) and len(records) == len(script), "the operation script did not run to the end"
+    return records
+
+
+def raised(record: dict, name: str) -> bool:
+    return name in (record.get("mro") or [])
+
+
+def pairs(value) -> list:
+    return [list(p) for p in value] if isinstance(value, (list, tuple)) else value
+
+
+# --------------------------------------------------------------------------------------------------
+# The model
+
+
+class ModelOutOfBlocks(Exception):
+    pass
+
+
+class Model:
+    """The contract, naively: a list for the free queue, scans everywhere, exact prefixes as keys."""
+
+    def __init__(self, num_blocks: int, block_size: int, caching: bool):
+        self.num_blocks, self.bs, self.caching = num_blocks, block_size, caching
+        self.queue = list(range(num_blocks))
+        self.refs = [0] * num_blocks
+        self.cache: dict[tuple, int] = {}  # the whole token prefix up to a block's end -> that block
+        self.tables: dict = {}
+        self.tokens: dict = {}
+
+    def _take_front(self) -> int:
+        block = self.queue.pop(0)
+        for key in [k for k, b in self.cache.items() if b == block]:
+            del self.cache[key]
+        self.refs[block] = 1
+        return block
+
+    def _enter(self, prefix: tuple, block: int) -> None:
+        if self.caching and prefix not in self.cache:
+            self.cache[prefix] = block
+
+    def add(self, seq, tokens: list[int]) -> int:
+        if seq in self.tables or not tokens:
+            raise ValueError
+        bs = self.bs
+        hits = []
+        if self.caching:
+            for i in range((len(tokens) - 1) // bs):
+                key = tuple(tokens[: (i + 1) * bs])
+                if key not in self.cache:
+                    break
+                hits.append(self.cache[key])
+        blocks = math.ceil(len(tokens) / bs)
+        if blocks - len(hits) + sum(self.refs[b] == 0 for b in hits) > len(self.queue):
+            raise ModelOutOfBlocks
+        for b in hits:
+            if self.refs[b] == 0:
+                self.queue.remove(b)
+            self.refs[b] += 1
+        table = hits + [self._take_front() for _ in range(blocks - len(hits))]
+        for i in range(len(hits), len(tokens) // bs):
+            self._enter(tuple(tokens[: (i + 1) * bs]), table[i])
+        self.tables[seq], self.tokens[seq] = table, list(tokens)
+        return len(hits) * bs
+
+    def append(self, seq, token: int) -> list:
+        table, tokens = self.tables[seq], self.tokens[seq]
+        copies = []
+        if len(tokens) % self.bs == 0:
+            if not self.queue:
+                raise ModelOutOfBlocks
+            table.append(self._take_front())
+        elif self.refs[table[-1]] > 1:
+            if not self.queue:
+                raise ModelOutOfBlocks
+            new = self._take_front()
+            self.refs[table[-1]] -= 1
+            copies = [[table[-1], new]]
+            table[-1] = new
+        tokens.append(token)
+        if len(tokens) % self.bs == 0:
+            self._enter(tuple(tokens), table[-1])
+        return copies
+
+    def fork(self, parent, child) -> None:
+        table = self.tables[parent]
+        if child in self.tables:
+            raise ValueError
+        for b in table:
+            self.refs[b] += 1
+        self.tables[child], self.tokens[child] = list(table), list(self.tokens[parent])
+
+    def free(self, seq) -> None:
+        table = self.tables.pop(seq)
+        del self.tokens[seq]
+        for b in reversed(table):
+            self.refs[b] -= 1
+            if self.refs[b] == 0:
+                self.queue.append(b)
+
+    def apply(self, op: str, args: tuple) -> dict:
+        try:
+            return {"result": getattr(self, op)(*args)}
+        except ModelOutOfBlocks:
+            return {"raised": "OutOfBlocks"}
+        except KeyError:
+            return {"raised": "KeyError"}
+        except ValueError:
+            return {"raised": "ValueError"}
+
+    def state(self, live: list) -> dict:
+        return {
+            "free": len(self.queue),
+            "tables": [self.tables[s] for s in live],
+            "tokens": [len(self.tokens[s]) for s in live],
+            "refs": list(self.refs),
+        }
+
+
+NAMES = {"add": "add_sequence", "append": "append_token", "fork": "fork", "free": "free"}
+
+
+def describe(op: str, args: tuple) -> str:
+    if op == "add":
+        return f"add_sequence({args[0]!r}, <{len(args[1])} tokens>)"
+    return f"{NAMES[op]}({', '.join(repr(a) for a in args)})"
+
+
+def random_script(r: random.Random, model: Model, steps: int) -> tuple[list, list]:
+    """Random operations (mostly valid, some not), applied to the model as they are drawn."""
+    bs = model.bs
+    prefixes = [[r.randrange(40) for _ in range(r.randint(1, 3 * bs))] for _ in range(3)]
+    script, expected, next_id = [], [], 0
+    for _ in range(steps):
+        live = sorted(model.tables)
+        roll = r.random()
+        if not live or roll < 0.22:
+            head = r.choice(prefixes) if r.random() < 0.6 else []
+            tokens = head + [r.randrange(40) for _ in range(r.randint(0 if head else 1, 2 * bs))]
+            op, args = "add", (next_id, tokens)
+            next_id += 1
+        elif roll < 0.68:
+            op, args = "append", (r.choice(live), r.randrange(40))
+        elif roll < 0.78:
+            op, args = "fork", (r.choice(live), next_id)
+            next_id += 1
+        elif roll < 0.95:
+            op, args = "free", (r.choice(live),)
+        else:  # a mistake the manager must reject without changing anything
+            op, args = r.choice([
+                ("append", (10_000 + next_id, 1)),
+                ("free", (10_000 + next_id,)),
+                ("fork", (10_000 + next_id, next_id)),
+                ("add", (r.choice(live), [1, 2, 3])),
+                ("add", (next_id, [])),
+                ("fork", (live[0], r.choice(live))),
+            ])
+        outcome = model.apply(op, args)
+        after = sorted(model.tables)
+        script.append((op, args, after))
+        expected.append((outcome, model.state(after)))
+    for seq in sorted(model.tables):  # finally free everything: every block must come back
+        outcome = model.apply("free", (seq,))
+        after = sorted(model.tables)
+        script.append(("free", (seq,), after))
+        expected.append((outcome, model.state(after)))
+    return script, expected
+
+
+def check_records(script: list, expected: list, records: list, num_blocks: int) -> None:
+    """Compare the student's observations with the model's, step by step; explain the first difference."""
+    for i, ((op, args, live), (want, want_state), got) in enumerate(zip(script, expected, records)):
+        history = "; ".join(describe(o, a) for o, a, _ in script[max(0, i - 5) : i + 1])
+        where = f"step {i}, {describe(op, args)} (the last steps: {history})"
+        if "raised" in want:
+            assert raised(got, want["raised"]), (
+                f"{where}: expected {want['raised']}, but it "
+                + (f"raised {got['raised']}: {got.get('message', '')}" if "raised" in got else f"returned {got.get('result')!r}")
+            )
+        else:
+            assert "raised" not in got, f"{where}: expected success, but it raised {got['raised']}: {got.get('message', '')}"
+            if op in ("add", "append"):
+                result = got["result"] if op == "add" else pairs(got["result"])
+                what = "cached prompt tokens" if op == "add" else "copy-on-write pairs"
+                assert result == want["result"], f"{where}: expected {what} {want['result']!r}, found {result!r}"
+        state = got.get("state", {})
+        for key in ("free", "tables", "tokens", "refs"):
+            value = state.get(key)
+            assert not isinstance(value, dict), f"{where}: reading the state failed: {value and value.get('error')}"
+        tables, refs, free = state["tables"], state["refs"], state["free"]
+        for seq, table in zip(live, tables):
+            assert len(set(table)) == len(table), f"{where}: block_table({seq!r}) = {table} holds a block twice"
+        holders = [0] * num_blocks
+        for table in tables:
+            for b in table:
+                if 0 <= b < num_blocks:
+                    holders[b] += 1
+        for b in range(num_blocks):
+            assert refs[b] == holders[b], (
+                f"{where}: ref_count({b}) is {refs[b]} but {holders[b]} live block tables hold block {b}"
+                + (" (forgot to decrement on free?)" if op == "free" and refs[b] > holders[b] else "")
+            )
+        referenced = sum(1 for c in refs if c > 0)
+        assert free + referenced == num_blocks, (
+            f"{where}: {free} free blocks + {referenced} referenced blocks != {num_blocks} blocks in the pool: "
+            "every block must be either free or held by a table"
+        )
+        assert state["tokens"] == want_state["tokens"], (
+            f"{where}: num_tokens of {live} is {state['tokens']}, expected {want_state['tokens']}"
+        )
+        assert free == want_state["free"], f"{where}: num_free_blocks is {free}, expected {want_state['free']}"
+        for seq, table, want_table in zip(live, tables, want_state["tables"]):
+            assert table == want_table, (
+                f"{where}: block_table({seq!r}) is {table}, expected {want_table}. Blocks come from the front of "
+                "one free queue: never-used blocks in id order, then released blocks in release order "
+                "(a sequence's last block first); cache hits reuse the cached block"
+            )
+
+
+@pytest.mark.check("invariants")
+@pytest.mark.parametrize(
+    "num_blocks, block_size, caching",
+    [(10, 1, False), (12, 4, False), (16, 2, True), (12, 4, True), (24, 8, True)],
+)
+def test_random_operations_keep_the_invariants(student, pk, rng, num_blocks, block_size, caching):
+    r = rand(rng)
+    model = Model(num_blocks, block_size, caching)
+    script, expected = random_script(r, model, steps=220)
+    records = run_script(student, pk, num_blocks, block_size, caching, script)
+    check_records(script, expected, records, num_blocks)
+    last = records[-1]["state"]
+    assert last["free"] == num_blocks and not any(last["refs"]), (
+        f"after freeing every sequence, {last['free']} of {num_blocks} blocks are free and ref counts are "
+        f"{last['refs']}: every block must come back"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Errors
+
+
+def snapshot(bm, seqs: list, num_blocks: int) -> tuple:
+    return (
+        bm.num_free_blocks,
+        [bm.block_table(s) for s in seqs],
+        [bm.num_tokens(s) for s in seqs],
+        [bm.ref_count(b) for b in range(num_blocks)],
+    )
+
+
+@pytest.mark.check("errors")
+@pytest.mark.parametrize("num_blocks, block_size", [(0, 16), (16, 0), (-3, 4), (4, -1)])
+def test_bad_sizes_raise_value_error(pk, num_blocks, block_size):
+    with pytest.raises(ValueError) as info:
+        pk.BlockManager(num_blocks, block_size)
+    bad = num_blocks if num_blocks <= 0 else block_size
+    assert str(bad) in str(info.value), (
+        f"BlockManager({num_blocks}, {block_size}) raised ValueError, but its message {str(info.value)!r} does "
+        f"not say what it found ({bad}); say what was expected and what was found"
+    )
+
+
+@pytest.mark.check("errors")
+def test_unknown_ids_raise_key_error_and_change_nothing(pk):
+    bm = pk.BlockManager(8, 4)
+    bm.add_sequence(1, [1, 2, 3, 4, 5])
+    before = snapshot(bm, [1], 8)
+    for name, call in [
+        ("append_token", lambda: bm.append_token(4242, 0)),
+        ("free", lambda: bm.free(4242)),
+        ("fork", lambda: bm.fork(4242, 7)),
+        ("block_table", lambda: bm.block_table(4242)),
+        ("num_tokens", lambda: bm.num_tokens(4242)),
+    ]:
+        with pytest.raises(KeyError) as info:
+            call()
+        assert "4242" in str(info.value), (
+            f"{name}(4242) raised KeyError, but its message {str(info.value)!r} does not name the unknown id"
+        )
+    assert snapshot(bm, [1], 8) == before, "a call that raised KeyError changed the manager's state"
+    with pytest.raises(KeyError):
+        bm.block_table(7)  # the failed fork must not have created the child
+
+
+@pytest.mark.check("errors")
+def test_duplicate_ids_and_empty_prompts_raise_value_error(pk):
+    bm = pk.BlockManager(8, 4)
+    bm.add_sequence("x", [1, 2, 3, 4, 5])
+    bm.add_sequence("y", [6])
+    before = snapshot(bm, ["x", "y"], 8)
+    with pytest.raises(ValueError) as info:
+        bm.add_sequence("x", [9, 9])
+    assert "x" in str(info.value), f"the message {str(info.value)!r} should name the duplicate id 'x'"
+    with pytest.raises(ValueError):
+        bm.fork("y", "x")
+    with pytest.raises(ValueError):
+        bm.add_sequence("z", [])
+    assert snapshot(bm, ["x", "y"], 8) == before, "a call that raised ValueError changed the manager's state"
+    with pytest.raises(KeyError):
+        bm.num_tokens("z")  # the empty prompt must not have been added
+
+
+@pytest.mark.check("errors")
+def test_ref_count_of_a_block_outside_the_pool(pk):
+    bm = pk.BlockManager(4, 4)
+    for block in (-1, 4):
+        with pytest.raises(ValueError):
+            bm.ref_count(block)
+
+
+# --------------------------------------------------------------------------------------------------
+# Out of blocks: atomic
+
+
+@pytest.mark.check("oom_atomic")
+def test_add_sequence_that_does_not_fit(pk):
+    bm = pk.BlockManager(8, 4)
+    bm.add_sequence("a", list(range(20)))  # 5 blocks, 3 free
+    before = snapshot(bm, ["a"], 8)
+    with pytest.raises(pk.OutOfBlocks):
+        bm.add_sequence("b", list(range(13)))  # 4 blocks
+    assert snapshot(bm, ["a"], 8) == before, (
+        "add_sequence raised OutOfBlocks but changed the state: count the blocks needed before allocating any"
+    )
+    with pytest.raises(KeyError):
+        bm.block_table("b")
+    bm.add_sequence("b", list(range(12)))  # exactly 3: must fit now
+    assert bm.num_free_blocks == 0 and bm.block_table("b") == [5, 6, 7]
+
+
+@pytest.mark.check("oom_atomic")
+def test_append_token_that_does_not_fit(pk):
+    bm = pk.BlockManager(4, 4)
+    bm.add_sequence("a", list(range(16)))  # fills the pool; the last block is full
+    before = snapshot(bm, ["a"], 4)
+    with pytest.raises(pk.OutOfBlocks):
+        bm.append_token("a", 99)
+    assert snapshot(bm, ["a"], 4) == before, (
+        f"append_token raised OutOfBlocks but changed the state: num_tokens is {bm.num_tokens('a')} "
+        "(expected 16); the token must not be counted when its slot could not be reserved"
+    )
+    bm.add_sequence("b", [1])  # no room either
+    # ^ raises; checked below with the right expectation
+
+
+@pytest.mark.check("oom_atomic")
+def test_copy_on_write_that_does_not_fit(pk):
+    bm = pk.BlockManager(3, 4)
+    bm.add_sequence("a", list(range(10)))  # 3 blocks, the last one half full
+    bm.fork("a", "b")
+    before = snapshot(bm, ["a", "b"], 3)
+    with pytest.raises(pk.OutOfBlocks):
+        bm.append_token("b", 99)  # needs a private copy of the shared last block: none free
+    assert snapshot(bm, ["a", "b"], 3) == before, (
+        "append_token raised OutOfBlocks during copy-on-write but changed the state (ref counts, the table "
+        "or the token count): check for a free block before dropping the reference to the shared one"
+    )
+    bm.free("a")
+    assert bm.append_token("b", 99) == [], (
+        "once the parent is freed, the child's last block is no longer shared: no copy needed"
+    )
+    assert bm.block_table("b") == [0, 1, 2] and bm.num_tokens("b") == 11
+
+
+@pytest.mark.check("oom_atomic")
+def test_a_failed_add_keeps_the_prefix_cache(pk):
+    bm = pk.BlockManager(6, 4, enable_prefix_caching=True)
+    prompt = list(range(100, 109))  # 9 tokens: 2 full blocks cached
+    bm.add_sequence("a", prompt)
+    bm.free("a")
+    with pytest.raises(pk.OutOfBlocks):
+        bm.add_sequence("big", list(range(28)))  # 7 blocks > 6
+    assert bm.num_free_blocks == 6, f"a failed add_sequence must leave 6 free blocks, found {bm.num_free_blocks}"
+    hit = bm.add_sequence("again", prompt)
+    assert hit == 8, (
+        f"the failed add_sequence must not evict anything from the prefix cache: expected 8 cached tokens, "
+        f"found {hit}"
+    )
+
+
+@pytest.mark.check("oom_atomic")
+def test_cache_hits_on_free_blocks_count_against_the_pool(pk):
+    bm = pk.BlockManager(4, 4, enable_prefix_caching=True)
+    prompt = list(range(50, 59))  # blocks 0, 1 (full, cached), 2
+    bm.add_sequence("a", prompt)
+    bm.free("a")
+    with pytest.raises(pk.OutOfBlocks):
+        # 17 tokens: 2 cached blocks (both free: they leave the pool) + 3 new = 5 blocks > 4
+        bm.add_sequence("b", prompt[:8] + list(range(9)))
+    assert bm.num_free_blocks == 4 and [bm.ref_count(b) for b in range(4)] == [0, 0, 0, 0], (
+        "a hit on a cached but free block takes that block out of the free pool: count it when checking "
+        "whether the prompt fits, and change nothing when it does not"
+    )
+    assert bm.add_sequence("c", prompt[:8] + list(range(8))) == 8, "16 tokens (2 hits + 2 new) do fit"
+
+
+@pytest.mark.check("oom_atomic")
+def test_a_full_pool_rejects_a_new_prompt(pk):
+    bm = pk.BlockManager(4, 4)
+    bm.add_sequence("a", list(range(16)))
+    with pytest.raises(pk.OutOfBlocks):
+        bm.add_sequence("b", [1])
+    assert bm.num_free_blocks == 0 and [bm.ref_count(b) for b in range(4)] == [1, 1, 1, 1]
+    bm.free("a")
+    assert bm.num_free_blocks == 4
+
+
+# --------------------------------------------------------------------------------------------------
+# Copy on write
+
+
+@pytest.mark.check("cow")
+@pytest.mark.parametrize("writer", ["child", "parent"])
+@pytest.mark.parametrize("appends", [1, 16, 129])
+@pytest.mark.parametrize("prompt_len", [1, 16, 129])
+def test_copy_on_write_matrix(student, pk, prompt_len, appends, writer):
+    bs, num_blocks = 8, 64
+    other = "parent" if writer == "child" else "child"
+    script = [("add", ("parent", list(range(prompt_len))), ["parent"]), ("fork", ("parent", "child"), ["child", "parent"])]
+    script += [("append", (writer, 1000 + i), ["child", "parent"]) for i in range(appends)]
+    records = run_script(student, pk, num_blocks, bs, False, script)
+    for i, rec in enumerate(records):
+        assert "raised" not in rec, f"step {i} raised {rec['raised']}: {rec.get('message')}"
+    shared = records[1]["state"]["tables"][0]
+    assert records[1]["state"]["tables"] == [shared, shared], "after fork the child's table must equal the parent's"
+    other_index = ["child", "parent"].index(other)
+    writer_index = 1 - other_index
+    partial = prompt_len % bs != 0
+    for i, rec in enumerate(records[2:]):
+        tables = rec["state"]["tables"]
+        assert tables[other_index] == shared, (
+            f"append {i} to the {writer} changed the {other}'s table from {shared} to {tables[other_index]}: "
+            "a write must never touch a table that is not the writer's"
+        )
+        copies = pairs(rec["result"])
+        if i == 0 and partial:
+            mine = tables[writer_index]
+            assert copies == [[shared[-1], mine[-1]]], (
+                f"prompt of {prompt_len} tokens (block size {bs}): the shared last block {shared[-1]} is partial, so "
+                f"the first append must copy it: expected [({shared[-1]}, {mine[-1]})], found {copies}"
+            )
+            assert mine[:-1] == shared[:-1] and mine[-1] not in shared, f"the writer's table {mine} should be {shared[:-1]} + a new block"
+        else:
+            why = ("the shared last block was full, so the append starts a new block" if i == 0
+                   else "the writer's last block is already private")
+            assert copies == [], f"prompt of {prompt_len} tokens, append {i}: {why}; expected no copy, found {copies}"
+    refs = records[-1]["state"]["refs"]
+    for b in shared[:-1]:
+        assert refs[b] == 2, f"full block {b} is still shared by parent and child: ref count 2, found {refs[b]}"
+    assert refs[shared[-1]] == (1 if partial else 2), (
+        f"block {shared[-1]} after the writes: expected ref count {1 if partial else 2}, found {refs[shared[-1]]}"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Prefix caching
+
+PROMPT55 = [1000 + 3 * i for i in range(55)]
+
+
+@pytest.mark.check("prefix_cache")
+@pytest.mark.parametrize(
+    "second, want",
+    [
+        (PROMPT55[:48], 32),  # 48 tokens: the 3rd full block holds the last prompt token
+        (PROMPT55[:48] + [7], 48),
+        (PROMPT55[:48] + [7] * 20, 48),
+        (PROMPT55, 48),
+        (PROMPT55[:47] + [7], 32),
+        (PROMPT55[:40] + [7] * 15, 32),
+        (PROMPT55[:17], 16),
+        (PROMPT55[:16], 0),
+        (PROMPT55[:5], 0),
+        ([7] + PROMPT55[1:], 0),
+    ],
+    ids=["48", "48+1", "48+20", "same55", "47+1", "40+15", "17", "16", "5", "first-token-differs"],
+)
+def test_hit_covers_whole_blocks_and_never_the_last_token(pk, second, want):
+    bm = pk.BlockManager(32, 16, enable_prefix_caching=True)
+    bm.add_sequence("first", PROMPT55)
+    hit = bm.add_sequence("second", second)
+    shared = sum(1 for a, b in zip(PROMPT55, second) if a == b) if second[0] == PROMPT55[0] else 0
+    assert hit == want, (
+        f"a {len(second)}-token prompt sharing its first {shared} tokens with a cached 55-token prompt (block size "
+        f"16): expected {want} cached tokens, found {hit}. Hits are whole full blocks, at most "
+        f"((len - 1) // 16) * 16 = {((len(second) - 1) // 16) * 16} tokens, and stop at the first block that differs"
+    )
+    first, table = bm.block_table("first"), bm.block_table("second")
+    assert table[: want // 16] == first[: want // 16], f"the hit blocks must be the cached blocks {first[: want // 16]}"
+    assert not set(table[want // 16 :]) & set(first), "blocks after the hit must be new, not the first prompt's"
+
+
+@pytest.mark.check("prefix_cache")
+def test_hashes_chain_through_the_prefix(pk):
+    bm = pk.BlockManager(16, 4, enable_prefix_caching=True)
+    a, b, x = [1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]
+    bm.add_sequence("ax", a + x + [0])
+    assert bm.add_sequence("bx", b + x + [0]) == 0, "a different first block: nothing may hit"
+    hit = bm.add_sequence("x", x + [0])
+    assert hit == 0, (
+        f"x was cached as the 2nd block of a+x; as the 1st block of a prompt it is a different prefix: expected 0, "
+        f"found {hit}. A block's hash must include its parent block's hash"
+    )
+    assert bm.add_sequence("ax2", a + x + [5]) == 8, "the same a + x prefix must hit both blocks (8 tokens)"
+
+
+@pytest.mark.check("prefix_cache")
+def test_blocks_filled_by_append_enter_the_cache(pk):
+    bm = pk.BlockManager(16, 4, enable_prefix_caching=True)
+    bm.add_sequence("a", [1, 2, 3])
+    for t in [4, 5, 6, 7, 8]:
+        bm.append_token("a", t)  # block 0 fills at 4, block 1 at 8
+    hit = bm.add_sequence("b", [1, 2, 3, 4, 5, 6, 7, 8, 0])
+    assert hit == 8, (
+        f"blocks that become full through append_token enter the prefix cache too (chained on the prompt): "
+        f"expected 8 cached tokens, found {hit}"
+    )
+    assert bm.block_table("b")[:2] == bm.block_table("a")[:2]
+
+
+@pytest.mark.check("prefix_cache")
+def test_an_evicted_prefix_misses(pk):
+    bm = pk.BlockManager(4, 4, enable_prefix_caching=True)
+    prompt = list(range(30, 39))
+    bm.add_sequence("a", prompt)  # blocks 0, 1, 2
+    bm.free("a")  # queue: 3, 2, 1, 0
+    bm.add_sequence("other", list(range(60, 76)))  # takes all 4 blocks, evicting a's prefix
+    bm.free("other")
+    hit = bm.add_sequence("a2", prompt)
+    assert hit == 0, (
+        f"every block of the old prefix was reallocated (and overwritten) since: expected 0 cached tokens, found "
+        f"{hit}. When a block is taken from the free queue, drop its cached hash"
+    )
+
+
+def lru_setup(pk):
+    """a and b (9 tokens each, block size 4) freed in that order; then c takes 6 blocks of the queue."""
+    bm = pk.BlockManager(10, 4, enable_prefix_caching=True)
+    a, b = list(range(100, 109)), list(range(200, 209))
+    bm.add_sequence("a", a)  # blocks 0, 1, 2
+    bm.add_sequence("b", b)  # blocks 3, 4, 5
+    bm.free("a")
+    bm.free("b")  # queue: 6 7 8 9 | 2 1 0 | 5 4 3
+    bm.add_sequence("c", list(range(300, 324)))  # 6 blocks: 6 7 8 9 2 1
+    return bm, a, b
+
+
+@pytest.mark.check("prefix_cache")
+def test_eviction_takes_the_least_recently_freed_first(pk):
+    bm, a, b = lru_setup(pk)
+    assert bm.block_table("c") == [6, 7, 8, 9, 2, 1], (
+        f"expected c to take never-used blocks first, then a's blocks last-first: [6, 7, 8, 9, 2, 1]; found "
+        f"{bm.block_table('c')}"
+    )
+    hit = bm.add_sequence("b2", b)
+    assert hit == 8, f"b was freed after a, so its prefix outlives a's: expected 8 cached tokens, found {hit}"
+    assert bm.block_table("b2") == [3, 4, 0], f"expected b2 = [3, 4, 0] (two hits, one block from the queue), found {bm.block_table('b2')}"
+
+
+@pytest.mark.check("prefix_cache")
+def test_a_sequence_releases_its_last_block_first(pk):
+    bm, a, b = lru_setup(pk)
+    hit = bm.add_sequence("a2", a)
+    assert hit == 4, (
+        f"a's blocks were released last block first (2, 1, 0), so eviction took 2 and 1 but kept block 0, the "
+        f"prefix: expected 4 cached tokens, found {hit}"
+    )
+    assert bm.block_table("a2")[0] == 0
+
+
+@pytest.mark.check("prefix_cache")
+def test_a_hit_takes_a_reference_and_leaves_the_free_pool(pk):
+    bm = pk.BlockManager(8, 4, enable_prefix_caching=True)
+    prompt = list(range(10, 19))
+    bm.add_sequence("a", prompt)  # 0, 1, 2
+    bm.free("a")
+    assert bm.num_free_blocks == 8 and bm.ref_count(0) == 0
+    assert bm.add_sequence("b", prompt) == 8
+    assert [bm.ref_count(b) for b in (0, 1)] == [1, 1] and bm.num_free_blocks == 5, (
+        f"two cached free blocks hit and one new block: ref counts of blocks 0, 1 should be 1 and 5 blocks "
+        f"free; found {[bm.ref_count(b) for b in (0, 1)]} and {bm.num_free_blocks}"
+    )
+    assert bm.add_sequence("c", prompt) == 8
+    assert [bm.ref_count(b) for b in (0, 1)] == [2, 2] and bm.num_free_blocks == 4, (
+        f"a hit on blocks another sequence holds raises their ref counts to 2 and takes only one new block: "
+        f"found ref counts {[bm.ref_count(b) for b in (0, 1)]} and {bm.num_free_blocks} free"
+    )
+    bm.free("b")
+    assert bm.ref_count(0) == 1 and bm.num_free_blocks == 5
+
+
+@pytest.mark.check("prefix_cache")
+def test_the_cache_keeps_the_existing_entry(pk):
+    bm = pk.BlockManager(4, 4, enable_prefix_caching=True)
+    xy = [1, 2, 3, 4, 5, 6, 7, 8]
+    bm.add_sequence("a", xy)  # blocks 0, 1; both full, both cached
+    assert bm.add_sequence("c", xy) == 4  # hits block 0 only (never the last token); block 2 holds the copy of y
+    assert bm.block_table("c") == [0, 2]
+    bm.free("a")  # releases 1; 0 is still held by c
+    bm.free("c")  # releases 2, then 0   -> queue: 3 1 2 0
+    hit = bm.add_sequence("d", xy + [9])
+    assert hit == 8 and bm.block_table("d")[:2] == [0, 1], (
+        f"block 2 filled with the same tokens as block 1, whose hash was already cached: the cache keeps the "
+        f"existing entry (block 1). Expected a hit of 8 on [0, 1], found {hit} on {bm.block_table('d')}"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Slot mapping
+
+
+def random_tables(r: random.Random, lengths: list[int], block_size: int, pad: int) -> tuple[torch.Tensor, list]:
+    """Shuffled, non-contiguous physical blocks for each sequence, padded with -1."""
+    need = [math.ceil(n / block_size) for n in lengths]
+    pool = list(range(sum(need) + 7))
+    r.shuffle(pool)
+    tables, at = [], 0
+    for k in need:
+        tables.append(pool[at : at + k])
+        at += k
+    width = max(need + [1]) + pad
+    out = torch.full((len(lengths), width), -1, dtype=torch.int32)
+    for i, t in enumerate(tables):
+        out[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+    return out, tables
+
+
+@pytest.mark.check("slots")
+@pytest.mark.parametrize("block_size", [1, 4, 5, 16])
+def test_slot_mapping_matches_a_loop(pk, rng, block_size):
+    r = rand(rng)
+    for trial in range(3):
+        B = r.randint(1, 6)
+        lengths = [r.randint(1, 5 * block_size + 3) for _ in range(B)]
+        tables_t, tables = random_tables(r, lengths, block_size, pad=r.randint(0, 2))
+        T = r.randint(1, max(lengths))
+        positions = torch.full((B, T), -1, dtype=torch.int64)
+        for b, n in enumerate(lengths):
+            count = r.randint(0, min(T, n))
+            start = r.randint(0, n - count)
+            positions[b, :count] = torch.arange(start, start + count)
+        if trial == 1:
+            positions = positions.to(torch.int32)
+        got = pk.slot_mapping(tables_t, positions, block_size)
+        assert got.dtype == torch.int64 and got.shape == positions.shape, (
+            f"expected int64 slots of shape {tuple(positions.shape)}, found {got.dtype} {tuple(got.shape)}"
+        )
+        for b in range(B):
+            for t in range(T):
+                p = int(positions[b, t])
+                want = -1 if p < 0 else tables[b][p // block_size] * block_size + p % block_size
+                assert int(got[b, t]) == want, (
+                    f"block size {block_size}, sequence {b} (table {tables[b]}), position {p}: expected slot {want}, "
+                    f"found {int(got[b, t])}" + (" (padding positions map to -1)" if p < 0 else
+                    f" = block {tables[b][p // block_size]} * {block_size} + offset {p % block_size}")
+                )
+
+
+@pytest.mark.check("slots_vectorised")
+def test_slot_mapping_lines_do_not_grow(student, pk, rng):
+    r = rand(rng)
+    small = random_tables(r, [3, 6], 4, 0)[0]
+    large = random_tables(r, [40] * 12, 4, 1)[0]
+    pos_small = torch.tensor([[2, -1], [4, 5]])
+    pos_large = torch.arange(40).repeat(12, 1)
+    pos_large[3, 30:] = -1
+    _, lines_small = student.lines_executed(pk.slot_mapping, small, pos_small, 4)
+    _, lines_large = student.lines_executed(pk.slot_mapping, large, pos_large, 4)
+    assert lines_large <= lines_small + 2, (
+        f"slot_mapping ran {lines_small} lines of your code for 4 positions but {lines_large} for 480: a Python "
+        "loop over sequences or tokens. Use tensor ops on the whole batch at once"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Paged attention
+
+
+def attention_oracle(q, k_cache, v_cache, tables: list, lengths: list, sm_scale: float | None) -> torch.Tensor:
+    """float64, one sequence and one head at a time, walking the table token by token."""
+    B, Hq, D = q.shape
+    block_size, Hkv = k_cache.shape[1], k_cache.shape[2]
+    scale = 1 / math.sqrt(D) if sm_scale is None else sm_scale
+    out = torch.zeros(B, Hq, D, dtype=torch.float64)
+    for b in range(B):
+        slots = [(tables[b][p // block_size], p % block_size) for p in range(lengths[b])]
+        if not slots:
+            continue
+        blocks = torch.tensor([s[0] for s in slots])
+        offsets = torch.tensor([s[1] for s in slots])
+        for h in range(Hq):
+            kv = h // (Hq // Hkv)
+            keys = k_cache[blocks, offsets, kv].double()  # [len, D]
+            values = v_cache[blocks, offsets, kv].double()
+            weights = torch.softmax(keys @ q[b, h].double() * scale, dim=0)
+            out[b, h] = weights @ values
+    return out
+
+
+def attention_case(r: random.Random, B: int, Hq: int, Hkv: int, D: int, block_size: int, dtype, max_len: int,
+                   lengths: list | None = None):
+    if lengths is None:
+        lengths = [r.choice([0, 1, block_size, block_size + 1, r.randint(1, max_len), r.randint(1, max_len)])
+                   for _ in range(B)]
+    tables_t, tables = random_tables(r, lengths, block_size, pad=r.randint(0, 2))
+    num_blocks = int(tables_t.max()) + 3
+    g = torch.Generator().manual_seed(r.randrange(2**31))
+    q = torch.randn(B, Hq, D, generator=g).to(dtype)
+    k = torch.randn(num_blocks, block_size, Hkv, D, generator=g).to(dtype)
+    v = torch.randn(num_blocks, block_size, Hkv, D, generator=g).to(dtype)
+    return q, k, v, tables_t, tables, lengths
+
+
+TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+
+
+def check_attention(out, want, q, lengths, atol, what):
+    assert out.shape == q.shape and out.dtype == q.dtype, (
+        f"{what}: expected output {tuple(q.shape)} {q.dtype}, found {tuple(out.shape)} {out.dtype}"
+    )
+    assert not torch.isnan(out).any(), f"{what}: NaN in the output (lengths {lengths}); an empty sequence gives zeros"
+    err = (out.double() - want).abs().amax(dim=(1, 2))
+    b = int(err.argmax())
+    assert float(err[b]) <= atol, (
+        f"{what}: sequence {b} (length {lengths[b]}) has max error {float(err[b]):.3g} (tolerance {atol:g}); "
+        f"errors per sequence {[round(float(e), 6) for e in err]}. Check the gather through the table, the mask "
+        "for positions >= seq_len, and that query head h reads KV head h // (Hq // Hkv)"
+    )
+
+
+ATTENTION_CASES = [
+    # B, Hq, Hkv, D, block_size, dtype, max_len, sm_scale
+    (4, 4, 4, 16, 4, torch.float32, 30, None),
+    (5, 8, 2, 32, 16, torch.float32, 70, None),
+    (3, 6, 1, 12, 3, torch.float32, 20, 0.3),
+    (4, 8, 2, 16, 8, torch.float16, 40, None),
+    (4, 8, 4, 16, 4, torch.bfloat16, 40, None),
+]
+
+
+@pytest.mark.check("attention")
+@pytest.mark.parametrize("case", ATTENTION_CASES, ids=lambda c: f"B{c[0]}-Hq{c[1]}-Hkv{c[2]}-D{c[3]}-bs{c[4]}-{str(c[5])[6:]}")
+def test_paged_attention_matches_the_oracle(pk, rng, case):
+    B, Hq, Hkv, D, block_size, dtype, max_len, sm_scale = case
+    r = rand(rng)
+    q, k, v, tables_t, tables, lengths = attention_case(r, B, Hq, Hkv, D, block_size, dtype, max_len)
+    seq_lens = torch.tensor(lengths, dtype=r.choice([torch.int32, torch.int64]))
+    kwargs = {} if sm_scale is None else {"sm_scale": sm_scale}
+    out = pk.paged_attention(q, k, v, tables_t, seq_lens, **kwargs)
+    check_attention(out, attention_oracle(q, k, v, tables, lengths, sm_scale), q, lengths, TOL[dtype],
+                    f"paged_attention, {dtype}, Hq={Hq}, Hkv={Hkv}, block size {block_size}")
+
+
+@pytest.mark.check("attention")
+def test_paged_attention_all_empty(pk):
+    q = torch.randn(2, 4, 8)
+    k = torch.randn(3, 4, 2, 8)
+    tables = torch.full((2, 2), -1, dtype=torch.int32)
+    out = pk.paged_attention(q, k, k.clone(), tables, torch.zeros(2, dtype=torch.int64))
+    assert torch.equal(out, torch.zeros_like(q)), f"every sequence is empty: expected zeros, found {out.flatten()[:6].tolist()}..."
+
+
+@pytest.mark.check("attention_vectorised")
+def test_paged_attention_lines_do_not_grow(student, pk, rng):
+    r = rand(rng)
+    small = attention_case(r, 2, 4, 2, 8, 4, torch.float32, 0, lengths=[3, 6])
+    large = attention_case(r, 9, 4, 2, 8, 4, torch.float32, 0, lengths=[40, 0, 13, 28, 7, 64, 1, 33, 21])
+    _, lines_small = student.lines_executed(pk.paged_attention, *small[:4], torch.tensor(small[5]))
+    _, lines_large = student.lines_executed(pk.paged_attention, *large[:4], torch.tensor(large[5]))
+    assert lines_large <= lines_small + 2, (
+        f"paged_attention ran {lines_small} lines of your code for 2 short sequences but {lines_large} for 9 longer "
+        "ones: a Python loop over sequences, blocks or tokens. Gather K and V for every position of every "
+        "sequence at once through the table, and mask positions >= seq_len"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# The Triton kernel (under the interpreter on the CPU: small shapes)
+
+TRITON_CASES = [
+    # B, Hq, Hkv, D, block_size, dtype, lengths
+    (3, 4, 4, 16, 16, torch.float32, [0, 5, 37]),
+    (3, 8, 2, 16, 4, torch.float32, [150, 64, 1]),
+    (2, 6, 1, 24, 5, torch.float16, [131, 40]),
+    (4, 4, 2, 8, 8, torch.float32, [8, 16, 0, 97]),
+]
+
+
+@pytest.mark.check("triton")
+@pytest.mark.parametrize("case", TRITON_CASES, ids=lambda c: f"Hq{c[1]}-Hkv{c[2]}-D{c[3]}-bs{c[4]}-{str(c[5])[6:]}")
+def test_paged_attention_triton_matches_the_oracle(pk, rng, case):
+    B, Hq, Hkv, D, block_size, dtype, lengths = case
+    r = rand(rng)
+    q, k, v, tables_t, tables, lengths = attention_case(r, B, Hq, Hkv, D, block_size, dtype, 0, lengths=lengths)
+    out = pk.paged_attention_triton(q, k, v, tables_t, torch.tensor(lengths, dtype=torch.int32))
+    check_attention(out, attention_oracle(q, k, v, tables, lengths, None), q, lengths,
+                    1e-4 if dtype == torch.float32 else 5e-3,
+                    f"paged_attention_triton, {dtype}, Hq={Hq}, Hkv={Hkv}, block size {block_size}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Manager cost per operation
+
+
+@pytest.fixture(scope="module")
+def scaling(student, pk):
+    return student.drive(f"{DRIVER}:manager_scaling", pk.slot_mapping)
+
+
+@pytest.mark.check("manager_speed")
+def test_manager_lines_do_not_grow_with_the_pool(scaling, score):
+    small, large = scaling["lines"]
+    n_small, n_large = scaling["sizes"]
+    score.metrics(lines_small_pool=small, lines_large_pool=large)
+    assert large <= small * 1.02 + 10, (
+        f"the same {scaling['ops']} operations ran {small} lines of your code with {n_small} blocks but {large} with "
+        f"{n_large}: something scans the pool. Every operation should cost O(1) (amortised), whatever num_blocks is"
+    )
+
+
+@pytest.mark.check("manager_speed")
+def test_manager_time_does_not_grow_with_the_pool(scaling, score):
+    t_small, t_large = scaling["best_s"]
+    n_small, n_large = scaling["sizes"]
+    ops = scaling["ops"]
+    ratio = t_large / max(t_small, 1e-9)
+    score.metrics(ops_per_s_small_pool=ops / t_small, ops_per_s_large_pool=ops / t_large, ratio=ratio)
+    assert ratio <= 3.0, (
+        f"the same {ops} operations took {ratio:.1f}x longer with {n_large} blocks than with {n_small} "
+        f"({ops / t_small:,.0f} vs {ops / t_large:,.0f} ops/s, best of several runs): an O(num_blocks) step such as "
+        "list.pop(0), list.remove, `in` on a list, or min() over the free blocks. Use a deque or an OrderedDict"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Bandwidth on CUDA
+
+
+@pytest.mark.cuda
+@pytest.mark.check("triton_speed")
+def test_paged_attention_triton_bandwidth(student, pk, score):
+    g = torch.Generator().manual_seed(1234)
+    B, Hq, Hkv, D, block_size = 64, 32, 8, 128, 16
+    lengths = torch.randint(512, 4097, (B,), generator=g)
+    need = [math.ceil(int(n) / block_size) for n in lengths]
+    num_blocks = sum(need)
+    perm = torch.randperm(num_blocks, generator=g)
+    tables = torch.full((B, max(need)), -1, dtype=torch.int32)
+    at = 0
+    for b, k in enumerate(need):
+        tables[b, :k] = perm[at : at + k].to(torch.int32)
+        at += k
+    tables_cuda, lens_cuda = tables.cuda(), lengths.to(torch.int32).cuda()
+    ceil = speed.ceilings()
+    specs = [
+        speed.Randn((B, Hq, D), torch.float16),
+        speed.Randn((num_blocks, block_size, Hkv, D), torch.float16),
+        speed.Randn((num_blocks, block_size, Hkv, D), torch.float16),
+        tables_cuda,
+        lens_cuda,
+    ]
+    t = speed.time_student(student, pk.paged_attention_triton, specs, reps=20)
+    q, k, v = (x.cuda() for x in t.args[:3])
+    out = t.out.cuda().float()
+    # Check the timed output with a plain gather (float32, on the GPU), sequence by sequence.
+    for b in range(0, B, 7):
+        n = int(lengths[b])
+        blocks = tables_cuda[b, : need[b]].long()
+        keys = k[blocks].reshape(-1, Hkv, D)[:n].float().repeat_interleave(Hq // Hkv, dim=1)  # [n, Hq, D]
+        values = v[blocks].reshape(-1, Hkv, D)[:n].float().repeat_interleave(Hq // Hkv, dim=1)
+        weights = torch.softmax(torch.einsum("hd,nhd->hn", q[b].float(), keys) / math.sqrt(D), dim=-1)
+        want = torch.einsum("hn,nhd->hd", weights, values)
+        err = float((out[b] - want).abs().max())
+        assert err < 1e-2, f"the timed output is wrong: sequence {b} (length {n}) has max error {err:.3g}"
+    kv_bytes = int(lengths.sum()) * Hkv * D * 2 * 2  # K and V, fp16
+    moved = kv_bytes + 2 * B * Hq * D * 2  # plus q in and the output out
+    gbps = moved / t.median_s / 1e9
+    score.metrics(gbps=gbps, copy_gbps=ceil.copy_bytes_per_s / 1e9, median_ms=t.median_s * 1e3)
+    score.speed(moved / t.median_s / ceil.copy_bytes_per_s,
+                f"{gbps:.0f} GB/s of K/V read = {moved / t.median_s / ceil.copy_bytes_per_s:.2f} of the copy bandwidth "
+                f"({ceil.copy_bytes_per_s / 1e9:.0f} GB/s)")

@@ -1,0 +1,681 @@
+"""Hidden checks for pipeline_1f1b.
+
+The oracles live here and are naive on purpose: schedules transcribed from the contract's formulas,
+a simulator that sweeps the stages over and over until nothing moves, and gradients of the whole
+batch in float64. None of them comes from the reference solution.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+DRIVER = "grader.support.pipeline_1f1b:census"
+GRID = [(p, m) for p in range(1, 9) for m in range(1, 17)]
+INTERLEAVED_GRID = [(p, m, v) for p in range(1, 9) for m in range(p, 17, p) for v in (2, 3, 4)]
+
+
+@pytest.fixture(scope="module")
+def pm(student):
+    return student.load("pipeline_1f1b")
+
+
+# --------------------------------------------------------------------------------------------------
+# Trusted oracles
+
+
+def expected_gpipe(p: int, m: int) -> list[list[tuple]]:
+    return [[("F", i) for i in range(m)] + [("B", i) for i in range(m)] for _ in range(p)]
+
+
+def expected_1f1b(p: int, m: int) -> list[list[tuple]]:
+    schedule = []
+    for s in range(p):
+        w = min(p - s - 1, m)
+        ops, f, b = [], 0, 0
+        while f < w:
+            ops.append(("F", f))
+            f += 1
+        while f < m:
+            ops.append(("F", f))
+            f += 1
+            ops.append(("B", b))
+            b += 1
+        while b < m:
+            ops.append(("B", b))
+            b += 1
+        schedule.append(ops)
+    return schedule
+
+
+def expected_interleaved(p: int, m: int, v: int) -> list[list[tuple]]:
+    schedule = []
+    for s in range(p):
+        n = m * v
+        fwd = [("F", (k // (p * v)) * p + k % p, ((k % (p * v)) // p) * p + s) for k in range(n)]
+        bwd = [("B", (k // (p * v)) * p + k % p, (v - 1 - (k % (p * v)) // p) * p + s) for k in range(n)]
+        w = min(2 * (p - s - 1) + (v - 1) * p, n)
+        ops = fwd[:w]
+        for i in range(n - w):
+            ops.append(fwd[w + i])
+            ops.append(bwd[i])
+        ops.extend(bwd[n - w :])
+        schedule.append(ops)
+    return schedule
+
+
+class Invalid(Exception):
+    """The trusted simulator's verdict that a schedule is not runnable."""
+
+
+def trusted_simulate(schedule, tf: float = 1.0, tb: float = 2.0, p2p: float = 0.0) -> dict:
+    """Sweep the stages again and again, starting every op whose dependencies are done, until nothing moves."""
+    p = len(schedule)
+    ops = [tuple(op) for row in schedule for op in row]
+    if p == 0 or not ops:
+        raise Invalid("empty schedule")
+    arities = {len(op) for op in ops}
+    if len(arities) != 1 or arities.pop() not in (2, 3):
+        raise Invalid("ops of mixed or wrong length")
+    for op in ops:
+        if op[0] not in ("F", "B") or not all(type(x) is int and x >= 0 for x in op[1:]):
+            raise Invalid(f"bad op {op}")
+    interleaved = len(ops[0]) == 3
+    m = max(op[1] for op in ops) + 1
+    n_chunks = max(op[2] for op in ops) + 1 if interleaved else p
+    if n_chunks % p:
+        raise Invalid("chunk count not a multiple of p")
+    v = n_chunks // p
+
+    def chunk(op, s):
+        return op[2] if interleaved else s
+
+    for s, row in enumerate(schedule):
+        want = Counter()
+        for c in range(s, n_chunks, p):
+            for mb in range(m):
+                for kind in "FB":
+                    want[(kind, mb, c) if interleaved else (kind, mb)] += 1
+        if Counter(tuple(op) for op in row) != want:
+            raise Invalid(f"stage {s} does not run each of its ops exactly once")
+
+    finish: dict[tuple, float] = {}
+    free = [0.0] * p
+    pos = [0] * p
+    timeline = [[] for _ in range(p)]
+    moved = True
+    while moved:
+        moved = False
+        for s in range(p):
+            while pos[s] < len(schedule[s]):
+                op = tuple(schedule[s][pos[s]])
+                kind, mb, c = op[0], op[1], chunk(op, s)
+                deps = []
+                if kind == "F" and c > 0:
+                    deps.append(("F", mb, c - 1))
+                if kind == "B":
+                    deps.append(("F", mb, c))
+                    if c < n_chunks - 1:
+                        deps.append(("B", mb, c + 1))
+                if any(d not in finish for d in deps):
+                    break
+                start = free[s]
+                for d in deps:
+                    start = max(start, finish[d] + (p2p if d[2] % p != s else 0.0))
+                end = start + (tf if kind == "F" else tb) / v
+                finish[(kind, mb, c)] = end
+                free[s] = end
+                timeline[s].append((start, end, op))
+                pos[s] += 1
+                moved = True
+    stuck = [tuple(schedule[s][pos[s]]) for s in range(p) if pos[s] < len(schedule[s])]
+    if stuck:
+        raise Invalid(f"deadlock at {stuck}", stuck)
+    makespan = max(free)
+    busy = sum(e - b for row in timeline for b, e, _ in row)
+    peaks = []
+    for row in schedule:
+        live = peak = 0
+        for op in row:
+            live += 1 if op[0] == "F" else -1
+            peak = max(peak, live)
+        peaks.append(peak)
+    return {"makespan": makespan, "bubble": (p * makespan - busy) / (p * makespan), "peaks": peaks, "timeline": timeline}
+
+
+def is_valid(schedule, **times) -> bool:
+    try:
+        trusted_simulate(schedule, **times)
+        return True
+    except Invalid:
+        return False
+
+
+def as_ops(schedule) -> list[list[tuple]]:
+    return [[tuple(op) for op in row] for row in schedule]
+
+
+def first_difference(got, want, what: str) -> str:
+    if len(got) != len(want):
+        return f"{what}: expected {len(want)} stages, found {len(got)}"
+    for s, (g, w) in enumerate(zip(got, want)):
+        for i, (a, b) in enumerate(zip(g, w)):
+            if tuple(a) != tuple(b):
+                return f"{what}: stage {s}, op {i} is {tuple(a)!r}, expected {b!r} (stage {s} should be {w})"
+        if len(g) != len(w):
+            return f"{what}: stage {s} has {len(g)} ops, expected {len(w)}: {w}"
+    return ""
+
+
+def forwards_before_first_backward(row) -> int:
+    for i, op in enumerate(row):
+        if op[0] == "B":
+            return i
+    return len(row)
+
+
+def random_valid_schedule(rnd: random.Random, p: int, m: int, v: int = 1) -> list[list[tuple]]:
+    """Project a random topological order of all ops onto the stages: always deadlock-free."""
+    n = p * v
+    done: set = set()
+    ready = [("F", mb, 0) for mb in range(m)]
+    order = []
+    while ready:
+        op = ready.pop(rnd.randrange(len(ready)))
+        order.append(op)
+        done.add(op)
+        kind, mb, c = op
+        if kind == "F":
+            if c + 1 < n:
+                ready.append(("F", mb, c + 1))
+            else:
+                ready.append(("B", mb, c))
+        elif c > 0:
+            ready.append(("B", mb, c - 1))
+    schedule = [[] for _ in range(p)]
+    for kind, mb, c in order:
+        schedule[c % p].append((kind, mb, c) if v > 1 else (kind, mb))
+    return schedule
+
+
+def close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+
+
+# --------------------------------------------------------------------------------------------------
+# GPipe
+
+
+@pytest.mark.check("gpipe")
+def test_gpipe_lists_every_forward_then_every_backward(pm):
+    for p, m in GRID:
+        got = as_ops(pm.gpipe_schedule(p, m))
+        diff = first_difference(got, expected_gpipe(p, m), f"gpipe_schedule({p}, {m})")
+        assert not diff, diff
+        sim = trusted_simulate(got, 1.0, 2.0)
+        assert sim["peaks"] == [m] * p, f"gpipe_schedule({p}, {m}): every stage should hold all {m} microbatches at its peak"
+
+
+@pytest.mark.check("gpipe")
+@pytest.mark.parametrize("args", [(0, 4), (3, 0), (-1, 2), (2.0, 4)])
+def test_gpipe_rejects_bad_sizes(pm, args):
+    with pytest.raises(ValueError):
+        pm.gpipe_schedule(*args)
+        pytest.fail(f"gpipe_schedule{args} should raise ValueError: sizes are positive ints")
+
+
+# --------------------------------------------------------------------------------------------------
+# 1F1B
+
+
+@pytest.mark.check("one_f_one_b")
+def test_1f1b_is_valid_for_every_size(pm):
+    for p, m in GRID:
+        got = as_ops(pm.one_f_one_b_schedule(p, m))
+        assert len(got) == p, f"one_f_one_b_schedule({p}, {m}) returned {len(got)} stages, expected {p}"
+        try:
+            trusted_simulate(got)
+        except Invalid as exc:
+            pytest.fail(f"one_f_one_b_schedule({p}, {m}) cannot run: {exc.args[0]}. Schedule: {got}")
+
+
+@pytest.mark.check("one_f_one_b")
+def test_1f1b_warmup_counts(pm):
+    for p, m in GRID:
+        got = as_ops(pm.one_f_one_b_schedule(p, m))
+        for s, row in enumerate(got):
+            w = min(p - s - 1, m)
+            got_n, want_n = forwards_before_first_backward(row), min(w + 1, m)
+            assert got_n == want_n, (
+                f"one_f_one_b_schedule({p}, {m}), stage {s}: {got_n} forwards before the first backward, expected "
+                f"{want_n}: w = min(p - s - 1, m) = {w} warm-up forwards, then the steady state's first forward"
+                + (" (m < p: the warm-up is capped by m)" if m < p else "")
+            )
+
+
+@pytest.mark.check("one_f_one_b")
+def test_1f1b_backwards_are_first_in_first_out(pm):
+    for p, m in GRID:
+        got = as_ops(pm.one_f_one_b_schedule(p, m))
+        for s, row in enumerate(got):
+            backs = [op[1] for op in row if op[0] == "B"]
+            fwds = [op[1] for op in row if op[0] == "F"]
+            assert fwds == list(range(m)), f"one_f_one_b_schedule({p}, {m}), stage {s}: forwards run {fwds}, expected 0..{m - 1} in order"
+            assert backs == list(range(m)), (
+                f"one_f_one_b_schedule({p}, {m}), stage {s}: backwards run {backs}, expected 0..{m - 1} in order: "
+                "the oldest microbatch in flight goes back first (its gradient arrives first)"
+            )
+
+
+@pytest.mark.check("one_f_one_b")
+def test_1f1b_exact_order_and_peak_memory(pm):
+    for p, m in GRID:
+        got = as_ops(pm.one_f_one_b_schedule(p, m))
+        diff = first_difference(got, expected_1f1b(p, m), f"one_f_one_b_schedule({p}, {m})")
+        assert not diff, diff
+        peaks = trusted_simulate(got)["peaks"]
+        want = [min(p - s, m) for s in range(p)]
+        assert peaks == want, f"one_f_one_b_schedule({p}, {m}): peak microbatches in flight per stage are {peaks}, expected {want}"
+
+
+@pytest.mark.check("one_f_one_b")
+@pytest.mark.parametrize("times", [(1.0, 2.0), (1.0, 1.0), (0.5, 1.5)])
+def test_1f1b_makespan_and_bubble(pm, times):
+    tf, tb = times
+    for p, m in [(1, 1), (2, 5), (4, 8), (4, 3), (8, 16), (8, 2), (6, 7)]:
+        sim = trusted_simulate(as_ops(pm.one_f_one_b_schedule(p, m)), tf, tb)
+        want = (m + p - 1) * (tf + tb)
+        assert close(sim["makespan"], want), (
+            f"one_f_one_b_schedule({p}, {m}) takes {sim['makespan']:g} with t_f={tf}, t_b={tb}; "
+            f"1F1B should take (m + p - 1)(t_f + t_b) = {want:g}, the same as GPipe"
+        )
+        assert close(sim["bubble"], (p - 1) / (m + p - 1)), f"bubble fraction {sim['bubble']:.4f}, expected (p-1)/(m+p-1) = {(p - 1) / (m + p - 1):.4f}"
+
+
+@pytest.mark.check("one_f_one_b")
+def test_1f1b_rejects_bad_sizes(pm):
+    for args in [(0, 3), (2, 0), (2, -3)]:
+        with pytest.raises(ValueError):
+            pm.one_f_one_b_schedule(*args)
+            pytest.fail(f"one_f_one_b_schedule{args} should raise ValueError")
+
+
+# --------------------------------------------------------------------------------------------------
+# Interleaved
+
+
+@pytest.mark.check("interleaved")
+def test_interleaved_chunks_live_on_their_stage(pm):
+    for p, m, v in INTERLEAVED_GRID:
+        got = as_ops(pm.interleaved_schedule(p, m, v))
+        assert len(got) == p, f"interleaved_schedule({p}, {m}, {v}) returned {len(got)} stages, expected {p}"
+        for s, row in enumerate(got):
+            chunks = sorted({op[2] for op in row if len(op) == 3})
+            want = list(range(s, p * v, p))
+            assert all(len(op) == 3 for op in row), f"interleaved_schedule({p}, {m}, {v}): ops must be ('F'|'B', mb, chunk), found {row[:3]}"
+            assert chunks == want, (
+                f"interleaved_schedule({p}, {m}, {v}), stage {s} runs chunks {chunks}, expected {want}: "
+                "chunk ids are global and chunk c lives on stage c % p (local chunk j of stage s is j*p + s)"
+            )
+
+
+@pytest.mark.check("interleaved")
+def test_interleaved_is_valid(pm):
+    for p, m, v in INTERLEAVED_GRID:
+        got = as_ops(pm.interleaved_schedule(p, m, v))
+        try:
+            trusted_simulate(got)
+        except Invalid as exc:
+            pytest.fail(f"interleaved_schedule({p}, {m}, {v}) cannot run: {exc.args[0]}")
+
+
+@pytest.mark.check("interleaved")
+def test_interleaved_exact_order(pm):
+    for p, m, v in INTERLEAVED_GRID:
+        got = as_ops(pm.interleaved_schedule(p, m, v))
+        for s, row in enumerate(got):
+            w = min(2 * (p - s - 1) + (v - 1) * p, m * v)
+            got_n, want_n = forwards_before_first_backward(row), min(w + 1, m * v)
+            assert got_n == want_n, (
+                f"interleaved_schedule({p}, {m}, {v}), stage {s}: {got_n} forwards before the first backward, expected "
+                f"{want_n}: w = min(2(p - s - 1) + (v - 1)p, m v) = {w} warm-up forwards, then the steady state's first forward"
+            )
+        diff = first_difference(got, expected_interleaved(p, m, v), f"interleaved_schedule({p}, {m}, {v})")
+        assert not diff, diff
+
+
+@pytest.mark.check("interleaved")
+def test_interleaving_shrinks_the_bubble_by_v(pm):
+    for p, m, v in [(4, 8, 2), (4, 8, 4), (2, 6, 3), (8, 16, 2), (3, 3, 2)]:
+        sim = trusted_simulate(as_ops(pm.interleaved_schedule(p, m, v)), 1.0, 2.0)
+        want = (m + (p - 1) / v) * 3.0
+        assert close(sim["makespan"], want), (
+            f"interleaved_schedule({p}, {m}, {v}) takes {sim['makespan']:g} (t_f=1, t_b=2, each chunk op 1/v of that); "
+            f"the Megatron schedule takes (m + (p-1)/v)(t_f + t_b) = {want:g}: the bubble shrinks by v"
+        )
+        assert close(sim["bubble"], (p - 1) / (v * m + p - 1)), (
+            f"interleaved_schedule({p}, {m}, {v}): bubble fraction {sim['bubble']:.4f}, expected (p-1)/(vm+p-1) = "
+            f"{(p - 1) / (v * m + p - 1):.4f} (plain 1F1B: {(p - 1) / (m + p - 1):.4f})"
+        )
+
+
+@pytest.mark.check("interleaved")
+@pytest.mark.parametrize("args", [(4, 6, 2), (4, 8, 1), (3, 5, 2), (0, 4, 2), (2, 4, 0)])
+def test_interleaved_rejects_bad_sizes(pm, args):
+    with pytest.raises(ValueError):
+        pm.interleaved_schedule(*args)
+        pytest.fail(f"interleaved_schedule{args} should raise ValueError: it needs m % p == 0 and v >= 2")
+
+
+# --------------------------------------------------------------------------------------------------
+# Simulator
+
+
+def compare_sim(got, want: dict, what: str) -> None:
+    assert close(got.makespan, want["makespan"]), f"{what}: makespan {got.makespan:g}, expected {want['makespan']:g}"
+    assert close(got.bubble_fraction, want["bubble"]), (
+        f"{what}: bubble_fraction {got.bubble_fraction:.6g}, expected {want['bubble']:.6g} "
+        "(idle stage-time over p * makespan)"
+    )
+    assert list(got.peak_activations) == want["peaks"], f"{what}: peak_activations {list(got.peak_activations)}, expected {want['peaks']}"
+    assert len(got.timeline) == len(want["timeline"]), f"{what}: timeline has {len(got.timeline)} stages"
+    for s, (g, w) in enumerate(zip(got.timeline, want["timeline"])):
+        assert len(g) == len(w), f"{what}: stage {s} timeline has {len(g)} entries, expected {len(w)}"
+        for (gs, ge, gop), (ws, we, wop) in zip(g, w):
+            assert tuple(gop) == wop, f"{what}: stage {s} timeline lists {tuple(gop)} where the schedule has {wop}"
+            assert close(gs, ws) and close(ge, we), (
+                f"{what}: stage {s}, {wop} runs ({gs:g}, {ge:g}), expected ({ws:g}, {we:g}): an op starts at the max of "
+                "its stage's free time and each dependency's end (+ p2p_time only across stages)"
+            )
+
+
+@pytest.mark.check("simulate")
+def test_simulate_known_schedules_with_random_costs(pm, rng):
+    rnd = random.Random(int(torch.randint(0, 2**31, (1,), generator=rng)))
+    for p, m in [(1, 3), (3, 2), (4, 8), (5, 5)]:
+        tf, tb, p2p = rnd.uniform(0.5, 2), rnd.uniform(0.5, 3), rnd.choice([0.0, rnd.uniform(0.05, 0.5)])
+        for name, sched in [("gpipe", expected_gpipe(p, m)), ("1F1B", expected_1f1b(p, m))]:
+            got = pm.simulate(sched, tf, tb, p2p)
+            compare_sim(got, trusted_simulate(sched, tf, tb, p2p), f"simulate({name} p={p} m={m}, t_f={tf:.3f}, t_b={tb:.3f}, p2p={p2p:.3f})")
+
+
+@pytest.mark.check("simulate")
+def test_simulate_random_valid_schedules(pm, rng):
+    rnd = random.Random(int(torch.randint(0, 2**31, (1,), generator=rng)))
+    for _ in range(12):
+        p, m = rnd.randint(1, 5), rnd.randint(1, 6)
+        sched = random_valid_schedule(rnd, p, m)
+        tf, tb, p2p = rnd.uniform(0.3, 2), rnd.uniform(0.3, 3), rnd.choice([0.0, rnd.uniform(0.05, 0.7)])
+        compare_sim(pm.simulate(sched, tf, tb, p2p), trusted_simulate(sched, tf, tb, p2p),
+                    f"simulate({sched}, {tf:.3f}, {tb:.3f}, {p2p:.3f})")
+
+
+@pytest.mark.check("simulate")
+def test_simulate_interleaved_schedules(pm, rng):
+    rnd = random.Random(int(torch.randint(0, 2**31, (1,), generator=rng)))
+    cases = [expected_interleaved(2, 4, 2), expected_interleaved(3, 3, 3), expected_interleaved(1, 2, 2)]
+    cases += [random_valid_schedule(rnd, rnd.randint(1, 4), rnd.randint(1, 4), rnd.randint(2, 3)) for _ in range(6)]
+    for sched in cases:
+        tf, tb, p2p = rnd.uniform(0.3, 2), rnd.uniform(0.3, 3), rnd.choice([0.0, rnd.uniform(0.05, 0.7)])
+        compare_sim(pm.simulate(sched, tf, tb, p2p), trusted_simulate(sched, tf, tb, p2p),
+                    f"simulate({sched}, {tf:.3f}, {tb:.3f}, {p2p:.3f}) (each op costs its time / v; peaks count (mb, chunk) pairs)")
+
+
+def perturbed(rnd: random.Random, sched: list[list[tuple]]) -> tuple[list[list[tuple]], str]:
+    sched = [list(row) for row in sched]
+    p = len(sched)
+    kind = rnd.choice(["drop", "duplicate", "move", "swap", "swap", "hoist"])
+    s = rnd.randrange(p)
+    row = sched[s]
+    i = rnd.randrange(len(row))
+    if kind == "drop":
+        op = row.pop(i)
+        return sched, f"stage {s} lost {op}"
+    if kind == "duplicate":
+        row.insert(rnd.randrange(len(row) + 1), row[i])
+        return sched, f"stage {s} runs {row[i]} twice"
+    if kind == "move" and p > 1:
+        op = row.pop(i)
+        t = rnd.choice([t for t in range(p) if t != s])
+        sched[t].insert(rnd.randrange(len(sched[t]) + 1), op)
+        return sched, f"{op} moved from stage {s} to stage {t}"
+    if kind == "hoist":
+        op = row.pop(i)
+        row.insert(0, op)
+        return sched, f"{op} moved to the front of stage {s}"
+    j = rnd.randrange(len(row))
+    row[i], row[j] = row[j], row[i]
+    return sched, f"stage {s}: ops {i} and {j} swapped"
+
+
+@pytest.mark.check("simulate")
+def test_simulate_flags_exactly_the_invalid_schedules(pm, rng):
+    rnd = random.Random(int(torch.randint(0, 2**31, (1,), generator=rng)))
+    seen = Counter()
+    for trial in range(40):
+        p, m = rnd.randint(1, 4), rnd.randint(1, 4)
+        v = rnd.choice([1, 1, 2])
+        base = random_valid_schedule(rnd, p, m, v)
+        sched, change = perturbed(rnd, base)
+        valid = is_valid(sched)
+        seen[valid] += 1
+        if valid:
+            got = pm.simulate(sched, 1.0, 2.0)
+            compare_sim(got, trusted_simulate(sched), f"simulate({sched}) (still valid after: {change})")
+        else:
+            with pytest.raises(ValueError):
+                pm.simulate(sched, 1.0, 2.0)
+                pytest.fail(f"simulate({sched}) should raise ValueError ({change}), it returned a result")
+    assert seen[False] > 0
+
+
+@pytest.mark.check("simulate")
+@pytest.mark.parametrize("case", [
+    ([[("F", 0), ("B", 0), ("F", 1), ("B", 1)], [("F", 1), ("F", 0), ("B", 0), ("B", 1)]], "('F', 1)"),
+    ([[("F", 0), ("B", 0)], [("B", 0), ("F", 0)]], "('B', 0)"),
+    ([[("F", 0, 0), ("F", 0, 2), ("B", 0, 0), ("B", 0, 2)], [("F", 0, 1), ("B", 0, 1), ("F", 0, 3), ("B", 0, 3)]], "('B', 0, 1)"),
+])
+def test_simulate_names_the_stuck_ops(pm, case):
+    sched, stuck = case
+    with pytest.raises(ValueError) as info:
+        pm.simulate(sched)
+        pytest.fail(f"simulate({sched}) deadlocks and should raise ValueError")
+    assert stuck in str(info.value), f"simulate({sched}) deadlocks; the ValueError should name the stuck op {stuck}, found: {info.value}"
+
+
+@pytest.mark.check("simulate")
+@pytest.mark.parametrize("sched,why", [
+    ([], "an empty schedule"),
+    ([[("F", 0), ("B", 0)], [("F", 0)]], "stage 1 lacks ('B', 0)"),
+    ([[("F", 0), ("B", 0), ("F", 0), ("B", 0)]], "an op run twice"),
+    ([[("F", 0, 0), ("B", 0, 0), ("F", 0, 1), ("B", 0, 1)], [("F", 0, 2), ("B", 0, 2), ("F", 0, 3), ("B", 0, 3)]], "chunk 1 on stage 0 (it lives on stage 1)"),
+    ([[("F", 0, 0), ("B", 0, 0), ("F", 0, 2), ("B", 0, 2)], [("F", 0, 1), ("B", 0, 1)]], "3 chunks over 2 stages"),
+    ([[("F", 0), ("B", 0, 0)]], "plain and interleaved ops mixed"),
+    ([[("X", 0), ("B", 0)]], "an op that is neither F nor B"),
+    ([[("F", -1), ("B", -1)]], "a negative microbatch"),
+])
+def test_simulate_rejects_malformed_schedules(pm, sched, why):
+    with pytest.raises(ValueError):
+        pm.simulate(sched)
+        pytest.fail(f"simulate({sched}) should raise ValueError: {why}")
+
+
+@pytest.mark.check("simulate_linear")
+def test_simulate_is_linear_in_the_number_of_ops(student, pm):
+    small, large = expected_1f1b(4, 16), expected_1f1b(16, 64)
+    _, lines_small = student.lines_executed(pm.simulate, small)
+    result, lines_large = student.lines_executed(pm.simulate, large)
+    assert close(result.makespan, (64 + 15) * 3.0), "simulate(1F1B p=16, m=64) gave a wrong makespan"
+    ops_ratio = 16
+    assert lines_large <= 2 * ops_ratio * lines_small, (
+        f"simulate ran {lines_small} lines of your code for 128 ops and {lines_large} for 2048 ops "
+        f"({lines_large / lines_small:.1f}x for 16x the ops): the work should grow linearly. Do not rescan every "
+        "stage (or every finished op) to find what can run next: look dependencies up in a dict, and wake a "
+        "stage only when the op it waits for finishes."
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# run_pipeline
+
+
+def mlp_stages(seed: int, widths=(6, 12, 12, 10, 3)) -> list[torch.nn.Module]:
+    torch.manual_seed(seed)
+    pieces = []
+    acts = [torch.nn.Tanh, torch.nn.ReLU, torch.nn.GELU, torch.nn.Tanh]
+    for i in range(len(widths) - 1):
+        lin = torch.nn.Linear(widths[i], widths[i + 1])
+        pieces.append(lin if i == len(widths) - 2 else torch.nn.Sequential(lin, acts[i % len(acts)]()))
+    return pieces
+
+
+def batch(rng: torch.Generator, m: int, n: int = 5, d_in: int = 6, d_out: int = 3):
+    xs = [torch.randn(n, d_in, generator=rng) for _ in range(m)]
+    ys = [torch.randn(n, d_out, generator=rng) for _ in range(m)]
+    return xs, ys
+
+
+def full_batch_oracle(stages, xs, ys):
+    """The whole batch through a float64 copy of the model in one go: loss and gradients."""
+    model = copy.deepcopy(torch.nn.Sequential(*stages)).double()
+    model.zero_grad(set_to_none=True)
+    loss = torch.nn.functional.mse_loss(model(torch.cat(xs).double()), torch.cat(ys).double())
+    loss.backward()
+    grads = [[q.grad if q.grad is not None else torch.zeros_like(q) for q in piece.parameters()] for piece in model]
+    return float(loss.detach()), grads
+
+
+def check_run(run, stages, xs, ys, what: str) -> None:
+    want_loss, want_grads = full_batch_oracle(stages, xs, ys)
+    assert isinstance(run.loss, float), f"{what}: loss should be a Python float, found {type(run.loss).__name__}"
+    m = len(xs)
+    if m > 1 and math.isclose(run.loss, want_loss * m, rel_tol=1e-4):
+        pytest.fail(f"{what}: loss is {run.loss:.6g}, m = {m} times the mean {want_loss:.6g}: divide each microbatch's loss by m")
+    assert math.isclose(run.loss, want_loss, rel_tol=1e-4, abs_tol=1e-6), f"{what}: loss {run.loss:.6g}, expected the mean {want_loss:.6g}"
+    assert len(run.grads) == len(want_grads), f"{what}: grads for {len(run.grads)} pieces, expected {len(want_grads)}"
+    for c, (got_c, want_c) in enumerate(zip(run.grads, want_grads)):
+        assert len(got_c) == len(want_c), f"{what}: piece {c} has {len(want_c)} parameters, found {len(got_c)} gradients"
+        for i, (g, w) in enumerate(zip(got_c, want_c)):
+            assert tuple(g.shape) == tuple(w.shape), f"{what}: piece {c} grad {i} has shape {tuple(g.shape)}, expected {tuple(w.shape)}"
+            if m > 1 and torch.allclose(g.double(), w * m, rtol=1e-4, atol=1e-6) and not torch.allclose(g.double(), w, rtol=1e-4, atol=1e-6):
+                pytest.fail(f"{what}: piece {c} grad {i} is m = {m} times too large: divide each microbatch's loss by m before its backward")
+            err = float((g.double() - w).abs().max())
+            assert torch.allclose(g.double(), w, rtol=1e-4, atol=1e-5), (
+                f"{what}: piece {c} parameter {i} gradient is off by up to {err:.3g} from the full-batch gradient. "
+                "Did you zero the gradients first, send each piece the detached output of the one before, and "
+                "backpropagate the gradient the next piece sent back?"
+            )
+
+
+def drive(student, pm, stages, xs, ys, sched):
+    return student.drive(DRIVER, pm.run_pipeline, stages, xs, ys, sched, torch.nn.MSELoss())
+
+
+@pytest.mark.check("run_pipeline")
+@pytest.mark.parametrize("kind", ["1f1b", "gpipe"])
+def test_run_pipeline_matches_full_batch_gradients(student, pm, rng, seed, kind):
+    stages = mlp_stages(seed)
+    xs, ys = batch(rng, 8)
+    sched = expected_1f1b(4, 8) if kind == "1f1b" else expected_gpipe(4, 8)
+    run, _, _ = drive(student, pm, stages, xs, ys, sched)
+    check_run(run, stages, xs, ys, f"run_pipeline(4-stage MLP, 8 microbatches, {kind})")
+
+
+@pytest.mark.check("run_pipeline")
+def test_run_pipeline_random_schedules(student, pm, rng, seed):
+    rnd = random.Random(seed + 17)
+    for p, m in [(4, 5), (2, 3), (3, 1)]:
+        stages = mlp_stages(seed + p, widths=(6, 9, 11, 7)[:p] + (3,))
+        xs, ys = batch(rng, m)
+        sched = random_valid_schedule(rnd, p, m)
+        run, _, _ = drive(student, pm, stages, xs, ys, sched)
+        check_run(run, stages, xs, ys, f"run_pipeline(p={p}, m={m}, schedule {sched})")
+
+
+@pytest.mark.check("run_pipeline")
+def test_run_pipeline_zeroes_the_gradients_first(student, pm, rng, seed):
+    stages = mlp_stages(seed)
+    xs, ys = batch(rng, 4)
+    run, _, _ = student.drive(DRIVER, pm.run_pipeline, stages, xs, ys, expected_1f1b(4, 4), torch.nn.MSELoss(), dirty_grads=True)
+    want_loss, want_grads = full_batch_oracle(stages, xs, ys)
+    g, w = run.grads[0][0].double(), want_grads[0][0]
+    assert torch.allclose(g, w, rtol=1e-4, atol=1e-5), (
+        "run_pipeline was called on pieces that already held gradients (from an earlier step); the result "
+        f"is off by up to {float((g - w).abs().max()):.3g}: zero the pieces' gradients first"
+    )
+    check_run(run, stages, xs, ys, "run_pipeline on pieces with stale gradients")
+
+
+@pytest.mark.check("run_pipeline")
+def test_run_pipeline_interleaved_chunks(student, pm, rng, seed):
+    p, m, v = 2, 4, 2
+    stages = mlp_stages(seed, widths=(6, 8, 10, 8, 3))
+    xs, ys = batch(rng, m)
+    run, _, _ = drive(student, pm, stages, xs, ys, expected_interleaved(p, m, v))
+    check_run(run, stages, xs, ys, "run_pipeline(4 chunks on 2 stages, interleaved schedule)")
+    want = trusted_simulate(expected_interleaved(p, m, v))["peaks"]
+    assert list(run.peak_activations) == want, (
+        f"interleaved run: peak_activations {list(run.peak_activations)}, expected {want} per STAGE "
+        "(each counts the (mb, chunk) pairs alive on that stage)"
+    )
+
+
+@pytest.mark.check("run_pipeline")
+def test_run_pipeline_with_your_own_1f1b(student, pm, rng, seed):
+    stages = mlp_stages(seed)
+    xs, ys = batch(rng, 8)
+    sched = as_ops(pm.one_f_one_b_schedule(4, 8))
+    if not is_valid(sched):  # graded by the 1F1B checks; here only the executor is graded
+        sched = expected_1f1b(4, 8)
+    run, _, _ = drive(student, pm, stages, xs, ys, sched)
+    check_run(run, stages, xs, ys, "run_pipeline(4-stage MLP, 8 microbatches, your one_f_one_b_schedule(4, 8))")
+
+
+@pytest.mark.check("run_pipeline")
+def test_run_pipeline_refuses_a_deadlock(pm, seed):
+    stages = mlp_stages(seed, widths=(6, 8, 3))
+    xs, ys = [torch.ones(2, 6)] * 2, [torch.zeros(2, 3)] * 2
+    sched = [[("F", 0), ("B", 0), ("F", 1), ("B", 1)], [("F", 1), ("F", 0), ("B", 0), ("B", 1)]]
+    with pytest.raises(ValueError):
+        pm.run_pipeline(stages, xs, ys, sched, torch.nn.MSELoss())
+        pytest.fail("run_pipeline ran a schedule that deadlocks; it should raise ValueError naming the stuck ops")
+
+
+@pytest.mark.check("run_pipeline_memory")
+@pytest.mark.parametrize("kind", ["1f1b", "gpipe", "own"])
+def test_run_pipeline_reports_the_schedules_peaks(student, pm, rng, seed, kind):
+    p, m = 4, 8
+    stages = mlp_stages(seed)
+    xs, ys = batch(rng, m)
+    if kind == "own":
+        sched = as_ops(pm.one_f_one_b_schedule(p, m))
+        sched = sched if is_valid(sched) else expected_1f1b(p, m)
+    else:
+        sched = expected_1f1b(p, m) if kind == "1f1b" else expected_gpipe(p, m)
+    run, measured, _ = drive(student, pm, stages, xs, ys, sched)
+    want = trusted_simulate(sched)["peaks"]
+    assert list(run.peak_activations) == want, (
+        f"run_pipeline({kind} schedule, p={p}, m={m}) reported peak_activations {list(run.peak_activations)}; "
+        f"the schedule keeps at most {want} microbatches alive per stage"
+    )
+    assert measured == want, (
+        f"run_pipeline({kind} schedule, p={p}, m={m}): autograd held the saved activations of up to {measured} "
+        f"microbatches per stage at once, but the schedule needs only {want}. Run each op when the schedule says, "
+        "and let a microbatch's graph go as soon as its backward ran (no retain_graph, no extra references)."
+    )
+
+
+@pytest.mark.check("run_pipeline_memory")
+def test_run_pipeline_frees_everything(student, pm, rng, seed):
+    stages = mlp_stages(seed)
+    xs, ys = batch(rng, 6)
+    _, _, left = drive(student, pm, stages, xs, ys, expected_1f1b(4, 6))
+    assert left == [0, 0, 0, 0], (
+        f"after run_pipeline returned, the saved activations of {left} microbatches per stage were still alive: "
+        "a finished step should hold no graph"
+    )

@@ -1,0 +1,744 @@
+"""Hidden checks for speculative decoding.
+
+Oracles are the textbook: sum(min(p, q)), the geometric sum written out, a per-row loop for greedy,
+and exact enumeration of short sequences (the target's chain-rule probability of each one).
+
+Statistics. Every statistical assertion here is a two-sided bound on a count of independent Bernoulli
+trials (a histogram cell, a number of acceptances), from Bernstein's inequality:
+
+    P(|S - n p| >= t) <= 2 exp(-t^2 / (2 (n p (1 - p) + t / 3)))
+
+A histogram is accepted when every cell is within its bound, each bound at FALSE_ALARM / (number of
+cells) (a union bound). So a CORRECT solution fails any one assertion with probability at most
+FALSE_ALARM = 1e-9, whatever the seed, with no large-sample approximation; this file makes fewer than
+100 such assertions per run, so a correct solution fails a run less than once in 10^7 runs. Sizes are
+chosen so that every known-wrong submission in tests/known_wrong/speculative.py misses its bound by a
+wide margin (measured over many seeds). The inputs and the generators come from the run's seed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+V, GAMMA, N = 10, 4, 100_000
+FALSE_ALARM = 1e-9
+DRIVER = "grader.support.speculative:generate"
+
+
+@pytest.fixture(scope="module")
+def sm(student):
+    return student.load("speculative")
+
+
+def fresh_generator(rng: torch.Generator) -> torch.Generator:
+    """A new generator for one call, seeded from the test's rng (the grader's copy never advances)."""
+    return torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,), generator=rng)))
+
+
+def new_seed(rng: torch.Generator) -> int:
+    return int(torch.randint(0, 2**62, (1,), generator=rng))
+
+
+# --------------------------------------------------------------------------------------------------
+# Oracles
+
+
+def oracle_acceptance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    return torch.minimum(p.double(), q.double()).sum(-1)
+
+
+def oracle_tokens_per_step(alpha: float, gamma: int) -> float:
+    return sum(alpha**k for k in range(gamma + 1))
+
+
+def greedy_oracle(draft_tokens: torch.Tensor, target_probs: torch.Tensor) -> tuple[list[list[int]], list[int]]:
+    """One row at a time, one position at a time."""
+    out, counts = [], []
+    for b in range(draft_tokens.shape[0]):
+        row = []
+        for i in range(draft_tokens.shape[1]):
+            best = int(target_probs[b, i].argmax())
+            if int(draft_tokens[b, i]) != best:
+                row.append(best)
+                break
+            row.append(best)
+        else:
+            row.append(int(target_probs[b, -1].argmax()))
+        counts.append(len(row) - 1)
+        out.append(row + [-1] * (draft_tokens.shape[1] + 1 - len(row)))
+    return out, counts
+
+
+def ngram_next(table: torch.Tensor, context: list[int]) -> torch.Tensor:
+    """The table's distribution after `context` (contexts left of the start read token 0)."""
+    k = table.dim() - 1
+    ctx = ([0] * k + list(context))[-k:] if k else []
+    return table[tuple(ctx)].double()
+
+
+def sequence_probabilities(table: torch.Tensor, prefix: list[int], length: int) -> dict[tuple[int, ...], float]:
+    """P(x_1..x_length | prefix) under the table, by the chain rule, for every sequence."""
+    vocab = table.shape[-1]
+    probs = {}
+    for seq in itertools.product(range(vocab), repeat=length):
+        prob, context = 1.0, list(prefix)
+        for token in seq:
+            prob *= float(ngram_next(table, context)[token])
+            context.append(token)
+        probs[seq] = prob
+    return probs
+
+
+def calls_distribution(alpha: float, gamma: int, new_tokens: int) -> np.ndarray:
+    """Exact pmf of the number of target calls one B = 1 run needs for `new_tokens` tokens.
+
+    One step emits k tokens with probability alpha^(k-1) (1 - alpha) for k <= gamma, and gamma + 1
+    tokens (all accepted, plus the bonus) with probability alpha^gamma. calls(n) = 1 + calls(n - k).
+    """
+    step = [alpha ** (k - 1) * (1 - alpha) for k in range(1, gamma + 1)] + [alpha**gamma]
+    pmf = [np.zeros(new_tokens + 1) for _ in range(new_tokens + 1)]
+    pmf[0][0] = 1.0
+    for n in range(1, new_tokens + 1):
+        for k, w in enumerate(step, start=1):
+            pmf[n][1:] += w * pmf[max(n - k, 0)][:-1]
+    return pmf[new_tokens]
+
+
+def sum_distribution(pmf: np.ndarray, runs: int) -> np.ndarray:
+    """pmf of the sum of `runs` independent draws, by repeated squaring of the convolution."""
+    result, power = np.array([1.0]), pmf
+    while runs:
+        if runs & 1:
+            result = np.convolve(result, power)
+        runs >>= 1
+        if runs:
+            power = np.convolve(power, power)
+    return result
+
+
+# --------------------------------------------------------------------------------------------------
+# Statistics (see the module docstring)
+
+
+def bernstein_halfwidth(n: int, prob: float, delta: float) -> float:
+    """t with P(|Binomial(n, prob) - n prob| >= t) <= delta."""
+    log_term = math.log(2 / delta)
+    var = n * prob * (1 - prob)
+    return log_term / 3 + math.sqrt((log_term / 3) ** 2 + 2 * log_term * var)
+
+
+def assert_histogram(samples: torch.Tensor, probs: torch.Tensor, what: str, hint: str) -> None:
+    """Samples (token ids) distributed as `probs`: no token with probability 0, every cell in bounds."""
+    n = samples.numel()
+    counts = torch.bincount(samples.long(), minlength=probs.numel()).double()
+    probs = probs.double() / probs.double().sum()
+    impossible = (probs == 0) & (counts > 0)
+    if impossible.any():
+        k = int(impossible.nonzero()[0])
+        raise AssertionError(f"{what}: token {k} has probability 0 under the target but came out {int(counts[k])} times. {hint}")
+    if n == 0:
+        return
+    cells = int((probs > 0).sum())
+    worst, worst_ratio = None, 0.0
+    for k in range(probs.numel()):
+        p = float(probs[k])
+        if p == 0:
+            continue
+        half = bernstein_halfwidth(n, p, FALSE_ALARM / cells)
+        ratio = abs(float(counts[k]) - n * p) / half
+        if ratio > worst_ratio:
+            worst, worst_ratio = (k, p, half), ratio
+    if worst_ratio > 1:
+        k, p, half = worst
+        raise AssertionError(
+            f"{what}: token {k} came out {float(counts[k]) / n:.4f} of the time over {n} samples, but the "
+            f"target gives it {p:.4f} (a correct sampler lands within +-{half / n:.4f}, with probability "
+            f"1 - 1e-9). {hint}"
+        )
+
+
+def assert_rate(successes: int, n: int, prob: float, what: str, hint: str) -> None:
+    if n == 0:
+        return
+    half = bernstein_halfwidth(n, prob, FALSE_ALARM)
+    assert abs(successes - n * prob) <= half, (
+        f"{what}: {successes} of {n} ({successes / n:.4f}) where the acceptance rate sum(min(p, q)) "
+        f"predicts {prob:.4f} (+-{half / n:.4f} at probability 1 - 1e-9). {hint}"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Inputs
+
+
+def random_dist(shape: tuple[int, ...], rng: torch.Generator, sharpness: float = 1.0, floor: float = 0.2) -> torch.Tensor:
+    """Random distributions over the last dim, every token at least floor / V (big histogram cells)."""
+    z = torch.randn(shape, generator=rng) * sharpness
+    return (1 - floor) * torch.softmax(z, -1) + floor / shape[-1]
+
+
+def sample_rows(dists: torch.Tensor, n: int, rng: torch.Generator) -> torch.Tensor:
+    """[n, positions] tokens, column i drawn from dists[i]."""
+    return torch.multinomial(dists, n, replacement=True, generator=rng).t().contiguous()
+
+
+def distribution_case(kind: str, rng: torch.Generator):
+    """(p [gamma+1, V], q [gamma, V], draft tokens [N, gamma], acceptance per position or None, hint)."""
+    if kind == "random_close":
+        z = torch.randn(GAMMA + 1, V, generator=rng)
+        p = 0.8 * torch.softmax(z, -1) + 0.02
+        q = 0.8 * torch.softmax(z[:GAMMA] + 0.9 * torch.randn(GAMMA, V, generator=rng), -1) + 0.02
+        hint = "Accept with probability min(1, p(x)/q(x)), stop at the first rejection, resample from norm(max(0, p - q))."
+    elif kind == "random_far":
+        p = random_dist((GAMMA + 1, V), rng, sharpness=1.5)
+        q = random_dist((GAMMA, V), rng, sharpness=1.5)
+        hint = "After a rejection the token must come from norm(max(0, p - q)), not from p or q; p is the target, q the draft."
+    elif kind == "equal":
+        p = random_dist((GAMMA + 1, V), rng)
+        q = p[:GAMMA].clone()
+        hint = "With p == q every draft token passes (u <= p/q = 1) and the bonus token comes from p at position gamma."
+    elif kind == "disjoint":
+        p, q = torch.zeros(GAMMA + 1, V), torch.zeros(GAMMA, V)
+        for i in range(GAMMA + 1):
+            perm = torch.randperm(V, generator=rng)
+            p[i, perm[: V // 2]] = random_dist((V // 2,), rng)
+            if i < GAMMA:
+                q[i, perm[V // 2 :]] = random_dist((V // 2,), rng)
+        hint = "Supports do not overlap: every draft token has p = 0 and must be rejected; the residual is then p itself."
+    elif kind == "q_on_zero_of_p":
+        p, q = random_dist((GAMMA + 1, V), rng), torch.zeros(GAMMA, V)
+        for i in range(GAMMA):
+            t = int(torch.randint(0, V, (1,), generator=rng))
+            p[i, t] = 0.0
+            q[i, t] = 1.0
+        p = p / p.sum(-1, keepdim=True)
+        hint = "The draft is certain of a token the target forbids: reject it (u > 0 = p/q) and sample max(0, p - q) = p."
+    else:
+        raise ValueError(kind)
+    draft = sample_rows(q, N, rng)
+    return p, q, draft, oracle_acceptance(p[:GAMMA], q), hint
+
+
+def zero_residual_case(rng: torch.Generator):
+    """p == q with a token of probability 0 that is sometimes drafted anyway: rejected, and the residual
+    max(0, p - q) is all zeros, so the contract says: sample that row from p."""
+    p = random_dist((GAMMA + 1, V), rng)
+    forbidden = torch.randint(0, V, (GAMMA,), generator=rng)
+    p[torch.arange(GAMMA), forbidden] = 0.0
+    p = p / p.sum(-1, keepdim=True)
+    q = p[:GAMMA].clone()
+    draft = sample_rows(q, N, rng)
+    swap = torch.rand(N, GAMMA, generator=rng) < 0.3
+    draft = torch.where(swap, forbidden.expand(N, GAMMA), draft)
+    acceptance = torch.full((GAMMA,), 0.7, dtype=torch.float64)
+    return p, q, draft, acceptance
+
+
+def run_accept(sm, p, q, draft, rng):
+    n = draft.shape[0]
+    target = p.expand(n, *p.shape).contiguous()
+    drafts = q.expand(n, *q.shape).contiguous()
+    return sm.speculative_accept(draft, drafts, target, fresh_generator(rng))
+
+
+def check_layout(tokens, num_accepted, draft, vocab):
+    """The contract's layout: int64, accepted prefix, one extra token, then -1."""
+    B, gamma = draft.shape
+    assert tokens.dtype == torch.int64 and num_accepted.dtype == torch.int64, (
+        f"tokens and num_accepted must be int64, found {tokens.dtype} and {num_accepted.dtype}"
+    )
+    assert tuple(tokens.shape) == (B, gamma + 1) and tuple(num_accepted.shape) == (B,), (
+        f"expected tokens [{B}, {gamma + 1}] and num_accepted [{B}], found {list(tokens.shape)} and {list(num_accepted.shape)}"
+    )
+    assert bool(((num_accepted >= 0) & (num_accepted <= gamma)).all()), "num_accepted must lie in 0..gamma"
+    pos = torch.arange(gamma + 1)
+    n = num_accepted[:, None]
+    prefix_ok = torch.where(pos[:gamma] < n, tokens[:, :gamma] == draft, True).all(1)
+    extra = tokens.gather(1, num_accepted[:, None]).squeeze(1)
+    extra_ok = (extra >= 0) & (extra < vocab)
+    tail_ok = torch.where(pos > n, tokens == -1, True).all(1)
+    bad = ~(prefix_ok & extra_ok & tail_ok)
+    if bad.any():
+        b = int(bad.nonzero()[0])
+        k = int(num_accepted[b])
+        raise AssertionError(
+            f"row {b}: num_accepted = {k} and tokens = {tokens[b].tolist()} for draft {draft[b].tolist()}. "
+            f"Expected the first {k} draft tokens, then one token in [0, {vocab}), then -1 up to the end: "
+            "stop at the first rejection, emit exactly one extra token, and pad the rest with -1."
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Formulas
+
+
+@pytest.mark.check("formulas")
+def test_acceptance_rate_on_random_batches(sm, rng):
+    p = torch.softmax(torch.randn(3, 5, 17, generator=rng, dtype=torch.float64) * 2, -1)
+    q = torch.softmax(torch.randn(3, 5, 17, generator=rng, dtype=torch.float64) * 2, -1)
+    got = sm.acceptance_rate(p, q)
+    assert tuple(got.shape) == (3, 5), f"expected shape [3, 5] (one rate per distribution), found {list(got.shape)}"
+    want = oracle_acceptance(p, q)
+    err = (got.double() - want).abs().max().item()
+    assert err < 1e-6, f"acceptance_rate is off by up to {err:.3g}: it is sum over the vocabulary of min(p(x), q(x))"
+    same = sm.acceptance_rate(p, p)
+    assert torch.allclose(same.double(), torch.ones(3, 5, dtype=torch.float64)), "acceptance_rate(p, p) must be 1"
+    assert torch.allclose(sm.acceptance_rate(p, q).double(), sm.acceptance_rate(q, p).double()), "min(p, q) is symmetric"
+
+
+@pytest.mark.check("formulas")
+@pytest.mark.parametrize("gamma", [0, 1, 4, 7])
+def test_expected_tokens_per_step_on_floats(sm, gamma):
+    for alpha in [0.0, 0.25, 0.6, 0.9, 0.999]:
+        got = float(sm.expected_tokens_per_step(alpha, gamma))
+        want = oracle_tokens_per_step(alpha, gamma)
+        assert abs(got - want) < 1e-9 * want, (
+            f"expected_tokens_per_step({alpha}, {gamma}) = {got}, expected (1 - alpha^(gamma+1)) / (1 - alpha) = {want:.6f}"
+        )
+    at_one = sm.expected_tokens_per_step(1.0, gamma)
+    assert float(at_one) == gamma + 1, (
+        f"at alpha = 1 every draft is accepted: the limit is gamma + 1 = {gamma + 1}, found {float(at_one)} "
+        "(the closed form divides 0 by 0 there)"
+    )
+
+
+@pytest.mark.check("formulas")
+def test_expected_tokens_per_step_elementwise_and_near_one(sm, rng):
+    gamma = 5
+    alpha = torch.cat([torch.rand(2, 6, generator=rng, dtype=torch.float64).flatten(),
+                       torch.tensor([0.0, 1.0, 1 - 1e-9, 1 - 1e-12], dtype=torch.float64)]).reshape(4, 4)
+    got = sm.expected_tokens_per_step(alpha, gamma)
+    assert isinstance(got, torch.Tensor) and tuple(got.shape) == (4, 4), "a tensor alpha gives a tensor of the same shape"
+    assert not torch.isnan(got).any(), f"NaN in {got.tolist()}: alpha = 1 must give gamma + 1, not 0/0"
+    want = torch.tensor([oracle_tokens_per_step(a, gamma) for a in alpha.flatten().tolist()], dtype=torch.float64).reshape(4, 4)
+    err = ((got.double() - want).abs() / want).max().item()
+    assert err < 1e-5, (
+        f"elementwise expected_tokens_per_step is off by a relative {err:.3g} (alpha = {alpha.flatten().tolist()}); "
+        "just below alpha = 1 the closed form loses digits: the sum 1 + alpha + ... + alpha^gamma does not"
+    )
+
+
+@pytest.mark.check("formulas")
+def test_expected_speedup(sm, rng):
+    for alpha, gamma, c in [(0.8, 4, 0.05), (0.6, 3, 0.0), (0.5, 7, 0.2), (1.0, 2, 0.1), (0.0, 3, 0.01)]:
+        got = float(sm.expected_speedup(alpha, gamma, c))
+        want = oracle_tokens_per_step(alpha, gamma) / (gamma * c + 1)
+        assert abs(got - want) < 1e-9 * want, (
+            f"expected_speedup({alpha}, {gamma}, {c}) = {got}, expected {want:.6f}: tokens per step "
+            "(1 - alpha^(gamma+1)) / (1 - alpha), over the cost of a step, gamma * c + 1 target passes"
+        )
+    alpha = torch.rand(7, generator=rng, dtype=torch.float64)
+    got = sm.expected_speedup(alpha, 3, 0.1)
+    want = torch.tensor([oracle_tokens_per_step(a, 3) / 1.3 for a in alpha.tolist()], dtype=torch.float64)
+    assert isinstance(got, torch.Tensor) and torch.allclose(got.double(), want, rtol=1e-9), "expected_speedup must work elementwise on a tensor alpha"
+
+
+# --------------------------------------------------------------------------------------------------
+# Distribution: 1e5 rows per case, one call each
+
+
+@pytest.mark.check("distribution")
+@pytest.mark.parametrize("kind", ["random_close", "random_far", "equal", "disjoint", "q_on_zero_of_p"])
+def test_each_position_is_distributed_as_the_target(sm, rng, kind):
+    p, q, draft, acceptance, hint = distribution_case(kind, rng)
+    tokens, num_accepted = run_accept(sm, p, q, draft, rng)
+    check_layout(tokens, num_accepted, draft, V)
+    for i in range(GAMMA + 1):
+        emitted = tokens[:, i] >= 0
+        assert_histogram(tokens[emitted, i], p[i], f"[{kind}] position {i} (the {'bonus' if i == GAMMA else 'emitted'} token)", hint)
+    for i in range(GAMMA):
+        reached = num_accepted >= i
+        passed = int((num_accepted[reached] > i).sum())
+        assert_rate(passed, int(reached.sum()), float(acceptance[i]),
+                    f"[{kind}] draft token {i} accepted (among rows that reached it)",
+                    "Accept x with probability min(1, p(x)/q(x)): u <= p(x)/q(x) with u uniform on (0, 1].")
+
+
+@pytest.mark.check("distribution")
+def test_an_empty_residual_falls_back_to_the_target(sm, rng):
+    p, q, draft, acceptance = zero_residual_case(rng)
+    tokens, num_accepted = run_accept(sm, p, q, draft, rng)
+    check_layout(tokens, num_accepted, draft, V)
+    hint = ("p == q, so after the (forced) rejection of a token with q = 0 the residual max(0, p - q) is all "
+            "zeros: sample that row from p instead")
+    for i in range(GAMMA + 1):
+        emitted = tokens[:, i] >= 0
+        assert_histogram(tokens[emitted, i], p[i], f"position {i}", hint)
+    for i in range(GAMMA):
+        reached = num_accepted >= i
+        passed = int((num_accepted[reached] > i).sum())
+        assert_rate(passed, int(reached.sum()), float(acceptance[i]), f"draft token {i} accepted",
+                    "A token with q(x) = 0 must be rejected; any other token with p == q accepted.")
+
+
+# --------------------------------------------------------------------------------------------------
+# Rules: deterministic consequences of the contract
+
+
+@pytest.mark.check("accept_rules")
+def test_a_token_the_target_forbids_is_never_emitted(sm, rng):
+    B = 4000
+    p = random_dist((B, GAMMA + 1, V), rng)
+    forbidden = torch.randint(0, V, (B, GAMMA), generator=rng)
+    p[:, :GAMMA].scatter_(-1, forbidden[..., None], 0.0)
+    p = p / p.sum(-1, keepdim=True)
+    q = torch.nn.functional.one_hot(forbidden, V).float()
+    tokens, num_accepted = sm.speculative_accept(forbidden, q, p, fresh_generator(rng))
+    check_layout(tokens, num_accepted, forbidden, V)
+    assert bool((num_accepted == 0).all()), (
+        f"{int((num_accepted > 0).sum())} rows accepted a draft token whose target probability is 0: "
+        "u must be uniform on (0, 1] so that u <= p/q = 0 never holds"
+    )
+    hit = tokens[:, 0] == forbidden[:, 0]
+    assert not hit.any(), f"row {int(hit.nonzero()[0])} emitted its forbidden token: after a rejection sample max(0, p - q), not q"
+
+
+@pytest.mark.check("accept_rules")
+def test_p_equal_q_never_rejects(sm, rng):
+    B = 4000
+    p = random_dist((B, GAMMA + 1, V), rng, floor=0.0)
+    q = p[:, :GAMMA].clone()
+    draft = torch.multinomial(q.reshape(-1, V), 1, generator=rng).reshape(B, GAMMA)
+    tokens, num_accepted = sm.speculative_accept(draft, q, p, fresh_generator(rng))
+    check_layout(tokens, num_accepted, draft, V)
+    assert bool((num_accepted == GAMMA).all()), (
+        f"{int((num_accepted < GAMMA).sum())} rows rejected a draft token although p == q: u <= p/q = 1 always holds "
+        "when u is uniform on (0, 1]"
+    )
+    assert bool((tokens[:, GAMMA] >= 0).all()), "all gamma accepted: the bonus token from p at position gamma must follow"
+
+
+@pytest.mark.check("accept_rules")
+def test_a_draft_token_with_q_zero_is_rejected(sm, rng):
+    B = 3000
+    p = random_dist((B, GAMMA + 1, V), rng)
+    q = random_dist((B, GAMMA, V), rng)
+    draft = torch.multinomial(q.reshape(-1, V), 1, generator=rng).reshape(B, GAMMA)
+    at = torch.randint(0, GAMMA, (B,), generator=rng)
+    q[torch.arange(B), at, draft[torch.arange(B), at]] = 0.0  # this token "could not have been drafted"
+    q = q / q.sum(-1, keepdim=True)
+    tokens, num_accepted = sm.speculative_accept(draft, q, p, fresh_generator(rng))
+    check_layout(tokens, num_accepted, draft, V)
+    over = num_accepted > at
+    assert not over.any(), (
+        f"row {int(over.nonzero()[0])} accepted a draft token with q(x) = 0 (p(x) > 0, so p/q is infinite): "
+        "the contract rejects it"
+    )
+    assert not torch.isnan(tokens.float()).any()
+
+
+@pytest.mark.check("accept_rules")
+def test_gamma_zero_is_plain_sampling(sm, rng):
+    B = 2000
+    p = random_dist((B, 1, V), rng)
+    tokens, num_accepted = sm.speculative_accept(
+        torch.zeros(B, 0, dtype=torch.long), torch.zeros(B, 0, V), p, fresh_generator(rng)
+    )
+    assert tuple(tokens.shape) == (B, 1) and bool((num_accepted == 0).all()), (
+        f"gamma = 0: expected tokens [{B}, 1] and num_accepted all 0, found {list(tokens.shape)}"
+    )
+    assert bool(((tokens >= 0) & (tokens < V)).all()), "gamma = 0: the one token is the bonus, sampled from p"
+
+
+@pytest.mark.check("accept_rules")
+def test_rows_do_not_interfere(sm, rng):
+    """Rows with one-hot p == q have one possible outcome, whatever their neighbours do."""
+    B = 3000
+    p = random_dist((B, GAMMA + 1, V), rng, sharpness=2.0)
+    q = random_dist((B, GAMMA, V), rng, sharpness=2.0)
+    certain = torch.rand(B, generator=rng) < 0.5
+    fixed = torch.randint(0, V, (B, GAMMA + 1), generator=rng)
+    one_hot = torch.nn.functional.one_hot(fixed, V).float()
+    p = torch.where(certain[:, None, None], one_hot, p)
+    q = torch.where(certain[:, None, None], one_hot[:, :GAMMA], q)
+    draft = torch.multinomial(q.reshape(-1, V), 1, generator=rng).reshape(B, GAMMA)
+    tokens, num_accepted = sm.speculative_accept(draft, q, p, fresh_generator(rng))
+    check_layout(tokens, num_accepted, draft, V)
+    wrong = certain & ~(tokens == fixed).all(1)
+    assert not wrong.any(), (
+        f"row {int(wrong.nonzero()[0])} has one-hot p == q, so it must come out as {fixed[int(wrong.nonzero()[0])].tolist()}, "
+        f"found {tokens[int(wrong.nonzero()[0])].tolist()}: is one row's outcome leaking into another's "
+        "(a batch-wide count, a shared position)?"
+    )
+    assert bool((num_accepted[~certain] < GAMMA).any()), "the random rows should see some rejections"
+
+
+@pytest.mark.check("accept_rules")
+def test_inputs_are_left_alone_and_float64_works(sm, rng):
+    B = 500
+    p = random_dist((B, GAMMA + 1, V), rng).double()
+    q = random_dist((B, GAMMA, V), rng).double()
+    draft = torch.multinomial(q.reshape(-1, V), 1, generator=rng).reshape(B, GAMMA)
+    copies = (draft.clone(), q.clone(), p.clone())
+    tokens, num_accepted = sm.speculative_accept(draft, q, p, fresh_generator(rng))
+    check_layout(tokens, num_accepted, draft, V)
+    for name, before, after in zip(("draft_tokens", "draft_probs", "target_probs"), copies, (draft, q, p)):
+        assert torch.equal(before, after), f"speculative_accept changed its input {name}: work on new tensors"
+
+
+# --------------------------------------------------------------------------------------------------
+# Greedy
+
+
+def probs_with_argmax(best: list[list[int]], vocab: int = 100) -> torch.Tensor:
+    """Target probabilities whose argmax at each position is the given token (vLLM's test tables)."""
+    logits = torch.full((len(best), len(best[0]), vocab), -10.0)
+    for b, row in enumerate(best):
+        for i, t in enumerate(row):
+            logits[b, i, t] = 10.0
+    return torch.softmax(logits, -1)
+
+
+VLLM_GREEDY_TABLES = [
+    # (draft tokens, target argmax at each of the gamma + 1 positions, expected tokens)
+    ([[1, 2, 3]], [[1, 2, 3, 4]], [[1, 2, 3, 4]]),                          # all accepted, bonus 4
+    ([[1, 2, 3]], [[1, 5, 3, 4]], [[1, 5, -1, -1]]),                        # mismatch in the middle
+    ([[1, 2]], [[1, 2, 5]], [[1, 2, 5]]),                                   # one sequence of a batch
+    ([[3]], [[3, 4]], [[3, 4]]),                                            # ... and the other
+    ([[1]], [[1, 2]], [[1, 2]]),                                            # a single draft token
+    ([[]], [[5]], [[5]]),                                                   # no draft tokens: the bonus
+    ([[1, 2, 3], [4, 5, 6]], [[1, 2, 7, 6], [4, 8, 6, 9]], [[1, 2, 7, -1], [4, 8, -1, -1]]),
+    ([[1, 2]], [[1, 2, 3]], [[1, 2, 3]]),
+    ([[1]], [[2, 3]], [[2, -1]]),                                           # first token wrong
+    ([[1, 2], [3, 4]], [[1, 5, 6], [3, 4, 7]], [[1, 5, -1], [3, 4, 7]]),    # mixed rows
+]
+
+
+@pytest.mark.check("greedy")
+@pytest.mark.parametrize("case", range(len(VLLM_GREEDY_TABLES)))
+def test_greedy_tables_from_vllm(sm, case):
+    draft, best, expected = VLLM_GREEDY_TABLES[case]
+    draft_tokens = torch.tensor(draft, dtype=torch.long).reshape(len(draft), -1)
+    tokens, num_accepted = sm.greedy_accept(draft_tokens, probs_with_argmax(best))
+    assert tokens.dtype == torch.int64 and num_accepted.dtype == torch.int64, "tokens and num_accepted must be int64"
+    assert tokens.tolist() == expected, (
+        f"draft {draft} against target argmax {best}: expected {expected}, found {tokens.tolist()}. "
+        "Keep draft tokens while they equal the argmax; at the first mismatch emit the argmax and stop (-1 after); "
+        "if all match, add the argmax of the last position"
+    )
+    want_n = [sum(1 for t in row if t != -1) - 1 for row in expected]
+    assert num_accepted.tolist() == want_n, f"num_accepted should be {want_n}, found {num_accepted.tolist()}"
+
+
+@pytest.mark.check("greedy")
+def test_greedy_random_batches_match_a_per_row_loop(sm, rng):
+    B, gamma, vocab = 300, 5, 6
+    target = torch.softmax(torch.randn(B, gamma + 1, vocab, generator=rng) * 3, -1)
+    best = target.argmax(-1)
+    noise = torch.randint(0, vocab, (B, gamma), generator=rng)
+    draft = torch.where(torch.rand(B, gamma, generator=rng) < 0.75, best[:, :gamma], noise)
+    tokens, num_accepted = sm.greedy_accept(draft, target)
+    want, counts = greedy_oracle(draft, target)
+    got = tokens.tolist()
+    for b in range(B):
+        assert got[b] == want[b], (
+            f"row {b}: draft {draft[b].tolist()}, target argmax {best[b].tolist()}: expected {want[b]}, found {got[b]}"
+        )
+    assert num_accepted.tolist() == counts, "num_accepted must count the draft tokens kept in each row"
+
+
+# --------------------------------------------------------------------------------------------------
+# Reproducible, and randomness only from the generator
+
+
+@pytest.mark.check("reproducible")
+def test_same_seed_same_tokens_other_seed_other_tokens(sm, rng):
+    B = 2000
+    p = random_dist((B, GAMMA + 1, V), rng, sharpness=1.5)
+    q = random_dist((B, GAMMA, V), rng, sharpness=1.5)
+    draft = torch.multinomial(q.reshape(-1, V), 1, generator=rng).reshape(B, GAMMA)
+    seed = new_seed(rng)
+    a = sm.speculative_accept(draft, q, p, torch.Generator().manual_seed(seed))
+    b = sm.speculative_accept(draft, q, p, torch.Generator().manual_seed(seed))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), (
+        "two calls with generators seeded alike gave different tokens: draw every random number from "
+        "`generator` (torch.rand(..., generator=generator), torch.multinomial(..., generator=generator))"
+    )
+    c = sm.speculative_accept(draft, q, p, torch.Generator().manual_seed(seed + 1))
+    assert not torch.equal(a[0], c[0]), "a different seed gave the very same 2000 rows: is the generator used at all?"
+
+
+@pytest.mark.check("reproducible")
+def test_the_global_generator_is_not_touched(student, sm, rng):
+    B = 500
+    p = random_dist((B, GAMMA + 1, V), rng, sharpness=1.5)
+    q = random_dist((B, GAMMA, V), rng, sharpness=1.5)
+    draft = torch.multinomial(q.reshape(-1, V), 1, generator=rng).reshape(B, GAMMA)
+    _, untouched = student.drive("grader.support.speculative:global_rng_untouched", sm.speculative_accept,
+                                 draft, q, p, fresh_generator(rng))
+    assert untouched, "speculative_accept drew from torch's global generator: take every random number from `generator`"
+
+
+@pytest.mark.check("reproducible")
+def test_generate_is_reproducible(student, sm, rng):
+    target = random_dist((4, 4, 4), rng)
+    draft = random_dist((4, 4), rng)
+    prefix = torch.randint(0, 4, (64, 2), generator=rng)
+    seed = new_seed(rng)
+    one = student.drive(DRIVER, sm.speculative_generate, target, draft, prefix, 3, 12, seed)
+    two = student.drive(DRIVER, sm.speculative_generate, target, draft, prefix, 3, 12, seed)
+    assert torch.equal(one["tokens"][0], two["tokens"][0]), (
+        "speculative_generate with generators seeded alike gave different tokens: draw the drafts with `generator` too"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Vectorised: the lines of your module executed must not grow with the batch or the vocabulary
+
+
+def accept_inputs(B: int, vocab: int, rng: torch.Generator):
+    p = random_dist((B, GAMMA + 1, vocab), rng, sharpness=1.5)
+    q = random_dist((B, GAMMA, vocab), rng, sharpness=1.5)
+    draft = torch.multinomial(q.reshape(-1, vocab), 1, generator=rng).reshape(B, GAMMA)
+    return draft, q, p
+
+
+SLACK_LINES = 8  # a data-dependent `if` may add a line or two; a loop over rows adds hundreds
+
+
+@pytest.mark.check("vectorised")
+@pytest.mark.parametrize("grow", ["batch", "vocabulary"])
+def test_speculative_accept_is_vectorised(student, sm, rng, grow):
+    small = accept_inputs(16, 16, rng)
+    big = accept_inputs(512, 16, rng) if grow == "batch" else accept_inputs(16, 512, rng)
+    _, lines_small = student.lines_executed(sm.speculative_accept, *small, fresh_generator(rng))
+    (tokens, _), lines_big = student.lines_executed(sm.speculative_accept, *big, fresh_generator(rng))
+    assert lines_big <= lines_small + SLACK_LINES, (
+        f"speculative_accept executed {lines_small} lines of your module for B=16, V=16 but {lines_big} for "
+        f"{'B=512' if grow == 'batch' else 'V=512'}: a Python loop over the {'rows' if grow == 'batch' else 'vocabulary'} "
+        "(perhaps only around the resampling draw). Do it for all rows at once: gather, cumprod, torch.where, "
+        "one torch.multinomial over [B, V]"
+    )
+
+
+@pytest.mark.check("vectorised")
+def test_greedy_accept_is_vectorised(student, sm, rng):
+    small = accept_inputs(16, 16, rng)
+    big = accept_inputs(512, 16, rng)
+    _, lines_small = student.lines_executed(sm.greedy_accept, small[0], small[2])
+    _, lines_big = student.lines_executed(sm.greedy_accept, big[0], big[2])
+    assert lines_big <= lines_small + SLACK_LINES, (
+        f"greedy_accept executed {lines_small} lines for 16 rows and {lines_big} for 512: a loop over rows; "
+        "compare with the argmax for all rows at once"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# The whole loop
+
+
+def check_generate_result(result: dict, B: int, max_new: int, vocab: int) -> None:
+    for tokens, reported, counted in zip(result["tokens"], result["reported_calls"], result["target_calls"]):
+        assert isinstance(tokens, torch.Tensor) and tokens.dtype == torch.int64 and tuple(tokens.shape) == (B, max_new), (
+            f"speculative_generate must return the {max_new} new tokens per row as int64 [{B}, {max_new}], "
+            f"found {getattr(tokens, 'dtype', type(tokens).__name__)} {list(getattr(tokens, 'shape', []))}"
+        )
+        assert bool(((tokens >= 0) & (tokens < vocab)).all()), (
+            "the generated tokens must be real token ids in [0, V): no -1 padding in what you return"
+        )
+        assert int(reported) == counted, (
+            f"speculative_generate reported {reported} target calls but the target model was called {counted} times"
+        )
+
+
+@pytest.mark.check("generate")
+def test_whole_sequences_are_distributed_as_the_target(student, sm, rng):
+    """Trigram target, bigram draft, two prefixes in one batch; every 4-token continuation enumerated."""
+    vocab, gamma, max_new, per_prefix = 3, 2, 4, 20_000
+    target = random_dist((vocab, vocab, vocab), rng, sharpness=1.2, floor=0.3)
+    draft = random_dist((vocab, vocab), rng, sharpness=1.2, floor=0.3)
+    prefixes = [[0, 1], [2, 2]]
+    prefix = torch.tensor([prefixes[0]] * per_prefix + [prefixes[1]] * per_prefix)
+    result = student.drive(DRIVER, sm.speculative_generate, target, draft, prefix, gamma, max_new, new_seed(rng))
+    check_generate_result(result, 2 * per_prefix, max_new, vocab)
+    tokens = result["tokens"][0]
+    codes = (tokens * vocab ** torch.arange(max_new - 1, -1, -1)).sum(1)  # sequence -> its index in lexicographic order
+    for j, pre in enumerate(prefixes):
+        probs = sequence_probabilities(target, pre, max_new)
+        table = torch.tensor([probs[s] for s in itertools.product(range(vocab), repeat=max_new)], dtype=torch.float64)
+        rows = codes[j * per_prefix : (j + 1) * per_prefix]
+        assert_histogram(rows, table, f"prefix {pre}: the sequence index (tokens read as a base-{vocab} number)",
+                         "Whole sequences must follow the target's chain rule. Check that draft i reads the draft at "
+                         "position length - 1 + i of ITS row, that the target's gamma + 1 rows start at length - 1, "
+                         "and that each row advances by its own num_accepted + 1.")
+
+
+@pytest.mark.check("generate")
+def test_tokens_per_target_call_match_equation_1(student, sm, rng):
+    """B = 1, context-free models (acceptance alpha at every position): the exact law of the call count."""
+    vocab, gamma, max_new, runs = 4, 3, 40, 150
+    target = random_dist((vocab,), rng, sharpness=1.0, floor=0.2)
+    draft = random_dist((vocab,), rng, sharpness=1.0, floor=0.2)
+    alpha = float(oracle_acceptance(target, draft))
+    prefix = torch.tensor([[1, 2]])
+    result = student.drive(DRIVER, sm.speculative_generate, target, draft, prefix, gamma, max_new, new_seed(rng), runs=runs)
+    check_generate_result(result, 1, max_new, vocab)
+    total = sum(result["target_calls"])
+    law = sum_distribution(calls_distribution(alpha, gamma, max_new), runs)
+    cdf = np.cumsum(law)
+    lo = int(np.searchsorted(cdf, FALSE_ALARM / 2))           # P(total < lo) <= FALSE_ALARM / 2
+    hi = int(np.searchsorted(cdf, 1 - FALSE_ALARM / 2))       # P(total > hi) <= FALSE_ALARM / 2
+    per_call = oracle_tokens_per_step(alpha, gamma)
+    assert lo <= total <= hi, (
+        f"{runs} runs of {max_new} new tokens took {total} target calls ({runs * max_new / total:.3f} tokens per call). "
+        f"With alpha = {alpha:.3f} and gamma = {gamma}, equation 1 gives {per_call:.3f} tokens per call, and a correct "
+        f"loop needs between {lo} and {hi} calls in all (probability 1 - 1e-9). Each step must keep the accepted "
+        "tokens AND the extra one (num_accepted + 1), with the bonus when all gamma pass."
+    )
+
+
+@pytest.mark.check("generate")
+def test_edge_cases_gamma_zero_and_nothing_to_generate(student, sm, rng):
+    target = random_dist((5, 5), rng)
+    draft = random_dist((5, 5), rng)
+    prefix = torch.randint(0, 5, (8, 3), generator=rng)
+    result = student.drive(DRIVER, sm.speculative_generate, target, draft, prefix, 0, 6, new_seed(rng))
+    check_generate_result(result, 8, 6, 5)
+    assert result["target_calls"][0] == 6, (
+        f"gamma = 0 is plain sampling: one target call per token, 6 calls for 6 tokens, found {result['target_calls'][0]}"
+    )
+    result = student.drive(DRIVER, sm.speculative_generate, target, draft, prefix, 3, 0, new_seed(rng))
+    check_generate_result(result, 8, 0, 5)
+    assert result["target_calls"][0] == 0, "max_new_tokens = 0: nothing to generate, so no target call"
+
+
+@pytest.mark.check("generate")
+def test_target_equal_to_draft_accepts_every_draft(student, sm, rng):
+    table = random_dist((6, 6), rng)
+    prefix = torch.randint(0, 6, (100, 4), generator=rng)
+    for gamma, max_new in [(2, 9), (4, 11), (1, 1)]:
+        result = student.drive(DRIVER, sm.speculative_generate, table, table, prefix, gamma, max_new, new_seed(rng))
+        check_generate_result(result, 100, max_new, 6)
+        want = math.ceil(max_new / (gamma + 1))
+        assert result["target_calls"][0] == want, (
+            f"with target == draft every draft passes, so each step emits gamma + 1 = {gamma + 1} tokens: "
+            f"{max_new} tokens need {want} target calls, found {result['target_calls'][0]}"
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# Speed on CUDA
+
+
+@pytest.mark.cuda
+@pytest.mark.check("accept_speed")
+def test_speculative_accept_bandwidth(student, sm, score):
+    from grader import speed
+    from grader.support.speculative import Probs, SeededGenerator, Tokens
+
+    B, gamma, vocab = 64, 4, 128_256
+    ceil = speed.ceilings()
+    specs = [Tokens((B, gamma), high=vocab), Probs((B, gamma, vocab)), Probs((B, gamma + 1, vocab)), SeededGenerator(())]
+    t = speed.time_student(student, sm.speculative_accept, specs)
+    draft, _, _ = (a.cpu() for a in t.args[:3])
+    tokens, num_accepted = (x.cpu() for x in t.out)
+    check_layout(tokens, num_accepted, draft, vocab)
+    moved = 4 * B * (2 * gamma + 1) * vocab  # both probability tensors, read once
+    achieved = moved / t.median_s / ceil.copy_bytes_per_s
+    score.metrics(gbps=moved / t.median_s / 1e9, copy_gbps=ceil.copy_bytes_per_s / 1e9, median_us=t.median_s * 1e6)
+    score.speed(achieved)

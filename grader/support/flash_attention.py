@@ -1,0 +1,118 @@
+"""Course-provided drivers for the flash_attention exercise: they run where the student's code runs.
+
+* `guarded`: call a function while watching every tensor operation it performs (a
+  `TorchDispatchMode`). Any operation that produces a tensor with an Nq x Nk (or Nk x Nq) pair of
+  adjacent dimensions, or any softmax / scaled-dot-product-attention kernel, raises
+  `ScoreMatrixMaterialised`. It also counts the operations, so a test can check that the count
+  does not grow with the sequence length (the loop over tiles runs inside a kernel, not in Python).
+  A Triton kernel's own tiles live in registers (or, under TRITON_INTERPRET=1, in numpy): only the
+  buffers the host code allocates go through torch, so a real FlashAttention passes untouched.
+* `training_step`: forward and backward through the student's `FlashAttention.apply` (or any
+  differentiable function), optionally under the same guard.
+* `peak_memory` / `training_step_peak_memory`: the CUDA memory a call allocates beyond what was
+  allocated before it.
+
+Use the guard with Nq and Nk distinct from each other's neighbours in the shapes (B, H, D), so that no
+legitimate tensor has an Nq x Nk pair of dimensions by coincidence.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+# Kernels that compute attention or a softmax for you (matched as substrings of aten op names).
+_BANNED_OPS = ("softmax", "scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention")
+
+
+class ScoreMatrixMaterialised(RuntimeError):
+    """The call built an Nq x Nk matrix, or called a library attention or softmax kernel."""
+
+
+class _ScoreGuard(TorchDispatchMode):
+    def __init__(self, n_q: int, n_k: int):
+        super().__init__()
+        self.pairs = {(n_q, n_k), (n_k, n_q)}
+        self.n_q, self.n_k = n_q, n_k
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if any(b in name for b in _BANNED_OPS):
+            raise ScoreMatrixMaterialised(
+                f"your code called the library kernel aten.{name}: FlashAttention computes the softmax "
+                "itself, tile by tile, inside your own kernel"
+            )
+        self.ops += 1
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and self._is_score_shaped(t.shape):
+                raise ScoreMatrixMaterialised(
+                    f"your code built a tensor of shape {tuple(t.shape)} (with aten.{name}): that holds an "
+                    f"Nq x Nk = {self.n_q} x {self.n_k} score matrix. FlashAttention never writes the scores "
+                    "to memory: keep one tile of scores at a time inside the kernel"
+                )
+        return out
+
+    def _is_score_shaped(self, shape) -> bool:
+        return any((shape[i], shape[i + 1]) in self.pairs for i in range(len(shape) - 1))
+
+
+def guarded(fn: Callable, *args, n_q: int, n_k: int, **kwargs) -> dict:
+    """Run ``fn(*args, **kwargs)`` under the score-matrix guard: ``{"out": result, "ops": count}``."""
+    with _ScoreGuard(n_q, n_k) as guard:
+        out = fn(*args, **kwargs)
+    return {"out": out, "ops": guard.ops}
+
+
+def _autograd_function(fn: Callable) -> Callable:
+    """The student's ``FlashAttention.apply``, found in the module that defines `fn`."""
+    module = inspect.getmodule(fn)
+    cls = getattr(module, "FlashAttention", None)
+    if cls is None or not isinstance(cls, type) or not issubclass(cls, torch.autograd.Function):
+        raise TypeError("expected a class FlashAttention(torch.autograd.Function) in your module")
+    return cls.apply
+
+
+def training_step(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+                  causal: bool = False, sm_scale: float | None = None, via_function: bool = True,
+                  guard: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """o = attention(q, k, v), then o.backward(do): returns (o, dq, dk, dv).
+
+    With `via_function`, attention is the student's ``FlashAttention.apply(q, k, v, causal, sm_scale)``
+    (from the module that defines `fn`); otherwise `fn` itself, called as ``fn(q, k, v, causal, sm_scale)``.
+    With `guard`, forward and backward run under the score-matrix guard.
+    """
+    attention = _autograd_function(fn) if via_function else fn
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+
+    def step():
+        o = attention(q, k, v, causal, sm_scale)
+        if not isinstance(o, torch.Tensor) or not o.requires_grad:
+            raise RuntimeError("the attention output does not require grad: return o from FlashAttention.forward")
+        o.backward(do.to(o.dtype))
+        return o.detach()
+
+    o = guarded(step, n_q=q.shape[2], n_k=k.shape[2])["out"] if guard else step()
+    return o, q.grad, k.grad, v.grad
+
+
+def peak_memory(fn: Callable, *args, **kwargs) -> tuple[Any, int]:
+    """``(fn(*args, **kwargs), bytes)``: CUDA memory allocated at the call's peak beyond what was
+    allocated when it started."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = fn(*args, **kwargs)
+    torch.cuda.synchronize()
+    return out, int(torch.cuda.max_memory_allocated() - before)
+
+
+def training_step_peak_memory(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+                              causal: bool = False, sm_scale: float | None = None) -> tuple[tuple, int]:
+    """`training_step` through ``FlashAttention.apply``, with its peak extra CUDA memory."""
+    return peak_memory(training_step, fn, q, k, v, do, causal, sm_scale)

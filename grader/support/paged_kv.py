@@ -1,0 +1,146 @@
+"""Drivers for the paged_kv checks: they run where the student's code runs (the worker).
+
+A BlockManager is driven by many small calls. Sending each one across the process boundary would
+make a random-operation test cost thousands of round trips, so the tests send a whole script of
+operations here; the driver runs it on the student's BlockManager and returns what it observed
+after each step (results, exceptions, free count, tables, token counts, reference counts). The
+trusted test compares those observations with its own model. Everything returned is plain data.
+
+Drivers are called as ``driver(fn, *args)`` where `fn` is any function of the student's module
+(the tests pass ``slot_mapping``); the BlockManager class is looked up in that module.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Sequence
+
+from grader.harness.probes import LineCounter
+
+
+def _module(fn: Any):
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    if module is None or not hasattr(module, "BlockManager"):
+        raise RuntimeError("could not find BlockManager in the module that defines slot_mapping")
+    return module
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """The student's return value as plain data (ints, lists, None); anything else as its repr."""
+    if depth > 4:
+        return repr(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, depth + 1) for v in value]
+    try:
+        import operator
+
+        return operator.index(value)  # numpy / torch integer scalars
+    except TypeError:
+        return repr(value)
+
+
+def _raised(exc: BaseException) -> dict:
+    return {"raised": type(exc).__name__, "mro": [c.__name__ for c in type(exc).__mro__], "message": str(exc)}
+
+
+def _call(method, *args) -> dict:
+    try:
+        return {"result": _plain(method(*args))}
+    except Exception as exc:  # noqa: BLE001 - the test decides whether this exception was right
+        return _raised(exc)
+
+
+def _snapshot(bm: Any, live: Sequence[Any], num_blocks: int) -> dict:
+    state: dict[str, Any] = {}
+    for key, get in (
+        ("free", lambda: bm.num_free_blocks),
+        ("tables", lambda: [bm.block_table(s) for s in live]),
+        ("tokens", lambda: [bm.num_tokens(s) for s in live]),
+        ("refs", lambda: [bm.ref_count(b) for b in range(num_blocks)]),
+    ):
+        try:
+            state[key] = _plain(get())
+        except Exception as exc:  # noqa: BLE001
+            state[key] = {"error": f"{type(exc).__name__}: {exc}"}
+    return state
+
+
+def run_script(fn: Any, num_blocks: int, block_size: int, caching: bool, script: Sequence[tuple]) -> list[dict]:
+    """Run `script` on a fresh ``BlockManager(num_blocks, block_size, caching)``.
+
+    Each step is ``(op, args, live)``: op is "add", "append", "fork" or "free" (the manager's
+    method), args its arguments, and live the sequence ids whose state to record after the step
+    (None: record nothing). Returns one record per step: {"result": ...} or {"raised": name, "mro":
+    [...], "message": ...}, plus {"state": {...}} when recorded.
+    """
+    bm = _module(fn).BlockManager(num_blocks, block_size, enable_prefix_caching=caching)
+    methods = {"add": "add_sequence", "append": "append_token", "fork": "fork", "free": "free"}
+    records = []
+    for op, args, live in script:
+        record = _call(getattr(bm, methods[op]), *args)
+        if live is not None:
+            record["state"] = _snapshot(bm, live, num_blocks)
+        records.append(record)
+    return records
+
+
+# --------------------------------------------------------------------------------------------------
+# Cost per operation at two pool sizes
+
+
+def _workload(bm: Any, seqs: int, prompt: int, steps: int) -> int:
+    """A small serving loop: prompts, decode steps, a few forks, frees, the same prompts again.
+
+    It allocates fewer blocks than the smallest pool holds, so the manager behaves identically in
+    every pool size: only an implementation that scans the pool can tell them apart. Returns the
+    number of operations performed.
+    """
+    ops = 0
+    for round_ in range(2):
+        for s in range(seqs):
+            bm.add_sequence(s, [s * 1000 + t for t in range(prompt)])
+            ops += 1
+        for step in range(steps):
+            for s in range(seqs):
+                bm.append_token(s, step)
+                ops += 1
+        for s in range(0, seqs, 4):
+            bm.fork(s, seqs + s)
+            bm.append_token(seqs + s, 7)
+            bm.free(seqs + s)
+            ops += 3
+        for s in range(seqs):
+            bm.free(s)
+            ops += 1
+        _ = bm.num_free_blocks
+    return ops
+
+
+def manager_scaling(fn: Any, sizes: Sequence[int] = (512, 131072), block_size: int = 1, reps: int = 9,
+                    seqs: int = 8, prompt: int = 8, steps: int = 16) -> dict:
+    """Time the same workload on a small and a large pool, and count the student's lines it runs.
+
+    Returns {"sizes", "ops", "best_s": [per size], "lines": [per size]}. Managers are built outside
+    the timed region (building a pool may well be O(num_blocks)); reps alternate between the sizes
+    and the best (minimum) time of each is kept, which filters out a busy machine's noise.
+    """
+    cls = _module(fn).BlockManager
+    filename = _module(fn).__file__
+    best = [float("inf")] * len(sizes)
+    ops = 0
+    for _ in range(reps):
+        for i, n in enumerate(sizes):
+            bm = cls(n, block_size, enable_prefix_caching=True)
+            start = time.perf_counter()
+            ops = _workload(bm, seqs, prompt, steps)
+            best[i] = min(best[i], time.perf_counter() - start)
+    lines = []
+    for n in sizes:
+        bm = cls(n, block_size, enable_prefix_caching=True)
+        with LineCounter(filename) as counter:
+            _workload(bm, seqs, prompt, steps)
+        lines.append(counter.count)
+    return {"sizes": list(sizes), "ops": ops, "best_s": best, "lines": lines}

@@ -1,0 +1,115 @@
+"""Known-wrong MoE router submissions: the mistakes students make, each as an edit of the reference."""
+
+from tests.known_wrong import Mutant
+
+MUTANTS = [
+    Mutant(
+        name="capacity_floor",
+        why="rounds the capacity down: the last assignments of a fair share find no slot",
+        edits=[("math.ceil(k * num_tokens * capacity_factor / num_experts)",
+                "math.floor(k * num_tokens * capacity_factor / num_experts)")],
+        loses=["probs_public", "capacity", "drops"],
+    ),
+    Mutant(
+        name="capacity_without_k",
+        why="shares T tokens among the experts instead of the k * T assignments (Switch's top-1 formula kept for top-2)",
+        edits=[("math.ceil(k * num_tokens * capacity_factor / num_experts)",
+                "math.ceil(num_tokens * capacity_factor / num_experts)")],
+        loses=["probs_public", "capacity", "drops"],
+    ),
+    Mutant(
+        name="token_major_priority",
+        why="walks the assignments token by token, so a token's second choice beats later tokens' first choices",
+        edits=[("order = torch.arange(num_tokens * k, device=logits.device).view(k, num_tokens).t()  # [T, k]",
+                "order = torch.arange(num_tokens * k, device=logits.device).view(num_tokens, k)  # [T, k]")],
+        loses=["route_public", "drops", "priority"],
+    ),
+    Mutant(
+        name="renormalise_after_drop",
+        why="renormalises the weights over the kept assignments only, after the capacity drop",
+        edits=[("    combine_weight = weight * kept  # dropped -> 0, no renormalisation after the drop\n",
+                "    combine_weight = top_p * kept\n"
+                "    if renormalize:\n"
+                "        combine_weight = combine_weight / combine_weight.sum(-1, keepdim=True).clamp_min(1e-30)\n")],
+        loses=["drops", "priority", "layer"],
+    ),
+    Mutant(
+        name="aux_after_drops",
+        why="counts f_e from the kept assignments, so the balancing loss cannot see the overflow it should punish",
+        edits=[("    f = chosen.sum(dim=(0, 1)).float() / (num_tokens * k)",
+                "    f = tokens_per_expert.float() / (num_tokens * k)")],
+        loses=["aux"],
+    ),
+    Mutant(
+        name="topk_tie_order",
+        why="takes torch.topk's order among equal probabilities as given (it is unspecified)",
+        edits=[("    values, indices = torch.sort(probs, dim=-1, descending=True, stable=True)\n"
+                "    return values[:, :k], indices[:, :k]",
+                "    return torch.topk(probs, k, dim=-1)")],
+        loses=["route_public", "topk", "drops"],
+    ),
+    Mutant(
+        name="loop_over_tokens",
+        why="fills the expert buffers with a Python loop over tokens",
+        edits=[("    buffers = x.new_zeros(num_experts * capacity, d).index_copy(0, row, x[token[kept]])\n",
+                "    buffers = x.new_zeros(num_experts * capacity, d)\n"
+                "    for t in range(num_tokens):\n"
+                "        for j in range(routing.slot.shape[1]):\n"
+                "            if routing.slot[t, j] >= 0:\n"
+                "                buffers[routing.expert_index[t, j] * capacity + routing.slot[t, j]] = x[t]\n")],
+        loses=["vectorised"],
+    ),
+    Mutant(
+        name="bf16_softmax",
+        why="takes the softmax in the logits' own dtype and casts afterwards",
+        edits=[("    return torch.softmax(logits.float(), dim=-1)", "    return torch.softmax(logits, dim=-1).float()")],
+        loses=["topk"],
+    ),
+    Mutant(
+        name="renormalise_top1",
+        why="renormalises for k = 1 too: every weight becomes 1 and the router gets no gradient",
+        edits=[("        renormalize = k > 1", "        renormalize = True")],
+        loses=["route_public", "topk", "layer"],
+    ),
+    Mutant(
+        name="detached_weights",
+        why="takes the gate weights off the autograd graph, so the router never learns",
+        edits=[("    top_p, expert_index = _top_k(probs, k)  # [T, k] each",
+                "    top_p, expert_index = _top_k(probs.detach(), k)  # [T, k] each")],
+        loses=["topk", "layer"],
+    ),
+    Mutant(
+        name="probs_policy_by_weight",
+        why="ranks overflowing assignments by the renormalised weight instead of the router probability",
+        edits=[("        flat_p = top_p.reshape(-1)", "        flat_p = weight.reshape(-1)")],
+        loses=["priority"],
+    ),
+    Mutant(
+        name="inclusive_running_count",
+        why="uses the inclusive cumulative count as the slot, so buffers start at slot 1 and lose one place",
+        edits=[("    running = one_hot.cumsum(dim=0) - one_hot  # earlier entries only",
+                "    running = one_hot.cumsum(dim=0)")],
+        loses=["route_public", "capacity", "topk", "drops"],
+    ),
+    Mutant(
+        name="combine_reads_dropped_slots",
+        why="reads a slot for dropped assignments too and relies on the zero weight (0 * inf is NaN)",
+        edits=[("    gathered = torch.where(kept[..., None], gathered, torch.zeros_like(gathered))  # never read a dropped slot\n",
+                "")],
+        loses=["dispatch_combine"],
+    ),
+    Mutant(
+        name="z_loss_not_squared",
+        why="forgets the square in the router z-loss",
+        edits=[("    z_loss = torch.logsumexp(logits.float(), dim=-1).square().mean()",
+                "    z_loss = torch.logsumexp(logits.float(), dim=-1).mean()")],
+        loses=["route_public", "aux"],
+    ),
+    Mutant(
+        name="min_capacity_ignored",
+        why="route computes the capacity without passing min_capacity on",
+        edits=[("    capacity = expert_capacity(num_tokens, num_experts, k, capacity_factor, min_capacity)",
+                "    capacity = expert_capacity(num_tokens, num_experts, k, capacity_factor)")],
+        loses=["capacity"],
+    ),
+]

@@ -1,0 +1,89 @@
+"""Known-wrong online softmax submissions: the mistakes students make, each as an edit of the reference."""
+
+from tests.known_wrong import Mutant
+
+MUTANTS = [
+    Mutant(
+        name="no_max_subtraction",
+        why="exp(x) without subtracting the running max: overflows to inf for inputs near 1e4",
+        edits=[("    return torch.where(m == NEG_INF, torch.zeros_like(m), m)", "    return torch.zeros_like(m)")],
+        loses=["stability", "normalizer", "normalizer_public"],
+    ),
+    Mutant(
+        name="no_rescale",
+        why="forgets to rescale the running sum by exp(old_max - new_max) when the max grows",
+        edits=[("    l = l_a * torch.exp(m_a - shift) + l_b * torch.exp(m_b - shift)",
+                "    l = l_a + l_b * torch.exp(m_b - shift)")],
+        loses=["normalizer", "merge", "softmax", "normalizer_public", "merge_public"],
+    ),
+    Mutant(
+        name="reads_chunks_twice",
+        why="two passes over the chunks (one for the max, one for the sum): a stream can be read only once",
+        edits=[(
+            """    m = l = None
+    for chunk in chunks:
+        chunk = chunk.float()
+        if m is None:
+            m = torch.full(chunk.shape[:1], NEG_INF, dtype=torch.float32, device=chunk.device)
+            l = torch.zeros_like(m)
+        if chunk.shape[1] == 0:
+            continue
+        m_chunk = chunk.amax(dim=1)
+        l_chunk = torch.exp(chunk - _safe_max(m_chunk)[:, None]).sum(dim=1)
+        m, l = merge_states(m, l, m_chunk, l_chunk)
+    if m is None:""",
+            """    m = l = None
+    for chunk in chunks:  # pass 1: the max
+        chunk = chunk.float()
+        if m is None:
+            m = torch.full(chunk.shape[:1], NEG_INF, dtype=torch.float32, device=chunk.device)
+            l = torch.zeros_like(m)
+        if chunk.shape[1]:
+            m = torch.maximum(m, chunk.amax(dim=1))
+    for chunk in chunks:  # pass 2: the sum
+        l = l + torch.exp(chunk.float() - _safe_max(m)[:, None]).sum(dim=1)
+    if m is None:""",
+        )],
+        loses=["normalizer", "normalizer_public", "softmax"],
+    ),
+    Mutant(
+        name="merge_nan_on_empty_state",
+        why="subtracts the max even when it is -inf: exp(-inf - (-inf)) = NaN for rows with nothing yet",
+        edits=[("    m = torch.maximum(m_a, m_b)\n    shift = _safe_max(m)", "    m = torch.maximum(m_a, m_b)\n    shift = m")],
+        loses=["merge", "merge_public", "normalizer"],
+    ),
+    Mutant(
+        name="fp16_accumulation",
+        why="keeps the running (m, l) in the input dtype: fp16 sums of long rows lose digits",
+        edits=[("        chunk = chunk.float()\n        if m is None:", "        if m is None:"),
+               ("dtype=torch.float32, device=chunk.device)", "dtype=chunk.dtype, device=chunk.device)")],
+        loses=["stability", "normalizer"],
+    ),
+    Mutant(
+        name="drops_last_partial_block",
+        why="iterates over whole blocks only: the last, partial block is never read or written",
+        edits=[("    starts = range(0, n, block_size)", "    starts = range(0, n // block_size * block_size, block_size)")],
+        loses=["softmax", "softmax_public"],
+    ),
+    Mutant(
+        name="output_always_fp32",
+        why="returns the fp32 working copy instead of casting back to the input dtype",
+        edits=[("    out = torch.empty_like(rows)", "    out = torch.empty_like(rows, dtype=torch.float32)"),
+               ("(torch.exp(block - shift) * inv_l).to(x.dtype)", "torch.exp(block - shift) * inv_l")],
+        loses=["softmax", "softmax_public"],
+    ),
+    Mutant(
+        name="triton_one_tile_per_row",
+        why="the kernel reads one BLOCK-wide tile per row: rows longer than a block come out wrong",
+        edits=[("    block = min(4096, triton.next_power_of_2(n_cols))", "    block = min(1024, triton.next_power_of_2(n_cols))"),
+               ("    for start in range(0, n_cols, BLOCK):\n        offs = start + cols\n        x = tl.load(",
+                "    for start in range(0, BLOCK, BLOCK):\n        offs = start + cols\n        x = tl.load(")],
+        loses=["triton"],
+    ),
+    Mutant(
+        name="triton_ignores_strides",
+        why="addresses x as if it were contiguous: transposes and slices read the wrong elements",
+        edits=[("out, n_cols, x.stride(0), x.stride(1), out.stride(0)", "out, n_cols, n_cols, 1, out.stride(0)")],
+        loses=["triton", "triton_public"],
+    ),
+]

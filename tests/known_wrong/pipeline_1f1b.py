@@ -1,0 +1,146 @@
+"""Known-wrong pipeline_1f1b submissions: the mistakes students make, each as an edit of the reference."""
+
+from tests.known_wrong import Mutant
+
+MUTANTS = [
+    # ---- schedules ----
+    Mutant(
+        name="warmup_off_by_one",
+        why="1F1B warm-up of p - s forwards instead of p - s - 1: one more microbatch in flight than needed",
+        edits=[("warmup = min(p - s - 1, m)", "warmup = min(p - s, m)")],
+        loses=["one_f_one_b", "schedules_public"],
+    ),
+    Mutant(
+        name="no_cap_when_m_lt_p",
+        why="1F1B warm-up of p - s - 1 even when there are fewer microbatches than that",
+        edits=[("warmup = min(p - s - 1, m)", "warmup = p - s - 1")],
+        loses=["one_f_one_b", "schedules_public"],
+    ),
+    Mutant(
+        name="gpipe_backwards_lifo",
+        why="GPipe backwards from the last microbatch to the first, the way autograd would pop a stack",
+        edits=[('[("B", i) for i in range(m)] for _ in range(num_stages)]',
+                '[("B", i) for i in reversed(range(m))] for _ in range(num_stages)]')],
+        loses=["gpipe"],
+    ),
+    Mutant(
+        name="1f1b_cooldown_lifo",
+        why="1F1B cool-down drains the backwards newest first instead of oldest first",
+        edits=[('ops += [("B", i) for i in range(m - warmup, m)]', 'ops += [("B", i) for i in reversed(range(m - warmup, m))]')],
+        loses=["one_f_one_b", "schedules_public"],
+    ),
+    Mutant(
+        name="1b1f_deadlocks",
+        why="steady state runs the backward before the forward: the last stage waits for a forward it never ran",
+        edits=[('ops += [("F", warmup + i), ("B", i)]', 'ops += [("B", i), ("F", warmup + i)]')],
+        loses=["one_f_one_b", "schedules_public"],
+    ),
+    Mutant(
+        name="interleaved_contiguous_chunks",
+        why="stage s holds chunks s*v .. s*v + v - 1 instead of s, s + p, ...: the chunk mapping is wrong",
+        edits=[('forwards = [("F", microbatch(k), local_chunk(k) * p + s)', 'forwards = [("F", microbatch(k), s * v + local_chunk(k))'),
+               ('backwards = [("B", microbatch(k), (v - 1 - local_chunk(k)) * p + s)', 'backwards = [("B", microbatch(k), s * v + v - 1 - local_chunk(k))')],
+        loses=["interleaved", "schedules_public"],
+    ),
+    Mutant(
+        name="interleaved_backwards_same_chunk_order",
+        why="interleaved backwards visit the chunks in the forward order instead of the reverse",
+        edits=[('backwards = [("B", microbatch(k), (v - 1 - local_chunk(k)) * p + s)', 'backwards = [("B", microbatch(k), local_chunk(k) * p + s)')],
+        loses=["interleaved", "schedules_public"],
+    ),
+    # ---- simulator ----
+    Mutant(
+        name="p2p_on_same_stage",
+        why="charges p2p_time for every dependency, even a stage's own forward before its backward",
+        edits=[("arrival = finish[dep] + (p2p_time if dep[2] % p != s else 0.0)", "arrival = finish[dep] + p2p_time")],
+        loses=["simulate", "simulate_public"],
+    ),
+    Mutant(
+        name="bubble_over_makespan",
+        why="divides the idle time by the makespan instead of by p * makespan",
+        edits=[("bubble = (p * makespan - busy) / (p * makespan) if makespan > 0 else 0.0",
+                "bubble = (p * makespan - busy) / makespan if makespan > 0 else 0.0")],
+        loses=["simulate", "simulate_public"],
+    ),
+    Mutant(
+        name="chunk_cost_not_split",
+        why="an interleaved chunk op costs the whole forward_time / backward_time instead of 1/v of it",
+        edits=[('cost = {"F": forward_time / v, "B": backward_time / v}', 'cost = {"F": forward_time, "B": backward_time}')],
+        loses=["simulate", "simulate_public"],
+    ),
+    Mutant(
+        name="duplicates_accepted",
+        why="checks that every op is present but not that none is run twice",
+        edits=[('raise ValueError(f"stage {s} runs {_show(op, arity)} twice")', "pass")],
+        loses=["simulate"],
+    ),
+    Mutant(
+        name="walk_rescans_from_stage_0",
+        why="after every op, looks for the next runnable op by scanning the stages from stage 0 again",
+        edits=[(
+            """    ready = deque(range(p))
+    while ready:
+        s = ready.popleft()
+        row = plan.ops[s]
+        while next_op[s] < len(row):
+            op = row[next_op[s]]
+            missing = next((d for d in _dependencies(op, total_chunks) if d not in done), None)
+            if missing is not None:
+                parked.setdefault(missing, []).append(s)
+                break
+            yield s, op
+            done.add(op)
+            next_op[s] += 1
+            ready.extend(parked.pop(op, ()))
+""",
+            """    progress = True
+    while progress:
+        progress = False
+        for s in range(p):
+            row = plan.ops[s]
+            if next_op[s] < len(row):
+                op = row[next_op[s]]
+                if all(d in done for d in _dependencies(op, total_chunks)):
+                    yield s, op
+                    done.add(op)
+                    next_op[s] += 1
+                    progress = True
+                    break
+""")],
+        loses=["simulate_linear"],
+    ),
+    # ---- executor ----
+    Mutant(
+        name="loss_not_divided_by_m",
+        why="backpropagates each microbatch's mean loss as is: gradients and loss m times too large",
+        edits=[("y = loss_fn(y, targets[mb]) / m  # mean over microbatches", "y = loss_fn(y, targets[mb])  # mean over microbatches")],
+        loses=["run_pipeline", "run_pipeline_public"],
+    ),
+    Mutant(
+        name="no_zero_grad",
+        why="does not zero the gradients first, so a second step adds to the first one's gradients",
+        edits=[("    for stage in stages:\n        stage.zero_grad(set_to_none=True)\n", "")],
+        loses=["run_pipeline"],
+    ),
+    Mutant(
+        name="no_detach_between_stages",
+        why="hands the next stage the output itself, not a detached leaf: the first backward runs through every stage",
+        edits=[("inbox[(mb, c + 1)] = y.detach()", "inbox[(mb, c + 1)] = y")],
+        loses=["run_pipeline", "run_pipeline_public", "run_pipeline_memory"],
+    ),
+    Mutant(
+        name="keeps_activations",
+        why="keeps every microbatch's graph (retain_graph=True and a reference) until the step ends",
+        edits=[("x, y = saved.pop((mb, c))", "x, y = saved[(mb, c)]"),
+               ("torch.autograd.backward(y, None if c == last else grad_inbox.pop((mb, c)))",
+                "torch.autograd.backward(y, None if c == last else grad_inbox.pop((mb, c)), retain_graph=True)")],
+        loses=["run_pipeline_memory"],
+    ),
+    Mutant(
+        name="all_forwards_first",
+        why="ignores the schedule's order: runs every forward, then every backward (GPipe memory whatever the schedule)",
+        edits=[("for s, (kind, mb, c) in _walk(plan):\n        if kind == \"F\":",
+                "for s, (kind, mb, c) in sorted(_walk(plan), key=lambda item: item[1][0] == \"B\"):\n        if kind == \"F\":")],
+        loses=["run_pipeline_memory", "run_pipeline_public"],
+    ),
+]

@@ -1,0 +1,181 @@
+"""Known-wrong submissions for speculative decoding: the bugs students really make."""
+
+from tests.known_wrong import Mutant
+
+MUTANTS = [
+    Mutant(
+        name="p_and_q_swapped",
+        why="I mixed up which letter is the target: accept with u <= q(x)/p(x), resample from max(0, q - p)",
+        edits=[
+            ("accepted = (q_x > 0) & (u * q_x <= p_x)", "accepted = (p_x > 0) & (u * p_x <= q_x)"),
+            ("residual = (p_next - q_next).clamp(min=0)", "residual = (q_next - p_next).clamp(min=0)"),
+        ],
+        loses=["accept_public", "distribution", "accept_rules", "generate"],
+    ),
+    Mutant(
+        name="resample_from_p",
+        why="after a rejection I sampled again from the target p instead of the residual max(0, p - q)",
+        edits=[("residual = (p_next - q_next).clamp(min=0)", "residual = p_next")],
+        loses=["accept_public", "distribution", "generate"],
+    ),
+    Mutant(
+        name="resample_from_q",
+        why="after a rejection I sampled again from the draft q",
+        edits=[("residual = (p_next - q_next).clamp(min=0)", "residual = q_next")],
+        loses=["accept_public", "distribution", "accept_rules", "generate"],
+    ),
+    Mutant(
+        name="no_stop_at_first_rejection",
+        why="I counted every accepted draft token, not just the ones before the first rejection",
+        edits=[("num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)", "num_accepted = accepted.long().sum(dim=1)")],
+        loses=["distribution", "accept_rules", "generate"],
+    ),
+    Mutant(
+        name="bonus_after_rejection",
+        why="after a rejection I also appended a bonus token from the next target row",
+        edits=[(
+            "    return _assemble(draft_tokens, num_accepted, extra), num_accepted\n\n\ndef greedy_accept",
+            "    tokens = _assemble(draft_tokens, num_accepted, extra)\n"
+            "    more = torch.multinomial(target_probs[rows, (num_accepted + 1).clamp(max=gamma)].float(), 1, generator=generator)\n"
+            "    after = (num_accepted + 1).clamp(max=gamma)\n"
+            "    tokens = torch.where((num_accepted < gamma)[:, None] & (torch.arange(gamma + 1) == after[:, None]), more, tokens)\n"
+            "    return tokens, num_accepted\n\n\ndef greedy_accept",
+        )],
+        loses=["distribution", "accept_rules"],
+    ),
+    Mutant(
+        name="bonus_missing",
+        why="when all gamma drafts passed I returned them without the bonus token",
+        edits=[(
+            "    return _assemble(draft_tokens, num_accepted, extra), num_accepted\n\n\ndef greedy_accept",
+            "    tokens = _assemble(draft_tokens, num_accepted, extra)\n"
+            "    tokens[:, gamma] = torch.where(num_accepted == gamma, -1, tokens[:, gamma])\n"
+            "    return tokens, num_accepted\n\n\ndef greedy_accept",
+        )],
+        loses=["accept_public", "distribution", "accept_rules", "reproducible", "generate"],
+    ),
+    Mutant(
+        name="target_row_misaligned",
+        why="I scored draft token i with the target's row i + 1 (off by one: the target's first row is the prefix's last position)",
+        edits=[("p_x = target_probs[:, :gamma].gather", "p_x = target_probs[:, 1:].gather")],
+        loses=["accept_public", "distribution", "accept_rules", "generate"],
+    ),
+    Mutant(
+        name="nan_when_p_equals_q",
+        why="I normalised the residual by its sum, which is 0/0 = NaN when p == q",
+        edits=[("residual = torch.where(mass > 0, residual, p_next)", "residual = residual / mass")],
+        loses=["distribution"],
+    ),
+    Mutant(
+        name="accepts_q_zero",
+        why="with q(x) = 0 the ratio p/q is infinite, so I accepted the token",
+        edits=[("accepted = (q_x > 0) & (u * q_x <= p_x)", "accepted = u * q_x <= p_x")],
+        loses=["accept_rules", "distribution"],
+    ),
+    Mutant(
+        name="loop_over_rows_for_the_resample",
+        why="I vectorised the acceptance test but drew the extra token row by row",
+        edits=[(
+            "extra = torch.multinomial(residual, 1, generator=generator).squeeze(1)  # normalises internally",
+            "extra = torch.stack([torch.multinomial(residual[b], 1, generator=generator)[0] for b in range(B)])",
+        )],
+        loses=["vectorised"],
+    ),
+    Mutant(
+        name="loop_over_rejected_rows",
+        why="I resampled only the rows that had a rejection, one at a time",
+        edits=[(
+            "extra = torch.multinomial(residual, 1, generator=generator).squeeze(1)  # normalises internally",
+            "extra = torch.multinomial(p_next, 1, generator=generator).squeeze(1)\n"
+            "    for b in (num_accepted < gamma).nonzero().flatten().tolist():\n"
+            "        extra[b] = torch.multinomial(residual[b], 1, generator=generator)[0]",
+        )],
+        loses=["vectorised"],
+    ),
+    Mutant(
+        name="global_rng",
+        why="I used torch.rand without the generator",
+        edits=[("return 1.0 - torch.rand(shape, generator=generator, device=device)",
+                "return 1.0 - torch.rand(shape, device=device)")],
+        loses=["reproducible"],
+    ),
+    Mutant(
+        name="greedy_no_bonus",
+        why="greedy: when every draft token matched I forgot the target's last argmax",
+        edits=[("    extra = best.gather(1, num_accepted[:, None]).squeeze(1)\n    return _assemble(draft_tokens, num_accepted, extra), num_accepted",
+                "    extra = best.gather(1, num_accepted[:, None]).squeeze(1)\n"
+                "    tokens = _assemble(draft_tokens, num_accepted, extra)\n"
+                "    tokens[:, gamma] = torch.where(num_accepted == gamma, -1, tokens[:, gamma])\n"
+                "    return tokens, num_accepted")],
+        loses=["greedy_public", "greedy"],
+    ),
+    Mutant(
+        name="greedy_keeps_matches_after_a_mismatch",
+        why="greedy: I kept every matching draft token, even after the first mismatch",
+        edits=[("num_accepted = matches.long().cumprod(dim=1).sum(dim=1)", "num_accepted = matches.long().sum(dim=1)")],
+        loses=["greedy_public", "greedy"],
+    ),
+    Mutant(
+        name="expected_tokens_without_bonus",
+        why="equation 1 without the bonus term: 1 + alpha + ... + alpha^(gamma - 1)",
+        edits=[("    for _ in range(gamma):\n        term = term * alpha", "    for _ in range(gamma - 1):\n        term = term * alpha")],
+        loses=["formulas_public", "formulas"],
+    ),
+    Mutant(
+        name="speedup_ignores_draft_cost",
+        why="I divided by gamma + 1 passes instead of gamma * c + 1",
+        edits=[("return expected_tokens_per_step(alpha, gamma) / (gamma * draft_cost_ratio + 1)",
+                "return expected_tokens_per_step(alpha, gamma) / (draft_cost_ratio + 1)")],
+        loses=["formulas_public", "formulas"],
+    ),
+    Mutant(
+        name="closed_form_nan_at_one",
+        why="I used (1 - alpha**(gamma+1)) / (1 - alpha) as written",
+        edits=[(
+            "    total = alpha * 0 + 1.0  # the k = 0 term, with alpha's type and shape\n"
+            "    term = total\n"
+            "    for _ in range(gamma):\n"
+            "        term = term * alpha\n"
+            "        total = total + term\n"
+            "    return total",
+            "    if isinstance(alpha, torch.Tensor):\n"
+            "        return (1 - alpha ** (gamma + 1)) / (1 - alpha)\n"
+            "    return (1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha != 1 else float('nan')",
+        )],
+        loses=["formulas_public", "formulas"],
+    ),
+    Mutant(
+        name="loop_drops_the_extra_token",
+        why="my loop advanced each row by num_accepted, dropping the resampled or bonus token",
+        edits=[("length = torch.where(active, length + num_accepted + 1, length)",
+                "length = torch.where(active, length + num_accepted, length)")],
+        loses=["generate_public", "generate"],
+    ),
+    Mutant(
+        name="loop_target_off_by_one",
+        why="my loop read the target's rows from position length instead of length - 1",
+        edits=[("target_probs = p[rows[:, None], length[:, None] - 1 + steps]",
+                "target_probs = p[rows[:, None], (length[:, None] + steps).clamp(max=p.shape[1] - 1)]")],
+        loses=["generate"],
+    ),
+    Mutant(
+        name="loop_forgets_to_write_drafts",
+        why="my loop kept the draft tokens in a list but never wrote them into the sequence the models read",
+        edits=[("            seq[rows, length + i] = x\n", "")],
+        loses=["generate"],
+    ),
+    Mutant(
+        name="loop_one_length_for_all_rows",
+        why="my loop read every row at the first row's length",
+        edits=[("            q_i = q[rows, length - 1 + i].float()", "            q_i = q[rows, length[0] - 1 + i].float()"),
+               ("target_probs = p[rows[:, None], length[:, None] - 1 + steps]",
+                "target_probs = p[rows[:, None], length[0] - 1 + steps[None, :]]")],
+        loses=["generate"],
+    ),
+    Mutant(
+        name="loop_counts_draft_calls",
+        why="I reported model calls of both models as target calls",
+        edits=[("        target_calls += 1\n", "        target_calls += 1 + gamma\n")],
+        loses=["generate_public", "generate"],
+    ),
+]

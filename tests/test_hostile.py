@@ -1,0 +1,144 @@
+"""The harness against hostile submissions (DESIGN.md, threat model). Each file in tests/hostile is
+handed in as online_softmax.py; each must end with an honest score, a clear message, and a grade
+that finishes. Graded on the public tests with short time limits, to keep the suite fast."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import checks_of, grade_folder
+
+HOSTILE = Path(__file__).parent / "hostile"
+EXERCISE = "online_softmax"
+
+
+def hand_in(tmp_path: Path, name: str, replace: dict[str, str] | None = None) -> Path:
+    folder = tmp_path / name
+    folder.mkdir()
+    source = (HOSTILE / f"{name}.py").read_text()
+    for old, new in (replace or {}).items():
+        assert old in source
+        source = source.replace(old, new)
+    (folder / f"{EXERCISE}.py").write_text(source)
+    return folder
+
+
+def grade_hostile(folder: Path, **options) -> dict:
+    options.setdefault("call_timeout_s", 20)
+    result = grade_folder(folder, [EXERCISE], tests="public", **options)
+    assert result["state"] == "complete", "the grade must finish"
+    return result
+
+
+def messages(result: dict) -> str:
+    return "\n".join(t["message"] for c in checks_of(result, EXERCISE).values() for t in c["tests"])
+
+
+def test_patched_assertions_do_not_reach_the_grader(tmp_path):
+    result = grade_hostile(hand_in(tmp_path, "patch_asserts"))
+    assert result["score"] == 0, "patching torch.allclose in the student's process must not change the verdict"
+
+
+def test_sys_exit_at_import_scores_zero_with_a_message(tmp_path):
+    result = grade_hostile(hand_in(tmp_path, "exit_at_import"))
+    assert result["score"] == 0
+    assert "sys.exit(0)" in messages(result)
+
+
+def test_os_exit_in_a_call_fails_that_test_and_the_grade_goes_on(tmp_path):
+    result = grade_hostile(hand_in(tmp_path, "os_exit_in_call"))
+    tests = [t for c in checks_of(result, EXERCISE).values() for t in c["tests"]]
+    assert result["score"] == 0 and len(tests) >= 10, "every test must still run after the worker dies"
+    assert all(t["status"] == "error" for t in tests)
+    assert "exited with code 0" in messages(result)
+
+
+def test_infinite_loop_times_out_per_call(tmp_path):
+    result = grade_hostile(hand_in(tmp_path, "infinite_loop"), call_timeout_s=1.5, time_limit_s=12)
+    statuses = {t["status"] for c in checks_of(result, EXERCISE).values() for t in c["tests"]}
+    assert result["score"] == 0
+    assert "timeout" in statuses, "a call that never returns must be reported as a timeout"
+    assert all(c["status"] == "timeout" for c in checks_of(result, EXERCISE).values()), (
+        "checks that never ran because the exercise's time limit ran out are timeouts too"
+    )
+
+
+def test_segfault_is_a_crash_not_a_grader_failure(tmp_path):
+    result = grade_hostile(hand_in(tmp_path, "segfault"))
+    assert result["score"] == 0
+    assert "SIGSEGV" in messages(result)
+
+
+def test_malicious_pickle_is_never_unpickled(tmp_path):
+    marker_dir = tmp_path / "only-root"
+    marker_dir.mkdir(mode=0o700)
+    marker = marker_dir / "pwned"
+    result = grade_hostile(hand_in(tmp_path, "malicious_pickle", {"/nonexistent/marker": str(marker)}))
+    assert not marker.exists(), "the grader ran code from the worker's reply"
+    assert result["score"] == 0
+    assert "decoded safely" in messages(result)
+
+
+def test_fake_pytest_and_json_output_is_ignored(tmp_path):
+    result = grade_hostile(hand_in(tmp_path, "fake_output"))
+    assert result["score"] == 0
+
+
+def test_writing_result_files_changes_nothing(tmp_path):
+    out = tmp_path / "out" / "result.json"
+    result = grade_hostile(hand_in(tmp_path, "writes_results"), out=out)
+    assert result["score"] == 0
+    assert '"score": 0.0' in out.read_text(), "the result file must hold the honest score"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="hiding files from the worker needs root (mount namespace)")
+def test_hidden_tests_and_solutions_cannot_be_read(tmp_path, root):
+    folder = hand_in(tmp_path, "reads_hidden", {'os.environ.get("COURSE_ROOT", "/work/main")': repr(str(root))})
+    result = grade_hostile(folder)
+    text = messages(result)
+    assert "READ " not in text, f"the worker read grader files: {text[:300]}"
+    assert "cannot read grader/hidden" in text
+
+
+def test_syntax_error_is_reported(tmp_path):
+    result = grade_hostile(hand_in(tmp_path, "syntax_error"))
+    assert result["score"] == 0
+    assert "SyntaxError" in messages(result)
+
+
+@pytest.mark.skipif(shutil.which("pgrep") is None, reason="needs pgrep")
+def test_no_process_outlives_the_grade(tmp_path):
+    grade_hostile(hand_in(tmp_path, "outlives_grade"))
+    left = subprocess.run(["pgrep", "-f", "sleep 4242"], capture_output=True, text=True).stdout.split()
+    for pid in left:  # clean up before failing, so one failure does not leak into the next run
+        subprocess.run(["kill", "-9", pid])
+    assert not left, "a process started by the submission outlived the grade"
+
+
+def test_no_network_from_the_worker(tmp_path):
+    result = grade_hostile(hand_in(tmp_path, "network"))
+    text = messages(result)
+    assert "CONNECTED" not in text
+    assert "blocked" in text
+
+
+def test_memory_bomb_fails_the_call_not_the_grader(tmp_path):
+    result = grade_hostile(hand_in(tmp_path, "memory_bomb"))
+    assert result["score"] == 0
+    tests = [t for c in checks_of(result, EXERCISE).values() for t in c["tests"]]
+    assert all(t["status"] == "error" for t in tests)
+
+
+def test_missing_file_scores_zero_as_not_submitted(tmp_path):
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("nothing here")
+    result = grade_hostile(folder)
+    ex = result["exercises"][0]
+    assert ex["status"] == "missing" and ex["score"] == 0
+    assert "online_softmax.py" in ex["message"]

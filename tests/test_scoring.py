@@ -1,0 +1,67 @@
+"""The rubric holds: references earn full marks, stubs earn nothing, known-wrong submissions lose
+the checks they should. Every exercise in course.yaml is covered automatically."""
+
+from __future__ import annotations
+
+import pytest
+
+from grader import results
+from tests.conftest import COURSE, ROOT, checks_of, grade_folder
+from tests.known_wrong import load_mutants, write_mutant
+
+EXERCISES = [e.id for e in COURSE.exercises]
+MUTANTS = [(e, m) for e in COURSE.exercises for m in load_mutants(e.id)]
+
+
+@pytest.fixture(scope="module")
+def reference_result():
+    return grade_folder(ROOT / "solutions")
+
+
+@pytest.fixture(scope="module")
+def stub_result():
+    return grade_folder(ROOT / "exercises")
+
+
+def test_results_match_the_schema(reference_result, stub_result):
+    results.validate(reference_result)
+    results.validate(stub_result)
+
+
+@pytest.mark.parametrize("exercise_id", EXERCISES)
+def test_reference_earns_full_marks_on_every_gradable_check(reference_result, exercise_id):
+    for check in checks_of(reference_result, exercise_id).values():
+        if check["status"] == "not_graded":
+            assert check["cuda"], f"{exercise_id}/{check['id']} was not graded but is not a CUDA check: {check['message']}"
+            continue
+        assert check["status"] == "passed" and check["points"] == check["max_points"], (
+            f"the reference lost points on {exercise_id}/{check['id']}: {check['points']}/{check['max_points']} "
+            f"({check['status']}): {check['message']}"
+        )
+
+
+@pytest.mark.parametrize("exercise_id", EXERCISES)
+def test_stub_earns_nothing(stub_result, exercise_id):
+    for check in checks_of(stub_result, exercise_id).values():
+        assert check["points"] == 0, f"the stub earned {check['points']} on {exercise_id}/{check['id']}"
+        assert check["status"] in ("error", "failed", "not_graded"), check
+
+
+@pytest.mark.parametrize("exercise_id", EXERCISES)
+def test_every_exercise_has_known_wrong_submissions(exercise_id):
+    assert len(load_mutants(exercise_id)) >= 3, f"tests/known_wrong/{exercise_id}.py needs the bugs students really make"
+
+
+@pytest.mark.parametrize("exercise,mutant", MUTANTS, ids=[f"{e.id}-{m.name}" for e, m in MUTANTS])
+def test_known_wrong_submission_loses_its_checks(tmp_path, exercise, mutant):
+    folder = write_mutant(ROOT, exercise, mutant, tmp_path / mutant.name)
+    result = grade_folder(folder, [exercise.id])
+    checks = checks_of(result, exercise.id)
+    assert mutant.loses, f"mutant {mutant.name} must name the checks it loses"
+    for check_id in mutant.loses:
+        check = checks[check_id]
+        assert check["points"] < check["max_points"], (
+            f"{mutant.name} ({mutant.why}) should lose points on {check_id} but kept "
+            f"{check['points']}/{check['max_points']}"
+        )
+    assert result["score"] < result["gradable_max_score"]
