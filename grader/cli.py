@@ -90,7 +90,8 @@ def cmd_check(args: argparse.Namespace) -> int:
                 mark = {"passed": "[green].[/]", "not_graded": "[dim]s[/]"}.get(event["status"], "[red]F[/]")
                 console.print(mark, end="")
         console.print(f"{ex.id} ", end="")
-        reason = run_exercise(root, ex, None, 0, opts, on_event)
+        files = Path(args.source).resolve() / ex.id if args.source else None
+        reason = run_exercise(root, ex, files, 0, opts, on_event)
         console.print()
         results.close_exercise(result, ex.id, reason)
     results.finish(result)
@@ -187,6 +188,7 @@ def parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("check", help="run the public tests on your exercises/ and show your progress")
     c.add_argument("exercise", nargs="?")
+    c.add_argument("--from", dest="source", help="check DIR/<id>/<file> instead of exercises/ (e.g. solutions)")
     c.set_defaults(fn=cmd_check)
 
     h = sub.add_parser("hint", help="show the next hint for an exercise")

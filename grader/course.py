@@ -46,10 +46,12 @@ class SpeedBar(_Model):
 
     def credit(self, achieved: float) -> float:
         """Fraction of the check's points earned for an achieved value of the metric."""
-        if achieved != achieved or achieved <= self.floor:  # NaN or below the floor
-            return 0.0 if achieved < self.bar else 1.0
+        if achieved != achieved:  # NaN: nothing was achieved
+            return 0.0
         if achieved >= self.bar:
             return 1.0
+        if achieved <= self.floor:
+            return 0.0
         return (achieved - self.floor) / (self.bar - self.floor)
 
 
@@ -154,7 +156,7 @@ def _format_error(err: dict, source: str) -> str:
     if kind in ("greater_than", "greater_than_equal") and not isinstance(err.get("input"), (int, float)):
         expected = "a positive number"
     elif kind in ("greater_than", "greater_than_equal"):
-        expected = f"a number {'>' if kind == 'greater_than' else '>='} {err['ctx'].get('gt', err['ctx'].get('ge'))}"
+        expected = f"a number {'>' if kind == 'greater_than' else '>='} {err['ctx'].get('gt', err['ctx'].get('ge')):g}"
     elif kind in ("float_parsing", "float_type", "int_parsing", "int_type"):
         expected = "a positive number" if "points" in path or "_s" in path else "a number"
     elif kind == "missing":
@@ -166,8 +168,8 @@ def _format_error(err: dict, source: str) -> str:
     elif kind == "literal_error":
         expected = f"one of {err['ctx']['expected']}"
     else:
-        expected = msg[0].lower() + msg[1:] if msg else kind
-        return f"{source}: {path or '(top level)'}: {expected}"
+        text = msg.removeprefix("Value error, ") if msg else kind
+        return f"{source}: {path or '(top level)'}: {text}"
     return f"{source}: {path}: expected {expected}, found {found}"
 
 

@@ -21,7 +21,7 @@ MUTANTS = [
         why="GPipe backwards from the last microbatch to the first, the way autograd would pop a stack",
         edits=[('[("B", i) for i in range(m)] for _ in range(num_stages)]',
                 '[("B", i) for i in reversed(range(m))] for _ in range(num_stages)]')],
-        loses=["gpipe"],
+        loses=["gpipe", "schedules_public"],
     ),
     Mutant(
         name="1f1b_cooldown_lifo",
@@ -141,6 +141,6 @@ MUTANTS = [
         why="ignores the schedule's order: runs every forward, then every backward (GPipe memory whatever the schedule)",
         edits=[("for s, (kind, mb, c) in _walk(plan):\n        if kind == \"F\":",
                 "for s, (kind, mb, c) in sorted(_walk(plan), key=lambda item: item[1][0] == \"B\"):\n        if kind == \"F\":")],
-        loses=["run_pipeline_memory", "run_pipeline_public"],
+        loses=["run_pipeline_memory", "run_pipeline", "run_pipeline_public"],
     ),
 ]

@@ -1,0 +1,47 @@
+# Thin wrappers over the `grader` CLI. `make demo` on a fresh clone sets everything up and grades the
+# reference solutions and the starter stubs; `make test` runs the project's own tests.
+
+# The sandboxed worker drops to an unprivileged user, who must be able to run the virtual
+# environment's Python: prefer the system Python over one installed under /root.
+PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || command -v python3)
+VENV   ?= .venv
+TORCH  ?= torch
+BIN    := $(VENV)/bin
+EX     ?=
+SUB    ?= solutions
+
+.PHONY: setup demo check hint grade test test-fast bench validate clean
+
+$(BIN)/grader: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH)" -e '.[dev]'
+	@touch $@
+
+setup: $(BIN)/grader
+
+demo: setup                       ## grade the reference solutions and the starter stubs
+	$(BIN)/grader demo
+
+check: setup                      ## public tests on your exercises/ (EX=<id> for one)
+	$(BIN)/grader check $(EX)
+
+hint: setup                       ## the next hint: make hint EX=online_softmax
+	@test -n "$(EX)" || (echo "usage: make hint EX=<exercise id>" && exit 2)
+	$(BIN)/grader hint $(EX)
+
+grade: setup                      ## grade a submission: make grade SUB=path/to/submission
+	$(BIN)/grader grade $(SUB) $(if $(EX),--exercise $(EX))
+
+test: setup                       ## the project's own tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+bench: setup                      ## CPU/GPU benchmark of one exercise: make bench EX=<id>
+	@test -n "$(EX)" || (echo "usage: make bench EX=<exercise id>" && exit 2)
+	$(BIN)/python -m grader.bench.$(EX)
+
+validate: setup
+	$(BIN)/grader validate
+
+clean:
+	rm -rf $(VENV) .pytest_cache *.egg-info

@@ -1,0 +1,149 @@
+"""Known-wrong FlashAttention submissions: the mistakes students make, each as an edit of the reference."""
+
+from tests.known_wrong import Mutant
+
+_LAUNCH = """    cfg = _blocks(head_dim)
+    grid = (triton.cdiv(n_q, cfg["BLOCK_M"]), batch * h_q)
+    _fwd_kernel[grid](q, k, v, o, lse, scale * LOG2E, n_q, n_k, h_q, h_kv,
+                      HEAD_DIM=head_dim, CAUSAL=bool(causal), PRECISION=_precision(q.dtype), **cfg)
+    return o, lse
+"""
+
+_NAIVE_TORCH = """    group = h_q // h_kv
+    kk, vv = k.repeat_interleave(group, 1).float(), v.repeat_interleave(group, 1).float()
+    s = q.float() @ kk.transpose(-1, -2) * scale
+    if causal:
+        rows, cols = torch.arange(n_q)[:, None], torch.arange(n_k)[None, :]
+        s = s.masked_fill(cols > rows + n_k - n_q, float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+    e = torch.exp(s - m)
+    l = e.sum(-1, keepdim=True)
+    o.copy_(e @ vv / torch.where(l > 0, l, torch.ones_like(l)))
+    lse.copy_(torch.where(l > 0, m + torch.log(l), torch.full_like(l, float("inf")))[..., 0])
+    return o, lse
+"""
+
+_TILED_TORCH = """    group = h_q // h_kv
+    kk, vv = k.repeat_interleave(group, 1).float(), v.repeat_interleave(group, 1).float()
+    m = torch.full((batch, h_q, n_q, 1), float("-inf"))
+    l = torch.zeros((batch, h_q, n_q, 1))
+    acc = torch.zeros((batch, h_q, n_q, head_dim))
+    rows = torch.arange(n_q)[:, None]
+    for start in range(0, n_k, 64):  # the key tiles, in Python
+        s = q.float() @ kk[:, :, start:start + 64].transpose(-1, -2) * scale
+        cols = torch.arange(start, min(start + 64, n_k))[None, :]
+        if causal:
+            s = s.masked_fill(cols > rows + n_k - n_q, float("-inf"))
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        m_safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+        alpha, p = torch.exp(m - m_safe), torch.exp(s - m_safe)
+        l = l * alpha + p.sum(-1, keepdim=True)
+        acc = acc * alpha + p @ vv[:, :, start:start + 64]
+        m = m_new
+    o.copy_(acc / torch.where(l > 0, l, torch.ones_like(l)))
+    lse.copy_(torch.where(l > 0, m + torch.log(l), torch.full_like(l, float("inf")))[..., 0])
+    return o, lse
+"""
+
+MUTANTS = [
+    Mutant(
+        name="no_output_rescale",
+        why="rescales the running sum l when the max grows, but not the output accumulator",
+        edits=[("        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)",
+                "        acc = acc + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)")],
+        loses=["forward_public", "forward", "causal", "stability", "gqa", "backward"],
+    ),
+    Mutant(
+        name="max_starts_at_zero",
+        why="starts the running max at 0 instead of -inf: rows whose scores are all far below 0 underflow",
+        edits=[("    m_i = tl.full([BLOCK_M], float(\"-inf\"), tl.float32)", "    m_i = tl.zeros([BLOCK_M], tl.float32)")],
+        loses=["stability"],
+    ),
+    Mutant(
+        name="tail_padded_with_zero",
+        why="masks the keys past Nk in the last tile with score 0 instead of -inf",
+        edits=[("            s = tl.where(cols[None, :] < N_K, s, float(\"-inf\"))",
+                "            s = tl.where(cols[None, :] < N_K, s, 0.0)")],
+        loses=["forward_public", "forward", "causal", "lse", "gqa", "backward"],
+    ),
+    Mutant(
+        name="causal_top_left",
+        why="aligns the causal mask top-left (key j <= query i), as scaled_dot_product_attention does",
+        edits=[("    return N_K - N_Q", "    return 0")],
+        loses=["causal_public", "causal", "lse", "backward"],
+    ),
+    Mutant(
+        name="lse_base2",
+        why="stores the base-2 logsumexp the kernel works in, without converting back to the natural log",
+        edits=[("(m_i + tl.math.log2(l_safe)) * 0.6931471805599453", "(m_i + tl.math.log2(l_safe))")],
+        loses=["forward_public", "causal_public", "lse", "forward", "backward"],
+    ),
+    Mutant(
+        name="lse_unscaled",
+        why="takes the max over raw scores q.k but the sum over scaled ones: lse = max(q.k) + log(l)",
+        edits=[("(m_i + tl.math.log2(l_safe)) * 0.6931471805599453",
+                "(m_i / qk_scale + tl.math.log2(l_safe) * 0.6931471805599453)")],
+        loses=["forward_public", "causal_public", "lse", "forward", "backward"],
+    ),
+    Mutant(
+        name="gqa_modulo",
+        why="maps query head h to KV head h % Hkv instead of h // (Hq // Hkv)",
+        edits=[("    return (bh // H_Q) * H_KV + (bh % H_Q) // (H_Q // H_KV)", "    return (bh // H_Q) * H_KV + (bh % H_Q) % H_KV")],
+        loses=["gqa"],
+    ),
+    Mutant(
+        name="dkdv_first_head_only",
+        why="dk and dv of a shared KV head take only its first query head instead of summing the group",
+        edits=[("    for g in range(group):  # dK and dV of a shared KV head sum over its query heads",
+                "    for g in range(1):")],
+        loses=["gqa"],
+    ),
+    Mutant(
+        name="fp16_accumulator",
+        why="keeps the output accumulator in the input dtype (fp16) instead of fp32",
+        edits=[("    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)", "    acc = tl.zeros([BLOCK_M, HEAD_DIM], Q.dtype.element_ty)"),
+               ("        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)",
+                "        acc = (acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)).to(v.dtype)")],
+        loses=["stability"],
+    ),
+    Mutant(
+        name="empty_row_nan",
+        why="subtracts the running max even while it is -inf: rows that see no key become NaN",
+        edits=[("        m_safe = tl.where(m_new == float(\"-inf\"), 0.0, m_new)  # a row that has seen no key yet",
+                "        m_safe = m_new")],
+        loses=["causal_public", "causal", "backward"],
+    ),
+    Mutant(
+        name="zero_scale_means_default",
+        why="tests `if not sm_scale` instead of `if sm_scale is None`, so sm_scale=0 becomes 1/sqrt(D)",
+        edits=[("    return 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)",
+                "    return 1.0 / math.sqrt(head_dim) if not sm_scale else float(sm_scale)")],
+        loses=["forward", "backward"],
+    ),
+    Mutant(
+        name="dk_missing_scale",
+        why="forgets the factor sm_scale in dk",
+        edits=[("(dk * sm_scale).to(DK.dtype.element_ty)", "dk.to(DK.dtype.element_ty)")],
+        loses=["backward_public", "backward", "gqa"],
+    ),
+    Mutant(
+        name="backward_without_causal_mask",
+        why="masks the causal future in the dq kernel but forgets it in the dk/dv kernel",
+        edits=[("            pt = tl.where(offs_n[:, None] <= rows[None, :] + _diagonal(N_Q, N_K), pt, 0.0)",
+                "            pt = pt")],
+        loses=["backward_public", "backward", "gqa"],
+    ),
+    Mutant(
+        name="naive_torch_forward",
+        why="computes the whole score matrix with a matmul: right numbers, none of the technique",
+        edits=[(_LAUNCH, _NAIVE_TORCH)],
+        loses=["structure"],
+    ),
+    Mutant(
+        name="tiled_torch_forward",
+        why="tiles the keys, but in a Python loop of torch ops rather than inside a Triton kernel",
+        edits=[(_LAUNCH, _TILED_TORCH)],
+        loses=["structure"],
+    ),
+]

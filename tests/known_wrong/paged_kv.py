@@ -1,0 +1,176 @@
+"""Known-wrong submissions for paged_kv: the bugs students really make, as edits of the reference."""
+
+from tests.known_wrong import Mutant
+
+SLOT_LOOP = '''    out = torch.full(positions.shape, -1, dtype=torch.int64)
+    for b in range(positions.shape[0]):
+        for t in range(positions.shape[1]):
+            p = int(positions[b, t])
+            if p >= 0:
+                out[b, t] = int(block_tables[b, p // block_size]) * block_size + p % block_size
+    return out
+'''
+
+ATTENTION_LOOP = '''    out = torch.zeros(B, Hq, D, dtype=torch.float32)
+    for b in range(B):
+        n = int(seq_lens[b])
+        if n == 0:
+            continue
+        pos = torch.arange(n)
+        slots = block_tables[b].long()[pos // block_size] * block_size + pos % block_size
+        k = k_cache.reshape(-1, Hkv, D)[slots].float().repeat_interleave(group, dim=1)  # [n, Hq, D]
+        v = v_cache.reshape(-1, Hkv, D)[slots].float().repeat_interleave(group, dim=1)
+        probs = torch.softmax(torch.einsum("hd,nhd->hn", q[b].float(), k) * scale, dim=-1)
+        out[b] = torch.einsum("hn,nhd->hd", probs, v)
+    return out.to(q.dtype)
+'''
+
+MUTANTS = [
+    Mutant(
+        "slot_offset_is_the_position",
+        "I added the whole logical position to the block's base instead of the offset inside the block",
+        [("slots = blocks * block_size + pos % block_size", "slots = blocks * block_size + pos")],
+        loses=["slots", "slots_public"],
+    ),
+    Mutant(
+        "slot_padding_not_masked",
+        "I forgot that padding positions (-1) must map to slot -1",
+        [("return torch.where(valid, slots, torch.full_like(slots, -1))", "return slots")],
+        loses=["slots", "slots_public"],
+    ),
+    Mutant(
+        "slot_mapping_loops_over_tokens",
+        "my slot_mapping walks every (sequence, token) pair in Python",
+        [('''    pos = positions.long()
+    valid = pos >= 0
+    pos = pos.clamp(min=0)
+    blocks = torch.gather(block_tables.long(), 1, pos // block_size)
+    slots = blocks * block_size + pos % block_size
+    return torch.where(valid, slots, torch.full_like(slots, -1))
+''', SLOT_LOOP)],
+        loses=["slots_vectorised", "slots_public"],
+    ),
+    Mutant(
+        "hashes_not_chained",
+        "my block hash covers only the block's own tokens, not the prefix before it",
+        [
+            ("parent = block_hash(parent, tokens[start : start + bs])", "parent = block_hash(None, tokens[start : start + bs])"),
+            ("seq.last_hash = block_hash(seq.last_hash, seq.tokens[-bs:])", "seq.last_hash = block_hash(None, seq.tokens[-bs:])"),
+        ],
+        loses=["prefix_cache", "prefix_public"],
+    ),
+    Mutant(
+        "hit_covers_the_last_prompt_token",
+        "I reuse every cached full block of the prompt, even the one holding its last token",
+        [("for h in hashes[: (len(tokens) - 1) // bs]:", "for h in hashes:")],
+        loses=["prefix_cache", "prefix_public"],
+    ),
+    Mutant(
+        "free_does_not_decrement",
+        "free puts a block back when only this sequence held it, but never lowers any ref count",
+        [('''            self._refs[b] -= 1
+            if self._refs[b] == 0:
+                self._free[b] = None''', '''            if self._refs[b] == 1:
+                self._free[b] = None''')],
+        loses=["invariants", "prefix_cache", "oom_atomic"],
+    ),
+    Mutant(
+        "free_releases_the_first_block_first",
+        "free releases a sequence's blocks in table order, so its prefix is evicted first",
+        [("for b in reversed(seq.table):", "for b in seq.table:")],
+        loses=["invariants", "manager_public", "prefix_cache"],
+    ),
+    Mutant(
+        "no_copy_on_write",
+        "a forked child writes straight into the block it shares with its parent",
+        [("if self._refs[last] > 1:  # shared and partial: copy on write", "if False:")],
+        loses=["cow", "invariants", "manager_public", "oom_atomic"],
+    ),
+    Mutant(
+        "copy_on_write_when_not_shared",
+        "I copy the last block on every write into a partial block, shared or not",
+        [("if self._refs[last] > 1:  # shared and partial: copy on write", "if self._refs[last] >= 1:")],
+        loses=["cow", "invariants", "manager_public", "oom_atomic"],
+    ),
+    Mutant(
+        "allocates_until_it_runs_out",
+        "add_sequence allocates block by block and raises when the pool runs dry, leaving the first blocks taken",
+        [
+            ('''        if needed > len(self._free):
+            raise OutOfBlocks(f"add_sequence({seq_id!r}) needs {needed} free blocks, found {len(self._free)}")
+''', ""),
+            ("        block, _ = self._free.popitem(last=False)\n",
+             "        if not self._free:\n            raise OutOfBlocks(\"no free block\")\n        block, _ = self._free.popitem(last=False)\n"),
+        ],
+        loses=["oom_atomic", "invariants", "manager_public"],
+    ),
+    Mutant(
+        "hits_on_free_blocks_not_counted",
+        "my capacity check counts only the new blocks, not the cached free blocks a hit takes from the pool",
+        [("needed = num_new + sum(1 for b in hits if self._refs[b] == 0)", "needed = num_new")],
+        loses=["oom_atomic"],
+    ),
+    Mutant(
+        "eviction_keeps_the_hash",
+        "a cached block that is reallocated keeps its entry in the prefix cache",
+        [("        if h is not None:\n            del self._cached[h]", "        if False:\n            del self._cached[h]")],
+        loses=["prefix_cache"],
+    ),
+    Mutant(
+        "cache_overwrites_the_entry",
+        "when a newly full block's hash is already cached, I point the cache at the new block",
+        [("        if h not in self._cached:\n            self._cached[h] = block",
+          "        if True:\n            self._cached[h] = block")],
+        loses=["prefix_cache"],
+    ),
+    Mutant(
+        "free_queue_is_a_list",
+        "my free queue is a Python list: pop(0) and remove() move every element behind it",
+        [
+            ("self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))", "self._free = list(range(num_blocks))"),
+            ("                del self._free[b]", "                self._free.remove(b)"),
+            ("                self._free[b] = None  # to the back", "                self._free.append(b)  # to the back"),
+            ("        block, _ = self._free.popitem(last=False)", "        block = self._free.pop(0)"),
+        ],
+        loses=["manager_speed"],
+    ),
+    Mutant(
+        "num_free_blocks_scans_the_pool",
+        "num_free_blocks counts the blocks with ref count 0, one by one",
+        [("        return len(self._free)\n", "        return sum(1 for r in self._refs if r == 0)\n")],
+        loses=["manager_speed"],
+    ),
+    Mutant(
+        "gqa_heads_interleaved",
+        "I mapped query head h to KV head h % Hkv instead of h // (Hq // Hkv)",
+        [("qg = q.float().reshape(B, Hkv, group, D)", "qg = q.float().reshape(B, group, Hkv, D).transpose(1, 2)"),
+         ("return out.reshape(B, Hq, D).to(q.dtype)", "return out.transpose(1, 2).reshape(B, Hq, D).to(q.dtype)")],
+        loses=["attention", "attention_public"],
+    ),
+    Mutant(
+        "empty_sequence_gives_nan",
+        "softmax over a fully masked row is NaN, and I let it through",
+        [("    probs = torch.where(mask, probs, torch.zeros_like(probs))  # an empty sequence: NaN row -> zeros\n", "")],
+        loses=["attention", "attention_public"],
+    ),
+    Mutant(
+        "attention_loops_over_sequences",
+        "my paged_attention handles one sequence at a time in a Python loop",
+        [('''    # Gather every logical position of every sequence through its table: [B, L] slots.
+''', ATTENTION_LOOP + '''    # Gather every logical position of every sequence through its table: [B, L] slots.
+''')],
+        loses=["attention_vectorised"],
+    ),
+    Mutant(
+        "triton_no_rescale",
+        "my kernel adds each tile's p @ V without rescaling the running accumulator when the max grows",
+        [("acc = acc * alpha[:, None] + tl.dot(", "acc = acc + tl.dot(")],
+        loses=["triton"],
+    ),
+    Mutant(
+        "triton_divides_by_zero",
+        "my kernel divides by l even for an empty sequence",
+        [("out = acc / tl.where(l > 0, l, 1.0)[:, None]", "out = acc / l[:, None]")],
+        loses=["triton", "triton_public"],
+    ),
+]

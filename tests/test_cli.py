@@ -1,0 +1,87 @@
+"""The command line as people use it: make check's table, hints, JSON output, exit codes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from grader import results
+
+
+def grader(root, *args, env=None):
+    return subprocess.run([sys.executable, "-m", "grader", *args], cwd=root, capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "160", **(env or {})}, timeout=600)
+
+
+def test_check_on_the_stub_says_where_to_start(root):
+    run = grader(root, "check", "online_softmax")
+    assert run.returncode == 0, run.stderr
+    assert "your progress (public tests)" in run.stdout
+    line = next(l for l in run.stdout.splitlines() if l.strip().startswith("online_softmax") and "/" in l)
+    assert "0/14" in line and "0/20" in line, line
+    assert "start here: read exercises/online_softmax/README.md" in run.stdout
+
+
+def test_check_on_the_solution_is_all_green(root):
+    run = grader(root, "check", "online_softmax", "--from", "solutions")
+    assert run.returncode == 0, run.stderr
+    line = next(l for l in run.stdout.splitlines() if l.strip().startswith("online_softmax") and "/" in l)
+    assert "14/14" in line and "20/20" in line, line
+    assert "all public tests pass" in run.stdout
+
+
+def test_check_shows_the_first_failure_and_its_message(root, tmp_path):
+    folder = tmp_path / "online_softmax"
+    folder.mkdir()
+    source = (root / "solutions/online_softmax/online_softmax.py").read_text()
+    (folder / "online_softmax.py").write_text(source.replace("    shift = _safe_max(m)\n    # Each", "    shift = m\n    # Each"))
+    run = grader(root, "check", "online_softmax", "--from", str(tmp_path))
+    assert "first failure" in run.stdout and "exp(-inf - (-inf)) is NaN" in run.stdout, run.stdout
+
+
+def test_hints_are_revealed_one_at_a_time(root, tmp_path):
+    (root / ".hints.json").unlink(missing_ok=True)
+    try:
+        first = grader(root, "hint", "online_softmax").stdout
+        second = grader(root, "hint", "online_softmax").stdout
+        assert "hint 1/5" in first and "hint 2/5" not in first
+        assert "hint 2/5" in second
+        assert json.loads((root / ".hints.json").read_text())["online_softmax"] == 2
+    finally:
+        (root / ".hints.json").unlink(missing_ok=True)
+
+
+def test_grade_json_output_is_a_valid_result(root):
+    run = grader(root, "grade", "solutions", "-e", "online_softmax", "--tests", "public", "--format", "json", "--seed", "7")
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    results.validate(result)
+    assert result["seed"] == 7 and result["score"] == 20
+
+
+@pytest.mark.parametrize("args,message", [
+    (("grade", "no/such/folder"), "expected a submission folder or archive at no/such/folder, found nothing there"),
+    (("grade", "solutions", "-e", "nope"), "no exercise 'nope' in course.yaml; expected one of"),
+    (("hint", "nope"), "no exercise 'nope'"),
+])
+def test_bad_input_exits_2_with_a_clear_message(root, args, message):
+    run = grader(root, *args)
+    assert run.returncode == 2
+    assert message in " ".join(run.stderr.split()), run.stderr
+
+
+def test_grade_writes_the_result_incrementally(root, tmp_path):
+    """The result file exists from the start and is complete at the end; each write is atomic."""
+    out = tmp_path / "r.json"
+    run = grader(root, "grade", "exercises", "-e", "online_softmax", "--tests", "public", "-o", str(out))
+    assert run.returncode == 0, run.stderr
+    result = json.loads(out.read_text())
+    assert result["state"] == "complete" and result["score"] == 0
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".r.json")], "temporary files left behind"
+
+
+def test_validate(root):
+    run = grader(root, "validate")
+    assert run.returncode == 0, run.stdout + run.stderr

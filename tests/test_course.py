@@ -1,0 +1,56 @@
+"""course.yaml: the shipped file is valid, and mistakes produce errors that name the path."""
+
+import copy
+
+import pytest
+import yaml
+
+from grader.course import CourseError, json_schema, parse_course
+
+
+@pytest.fixture
+def data(root):
+    return yaml.safe_load((root / "course.yaml").read_text())
+
+
+def test_shipped_course_is_valid(course):
+    assert course.exercises[0].id == "online_softmax"
+    for ex in course.exercises:
+        assert ex.points == sum(c.points for c in ex.checks)
+
+
+@pytest.mark.parametrize("mutate,expected", [
+    (lambda d: d["exercises"][0].__setitem__("points", "ten"), "exercises[0].points: expected a positive number, found 'ten'"),
+    (lambda d: d["exercises"][0].__setitem__("points", 99), "exercises[0]: points (99) must equal the sum of its checks' points, found 100"),
+    (lambda d: d["exercises"][0]["checks"][0].__setitem__("points", -1), "exercises[0].checks[0].points: expected a number > 0, found -1"),
+    (lambda d: d["exercises"][0].__setitem__("difficulty", "brutal"), "exercises[0].difficulty: expected one of 'easy', 'medium' or 'hard', found 'brutal'"),
+    (lambda d: d["exercises"][0].pop("file"), "exercises[0].file: missing"),
+    (lambda d: d["exercises"][0].__setitem__("pointz", 1), "exercises[0].pointz: unknown field"),
+    (lambda d: d["exercises"][0]["checks"].append(dict(d["exercises"][0]["checks"][0])), "check ids must be unique"),
+    (lambda d: d["exercises"][0]["checks"][-1]["speed"].__setitem__("floor", 9), "floor (9.0) must not exceed bar"),
+])
+def test_errors_name_the_path_and_what_was_expected(data, mutate, expected):
+    bad = copy.deepcopy(data)
+    mutate(bad)
+    with pytest.raises(CourseError) as info:
+        parse_course(bad)
+    assert expected in str(info.value), str(info.value)
+    assert str(info.value).startswith("course.yaml: ")
+
+
+def test_top_level_must_be_a_mapping():
+    with pytest.raises(CourseError, match="expected a mapping at the top level, found list"):
+        parse_course([1, 2])
+
+
+def test_speed_bar_credit_is_linear_between_floor_and_bar(course):
+    bar = course.exercise("online_softmax").check("triton_speed").speed
+    assert bar.credit(bar.bar) == 1.0 and bar.credit(bar.bar * 2) == 1.0
+    assert bar.credit(bar.floor) == 0.0 and bar.credit(0.0) == 0.0
+    assert bar.credit((bar.bar + bar.floor) / 2) == pytest.approx(0.5)
+    assert bar.credit(float("nan")) == 0.0
+
+
+def test_json_schema_describes_the_course():
+    schema = json_schema()
+    assert "exercises" in schema["properties"]

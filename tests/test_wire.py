@@ -1,0 +1,91 @@
+"""The reply decoder admits data only; the probes behave the same in both modes."""
+
+import collections
+import io
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from grader.harness import probes, wire
+
+
+def roundtrip(value):
+    handles = []
+    data = wire.encode_reply({"ok": True, "value": value}, keep=lambda obj: handles.append(obj) or len(handles))
+    return wire.decode_reply(data, make_handle=lambda hid, name: ("handle", hid, name))["value"], handles
+
+
+def test_values_roundtrip_field_by_field():
+    Point = collections.namedtuple("Point", "x y")
+    value = {"t": torch.arange(3), "n": Point(1.5, [torch.ones(2)]), "a": np.arange(4), ("k", 1): {1, 2},
+             "dtype": torch.bfloat16, "size": torch.Size([2, 3]), "none": None}
+    back, _ = roundtrip(value)
+    assert torch.equal(back["t"], torch.arange(3))
+    assert type(back["n"]).__name__ == "Point" and back["n"].x == 1.5 and torch.equal(back["n"].y[0], torch.ones(2))
+    assert isinstance(back["a"], np.ndarray) and back["a"].tolist() == [0, 1, 2, 3]
+    assert back[("k", 1)] == {1, 2} and back["dtype"] is torch.bfloat16 and back["size"] == (2, 3)
+
+
+def test_objects_that_cannot_travel_become_handles():
+    class Manager:
+        pass
+
+    back, kept = roundtrip(Manager())
+    assert back == ("handle", 1, "Manager") and isinstance(kept[0], Manager)
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+def test_a_reply_that_would_run_code_is_rejected():
+    with pytest.raises(wire.MalformedReply, match="decoded safely"):
+        wire.decode_reply(pickle.dumps({"ok": True, "value": Payload()}), make_handle=None)
+    buf = io.BytesIO()
+    torch.save({"ok": True, "value": Payload()}, buf)
+    with pytest.raises(wire.MalformedReply):
+        wire.decode_reply(buf.getvalue(), make_handle=None)
+
+
+def test_untagged_dicts_and_unknown_tags_are_rejected():
+    for tree in ({"ok": True}, {wire.TAG: "evil"}):
+        buf = io.BytesIO()
+        torch.save(tree, buf)
+        with pytest.raises(wire.MalformedReply):
+            wire.decode_reply(buf.getvalue(), make_handle=None)
+
+
+def test_once_iterable_refuses_a_second_pass():
+    it = wire.OnceIterable([1, 2], "the chunks")
+    assert list(it) == [1, 2]
+    with pytest.raises(RuntimeError, match="the chunks was already consumed"):
+        list(it)
+    assert list(pickle.loads(pickle.dumps(wire.OnceIterable([3])))) == [3]
+
+
+def test_forbidden_restores_functions_and_methods():
+    original, method = torch.softmax, torch.Tensor.softmax
+    with probes.forbidden(["torch.softmax", "torch.Tensor.softmax"], "write it yourself"):
+        with pytest.raises(probes.ForbiddenCall, match="must not call torch.softmax: write it yourself"):
+            torch.softmax(torch.ones(2), 0)
+        with pytest.raises(probes.ForbiddenCall):
+            torch.ones(2).softmax(0)
+    assert torch.softmax is original and torch.Tensor.softmax == method
+    assert "softmax" not in vars(torch.Tensor)
+
+
+def test_line_counter_counts_only_the_named_file(tmp_path):
+    src = tmp_path / "mod.py"
+    src.write_text("def loop(n):\n    total = 0\n    for i in range(n):\n        total += i\n    return total\n")
+    namespace = {}
+    exec(compile(src.read_text(), str(src), "exec"), namespace)
+    counts = []
+    for n in (3, 30):
+        with probes.LineCounter(str(src)) as counter:
+            namespace["loop"](n)
+        counts.append(counter.count)
+    assert counts[1] > counts[0] > 0, counts
