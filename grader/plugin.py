@@ -38,6 +38,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--grader-hide", default="", help="os.pathsep-separated folders the worker must not read")
     group.addoption("--grader-no-isolate", action="store_true", help="run workers without namespaces")
     group.addoption("--grader-user", default="nobody", help="unprivileged user for workers when root")
+    group.addoption("--grader-prestart", default=None, help="start this exercise's worker before collection")
     group.addoption("--grader-call-timeout", type=float, default=None, help="override course.yaml's call_timeout_s")
 
 
@@ -87,13 +88,30 @@ def exercise_of(path: Path) -> tuple[str | None, str]:
 # Fixtures
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    prestart = session.config.getoption("--grader-prestart")
+    if prestart and session.config.getoption("--grader-mode") == "sandbox":
+        student_session = _make_session(session.config)
+        session.config.stash[_STATE]["session"] = student_session
+        student_session.prestart(prestart)
+
+
 @pytest.fixture(scope="session")
 def student(request: pytest.FixtureRequest):
     """Loads the student's module for an exercise: ``student.load("online_softmax")``."""
+    config = request.config
+    session = config.stash[_STATE].get("session") or _make_session(config)
+    yield session
+    state = config.stash[_STATE]
+    state["warnings"] = session.warnings()
+    state["worker_starts"] = session.worker_starts()
+    session.close()
+
+
+def _make_session(config: pytest.Config):
     from grader.harness.client import Sandbox
     from grader.harness.session import StudentSession
 
-    config = request.config
     course = _course(config)
     root = config.stash[_STATE]["root"] or Path.cwd()
     mode = config.getoption("--grader-mode")
@@ -123,12 +141,7 @@ def student(request: pytest.FixtureRequest):
             return override
         return course.exercise(exercise_id).call_timeout_s if course else 60.0
 
-    session = StudentSession(mode, locate, sandbox, call_timeout)
-    yield session
-    state = config.stash[_STATE]
-    state["warnings"] = session.warnings()
-    state["worker_starts"] = session.worker_starts()
-    session.close()
+    return StudentSession(mode, locate, sandbox, call_timeout)
 
 
 @pytest.fixture(scope="session")
@@ -265,18 +278,12 @@ def classify(exc: BaseException | None, visibility: str, test_name: str, report:
         return {"status": "failed", "message": _cap(head if visibility == "hidden" else text)}
     if exc is not None and type(exc).__name__ == "Failed":
         return {"status": "failed", "message": _cap(str(exc))}
-    if exc is not None and visibility == "public" and report is not None and _is_local_student_frame(report):
-        # In-process mode: the student's own exception, with its real traceback.
-        return {"status": "error", "message": f"your code raised {type(exc).__name__}: {exc}",
-                "traceback": _cap(str(report.longrepr))}
     if exc is None:
         return {"status": "error", "message": "the test failed without an exception"}
-    return {"status": "error", "message": _cap(f"{type(exc).__name__}: {exc}")}
-
-
-def _is_local_student_frame(report: Any) -> bool:
-    text = str(getattr(report, "longrepr", ""))
-    return "exercises" in text
+    # Any other exception: in-process mode, the student's own; otherwise a test that could not use the
+    # student's result (a wrong type, a missing attribute). Public tests may show their traceback.
+    traceback = _cap(str(report.longrepr)) if visibility == "public" and report is not None else ""
+    return {"status": "error", "message": _cap(f"{type(exc).__name__}: {exc}"), "traceback": traceback}
 
 
 def _cap(text: str) -> str:

@@ -78,7 +78,7 @@ def run_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed: i
         "-q", "--tb=short", "-p", "no:cacheprovider", "-p", "grader.plugin", "--import-mode=importlib",
         "--rootdir", str(root), "-c", os.devnull, "-o", "addopts=",
         "--grader-mode", opts.mode, "--grader-events", str(write_fd), "--grader-seed", str(seed),
-        "--grader-user", opts.user,
+        "--grader-user", opts.user, "--grader-prestart", exercise.id,
         "--grader-hide", os.pathsep.join([*hidden_folders(root), *opts.hide]),
     ]
     if files_dir is not None:

@@ -54,3 +54,10 @@ def test_speed_bar_credit_is_linear_between_floor_and_bar(course):
 def test_json_schema_describes_the_course():
     schema = json_schema()
     assert "exercises" in schema["properties"]
+
+
+def test_shipped_json_schema_is_current(root):
+    import json
+
+    shipped = json.loads((root / "grader" / "schemas" / "course.schema.json").read_text())
+    assert shipped == json_schema(), "regenerate grader/schemas/course.schema.json with `grader schema course`"

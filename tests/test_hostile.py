@@ -44,6 +44,16 @@ def test_patched_assertions_do_not_reach_the_grader(tmp_path):
     assert result["score"] == 0, "patching torch.allclose in the student's process must not change the verdict"
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the worker drops to an unprivileged user only when run as root")
+def test_the_grader_never_imports_student_code(tmp_path):
+    marker_dir = tmp_path / "only-root"
+    marker_dir.mkdir(mode=0o700)
+    marker = marker_dir / "imported"
+    result = grade_hostile(hand_in(tmp_path, "imports_in_grader", {"/nonexistent/marker": str(marker)}))
+    assert not marker.exists(), "the student's module was imported by a process running as root (the grader)"
+    assert result["score"] == 0
+
+
 def test_sys_exit_at_import_scores_zero_with_a_message(tmp_path):
     result = grade_hostile(hand_in(tmp_path, "exit_at_import"))
     assert result["score"] == 0

@@ -65,3 +65,18 @@ def test_known_wrong_submission_loses_its_checks(tmp_path, exercise, mutant):
             f"{check['points']}/{check['max_points']}"
         )
     assert result["score"] < result["gradable_max_score"]
+    assert_no_hidden_source(result, exercise.id)
+
+
+def assert_no_hidden_source(result: dict, exercise_id: str) -> None:
+    """Feedback must never quote the hidden tests' source."""
+    hidden = ROOT / "grader" / "hidden" / exercise_id
+    lines = {line.strip() for path in hidden.rglob("*.py") for line in path.read_text().splitlines()}
+    lines = {line for line in lines if len(line) > 30 and not line.startswith(("#", '"', "f\"", "'"))}
+    for check in checks_of(result, exercise_id).values():
+        if check["visibility"] != "hidden":
+            continue
+        for test in check["tests"]:
+            text = test["message"] + test["traceback"]
+            leaked = [line for line in lines if line in text]
+            assert not leaked, f"feedback for {check['id']}/{test['name']} quotes hidden test source: {leaked[0]!r}"

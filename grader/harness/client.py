@@ -123,10 +123,28 @@ class WorkerProcess:
         self.workdir: Path | None = None
         self.warnings: list[str] = []
         self.starts = 0
+        self._starting = False
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start a fresh worker and wait until it answers."""
+        self.spawn()
+        self.wait_ready()
+
+    def wait_ready(self) -> None:
+        if not self._starting:
+            return
+        self._starting = False
+        self._request({"op": "ping"}, timeout=max(60.0, self.call_timeout))
+        self.warnings = [
+            line.split(":", 1)[1].strip()
+            for line in self.log_tail(8000).splitlines()
+            if line.startswith("grader-sandbox-warning:")
+        ]
+
+    def spawn(self) -> None:
+        """Start a fresh worker without waiting for it (it imports torch meanwhile)."""
         self.close()
         self.workdir = Path(tempfile.mkdtemp(prefix="grader-worker-"))
         target = self.workdir / self.module_path.name
@@ -182,14 +200,10 @@ class WorkerProcess:
         self.sock = parent_sock
         self.generation += 1
         self.starts += 1
-        self._request({"op": "ping"}, timeout=max(60.0, self.call_timeout))
-        self.warnings = [
-            line.split(":", 1)[1].strip()
-            for line in self.log_tail(8000).splitlines()
-            if line.startswith("grader-sandbox-warning:")
-        ]
+        self._starting = True
 
     def close(self) -> None:
+        self._starting = False
         if self.proc is not None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -224,8 +238,9 @@ class WorkerProcess:
     # -- requests -----------------------------------------------------------------------------
 
     def request(self, message: dict, timeout: float | None = None) -> dict:
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None or (self.proc.poll() is not None and not self._starting):
             self.start()
+        self.wait_ready()
         return self._request(message, timeout if timeout is not None else self.call_timeout)
 
     def _request(self, message: dict, timeout: float) -> dict:

@@ -80,9 +80,17 @@ class StudentSession:
         path = self._locate(exercise_id)
         if self.mode == "local":
             return LocalModule(self._import(exercise_id, path), path, options)
+        return RemoteModule(self._worker(exercise_id), exercise_id, options)
+
+    def _worker(self, exercise_id: str) -> WorkerProcess:
         if exercise_id not in self._workers:
-            self._workers[exercise_id] = WorkerProcess(path, self._sandbox, self._call_timeout(exercise_id))
-        return RemoteModule(self._workers[exercise_id], exercise_id, options)
+            self._workers[exercise_id] = WorkerProcess(self._locate(exercise_id), self._sandbox, self._call_timeout(exercise_id))
+        return self._workers[exercise_id]
+
+    def prestart(self, exercise_id: str) -> None:
+        """Start the exercise's worker now, so that it imports torch while pytest collects tests."""
+        if self.mode == "sandbox" and self._locate(exercise_id).is_file():
+            self._worker(exercise_id).spawn()
 
     def _import(self, exercise_id: str, path: Path) -> Any:
         if exercise_id not in self._local:

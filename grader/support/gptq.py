@@ -75,3 +75,32 @@ def count_big_writes(fn: Callable, W: torch.Tensor, H: torch.Tensor, fraction: f
     with counter:
         result = fn(W, H, **kwargs)
     return {"result": tuple(result) if isinstance(result, tuple) else result, "count": counter.count, "ops": dict(counter.ops)}
+
+
+# --------------------------------------------------------------------------------------------------
+# Timing on CUDA: the Hessian is built where it is used, from a seed, so that the grader and the
+# worker hold the same H without sending hundreds of megabytes each way.
+
+
+def calibration_hessian(cols: int, device: str = "cuda", seed: int = 0) -> torch.Tensor:
+    """H = 2 X^T X / n for 2 * cols calibration rows whose features are mixed (correlated)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    mix = torch.randn(cols, cols, device=device, generator=g) / cols**0.5 + torch.eye(cols, device=device)
+    X = torch.randn(2 * cols, cols, device=device, generator=g) @ mix
+    return 2 * X.T @ X / X.shape[0]
+
+
+def bench_gptq(fn: Callable, rows: int, cols: int, seed: int = 0, overhead: bool = False, **options: Any) -> dict:
+    """grader.support.timing.bench of ``fn(W, H)`` over fresh W [rows, cols] (H from `calibration_hessian`).
+
+    With `overhead`, the same loop around a function that does nothing. The last W comes back (not H).
+    """
+    from grader.support.timing import Randn, bench, bench_overhead
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    specs = [Randn((rows, cols)), calibration_hessian(cols, device, seed)]
+    if overhead:
+        return bench_overhead(fn, specs, None, seed=seed, **options)
+    result = bench(fn, specs, None, seed=seed, **options)
+    result["args"] = result["args"][:1]
+    return result

@@ -507,16 +507,18 @@ def test_simulate_rejects_malformed_schedules(pm, sched, why):
 
 @pytest.mark.check("simulate_linear")
 def test_simulate_is_linear_in_the_number_of_ops(student, pm):
-    small, large = expected_1f1b(4, 16), expected_1f1b(16, 64)
+    small, large = expected_1f1b(4, 8), expected_1f1b(32, 32)  # 64 ops, then 2048: 32x the ops
     _, lines_small = student.lines_executed(pm.simulate, small)
     result, lines_large = student.lines_executed(pm.simulate, large)
-    assert close(result.makespan, (64 + 15) * 3.0), "simulate(1F1B p=16, m=64) gave a wrong makespan"
-    ops_ratio = 16
-    assert lines_large <= 2 * ops_ratio * lines_small, (
-        f"simulate ran {lines_small} lines of your code for 128 ops and {lines_large} for 2048 ops "
-        f"({lines_large / lines_small:.1f}x for 16x the ops): the work should grow linearly. Do not rescan every "
-        "stage (or every finished op) to find what can run next: look dependencies up in a dict, and wake a "
-        "stage only when the op it waits for finishes."
+    assert close(result.makespan, (32 + 31) * 3.0), "simulate(1F1B p=32, m=32) gave a wrong makespan"
+    if lines_small == 0:  # the lines ran outside the file the grader watches (or the harness could not tell)
+        pytest.skip("not graded: no line of your file was counted while simulate ran")
+    growth = lines_large / lines_small
+    assert growth <= 2 * 32, (
+        f"simulate ran {lines_small} lines of your code for 64 ops and {lines_large} for 2048 ops "
+        f"({growth:.1f}x for 32x the ops): the work should grow linearly. Do not rescan every stage (or every "
+        "finished op) to find what can run next: keep finish times in a dict, and wake a stage only when the "
+        "op it waits for finishes."
     )
 
 

@@ -1,0 +1,643 @@
+"""Hidden checks for FlashAttention.
+
+Every input derives from the run's seed (the `rng` fixture). The oracle is the textbook formula,
+softmax(q k^T * scale) v with the mask built as a full matrix, in float64; gradients are autograd
+through it. Tolerances follow flash-attn's own tests: the error against the float64 oracle may be
+at most twice the error of the same naive formula computed in the input's dtype (scores and P
+rounded to it), plus a small floor relative to the output's size.
+
+Without CUDA the kernels run under TRITON_INTERPRET=1 on small shapes, in fp16 and fp32 (the
+interpreter cannot do bf16 tl.dot, triton-lang/triton#11584); bf16, realistic sizes, memory and
+speed run on CUDA only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from grader import speed
+
+INF = float("inf")
+FP16, FP32, BF16 = torch.float16, torch.float32, torch.bfloat16
+FLOOR = {FP32: 5e-6, FP16: 5e-4, BF16: 4e-3}  # times max |reference|
+DRIVERS = "grader.support.flash_attention"
+
+
+@pytest.fixture(scope="module")
+def fa(student):
+    return student.load(
+        "flash_attention",
+        forbid=["torch.nn.functional.scaled_dot_product_attention", "torch.softmax", "torch.nn.functional.softmax",
+                "torch.Tensor.softmax", "torch.special.softmax"],
+        forbid_why="FlashAttention computes the softmax itself, one tile at a time",
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Oracles and comparisons
+
+
+def scores(q, k, causal=False, sm_scale=None, dtype=torch.float64):
+    """The scaled, masked score matrix [B, Hq, Nq, Nk] (bottom-right causal mask) in `dtype`."""
+    group = q.shape[1] // k.shape[1]
+    q, k = q.to(dtype), k.repeat_interleave(group, 1).to(dtype)
+    scale = 1 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+    s = (q @ k.transpose(-1, -2)) * scale
+    n_q, n_k = s.shape[-2:]
+    if causal:
+        i = torch.arange(n_q, device=s.device)[:, None]
+        j = torch.arange(n_k, device=s.device)[None, :]
+        s = s.masked_fill(j > i + (n_k - n_q), -INF)
+    return s
+
+
+def naive_attention(q, k, v, causal=False, sm_scale=None, dtype=torch.float64):
+    """(o, lse). In float64 this is the reference; in q's own dtype it is what a straightforward
+    implementation in that precision makes (scores and P rounded to the dtype, softmax in fp32)."""
+    group = q.shape[1] // k.shape[1]
+    s = scores(q, k, causal, sm_scale, dtype)
+    s = s if dtype == torch.float64 else s.float()
+    m = s.amax(-1, keepdim=True).detach()
+    m = torch.where(m == -INF, torch.zeros_like(m), m)  # rows that see no key: exp(-inf - 0) = 0
+    e = torch.exp(s - m)
+    l = e.sum(-1, keepdim=True)
+    p = (e / torch.where(l > 0, l, torch.ones_like(l))).to(dtype)
+    o = p @ v.repeat_interleave(group, 1).to(dtype)
+    lse = torch.where(l > 0, m + torch.log(l), torch.full_like(l, INF))[..., 0]
+    return o, lse
+
+
+def naive_grads(q, k, v, do, causal=False, sm_scale=None, dtype=torch.float64):
+    leaves = [t.detach().to(dtype).requires_grad_(True) for t in (q, k, v)]
+    o, _ = naive_attention(*leaves, causal=causal, sm_scale=sm_scale, dtype=dtype)
+    o.backward(do.to(dtype))
+    return [t.grad for t in leaves]
+
+
+def where_worst(err: torch.Tensor) -> str:
+    idx = [int(x) for x in torch.nonzero(err == err.max())[0]]
+    return "at [" + ", ".join(f"{n} {i}" for n, i in zip(("batch", "head", "row", "col"), idx)) + "]"
+
+
+def assert_close(got, ref, low, what: str, hint: str = "") -> None:
+    """|got - ref| <= 2 |low - ref| + floor, everywhere; `low` is the naive formula in got's dtype."""
+    got = got.detach().cpu()
+    assert got.shape == ref.shape, f"{what}: expected shape {tuple(ref.shape)}, found {tuple(got.shape)}"
+    bad = ~torch.isfinite(got) & torch.isfinite(ref)
+    if bad.any():
+        raise AssertionError(f"{what}: found inf or NaN {where_worst(bad.double())}, where the answer is finite. {hint}")
+    err = (got.double() - ref).abs()
+    base = float((low.detach().cpu().double() - ref).abs().max())
+    tol = 2 * base + FLOOR[got.dtype] * float(ref.abs().max()) + 1e-7
+    assert float(err.max()) <= tol, (
+        f"{what}: max error {float(err.max()):.3g} {where_worst(err)}, where the naive formula computed in "
+        f"{str(got.dtype)[6:]} errs by {base:.3g} (allowed {tol:.3g}). {hint}"
+    )
+
+
+def make_qkv(rng, b, hq, hkv, n_q, n_k, d, dtype, device="cpu", scale=1.0):
+    q = torch.randn(b, hq, n_q, d, generator=rng) * scale
+    k = torch.randn(b, hkv, n_k, d, generator=rng) * scale
+    v = torch.randn(b, hkv, n_k, d, generator=rng)
+    return [t.to(device=device, dtype=dtype) for t in (q, k, v)]
+
+
+def check_forward(fa, q, k, v, causal=False, sm_scale=None, what="o", hint="", check_lse=True):
+    kwargs = {} if sm_scale is None else {"sm_scale": sm_scale}
+    o, lse = fa.flash_attention_forward(q, k, v, causal=causal, **kwargs)
+    assert o.dtype == q.dtype, f"{what}: o must have q's dtype {q.dtype}, found {o.dtype}"
+    assert lse.dtype == FP32 and tuple(lse.shape) == tuple(q.shape[:3]), (
+        f"lse must be float32 {tuple(q.shape[:3])}, found {lse.dtype} {tuple(lse.shape)}"
+    )
+    qc, kc, vc = q.cpu(), k.cpu(), v.cpu()
+    ref_o, ref_lse = naive_attention(qc, kc, vc, causal, sm_scale)
+    low_o, _ = naive_attention(qc, kc, vc, causal, sm_scale, dtype=q.dtype)
+    assert_close(o, ref_o, low_o, what, hint)
+    if check_lse:
+        assert_lse(lse, ref_lse, f"lse, beside {what}")
+    return o, lse
+
+
+def assert_lse(lse, ref_lse, what="lse"):
+    lse = lse.detach().cpu().double()
+    inf_rows = ref_lse == INF
+    assert torch.equal(lse == INF, inf_rows), (
+        f"{what}: +inf exactly on the {int(inf_rows.sum())} rows that see no key, found +inf on {int((lse == INF).sum())} "
+        "rows (a row that sees no key has o = 0 and lse = +inf)"
+    )
+    err = (lse - ref_lse)[~inf_rows].abs()
+    tol = 2e-5 + 1e-6 * float(ref_lse[~inf_rows].abs().max()) if err.numel() else 0.0
+    assert err.numel() == 0 or (torch.isfinite(err).all() and float(err.max()) <= tol), (
+        f"{what}: off by up to {float(err.max()):.3g} (allowed {tol:.2g}). lse is the NATURAL-log logsumexp of the "
+        "scaled, masked scores: m + log(l) with m the row max of scale * q k^T (convert back if you used exp2)"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# forward
+
+
+FORWARD_CASES = [  # (B, Hq, Hkv, Nq, Nk, D, dtype)
+    (1, 2, 2, 1, 1, 64, FP32),
+    (2, 2, 2, 17, 17, 32, FP16),
+    (1, 1, 1, 127, 127, 128, FP32),
+    (1, 2, 2, 129, 129, 16, FP16),
+    (1, 2, 2, 1, 5, 64, FP16),
+    (2, 1, 1, 5, 2, 32, FP32),
+    (1, 2, 2, 1, 129, 128, FP16),
+    (1, 2, 2, 17, 300, 16, FP32),
+    (1, 1, 1, 17, 129, 64, FP32),
+    (1, 2, 2, 300, 17, 32, FP16),
+    (1, 1, 1, 1, 300, 64, FP32),
+    (1, 2, 2, 128, 64, 32, FP32),
+]
+
+
+def case_id(case) -> str:
+    b, hq, hkv, n_q, n_k, d, dtype = case[:7]
+    return f"B{b}-H{hq}x{hkv}-{n_q}x{n_k}-D{d}-{str(dtype)[6:]}" + ("".join(f"-{c}" for c in case[7:]))
+
+
+@pytest.mark.check("forward")
+@pytest.mark.parametrize("case", FORWARD_CASES, ids=case_id)
+def test_forward(fa, rng, device, case):
+    b, hq, hkv, n_q, n_k, d, dtype = case
+    q, k, v = make_qkv(rng, b, hq, hkv, n_q, n_k, d, dtype, device)
+    check_forward(fa, q, k, v, what=f"o for {case_id(case)}",
+                  hint="Are all key tiles visited (Nk may be far past one tile and not a multiple of it), and "
+                       "is the running output rescaled by exp(m_old - m_new) whenever the max grows?")
+
+
+@pytest.mark.check("forward")
+@pytest.mark.parametrize("sm_scale", [0.0, 0.3, -0.25, 2.0])
+def test_forward_sm_scale(fa, rng, device, sm_scale):
+    q, k, v = make_qkv(rng, 1, 2, 2, 33, 70, 32, FP32, device)
+    check_forward(fa, q, k, v, sm_scale=sm_scale, what=f"o with sm_scale={sm_scale}",
+                  hint="sm_scale=None means 1/sqrt(D); any other value, 0 included, is used as given "
+                       "(test `is None`, not truthiness)")
+
+
+@pytest.mark.check("forward")
+def test_forward_strided_inputs(fa, rng, device):
+    # q, k, v as models hold them: [B, N, H, D] tensors viewed as [B, H, N, D].
+    q = torch.randn(1, 40, 2, 32, generator=rng).to(device).transpose(1, 2)
+    k = torch.randn(1, 70, 2, 32, generator=rng).to(device).transpose(1, 2)
+    v = torch.randn(1, 70, 2, 32, generator=rng).to(device).transpose(1, 2)
+    check_forward(fa, q, k, v, what="o for transposed [B, N, H, D] inputs",
+                  hint="address q, k, v with their strides, or make them contiguous first")
+
+
+@pytest.mark.check("forward")
+@pytest.mark.parametrize("head_dim", [8, 48, 256])
+def test_forward_rejects_unsupported_head_dims(fa, device, head_dim):
+    q = torch.zeros(1, 1, 4, head_dim, device=device)
+    with pytest.raises(ValueError):
+        fa.flash_attention_forward(q, q, q)
+
+
+# --------------------------------------------------------------------------------------------------
+# causal
+
+
+CAUSAL_CASES = [  # (B, Hq, Hkv, Nq, Nk, D, dtype)
+    (1, 2, 2, 17, 17, 32, FP32),
+    (1, 2, 2, 127, 129, 64, FP16),
+    (1, 2, 2, 129, 127, 16, FP32),
+    (1, 1, 1, 1, 5, 64, FP32),
+    (1, 1, 1, 5, 2, 32, FP16),
+    (1, 2, 2, 1, 300, 128, FP16),
+    (1, 2, 2, 17, 300, 64, FP32),
+    (1, 1, 1, 300, 300, 32, FP16),
+    (2, 2, 2, 64, 128, 16, FP32),
+    (1, 1, 1, 300, 40, 64, FP32),
+]
+
+
+@pytest.mark.check("causal")
+@pytest.mark.parametrize("case", CAUSAL_CASES, ids=case_id)
+def test_causal(fa, rng, device, case):
+    b, hq, hkv, n_q, n_k, d, dtype = case
+    q, k, v = make_qkv(rng, b, hq, hkv, n_q, n_k, d, dtype, device)
+    check_forward(fa, q, k, v, causal=True, what=f"causal o for {case_id(case)}",
+                  hint="The mask is aligned bottom-right: query i sees key j iff j <= i + Nk - Nq (not j <= i, "
+                       "which is scaled_dot_product_attention's top-left convention). Rows that see no key give 0.")
+
+
+@pytest.mark.check("causal")
+@pytest.mark.parametrize("n_k", [5, 129])
+def test_causal_decode_row_sees_every_key(fa, rng, device, n_k):
+    q, k, v = make_qkv(rng, 1, 2, 2, 1, n_k, 64, FP32, device)
+    o_causal, _ = fa.flash_attention_forward(q, k, v, causal=True)
+    ref, _ = naive_attention(q.cpu(), k.cpu(), v.cpu(), causal=False)
+    err = float((o_causal.cpu().double() - ref).abs().max())
+    assert err < 1e-5, (
+        f"with Nq = 1 (decoding one token against a KV cache of {n_k}), the causal output must equal the "
+        f"non-causal one: the query sits at the last position and sees every key. Max difference {err:.3g}"
+    )
+
+
+@pytest.mark.check("causal")
+def test_causal_rows_before_the_first_key_are_zero(fa, rng, device):
+    q, k, v = make_qkv(rng, 1, 2, 2, 129, 17, 32, FP16, device)
+    o, _ = fa.flash_attention_forward(q, k, v, causal=True)
+    o = o.cpu()
+    assert not torch.isnan(o).any(), (
+        "o has NaN: with Nq = 129 and Nk = 17 the first 112 rows see no key. Guard the running max: when it is "
+        "still -inf, subtract 0 (exp(-inf - -inf) is NaN), and divide by l only where l > 0"
+    )
+    first = o[:, :, :112]
+    assert torch.equal(first, torch.zeros_like(first)), (
+        f"rows 0..111 see no key and must be exactly 0, found max |o| = {float(first.abs().max()):.3g}"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# grouped-query attention
+
+
+@pytest.mark.check("gqa")
+@pytest.mark.parametrize("hkv,causal,dtype", [(2, False, FP32), (1, True, FP16), (2, True, FP16), (1, False, FP32)])
+def test_gqa_forward(fa, rng, device, hkv, causal, dtype):
+    q, k, v = make_qkv(rng, 2, 6, hkv, 33, 77, 32, dtype, device)
+    check_forward(fa, q, k, v, causal=causal, what=f"o with Hq = 6, Hkv = {hkv}",
+                  hint=f"query head h must read KV head h // (Hq // Hkv) = h // {6 // hkv} (heads 0..2 share KV head "
+                       "0 when Hkv = 2), in every batch element")
+
+
+@pytest.mark.check("gqa")
+@pytest.mark.parametrize("hkv,causal,dtype", [(2, True, FP32), (1, False, FP16)])
+def test_gqa_backward(student, fa, rng, device, hkv, causal, dtype):
+    q, k, v = make_qkv(rng, 1, 6, hkv, 40, 70, 16, dtype, device)
+    do = torch.randn(q.shape, generator=rng).to(device=device, dtype=dtype)
+    check_training_step(student, fa, q, k, v, do, causal, None, f"Hq = 6, Hkv = {hkv}",
+                        hint=f"dk and dv of a KV head are the SUMS over the {6 // hkv} query heads that read it")
+
+
+# --------------------------------------------------------------------------------------------------
+# lse
+
+
+@pytest.mark.check("lse")
+@pytest.mark.parametrize("causal,sm_scale,dtype", [(False, None, FP32), (True, None, FP16), (False, 0.5, FP16),
+                                                   (True, 1.7, FP32)])
+def test_lse_is_the_logsumexp_of_the_scaled_scores(fa, rng, device, causal, sm_scale, dtype):
+    q, k, v = make_qkv(rng, 1, 2, 2, 45, 150, 64, dtype, device)
+    kwargs = {} if sm_scale is None else {"sm_scale": sm_scale}
+    _, lse = fa.flash_attention_forward(q, k, v, causal=causal, **kwargs)
+    assert lse.dtype == FP32, f"lse must be float32, found {lse.dtype}"
+    want = torch.logsumexp(scores(q.cpu(), k.cpu(), causal, sm_scale), dim=-1)
+    assert_lse(lse, want, f"lse (causal={causal}, sm_scale={sm_scale})")
+
+
+@pytest.mark.check("lse")
+def test_lse_is_plus_inf_for_rows_that_see_no_key(fa, rng, device):
+    q, k, v = make_qkv(rng, 1, 1, 1, 40, 7, 16, FP32, device)
+    _, lse = fa.flash_attention_forward(q, k, v, causal=True)
+    lse = lse.cpu()
+    assert lse[0, 0, :33].tolist() == [INF] * 33, (
+        "with Nq = 40 and Nk = 7 (causal), rows 0..32 see no key: their lse must be +inf (not -inf, not NaN), so "
+        f"that a backward pass computing exp(s - lse) gets exactly 0. Found {lse[0, 0, :33].unique().tolist()}"
+    )
+    assert torch.isfinite(lse[0, 0, 33:]).all(), f"rows 33..39 see keys: their lse must be finite, found {lse[0, 0, 33:].tolist()}"
+
+
+# --------------------------------------------------------------------------------------------------
+# numerical stability
+
+
+@pytest.mark.check("stability")
+@pytest.mark.parametrize("dtype", [FP32, FP16])
+def test_scores_shifted_by_minus_1e4(fa, rng, device, dtype):
+    # Softmax is shift-invariant: subtract 1e4 from every score and o must not change. One coordinate
+    # carries the shift exactly: q[..., 0] * k[..., 0] * scale = -1e4.
+    d, sm_scale = (64, None) if dtype == FP32 else (16, 1.0)
+    scale = 1 / math.sqrt(d) if sm_scale is None else sm_scale
+    q, k, v = make_qkv(rng, 1, 2, 2, 37, 150, d, FP32, scale=0.5 if dtype == FP16 else 1.0)
+    q[..., 0], k[..., 0] = -1e4 / scale, 1.0
+    q, k, v = (t.to(device=device, dtype=dtype) for t in (q, k, v))
+    kwargs = {} if sm_scale is None else {"sm_scale": sm_scale}
+    o, _ = fa.flash_attention_forward(q, k, v, **kwargs)
+    o = o.cpu()
+    assert torch.isfinite(o).all(), (
+        "o has inf or NaN when every score is about -1e4: start the running max at -inf, not 0 (exp(-1e4 - 0) "
+        "underflows to 0, so l = 0), and subtract the running max before exp"
+    )
+    ref, _ = naive_attention(q.cpu(), k.cpu(), v.cpu(), sm_scale=sm_scale)
+    # Rounding scores of size 1e4 costs about 1e-3 even in a correct kernel: its own tolerance.
+    err = float((o.double() - ref).abs().max())
+    tol = 4e-3 * float(ref.abs().max()) + (2e-3 if dtype == FP16 else 0.0)
+    assert err <= tol, (
+        f"with every score shifted by -1e4, o is off by up to {err:.3g} (allowed {tol:.3g}). Subtract the running "
+        "max before exp and start it at -inf"
+    )
+
+
+@pytest.mark.check("stability")
+@pytest.mark.parametrize("dtype", [FP32, FP16])
+def test_late_tile_with_much_larger_logits(fa, rng, device, dtype):
+    # Keys 256.. score 20 higher than the rest: the max jumps late, after many tiles have been summed.
+    q, k, v = make_qkv(rng, 1, 2, 2, 24, 300, 64, FP32)
+    q[..., 0] = 4.0
+    k[..., 0] = 0.0
+    k[..., 256:, 0] = 40.0  # 4 * 40 / sqrt(64) = +20
+    q, k, v = (t.to(device=device, dtype=dtype) for t in (q, k, v))
+    check_forward(fa, q, k, v, what="o when the last key tile has far larger scores",
+                  hint="when the max grows, multiply BOTH the running sum l and the output accumulator by "
+                       "exp(m_old - m_new)")
+
+
+@pytest.mark.check("stability")
+def test_long_fp16_rows_need_an_fp32_accumulator(fa, rng, device):
+    # Equal scores over 300 keys whose values are about 250: o is about 250 (fine in fp16), but the
+    # unnormalised sum of exp(s - m) * v reaches 300 * 250 = 75,000, past fp16's largest value 65,504.
+    q = torch.zeros(1, 2, 20, 32)
+    k = torch.randn(1, 2, 300, 32, generator=rng)
+    v = 250 + torch.randn(1, 2, 300, 32, generator=rng)
+    q, k, v = (t.to(device=device, dtype=FP16) for t in (q, k, v))
+    check_forward(fa, q, k, v, what="fp16 o averaging 300 values near 250",
+                  hint="keep the output accumulator (and m, l) in float32: the unnormalised sum overflows fp16")
+
+
+# --------------------------------------------------------------------------------------------------
+# backward
+
+
+def check_training_step(student, fa, q, k, v, do, causal, sm_scale, what, hint=""):
+    """Forward and backward through the student's FlashAttention.apply; grads against autograd."""
+    o, dq, dk, dv = student.drive(f"{DRIVERS}:training_step", fa.flash_attention, q, k, v, do, causal, sm_scale)
+    qc, kc, vc, doc = q.cpu(), k.cpu(), v.cpu(), do.cpu()
+    ref = naive_grads(qc, kc, vc, doc, causal, sm_scale)
+    low = naive_grads(qc, kc, vc, doc, causal, sm_scale, dtype=q.dtype)
+    for name, got, inp, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), (q, k, v), ref, low):
+        assert got is not None, f"{what}: {name} is None: FlashAttention.backward returns (dq, dk, dv, None, None)"
+        assert got.dtype == inp.dtype and got.shape == inp.shape, (
+            f"{what}: {name} must have its input's dtype and shape {inp.dtype} {tuple(inp.shape)}, "
+            f"found {got.dtype} {tuple(got.shape)}"
+        )
+        assert_close(got, r, lo, f"{name} for {what}", hint or BACKWARD_HINT)
+    return dq, dk, dv
+
+
+BACKWARD_HINT = (
+    "With P = exp(scale * q k^T - lse) (0 where masked): dv = P^T dO; dP = dO v^T; dS = P * (dP - delta) with "
+    "delta = rowsum(dO * O); dq = scale * dS k; dk = scale * dS^T q."
+)
+
+BACKWARD_CASES = [  # (B, Hq, Hkv, Nq, Nk, D, dtype, causal)
+    (1, 2, 2, 17, 17, 32, FP32, False),
+    (1, 2, 2, 127, 129, 64, FP16, True),
+    (1, 1, 1, 129, 127, 16, FP32, True),
+    (1, 2, 2, 1, 300, 128, FP32, True),
+    (1, 2, 2, 17, 300, 64, FP16, False),
+    (1, 1, 1, 5, 2, 32, FP32, True),
+    (2, 1, 1, 300, 300, 16, FP16, True),
+    (1, 2, 2, 1, 5, 64, FP16, False),
+    (1, 1, 1, 300, 17, 32, FP32, False),
+]
+
+
+@pytest.mark.check("backward")
+@pytest.mark.parametrize("case", BACKWARD_CASES, ids=case_id)
+def test_backward(student, fa, rng, device, case):
+    b, hq, hkv, n_q, n_k, d, dtype, causal = case
+    q, k, v = make_qkv(rng, b, hq, hkv, n_q, n_k, d, dtype, device)
+    do = torch.randn(q.shape, generator=rng).to(device=device, dtype=dtype)
+    dq, _, _ = check_training_step(student, fa, q, k, v, do, causal, None, case_id(case))
+    if causal and n_q > n_k:
+        empty = dq[:, :, : n_q - n_k].cpu()
+        assert torch.equal(empty, torch.zeros_like(empty)), "rows that see no key must get dq = 0 exactly"
+
+
+@pytest.mark.check("backward")
+@pytest.mark.parametrize("sm_scale", [0.3, 0.0])
+def test_backward_sm_scale(student, fa, rng, device, sm_scale):
+    q, k, v = make_qkv(rng, 1, 2, 2, 33, 70, 32, FP32, device)
+    do = torch.randn(q.shape, generator=rng).to(device)
+    check_training_step(student, fa, q, k, v, do, True, sm_scale, f"sm_scale={sm_scale}",
+                        hint="use the given sm_scale (0 included) in the backward pass too: dq and dk carry a "
+                             "factor sm_scale, and P = exp(sm_scale * q k^T - lse)")
+
+
+@pytest.mark.check("backward")
+@pytest.mark.parametrize("causal,dtype", [(False, FP32), (True, FP16)])
+def test_backward_function_with_exact_o_and_lse(fa, rng, device, causal, dtype):
+    # flash_attention_backward on its own, fed the oracle's o and lse, and a strided dO.
+    q, k, v = make_qkv(rng, 1, 2, 1, 50, 90, 64, dtype, device)
+    qc, kc, vc = q.cpu(), k.cpu(), v.cpu()
+    o, lse = naive_attention(qc, kc, vc, causal)
+    do = torch.randn(1, 50, 2, 64, generator=rng).to(dtype).transpose(1, 2)
+    dq, dk, dv = fa.flash_attention_backward(q, k, v, o.to(device=device, dtype=dtype), lse.float().to(device),
+                                             do.to(device), causal=causal)
+    ref = naive_grads(qc, kc, vc, do, causal)
+    low = naive_grads(qc, kc, vc, do, causal, dtype=dtype)
+    for name, got, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, low):
+        assert_close(got, r, lo, f"{name} from flash_attention_backward (causal={causal})", BACKWARD_HINT)
+
+
+# --------------------------------------------------------------------------------------------------
+# structure: no Nq x Nk matrix, no library attention, the tile loop inside the kernel
+# (Nq, Nk, B, H and D are all distinct here, so no honest tensor has an Nq x Nk pair of dims.)
+
+
+@pytest.mark.check("structure")
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_never_builds_the_score_matrix(student, fa, rng, device, causal):
+    q, k, v = make_qkv(rng, 1, 2, 2, 96, 160, 32, FP32, device)
+    result = student.drive(f"{DRIVERS}:guarded", fa.flash_attention_forward, q, k, v, causal, n_q=96, n_k=160)
+    o, _ = result["out"]
+    ref, _ = naive_attention(q.cpu(), k.cpu(), v.cpu(), causal)
+    assert torch.allclose(o.cpu().double(), ref, atol=1e-5), "o is wrong under the memory guard"
+
+
+@pytest.mark.check("structure")
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_never_builds_the_score_matrix(student, fa, rng, device, causal):
+    q, k, v = make_qkv(rng, 1, 2, 1, 96, 160, 32, FP32, device)
+    do = torch.randn(q.shape, generator=rng).to(device)
+    _, dq, dk, dv = student.drive(f"{DRIVERS}:training_step", fa.flash_attention, q, k, v, do, causal, None,
+                                  guard=True)
+    ref = naive_grads(q.cpu(), k.cpu(), v.cpu(), do.cpu(), causal)
+    for name, got, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
+        assert torch.allclose(got.cpu().double(), r, atol=1e-4), f"{name} is wrong under the memory guard"
+
+
+@pytest.mark.check("structure")
+def test_forward_tile_loop_runs_inside_the_kernel(student, fa, rng, device):
+    counts = {}
+    for n_q, n_k in [(80, 96), (208, 336)]:
+        q, k, v = make_qkv(rng, 1, 2, 2, n_q, n_k, 32, FP16, device)
+        counts[(n_q, n_k)] = student.drive(f"{DRIVERS}:guarded", fa.flash_attention_forward, q, k, v, True,
+                                           n_q=n_q, n_k=n_k)["ops"]
+    (small, few), (large, many) = counts.items()
+    assert many <= few + 2, (
+        f"your forward ran {few} torch operations at Nq x Nk = {small[0]} x {small[1]} and {many} at "
+        f"{large[0]} x {large[1]}: it loops over tiles in Python. The loop over key tiles belongs inside your "
+        "Triton kernel, where the scores stay on chip; the host code should allocate o and lse and launch it"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# CUDA: bf16, realistic sizes, memory
+
+
+@pytest.mark.cuda
+@pytest.mark.check("cuda_bf16")
+@pytest.mark.parametrize("hq,hkv,n_q,n_k,causal", [(2, 2, 127, 129, False), (6, 2, 129, 300, True), (4, 1, 300, 17, True)])
+def test_bf16(student, fa, rng, device, hq, hkv, n_q, n_k, causal):
+    q, k, v = make_qkv(rng, 1, hq, hkv, n_q, n_k, 64, BF16, device)
+    check_forward(fa, q, k, v, causal=causal, what=f"bf16 o ({hq}x{hkv} heads, {n_q}x{n_k})")
+    do = torch.randn(q.shape, generator=rng).to(device=device, dtype=BF16)
+    check_training_step(student, fa, q, k, v, do, causal, None, f"bf16, {hq}x{hkv} heads, {n_q}x{n_k}")
+
+
+def assert_close_on_device(got, ref, low, what):
+    err = float((got.float() - ref.float()).abs().max())
+    base = float((low.float() - ref.float()).abs().max())
+    tol = 2 * base + FLOOR[got.dtype] * float(ref.abs().max()) + 1e-6
+    assert err <= tol, f"{what}: max error {err:.3g}, allowed {tol:.3g} (a naive {got.dtype} formula errs by {base:.3g})"
+
+
+@pytest.mark.cuda
+@pytest.mark.check("cuda_bf16")
+@pytest.mark.parametrize("dtype", [FP16, BF16, FP32])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_realistic_sizes(student, fa, rng, dtype, head_dim):
+    # 2 x 8 query heads over 2 KV heads, 1000 queries against 1536 keys, causal: the reference is the
+    # naive formula in fp32 on the GPU (fp64 for fp32 inputs).
+    q, k, v = make_qkv(rng, 2, 8, 2, 1000, 1536, head_dim, dtype, "cuda")
+    do = torch.randn(q.shape, generator=rng).to(device="cuda", dtype=dtype)
+    ref_dtype = torch.float64 if dtype == FP32 else FP32
+    o, lse = fa.flash_attention_forward(q, k, v, causal=True)
+    ref_o, ref_lse = naive_attention(q, k, v, True, None, ref_dtype)
+    low_o, _ = naive_attention(q, k, v, True, None, dtype)
+    assert_close_on_device(o, ref_o, low_o, f"{dtype} o, D = {head_dim}")
+    assert_lse(lse, ref_lse.cpu().double(), f"{dtype} lse, D = {head_dim}")
+    _, dq, dk, dv = student.drive(f"{DRIVERS}:training_step", fa.flash_attention, q, k, v, do, True, None)
+    ref = naive_grads(q, k, v, do, True, None, ref_dtype)
+    low = naive_grads(q, k, v, do, True, None, dtype)
+    for name, got, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, low):
+        assert_close_on_device(got, r, lo, f"{dtype} {name}, D = {head_dim}" + (
+            " (fp32 inputs need input_precision='ieee' in every tl.dot: TF32 keeps only 10 mantissa bits)"
+            if dtype == FP32 else ""))
+
+
+MEMORY_N = 8192
+
+
+@pytest.mark.cuda
+@pytest.mark.check("memory")
+def test_forward_peak_memory(student, fa, rng):
+    q, k, v = make_qkv(rng, 1, 4, 4, MEMORY_N, MEMORY_N, 64, FP16, "cuda")
+    (o, lse), extra = student.drive(f"{DRIVERS}:peak_memory", fa.flash_attention_forward, q, k, v, True)
+    score_matrix = MEMORY_N * MEMORY_N * 2  # ONE head's scores in fp16: 128 MiB
+    outputs = o.numel() * o.element_size() + lse.numel() * 4
+    assert extra <= outputs + score_matrix // 16, (
+        f"the forward pass allocated {extra / 2**20:.1f} MiB at its peak beyond its inputs, against "
+        f"{outputs / 2**20:.1f} MiB for o and lse and {score_matrix / 2**20:.0f} MiB for one head's score matrix: "
+        "the scores must stay on chip, one tile at a time"
+    )
+
+
+@pytest.mark.cuda
+@pytest.mark.check("memory")
+def test_training_step_peak_memory(student, fa, rng):
+    q, k, v = make_qkv(rng, 1, 4, 4, MEMORY_N, MEMORY_N, 64, FP16, "cuda")
+    do = torch.randn(q.shape, generator=rng).to(device="cuda", dtype=FP16)
+    _, extra = student.drive(f"{DRIVERS}:training_step_peak_memory", fa.flash_attention, q, k, v, do, True)
+    linear = 12 * q.numel() * q.element_size()  # copies of q, k, v; o, dq, dk, dv; lse, delta and slack
+    score_matrix = MEMORY_N * MEMORY_N * 2
+    assert extra <= linear + score_matrix // 16, (
+        f"forward + backward allocated {extra / 2**20:.1f} MiB at the peak, against {linear / 2**20:.0f} MiB for "
+        f"the linear-size tensors and {score_matrix / 2**20:.0f} MiB for one head's score matrix: recompute P "
+        "tile by tile from lse instead of storing it"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# speed (CUDA only): TFLOP/s as a fraction of scaled_dot_product_attention's on the same inputs
+
+
+SPEED_B, SPEED_H, SPEED_N = 4, 16, 4096
+
+
+def attention_flops(head_dim: int, causal: bool) -> float:
+    """4 * B * H * Nq * Nk * D for the two matmuls of the forward pass, halved when causal."""
+    return 4 * SPEED_B * SPEED_H * SPEED_N * SPEED_N * head_dim * (0.5 if causal else 1.0)
+
+
+def assert_timed_output(o, q, k, v, causal):
+    """Re-check the last timed rep on two heads, against the naive formula in fp32 on the GPU."""
+    sl = (slice(0, 1), slice(0, 2))
+    qs, ks, vs = q[sl], k[sl], v[sl]
+    ref, _ = naive_attention(qs, ks, vs, causal, None, FP32)
+    low, _ = naive_attention(qs, ks, vs, causal, None, qs.dtype)
+    assert_close_on_device(o[sl], ref, low, "the output of the last timed rep")
+
+
+@pytest.mark.cuda
+@pytest.mark.check("forward_speed")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_forward_speed(student, fa, score, head_dim, causal):
+    specs = [speed.Randn((SPEED_B, SPEED_H, SPEED_N, head_dim), BF16)] * 3
+    ceil = speed.ceilings()
+    t = speed.time_student(student, fa.flash_attention_forward, specs, {"causal": causal})
+    q, k, v = t.args
+    assert_timed_output(t.out[0], q, k, v, causal)
+    sdpa = speed.time_here(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), specs)
+    flops = attention_flops(head_dim, causal)
+    score.metrics(
+        tflops=flops / t.median_s / 1e12,
+        sdpa_tflops=flops / sdpa.median_s / 1e12,
+        fraction_of_matmul=flops / t.median_s / ceil.matmul_flops_per_s,
+        matmul_tflops=ceil.matmul_flops_per_s / 1e12,
+    )
+    score.speed(sdpa.median_s / t.median_s)
+
+
+@pytest.mark.cuda
+@pytest.mark.check("backward_speed")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_backward_speed(student, fa, score, causal):
+    head_dim = 128
+    shape = (SPEED_B, SPEED_H, SPEED_N, head_dim)
+    # Fresh q, k, v, o, dO per rep; lse about 4 above the scores keeps P = exp(s - lse) in (0, 1].
+    specs = [speed.Randn(shape, BF16)] * 4 + [speed.Randn(shape[:3], FP32, shift=4.0), speed.Randn(shape, BF16)]
+    ceil = speed.ceilings()
+    t = speed.time_student(student, fa.flash_attention_backward, specs, {"causal": causal})
+    assert_timed_gradients(t.out, *t.args, causal)
+
+    def sdpa_step(q, k, v, do):
+        q, k, v = (x.requires_grad_(True) for x in (q, k, v))
+        F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(do)
+
+    def sdpa_forward(q, k, v, do):
+        F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    qkvdo = [speed.Randn(shape, BF16)] * 4
+    sdpa_backward_s = speed.time_here(sdpa_step, qkvdo).median_s - speed.time_here(sdpa_forward, qkvdo).median_s
+    flops = 2.5 * attention_flops(head_dim, causal)  # five matmuls to the forward's two
+    score.metrics(
+        tflops=flops / t.median_s / 1e12,
+        sdpa_tflops=flops / sdpa_backward_s / 1e12,
+        fraction_of_matmul=flops / t.median_s / ceil.matmul_flops_per_s,
+    )
+    score.speed(sdpa_backward_s / t.median_s)
+
+
+def assert_timed_gradients(grads, q, k, v, o, lse, do, causal):
+    """The textbook backward formula from the same (q, k, v, o, lse, dO), on one head in fp32."""
+    sl = (slice(0, 1), slice(0, 1))
+    q, k, v, o, lse, do = (t[sl].float() for t in (q, k, v, o, lse, do))
+    scale = 1 / math.sqrt(q.shape[-1])
+    p = torch.exp(scores(q, k, causal, None, FP32) - lse[..., None])
+    dp = do @ v.transpose(-1, -2)
+    ds = p * (dp - (do * o).sum(-1, keepdim=True))
+    want = (scale * ds @ k, scale * ds.transpose(-1, -2) @ q, p.transpose(-1, -2) @ do)
+    for name, got, w in zip(("dq", "dk", "dv"), grads, want):
+        err = float((got[sl].float() - w).abs().max())
+        assert err <= 2e-2 * float(w.abs().max()) + 1e-3, f"{name} of the last timed rep is off by {err:.3g}"
