@@ -38,6 +38,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--grader-hide", default="", help="os.pathsep-separated folders the worker must not read")
     group.addoption("--grader-no-isolate", action="store_true", help="run workers without namespaces")
     group.addoption("--grader-user", default="nobody", help="unprivileged user for workers when root")
+    group.addoption("--grader-checks", default="", help="comma-separated check ids: run only their tests")
     group.addoption("--grader-prestart", default=None, help="start this exercise's worker before collection")
     group.addoption("--grader-call-timeout", type=float, default=None, help="override course.yaml's call_timeout_s")
 
@@ -219,6 +220,11 @@ def _check_of(item: pytest.Item):
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     course = _course(config)
+    wanted = {c for c in config.getoption("--grader-checks").split(",") if c}
+    if wanted:
+        keep = [i for i in items if (m := i.get_closest_marker("check")) is not None and m.args and m.args[0] in wanted]
+        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+        items[:] = keep
     for item in items:
         exercise_id, _ = exercise_of(Path(str(item.path)))
         if exercise_id is None or course is None:

@@ -165,7 +165,7 @@ def close_exercise(result: dict, exercise_id: str, reason: str | None = None, st
     """Fail closed: every check that never recorded a test scores zero, with the reason."""
     ex = find_exercise(result, exercise_id)
     for check in ex["checks"]:
-        if not check["tests"]:
+        if not check["tests"] and check["status"] == "pending":
             check["status"] = status or "error"
             check["points"] = 0.0
             check["message"] = reason or "no test result was recorded for this check"

@@ -41,6 +41,7 @@ class GradeOptions:
     log_dir: Path | None = None  # keep each exercise's pytest output here
     call_timeout_s: float | None = None  # override course.yaml's per-call limit
     time_limit_s: float | None = None  # override course.yaml's per-exercise limit
+    checks: list[str] | None = None  # run only these checks' tests (the others: "not run")
 
 
 def suite_sha256(root: Path, exercises: list[Exercise]) -> str:
@@ -85,6 +86,8 @@ def run_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed: i
         cmd += ["--grader-submission", str(files_dir)]
     if not opts.isolate:
         cmd.append("--grader-no-isolate")
+    if opts.checks:
+        cmd += ["--grader-checks", ",".join(opts.checks)]
     if opts.call_timeout_s is not None:
         cmd += ["--grader-call-timeout", str(opts.call_timeout_s)]
     env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", PYTHONDONTWRITEBYTECODE="1")
@@ -203,6 +206,10 @@ def grade(course: Course, root: Path, source: Path, out: Path | None = None, opt
             reason = run_exercise(root, ex, sub.folder / "files", seed, opts, on_event)
             entry["duration_s"] = time.perf_counter() - started
             entry["status"] = "graded"
+            if opts.checks:
+                for check in entry["checks"]:
+                    if check["id"] not in opts.checks and not check["tests"]:
+                        check.update(status="not_graded", message="not run: only some checks were selected")
             results.close_exercise(result, ex.id, reason, status="timeout" if reason and "time limit" in reason else None)
             save(result)
     finally:

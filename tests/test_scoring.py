@@ -55,16 +55,15 @@ def test_every_exercise_has_known_wrong_submissions(exercise_id):
 @pytest.mark.parametrize("exercise,mutant", MUTANTS, ids=[f"{e.id}-{m.name}" for e, m in MUTANTS])
 def test_known_wrong_submission_loses_its_checks(tmp_path, exercise, mutant):
     folder = write_mutant(ROOT, exercise, mutant, tmp_path / mutant.name)
-    result = grade_folder(folder, [exercise.id])
-    checks = checks_of(result, exercise.id)
     assert mutant.loses, f"mutant {mutant.name} must name the checks it loses"
+    result = grade_folder(folder, [exercise.id], checks=mutant.loses)  # only the checks it must lose: fast
+    checks = checks_of(result, exercise.id)
     for check_id in mutant.loses:
         check = checks[check_id]
         assert check["points"] < check["max_points"], (
             f"{mutant.name} ({mutant.why}) should lose points on {check_id} but kept "
             f"{check['points']}/{check['max_points']}"
         )
-    assert result["score"] < result["gradable_max_score"]
     assert_no_hidden_source(result, exercise.id)
 
 

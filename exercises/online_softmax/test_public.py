@@ -72,7 +72,7 @@ def test_normalizer_needs_a_chunk(sm):
 
 @pytest.mark.check("merge_public")
 def test_merge_two_states(sm):
-    x = torch.tensor([[1.0, 4.0, -2.0, 3.0]])
+    x = torch.tensor([[1.0, -2.0, 4.0, 3.0]])  # the second half holds the max: the first sum must be rescaled
     a, b = x[:, :2], x[:, 2:]
     state = lambda t: (t.amax(1), torch.exp(t - t.amax(1, keepdim=True)).sum(1))  # noqa: E731
     m, l = sm.merge_states(*state(a), *state(b))

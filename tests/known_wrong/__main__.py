@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
     for mutant in mutants:
         with tempfile.TemporaryDirectory() as tmp:
             folder = write_mutant(root, exercise, mutant, Path(tmp) / mutant.name)
-            result = grade(course, root, folder, None, GradeOptions(exercises=[exercise.id], seed=12345))
+            result = grade(course, root, folder, None, GradeOptions(exercises=[exercise.id], seed=12345, checks=mutant.loses))
         checks = result["exercises"][0]["checks"]
         lost = sorted(c["id"] for c in checks if c["status"] != "not_graded" and c["points"] < c["max_points"])
         missing = sorted(set(mutant.loses) - set(lost))
