@@ -4,6 +4,9 @@
   grader demo                 grade the reference solutions and the starter stubs; print the score table
   grader check [EXERCISE]     run the public tests on your exercises/ in-process; print your progress
   grader hint EXERCISE        show the next hint for an exercise (remembers how many you have seen)
+  grader progress             attempts, first passes and hints, from .progress.json
+  grader interview start|check|done   timed practice on a fresh stub in practice/<id>/
+  grader release OUT_DIR      write the student repository; refuses if anything would leak
   grader validate             check course.yaml and that every exercise has its files and tests
   grader schema [course|result]   print a JSON Schema
 
@@ -17,11 +20,12 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from rich.console import Console
 
-from grader import __version__, report, results
+from grader import __version__, report, results, selfstudy
 from grader.course import CourseError, find_root, load_course
 from grader.runner import GradeOptions, grade, run_exercise
 
@@ -94,47 +98,105 @@ def cmd_check(args: argparse.Namespace) -> int:
         reason = run_exercise(root, ex, files, 0, opts, on_event)
         console.print()
         results.close_exercise(result, ex.id, reason)
+        if not args.source:
+            tests = [t for c in results.find_exercise(result, ex.id)["checks"] for t in c["tests"]]
+            selfstudy.record_check(root, ex.id, bool(tests) and all(t["status"] in ("passed", "not_graded") for t in tests))
     results.finish(result)
     console.print(report.progress_table(result))
-    bad = next((t for ex in result["exercises"] for c in ex["checks"] for t in c["tests"]
+    bad = next(((ex, c, t) for ex in result["exercises"] for c in ex["checks"] for t in c["tests"]
                 if t["status"] not in ("passed", "not_graded") and "NotImplementedError" not in t["message"]), None)
     if bad is not None:
-        console.print(f"[bold]first failure[/]: {bad['name']}\n{bad['message']}")
-        if bad["traceback"]:
-            console.print(bad["traceback"], markup=False, highlight=False)
+        ex, check, test = bad
+        console.print(f"[bold]first failure[/] ({ex['id']}, check {check['id']}: {check['title']}): {test['name']}")
+        console.print(test["message"], markup=False, highlight=False)
+        if test["traceback"]:
+            console.print(test["traceback"], markup=False, highlight=False)
+        console.print(f"read: exercises/{ex['id']}/README.md, section 'The contract' (and 'Hints'); "
+                      f"`make hint EX={ex['id']}` for the next hint")
     skipped = [c["id"] for ex in result["exercises"] for c in ex["checks"] if c["status"] == "not_graded"]
     if skipped:
         console.print(f"[dim]not run here (need CUDA): {', '.join(skipped)}[/]")
     return 0
 
 
-HINTS_FILE = ".hints.json"
-
-
 def cmd_hint(args: argparse.Namespace) -> int:
     root, course = _course()
     ex = course.exercise(args.exercise)
-    state_path = root / HINTS_FILE
-    try:
-        state = json.loads(state_path.read_text())
-    except (OSError, json.JSONDecodeError):
-        state = {}
     if args.reset:
-        state.pop(ex.id, None)
-        state_path.write_text(json.dumps(state, indent=2) + "\n")
+        selfstudy.reset_hints(root, ex.id)
         console.print(f"hints for {ex.id} reset")
         return 0
     if not ex.hints:
         console.print(f"{ex.id} has no hints; its README's 'Hints' section is the place to look")
         return 0
-    shown = min(state.get(ex.id, 0) + 1, len(ex.hints))
+    shown = selfstudy.next_hint(root, ex.id, len(ex.hints))
     for i in range(shown):
         style = "bold" if i == shown - 1 else "dim"
         console.print(f"[{style}]hint {i + 1}/{len(ex.hints)}:[/] {ex.hints[i]}")
     if shown == len(ex.hints):
         console.print("[dim](that was the last hint)[/]")
-    state[ex.id] = shown
-    state_path.write_text(json.dumps(state, indent=2) + "\n")
+    return 0
+
+
+def cmd_progress(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    root, course = _course()
+    data = selfstudy.load(root)
+    table = Table(title="your progress (.progress.json)")
+    for col in ("exercise", "difficulty", "attempts", "public tests first passed", "hints seen"):
+        table.add_column(col)
+    for ex in course.exercises:
+        state = data.get("exercises", {}).get(ex.id, {})
+        table.add_row(ex.id, ex.difficulty, str(state.get("attempts", 0)), state.get("first_pass") or "-",
+                      f"{state.get('hints', 0)}/{len(ex.hints)}")
+    console.print(table)
+    for record in data.get("interviews", []):
+        console.print(f"interview {record['date']}: {record['exercise']}, {record['public_tests_passed']} public tests "
+                      f"in {record['minutes_used']} of {record['time_box']} minutes")
+    return 0
+
+
+def cmd_interview(args: argparse.Namespace) -> int:
+    root, course = _course()
+    try:
+        if args.action == "start":
+            round_ = selfstudy.start_interview(root, course, args.level, args.minutes, args.exercise, args.seed)
+            ex = course.exercise(round_["exercise"])
+            console.print(f"[bold]interview: {ex.title}[/] ({ex.difficulty}), time box {round_['minutes']} minutes")
+            console.print(f"task: {round_['folder']}/README.md; write your code in {round_['folder']}/{ex.file}")
+            console.print("check with `make interview-check`; finish with `make interview-done`. The clock is running.")
+            return 0
+        round_ = selfstudy.current_interview(root)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    ex = course.exercise(round_["exercise"])
+    result = results.new_result(course, "practice", "", "", 0, "local", [ex])
+    reason = run_exercise(root, ex, root / round_["folder"], 0, GradeOptions(mode="local", tests="public"),
+                          lambda e: results.record_test(result, e) if e.get("event") == "test" else None)
+    results.close_exercise(result, ex.id, reason)
+    tests = [t for c in result["exercises"][0]["checks"] for t in c["tests"]]
+    passed = sum(t["status"] == "passed" for t in tests)
+    used = (time.time() - round_["started"]) / 60
+    verdict = "[green]pass[/]" if tests and passed == len(tests) else "[red]not yet[/]"
+    console.print(f"{ex.id}: {passed}/{len(tests)} public tests pass: {verdict}; "
+                  f"{used:.0f} of {round_['minutes']} minutes used")
+    if args.action == "done":
+        record = selfstudy.finish_interview(root, passed, len(tests))
+        console.print(f"recorded: {record}")
+    return 0
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    from grader.release import LeakError, build_release
+
+    root, _ = _course()
+    try:
+        build_release(root, Path(args.out), with_solutions=args.with_solutions)
+    except (LeakError, FileExistsError) as exc:
+        raise UsageError(str(exc)) from None
+    kind = "teaching-assistant copy (with solutions)" if args.with_solutions else "student release"
+    console.print(f"{kind} written to {args.out}; the leak check passed")
     return 0
 
 
@@ -195,6 +257,22 @@ def parser() -> argparse.ArgumentParser:
     h.add_argument("exercise")
     h.add_argument("--reset", action="store_true")
     h.set_defaults(fn=cmd_hint)
+
+    pr = sub.add_parser("progress", help="what you have passed, tried and been hinted")
+    pr.set_defaults(fn=cmd_progress)
+
+    iv = sub.add_parser("interview", help="timed practice: start, check, done")
+    iv.add_argument("action", choices=("start", "check", "done"))
+    iv.add_argument("--level", choices=("easy", "medium", "hard"))
+    iv.add_argument("--minutes", type=int)
+    iv.add_argument("--exercise")
+    iv.add_argument("--seed", type=int, help="fix the random pick")
+    iv.set_defaults(fn=cmd_interview)
+
+    r = sub.add_parser("release", help="write the student repository (no solutions, no hidden tests)")
+    r.add_argument("out")
+    r.add_argument("--with-solutions", action="store_true", help="a teaching-assistant copy, clearly marked")
+    r.set_defaults(fn=cmd_release)
 
     v = sub.add_parser("validate", help="check course.yaml and the exercises' files")
     v.set_defaults(fn=cmd_validate)

@@ -41,16 +41,21 @@ def test_check_shows_the_first_failure_and_its_message(root, tmp_path):
     assert "first failure" in run.stdout and "exp(-inf - (-inf)) is NaN" in run.stdout, run.stdout
 
 
-def test_hints_are_revealed_one_at_a_time(root, tmp_path):
-    (root / ".hints.json").unlink(missing_ok=True)
+def test_hints_are_revealed_one_at_a_time_and_remembered(root):
+    progress = root / ".progress.json"
+    saved = progress.read_bytes() if progress.exists() else None
+    progress.unlink(missing_ok=True)
     try:
         first = grader(root, "hint", "online_softmax").stdout
         second = grader(root, "hint", "online_softmax").stdout
         assert "hint 1/5" in first and "hint 2/5" not in first
         assert "hint 2/5" in second
-        assert json.loads((root / ".hints.json").read_text())["online_softmax"] == 2
+        assert json.loads(progress.read_text())["exercises"]["online_softmax"]["hints"] == 2
+        assert "2/5" in grader(root, "progress").stdout
     finally:
-        (root / ".hints.json").unlink(missing_ok=True)
+        progress.unlink(missing_ok=True)
+        if saved is not None:
+            progress.write_bytes(saved)
 
 
 def test_grade_json_output_is_a_valid_result(root):

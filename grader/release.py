@@ -1,0 +1,274 @@
+"""`grader release OUT_DIR`: write the student repository, and prove it leaks nothing.
+
+The release holds what a student needs to work and to run `make check`: the exercises (stubs,
+READMEs, public tests), course.yaml, the grader package without its hidden tests, a student README
+and Makefile, and pyproject.toml. It never holds solutions/, grader/hidden/, the project's tests or
+the known-wrong submissions.
+
+The leak check runs on the finished tree before it is moved into place (a failed check writes
+nothing) and again in the project's tests:
+
+* no file whose bytes equal a file under solutions/ or grader/hidden/;
+* no function body from a solution, compared as ASTs with every name erased, so renaming variables
+  does not hide a copy (a helper the stub gives complete, with the same body, is allowed);
+* no hidden test's function name and no distinctive string literal (24+ characters) from a hidden
+  test, unless the course's public material uses the same name or text itself (a public and a
+  hidden test may share a helpful message).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+STUDENT_MAKEFILE = """\
+# Your lab: `make check` runs the public tests on your exercises/ and shows your progress.
+PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || command -v python3)
+VENV   ?= .venv
+TORCH  ?= torch
+BIN    := $(VENV)/bin
+EX     ?=
+LEVEL  ?=
+MINUTES ?=
+
+.PHONY: setup check hint progress interview interview-check interview-done
+
+$(BIN)/grader: pyproject.toml
+\t$(PYTHON) -m venv $(VENV)
+\t$(BIN)/python -m pip install --quiet --upgrade pip
+\t$(BIN)/python -m pip install --quiet "$(TORCH)" -e .
+\t@touch $@
+
+setup: $(BIN)/grader
+
+check: setup            ## public tests on your exercises/ (EX=<id> for one)
+\t$(BIN)/grader check $(EX)
+
+hint: setup             ## the next hint: make hint EX=online_softmax
+\t@test -n "$(EX)" || (echo "usage: make hint EX=<exercise id>" && exit 2)
+\t$(BIN)/grader hint $(EX)
+
+progress: setup         ## what you have passed, tried and been hinted
+\t$(BIN)/grader progress
+
+interview: setup        ## a timed practice round: make interview LEVEL=medium MINUTES=45
+\t$(BIN)/grader interview start $(if $(LEVEL),--level $(LEVEL)) $(if $(MINUTES),--minutes $(MINUTES)) $(if $(EX),--exercise $(EX))
+
+interview-check: setup
+\t$(BIN)/grader interview check
+
+interview-done: setup
+\t$(BIN)/grader interview done
+"""
+
+STUDENT_README = """\
+# LLM efficiency lab{marker}
+
+Eight exercises on making large language models efficient. Each folder under `exercises/` has a
+README that teaches the technique and states the contract, a stub to fill in, and public tests.
+
+```bash
+make check                    # set up .venv, run the public tests on your exercises/, show your progress
+make check EX=online_softmax  # one exercise
+make hint EX=online_softmax   # the next hint, gentle to explicit
+make progress                 # what you have passed, tried and been hinted
+make interview LEVEL=medium   # a timed practice round from a fresh stub (see below)
+```
+
+Start with `exercises/online_softmax/README.md`. No GPU is needed: Triton kernels run under Triton's
+interpreter, and checks that need CUDA say so. Your instructor grades with more tests than these
+(hidden ones, with other inputs and speed checks on a GPU); passing the public tests is the start.
+
+## Practice plan
+
+{plan}
+"""
+
+
+@dataclass
+class Leak:
+    path: str
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.what}"
+
+
+class LeakError(RuntimeError):
+    def __init__(self, leaks: list[Leak]):
+        self.leaks = leaks
+        super().__init__("the release would leak instructor material:\n" + "\n".join(f"  {l}" for l in leaks))
+
+
+# --------------------------------------------------------------------------------------------------
+# The leak check
+
+
+class _EraseNames(ast.NodeTransformer):
+    """Erase identifiers, so that renaming variables or arguments does not change the dump."""
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        return ast.copy_location(ast.Name(id="_", ctx=node.ctx), node)
+
+    def visit_arg(self, node: ast.arg) -> ast.AST:
+        return ast.copy_location(ast.arg(arg="_", annotation=None), node)
+
+    def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+        self.generic_visit(node)
+        return node
+
+
+def _body_fingerprints(source: str) -> dict[str, str]:
+    """Function name -> a fingerprint of its body (docstring dropped, names erased)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return {}
+    prints = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = list(node.body)
+            if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+                body = body[1:]  # the docstring
+            if sum(1 for _ in ast.walk(ast.Module(body=body, type_ignores=[]))) < 12:
+                continue  # too small to be a leak (a one-line return)
+            erased = _EraseNames().visit(ast.Module(body=[ast.fix_missing_locations(b) for b in body], type_ignores=[]))
+            prints[node.name] = hashlib.sha256(ast.dump(erased, annotate_fields=False).encode()).hexdigest()
+    return prints
+
+
+def _hidden_markers(hidden_root: Path) -> tuple[set[str], set[str]]:
+    """Hidden test function names, and their distinctive string literals."""
+    names, literals = set(), set()
+    for path in hidden_root.rglob("*.py"):
+        try:
+            tree = ast.parse(path.read_text())
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                names.add(node.name)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                text = node.value.strip()
+                if len(text) >= 24 and " " in text and "\n" not in text:
+                    literals.add(text)
+    return names, literals
+
+
+def leak_check(release: Path, course_root: Path) -> list[Leak]:
+    leaks: list[Leak] = []
+    secret_files = [p for folder in ("solutions", "grader/hidden") for p in (course_root / folder).rglob("*") if p.is_file()]
+    secret_hashes = {hashlib.sha256(p.read_bytes()).hexdigest(): p for p in secret_files}
+    solution_prints: dict[str, tuple[str, Path]] = {}
+    for path in (course_root / "solutions").rglob("*.py"):
+        for name, fp in _body_fingerprints(path.read_text()).items():
+            solution_prints[fp] = (name, path)
+    names, literals = _hidden_markers(course_root / "grader" / "hidden")
+    # A name or message the course also uses in its public material is not a secret (a public and a
+    # hidden test may share a helpful message); what remains can only have come from the hidden tests.
+    public_text = "\n".join(
+        p.read_text(errors="replace") for folder in ("exercises", "grader") for p in (course_root / folder).rglob("*.py")
+        if "hidden" not in p.relative_to(course_root).parts
+    )
+    names = {n for n in names if not re.search(rf"\b{n}\b", public_text)}
+    literals = {lit for lit in literals if lit not in public_text}
+
+    for path in sorted(p for p in release.rglob("*") if p.is_file()):
+        rel = str(path.relative_to(release))
+        data = path.read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        if digest in secret_hashes and data.strip():
+            leaks.append(Leak(rel, f"is a copy of {secret_hashes[digest].relative_to(course_root)}"))
+            continue
+        if rel.startswith(("solutions", "grader/hidden", "tests")):
+            leaks.append(Leak(rel, "lies in a folder that must not be released"))
+        if path.suffix not in (".py", ".md", ".yaml", ".txt", ".toml", "") and path.name != "Makefile":
+            continue
+        text = data.decode("utf-8", "replace")
+        if path.suffix == ".py":
+            given = _given_complete(rel, course_root)
+            for name, fp in _body_fingerprints(text).items():
+                if fp in solution_prints and fp not in given:
+                    sol_name, sol_path = solution_prints[fp]
+                    leaks.append(Leak(rel, f"function {name} has the body of {sol_name} in {sol_path.relative_to(course_root)}"))
+        for name in names:
+            if re.search(rf"\b{name}\b", text):
+                leaks.append(Leak(rel, f"names the hidden test {name}"))
+        for literal in literals:
+            if literal in text:
+                leaks.append(Leak(rel, f"quotes a hidden test's literal {literal[:40]!r}"))
+    return leaks
+
+
+def _given_complete(rel: str, course_root: Path) -> set[str]:
+    """Fingerprints of the functions the course's own stub ships complete (allowed in the release)."""
+    source = course_root / rel
+    if not rel.startswith("exercises/") or not source.is_file():
+        return set()
+    return set(_body_fingerprints(source.read_text()).values())
+
+
+# --------------------------------------------------------------------------------------------------
+# Writing the release
+
+
+def _copy_tree(src: Path, dst: Path, skip: tuple[str, ...] = ()) -> None:
+    for path in sorted(src.rglob("*")):
+        rel = path.relative_to(src)
+        if any(part in ("__pycache__", ".pytest_cache") for part in rel.parts) or str(rel).startswith(skip):
+            continue
+        target = dst / rel
+        if path.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+        elif path.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+
+
+def practice_plan(course) -> str:
+    rows = ["| exercise | difficulty | minutes |", "| --- | --- | --- |"]
+    for ex in course.exercises:
+        rows.append(f"| `{ex.id}`: {ex.title} | {ex.difficulty} | {ex.minutes} |")
+    return "\n".join(rows) + (
+        "\n\n`make interview LEVEL=easy|medium|hard MINUTES=45` copies a fresh stub into `practice/<id>/`, "
+        "prints the task and starts the clock; `make interview-check` runs the public tests on it and shows "
+        "the time used; `make interview-done` records the round in `.progress.json`."
+    )
+
+
+def build_release(course_root: Path, out: Path, with_solutions: bool = False) -> list[Leak]:
+    """Write the student repository to `out`. Refuses (writing nothing) if the leak check fails."""
+    from grader.course import load_course
+
+    course = load_course(course_root)
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"expected an empty or new folder for the release, found {out} with files in it")
+    staging = Path(tempfile.mkdtemp(prefix="release-", dir=out.parent if out.parent.exists() else None))
+    try:
+        _copy_tree(course_root / "exercises", staging / "exercises")
+        _copy_tree(course_root / "grader", staging / "grader", skip=("hidden", "bench"))
+        shutil.copy2(course_root / "course.yaml", staging / "course.yaml")
+        shutil.copy2(course_root / "pyproject.toml", staging / "pyproject.toml")
+        (staging / "Makefile").write_text(STUDENT_MAKEFILE)
+        marker = " (teaching-assistant copy: contains the solutions)" if with_solutions else ""
+        (staging / "README.md").write_text(STUDENT_README.format(marker=marker, plan=practice_plan(course)))
+        (staging / ".gitignore").write_text(".venv/\n__pycache__/\n*.egg-info/\n.hints.json\n.progress.json\npractice/\n")
+        leaks = [] if with_solutions else leak_check(staging, course_root)
+        if leaks:
+            raise LeakError(leaks)
+        if with_solutions:
+            _copy_tree(course_root / "solutions", staging / "solutions")
+            (staging / "TEACHING_ASSISTANT_COPY").write_text("This copy contains the reference solutions. Do not hand it to students.\n")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if out.exists():
+            out.rmdir()
+        shutil.move(str(staging), str(out))
+        return leaks
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

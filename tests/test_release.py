@@ -1,0 +1,102 @@
+"""The student release: complete enough to work on its own, and leaking nothing."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from grader.release import LeakError, build_release, leak_check
+
+
+@pytest.fixture(scope="module")
+def release(root, tmp_path_factory):
+    out = tmp_path_factory.mktemp("release") / "lab"
+    build_release(root, out)
+    return out
+
+
+def test_release_holds_what_students_need_and_nothing_else(release, course):
+    assert not (release / "solutions").exists()
+    assert not (release / "grader" / "hidden").exists()
+    assert not (release / "tests").exists()
+    for ex in course.exercises:
+        for name in ("README.md", ex.file, "test_public.py"):
+            assert (release / "exercises" / ex.id / name).is_file(), f"missing exercises/{ex.id}/{name}"
+    assert "make check" in (release / "README.md").read_text()
+    assert "interview" in (release / "Makefile").read_text()
+
+
+def test_leak_check_passes_on_the_release(release, root):
+    assert leak_check(release, root) == []
+
+
+def test_a_copied_solution_function_is_caught_even_renamed(release, root, tmp_path):
+    leaky = tmp_path / "leaky"
+    shutil.copytree(release, leaky)
+    source = (root / "solutions/online_softmax/online_softmax.py").read_text()
+    renamed = source.replace("m_a", "first_max").replace("l_b", "second_sum").replace("shift", "offset")
+    (leaky / "exercises" / "online_softmax" / "notes.py").write_text(renamed)
+    leaks = [str(l) for l in leak_check(leaky, root)]
+    assert any("has the body of merge_states" in l for l in leaks), leaks
+
+
+def test_copied_hidden_tests_and_names_are_caught(release, root, tmp_path):
+    leaky = tmp_path / "leaky"
+    shutil.copytree(release, leaky)
+    shutil.copy(root / "grader/hidden/online_softmax/test_hidden.py", leaky / "exercises" / "hidden_copy.py")
+    (leaky / "README.md").write_text("see test_long_fp16_rows_accumulate_in_fp32")
+    leaks = [str(l) for l in leak_check(leaky, root)]
+    assert any("is a copy of grader/hidden/online_softmax/test_hidden.py" in l for l in leaks), leaks
+    assert any("README.md: names the hidden test test_long_fp16_rows_accumulate_in_fp32" in l for l in leaks), leaks
+
+
+def test_release_refuses_to_write_when_something_would_leak(root, tmp_path, monkeypatch):
+    import grader.release as release_module
+
+    monkeypatch.setattr(release_module, "leak_check", lambda staging, course_root: [release_module.Leak("x.py", "a leak")])
+    out = tmp_path / "refused"
+    with pytest.raises(LeakError, match="x.py: a leak"):
+        build_release(root, out)
+    assert not out.exists(), "a refused release must write nothing"
+
+
+def test_teaching_assistant_copy_is_marked(root, tmp_path):
+    out = tmp_path / "ta"
+    build_release(root, out, with_solutions=True)
+    assert (out / "solutions" / "online_softmax" / "online_softmax.py").is_file()
+    assert "teaching-assistant copy" in (out / "README.md").read_text()
+    assert (out / "TEACHING_ASSISTANT_COPY").is_file()
+
+
+def test_release_make_check_works_in_a_fresh_virtual_environment(release):
+    """The real thing: `make check` in the release creates its own venv and reports the stubs at zero."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env["COLUMNS"] = "160"
+    run = subprocess.run(["make", "check", "EX=online_softmax", "TORCH=torch==2.13.0"], cwd=release, env=env,
+                         capture_output=True, text=True, timeout=1200)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert (release / ".venv" / "bin" / "grader").exists()
+    assert "0/14" in run.stdout and "start here" in run.stdout, run.stdout[-2000:]
+
+
+def test_interview_round(root, tmp_path):
+    work = tmp_path / "lab"
+    build_release(root, work)
+
+    def grader(*args):
+        return subprocess.run([sys.executable, "-m", "grader", *args], cwd=work, capture_output=True, text=True,
+                              env={**os.environ, "COLUMNS": "160"}, timeout=600)
+
+    start = grader("interview", "start", "--level", "easy", "--seed", "1")
+    assert start.returncode == 0, start.stderr
+    assert "online_softmax" in start.stdout and "time box 45 minutes" in start.stdout
+    assert (work / "practice" / "online_softmax" / "online_softmax.py").is_file()
+    check = grader("interview", "check")
+    assert "0/14 public tests pass" in check.stdout, check.stdout + check.stderr
+    done = grader("interview", "done")
+    assert "recorded" in done.stdout
+    progress = grader("progress")
+    assert "interview" in progress.stdout and "0/14 public tests" in progress.stdout
+    assert grader("interview", "check").returncode == 2, "no round is running after `done`"
