@@ -10,7 +10,7 @@ BIN    := $(VENV)/bin
 EX     ?=
 SUB    ?= solutions
 
-.PHONY: setup demo check hint grade test test-fast bench validate clean
+.PHONY: setup demo check hint progress interview interview-check interview-done grade test bench validate release clean
 
 $(BIN)/grader: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,21 @@ check: setup                      ## public tests on your exercises/ (EX=<id> fo
 hint: setup                       ## the next hint: make hint EX=online_softmax
 	@test -n "$(EX)" || (echo "usage: make hint EX=<exercise id>" && exit 2)
 	$(BIN)/grader hint $(EX)
+
+progress: setup                   ## attempts, first passes and hints (.progress.json)
+	$(BIN)/grader progress
+
+interview: setup                  ## timed practice: make interview LEVEL=medium MINUTES=45
+	$(BIN)/grader interview start $(if $(LEVEL),--level $(LEVEL)) $(if $(MINUTES),--minutes $(MINUTES))
+
+interview-check: setup
+	$(BIN)/grader interview check
+
+interview-done: setup
+	$(BIN)/grader interview done
+
+release: setup                    ## the student repository: make release OUT=../lab-student
+	$(BIN)/grader release $(or $(OUT),release)
 
 grade: setup                      ## grade a submission: make grade SUB=path/to/submission
 	$(BIN)/grader grade $(SUB) $(if $(EX),--exercise $(EX))
