@@ -35,7 +35,9 @@ class LocalModule:
         if name.startswith("__"):
             raise AttributeError(name)
         value = getattr(self._module, name)
-        if callable(value) and not isinstance(value, type):
+        if isinstance(value, type) and issubclass(value, BaseException):
+            return value  # pytest.raises(sm.OutOfBlocks) matches the class itself
+        if callable(value):
             return LocalCallable(value, self._path, self._options)
         return value
 
@@ -46,7 +48,10 @@ class LocalModule:
 class LocalCallable:
     def __init__(self, fn: Callable, path: str, options: CallOptions):
         self._fn, self._path, self._options = fn, path, options
-        functools.update_wrapper(self, fn)
+        try:
+            functools.update_wrapper(self, fn)
+        except AttributeError:  # some callables lack __name__ and friends
+            pass
 
     def _invoke(self, args: tuple, kwargs: dict, count_lines: bool = False, driver: str | None = None) -> tuple[Any, int | None]:
         fn = self._fn
@@ -77,7 +82,7 @@ class StudentSession:
     def load(self, exercise_id: str, forbid: Iterable[str] = (), forbid_why: str = "") -> Any:
         """The student's module for an exercise. `forbid` names library functions it must not call."""
         options = CallOptions(tuple(forbid), forbid_why)
-        path = self._locate(exercise_id)
+        path = self._locate(exercise_id).resolve()  # code objects carry the absolute filename
         if self.mode == "local":
             return LocalModule(self._import(exercise_id, path), path, options)
         return RemoteModule(self._worker(exercise_id), exercise_id, options)
@@ -114,11 +119,12 @@ class StudentSession:
         The structural test for vectorisation: a loop over tokens executes more lines when there are
         more tokens; vectorised code executes the same lines whatever the size.
         """
-        if not isinstance(fn, (RemoteCallable, LocalCallable)):
-            raise TypeError("lines_executed takes a function of a module returned by student.load")
-        value, lines = fn._invoke(args, kwargs, count_lines=True)
-        if not isinstance(lines, int):
-            raise RuntimeError("the line count did not come back from the student's process")
+        value, lines = self._callable(fn)._invoke(args, kwargs, count_lines=True)
+        if not isinstance(lines, int) or lines <= 0:
+            raise RuntimeError(
+                f"no line of the student's module was counted during the call (found {lines!r}): "
+                "line tracing was disabled or tampered with"
+            )
         return value, lines
 
     def drive(self, driver: str, fn: Any, *args, **kwargs) -> Any:
@@ -128,9 +134,17 @@ class StudentSession:
         ``driver(fn, *args, **kwargs)``. Use it for what must happen beside the student's code: a
         simulated ring of threads, a forward and backward pass, a timed loop.
         """
-        if not isinstance(fn, (RemoteCallable, LocalCallable)):
-            raise TypeError("drive takes a function of a module returned by student.load")
-        return fn._invoke(args, kwargs, driver=driver)[0]
+        return self._callable(fn)._invoke(args, kwargs, driver=driver)[0]
+
+    def _callable(self, fn: Any) -> RemoteCallable | LocalCallable:
+        """A student function, class or method, ready for probes (in-process: wrapped on the spot)."""
+        if isinstance(fn, (RemoteCallable, LocalCallable)):
+            return fn
+        if self.mode == "local" and callable(fn):
+            code_file = _source_file(fn)
+            if code_file is not None:
+                return LocalCallable(fn, code_file, CallOptions())
+        raise TypeError(f"expected a function, class or method of a module returned by student.load, found {fn!r}")
 
     def warnings(self) -> list[str]:
         return sorted({w for worker in self._workers.values() for w in worker.warnings})
@@ -142,3 +156,10 @@ class StudentSession:
         for worker in self._workers.values():
             worker.close()
         self._workers.clear()
+
+
+def _source_file(fn: Any) -> str | None:
+    target = getattr(fn, "__func__", fn)  # a bound method's function
+    module = sys.modules.get(getattr(target, "__module__", "") or "")
+    path = getattr(module, "__file__", None)
+    return str(Path(path).resolve()) if path else None
