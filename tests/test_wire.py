@@ -89,3 +89,21 @@ def test_line_counter_counts_only_the_named_file(tmp_path):
             namespace["loop"](n)
         counts.append(counter.count)
     assert counts[1] > counts[0] > 0, counts
+
+
+def test_a_named_tuple_from_the_worker_can_travel_back(tmp_path):
+    """Results come back as named tuples of classes made by the decoder; tests pass them on again."""
+    from grader.harness.client import Sandbox
+    from grader.harness.session import StudentSession
+
+    path = tmp_path / "nt.py"
+    path.write_text("import collections\nPair = collections.namedtuple('Pair', 'a b')\n"
+                    "def make():\n    return Pair(1, [2])\ndef total(p):\n    return p.a + p.b[0]\n")
+    student = StudentSession("sandbox", lambda _id: path, Sandbox(), lambda _id: 30.0)
+    try:
+        mod = student.load("nt")
+        pair = mod.make()
+        assert type(pair).__name__ == "Pair" and pair.a == 1
+        assert mod.total(pair) == 3
+    finally:
+        student.close()

@@ -345,6 +345,8 @@ def _outgoing(value: Any, worker: WorkerProcess) -> Any:
         return wire.HandleRef(value._id)
     if isinstance(value, wire.OnceIterable):
         return value
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return wire.portable(value)
     if isinstance(value, (types.GeneratorType, map, filter, zip)) or (
         hasattr(value, "__next__") and hasattr(value, "__iter__")
     ):

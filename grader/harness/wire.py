@@ -162,6 +162,26 @@ def encode_reply(reply: dict, keep: Callable[[Any], int]) -> bytes:
 _namedtuple_types: dict[tuple[str, tuple[str, ...]], type] = {}
 
 
+def make_namedtuple(name: str, fields: list[str], values: list) -> tuple:
+    """Rebuild a named tuple of a class made here (used when one travels back to the worker)."""
+    return _namedtuple(name, fields)(*values)
+
+
+def portable(value: Any) -> Any:
+    """A named tuple whose class was made by this module, as something pickle can send to the worker."""
+    if isinstance(value, tuple) and hasattr(value, "_fields") and type(value).__module__ == __name__:
+        return _PortableNamedTuple(type(value).__name__, list(value._fields), [portable(v) for v in value])
+    return value
+
+
+class _PortableNamedTuple:
+    def __init__(self, name: str, fields: list[str], values: list):
+        self.args = (name, fields, values)
+
+    def __reduce__(self):
+        return (make_namedtuple, self.args)
+
+
 def _namedtuple(name: str, fields: list[str]) -> type:
     if not (isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)):
         name = "Result"

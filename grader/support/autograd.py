@@ -26,5 +26,11 @@ def forward_backward(
     if not pairs:
         raise RuntimeError("the output does not require grad: is it computed from the inputs with torch ops?")
     torch.autograd.backward([o for o, _ in pairs], [g.to(o.dtype) for o, g in pairs])
-    detached = type(outputs)(o.detach() if isinstance(o, torch.Tensor) else o for o in outputs)
-    return (detached if isinstance(out, (tuple, list)) else detached[0]), [args[i].grad for i in wrt]
+    detached = [o.detach() if isinstance(o, torch.Tensor) else o for o in outputs]
+    if isinstance(out, tuple) and hasattr(out, "_fields"):
+        value = type(out)(*detached)  # a named tuple keeps its fields
+    elif isinstance(out, (tuple, list)):
+        value = type(out)(detached)
+    else:
+        value = detached[0]
+    return value, [args[i].grad for i in wrt]
