@@ -89,7 +89,9 @@ _PROCESS_GROUP_METHODS = (
     "allgather", "allgather_coalesced", "allgather_into_tensor_coalesced", "all_gather_single", "broadcast",
     "reduce", "gather", "scatter", "alltoall", "alltoall_base", "all_to_all_single",
 )
-_FUNCTIONAL = ("all_reduce", "all_reduce_inplace", "reduce_scatter_tensor", "all_gather_tensor", "all_gather_tensor_inplace")
+_FUNCTIONAL = (
+    "all_reduce", "all_reduce_inplace", "reduce_scatter_tensor", "all_gather_tensor", "all_gather_tensor_inplace",
+)
 
 
 def forbidden_collectives() -> list[str]:
@@ -110,7 +112,8 @@ def forbidden_collectives() -> list[str]:
     import torch.distributed as dist
 
     if hasattr(dist, "ProcessGroup"):
-        names += [f"torch.distributed.ProcessGroup.{m}" for m in _PROCESS_GROUP_METHODS if hasattr(dist.ProcessGroup, m)]
+        group = dist.ProcessGroup
+        names += [f"torch.distributed.ProcessGroup.{m}" for m in _PROCESS_GROUP_METHODS if hasattr(group, m)]
     return names
 
 
@@ -155,7 +158,8 @@ class _Counters:
         if not 0 <= peer < self.world_size:
             raise CommError(
                 f"rank {self.rank}: {name}={peer} is not a rank: ranks are 0..{self.world_size - 1}. "
-                f"Did you forget '% world_size' when you stepped {'back' if peer < 0 else 'past the end'} around the ring?"
+                f"Did you forget '% world_size' when you stepped {'back' if peer < 0 else 'past the end'} "
+                "around the ring?"
             )
         if peer == self.rank:
             raise CommError(
@@ -392,7 +396,7 @@ class DistributedComm:
 
     Every exchange first swaps a 3-number header (dtype, length, exchange number) so that mismatched
     buffers raise `CommError` instead of corrupting memory or aborting the process; ``checked=False``
-    skips it (the benchmark times both ways). Waits longer than `timeout_s` raise `CommError`.
+    skips it (the benchmark times the ring that way). Waits longer than `timeout_s` raise `CommError`.
     """
 
     def __init__(self, rank: int, world_size: int, device: torch.device | str = "cpu", tag: int = 0,
@@ -492,7 +496,7 @@ def _child_main(rank: int, world_size: int, backend: str, store_dir: str, body: 
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         try:
-            result = body(rank, world_size, device)
+            _write(os.path.join(store_dir, f"result{rank}.pt"), body(rank, world_size, device))
         except BaseException as exc:  # noqa: BLE001
             text = f"{type(exc).__name__}: {exc}"
             report = {"rank": rank, "type": type(exc).__name__, "text": text,
@@ -500,7 +504,6 @@ def _child_main(rank: int, world_size: int, backend: str, store_dir: str, body: 
                       "secondary": isinstance(exc, (PeerFailed, ExchangeFailed))}
             _write(os.path.join(store_dir, f"error{rank}.pkl"), report)
             raise
-        _write(os.path.join(store_dir, f"result{rank}.pt"), result)
         code = 0
         try:
             dist.destroy_process_group()

@@ -36,16 +36,13 @@ MUTANTS = [
     Mutant(
         name="aux_after_drops",
         why="counts f_e from the kept assignments, so the balancing loss cannot see the overflow it should punish",
-        edits=[("    f = chosen.sum(dim=(0, 1)).float() / (num_tokens * k)",
-                "    f = tokens_per_expert.float() / (num_tokens * k)")],
+        edits=[("    f = wanted.float() / (num_tokens * k)", "    f = tokens_per_expert.float() / (num_tokens * k)")],
         loses=["aux"],
     ),
     Mutant(
         name="topk_tie_order",
         why="takes torch.topk's order among equal probabilities as given (it is unspecified)",
-        edits=[("    values, indices = torch.sort(probs, dim=-1, descending=True, stable=True)\n"
-                "    return values[:, :k], indices[:, :k]",
-                "    return torch.topk(probs, k, dim=-1)")],
+        edits=[("    remaining = probs.detach().clone()\n", "    return torch.topk(probs, k, dim=-1)\n")],
         loses=["route_public", "topk", "drops"],
     ),
     Mutant(
@@ -85,16 +82,21 @@ MUTANTS = [
         loses=["priority"],
     ),
     Mutant(
-        name="inclusive_running_count",
-        why="uses the inclusive cumulative count as the slot, so buffers start at slot 1 and lose one place",
-        edits=[("    running = one_hot.cumsum(dim=0) - one_hot  # earlier entries only",
-                "    running = one_hot.cumsum(dim=0)")],
+        name="slot_off_by_one",
+        why="counts the assignment itself among those before it (an inclusive running count): buffers start at slot 1",
+        edits=[("- starts[grouped]\n", "- starts[grouped] + 1\n")],
         loses=["route_public", "capacity", "topk", "drops"],
+    ),
+    Mutant(
+        name="tokens_per_expert_wanted",
+        why="reports how many assignments wanted each expert instead of how many it kept",
+        edits=[("    tokens_per_expert = wanted.clamp(max=capacity)", "    tokens_per_expert = wanted")],
+        loses=["capacity", "drops"],
     ),
     Mutant(
         name="combine_reads_dropped_slots",
         why="reads a slot for dropped assignments too and relies on the zero weight (0 * inf is NaN)",
-        edits=[("    gathered = torch.where(kept[..., None], gathered, torch.zeros_like(gathered))  # never read a dropped slot\n",
+        edits=[("    gathered = torch.where(kept[..., None], gathered, torch.zeros_like(gathered))  # mask, not 0 * weight: 0 * inf is NaN\n",
                 "")],
         loses=["dispatch_combine"],
     ),

@@ -639,8 +639,8 @@ def test_combine_never_reads_dropped_or_empty_slots(sm, rng):
     y = sm.combine(expert_out, oracle_routing(o))
     assert torch.isfinite(y).all(), (
         "unused buffer slots hold inf here (an expert may produce anything on an empty slot), and combine's "
-        "output is not finite: a dropped assignment (slot -1) must not read any slot, even with weight 0 "
-        "(0 * inf is NaN). Mask with torch.where rather than multiplying by 0."
+        "output is not finite: a dropped assignment (slot -1) must contribute nothing, and multiplying what it "
+        "reads by its weight 0 is not enough (0 * inf is NaN). Mask with torch.where."
     )
     want = oracle_combine(torch.where(expert_out.isinf(), 0.0, expert_out), o)
     assert torch.allclose(y.double(), want, atol=1e-5), "combine with ones in every used slot gives the wrong sums"

@@ -890,6 +890,11 @@ def test_paged_attention_triton_bandwidth(student, pk, score):
         tables[b, :k] = perm[at : at + k].to(torch.int32)
         at += k
     tables_cuda, lens_cuda = tables.cuda(), lengths.to(torch.int32).cuda()
+    # Compile the kernel first (same dtypes, strides and constants; empty sequences, so a one-block
+    # cache suffices): a compile inside the timed call would read as time the kernel did not report.
+    tiny = torch.zeros(1, block_size, Hkv, D, dtype=torch.float16, device="cuda")
+    pk.paged_attention_triton(torch.zeros(B, Hq, D, dtype=torch.float16, device="cuda"), tiny, tiny.clone(),
+                              tables_cuda, torch.zeros(B, dtype=torch.int32, device="cuda"))
     ceil = speed.ceilings()
     specs = [
         speed.Randn((B, Hq, D), torch.float16),
@@ -910,7 +915,7 @@ def test_paged_attention_triton_bandwidth(student, pk, score):
         weights = torch.softmax(torch.einsum("hd,nhd->hn", q[b].float(), keys) / math.sqrt(D), dim=-1)
         want = torch.einsum("hn,nhd->hd", weights, values)
         err = float((out[b] - want).abs().max())
-        assert err < 1e-2, f"the timed output is wrong: sequence {b} (length {n}) has max error {err:.3g}"
+        assert err < 3e-3, f"the timed output is wrong: sequence {b} (length {n}) has max error {err:.3g}"
     kv_bytes = int(lengths.sum()) * Hkv * D * 2 * 2  # K and V, fp16
     moved = kv_bytes + 2 * B * Hq * D * 2  # plus q in and the output out
     gbps = moved / t.median_s / 1e9

@@ -256,7 +256,8 @@ def test_ring_order(student, ra, rng, world, dtype):
         for r in range(world):
             got = run["outputs"][r]
             assert got.dtype == dtype, f"N={world}: rank {r}'s tensor became {got.dtype}; keep {dtype}"
-            assert torch.equal(got, want), explain_float(got, want, exact_sum(xs), r, f"N={world}, n={n}, {dtype}", n, world)
+            assert torch.equal(got, want), explain_float(
+                got, want, exact_sum(xs), r, f"N={world}, n={n}, {dtype}", n, world)
 
 
 @pytest.mark.check("float_order")
@@ -302,7 +303,10 @@ def test_transposed(student, ra, rng, world, dtype):
     bases = [torch.randint(-500, 500, (29, 37), generator=rng).to(dtype) for _ in range(world)]
     xs = [b.t() for b in bases]  # [37, 29], strides (1, 37)
     originals = [x.clone() for x in xs]
-    want = exact_sum(originals).to(dtype).reshape(37, 29) if dtype == torch.int64 else ring_order_sum(originals).reshape(37, 29)
+    if dtype == torch.int64:
+        want = exact_sum(originals).to(dtype).reshape(37, 29)
+    else:
+        want = ring_order_sum(originals).reshape(37, 29)
     run = student.drive(SIMULATED, ra.ring_allreduce, xs)
     for r in range(world):
         got = run["outputs"][r]

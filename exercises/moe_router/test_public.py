@@ -1,0 +1,204 @@
+"""Public tests for the MoE router: small, hand-checkable cases whose failures say what to look at.
+
+Run: make check EX=moe_router   (or: pytest exercises/moe_router)
+Every expected value below is worked out by hand in the comments, or by a plain loop over tokens.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from grader.support.moe_router import Routing, as_routing
+
+
+@pytest.fixture(scope="module")
+def sm(student):
+    return student.load("moe_router")
+
+
+# --------------------------------------------------------------------------------------------------
+# router_probs and expert_capacity
+
+
+@pytest.mark.check("probs_public")
+def test_router_probs_is_an_fp32_softmax(sm):
+    logits = torch.tensor([[0.0, 0.0, 0.0, 0.0], [1.0, 2.0, 3.0, 4.0]], dtype=torch.bfloat16)
+    p = sm.router_probs(logits)
+    assert p.dtype == torch.float32, f"router_probs must return fp32 whatever the logits' dtype, found {p.dtype}"
+    assert torch.allclose(p[0], torch.full((4,), 0.25)), f"equal logits give equal probabilities 1/4, found {p[0].tolist()}"
+    want = torch.softmax(torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64), 0)
+    assert torch.allclose(p[1].double(), want, atol=1e-6), (
+        f"row 1: {p[1].tolist()}, expected {want.tolist()}: a softmax over the experts (the last dim), in fp32"
+    )
+
+
+@pytest.mark.check("probs_public")
+@pytest.mark.parametrize("T,E,k,cf,mc,want", [
+    (8, 4, 1, 1.0, 1, 2),      # 8 tokens over 4 experts: 2 each
+    (10, 4, 1, 1.0, 1, 3),     # 2.5 rounds UP to 3
+    (10, 4, 2, 1.0, 1, 5),     # top-2: 20 assignments to share, 5 each
+    (10, 4, 2, 1.25, 1, 7),    # 6.25 -> 7
+    (3, 64, 1, 1.0, 1, 1),     # fewer tokens than experts: at least min_capacity
+    (3, 64, 1, 1.0, 4, 4),
+])
+def test_expert_capacity(sm, T, E, k, cf, mc, want):
+    got = sm.expert_capacity(T, E, k, cf, mc)
+    assert got == want and isinstance(got, int), (
+        f"expert_capacity(num_tokens={T}, num_experts={E}, k={k}, capacity_factor={cf}, min_capacity={mc}) "
+        f"is {got!r}, expected {want} = max(min_capacity, ceil(k * T * cf / E)) as a Python int"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# route
+
+
+@pytest.mark.check("route_public")
+def test_top1_switch_routing(sm):
+    # 4 tokens, 2 experts, k = 1, capacity ceil(1 * 4 * 1.0 / 2) = 2.
+    logits = torch.tensor([[2.0, 0.0], [1.0, 0.0], [3.0, 0.0], [0.0, 1.0]])
+    r = sm.route(logits, 1, 1.0)
+    assert isinstance(r, tuple) and hasattr(r, "slot"), "route must return the Routing named tuple"
+    assert r.expert_index.tolist() == [[0], [0], [0], [1]], f"expert_index is {r.expert_index.tolist()}"
+    # Expert 0 is wanted by tokens 0, 1, 2 but has 2 slots: earlier tokens first, token 2 is dropped.
+    assert r.slot.tolist() == [[0], [1], [-1], [0]], (
+        f"slot is {r.slot.tolist()}, expected [[0], [1], [-1], [0]]: expert 0 has capacity 2, so tokens 0 and 1 "
+        "take its slots 0 and 1 and token 2 is dropped (slot -1); token 3 is expert 1's first"
+    )
+    p = torch.softmax(logits, -1)
+    want_w = torch.tensor([[p[0, 0]], [p[1, 0]], [0.0], [p[3, 1]]])
+    assert torch.allclose(r.combine_weight, want_w, atol=1e-6), (
+        f"combine_weight is {r.combine_weight.flatten().tolist()}, expected {want_w.flatten().tolist()}: with k = 1 "
+        "the weight is the raw router probability (no renormalisation), and 0 for the dropped token"
+    )
+    assert r.tokens_per_expert.tolist() == [2, 1], f"tokens_per_expert is {r.tokens_per_expert.tolist()}, expected [2, 1]"
+
+
+@pytest.mark.check("route_public")
+def test_top2_renormalised_weights(sm):
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.2, 0.7]]))
+    r = sm.route(logits, 2, 10.0)  # plenty of room: nothing dropped
+    assert r.expert_index.tolist() == [[0, 1], [2, 1]], f"expert_index is {r.expert_index.tolist()}, best first"
+    want = torch.tensor([[0.5 / 0.8, 0.3 / 0.8], [0.7 / 0.9, 0.2 / 0.9]])
+    assert torch.allclose(r.combine_weight, want, atol=1e-5), (
+        f"combine_weight is {r.combine_weight.tolist()}, expected {want.tolist()}: for k > 1 the default is to "
+        "divide the k chosen probabilities by their sum (Mixtral)"
+    )
+
+
+@pytest.mark.check("route_public")
+def test_ties_go_to_the_lower_expert(sm):
+    r = sm.route(torch.zeros(3, 8), 2, 10.0)
+    assert r.expert_index.tolist() == [[0, 1]] * 3, (
+        f"all-zero logits: every probability is 1/8 and the choices must be experts 0 and 1 for every token; found "
+        f"{r.expert_index.tolist()}. torch.topk does not promise an order among equal values; a stable sort does."
+    )
+
+
+@pytest.mark.check("route_public")
+def test_first_choices_before_second_choices(sm):
+    # Expert 0 is token 0's SECOND choice and tokens 1 and 2's FIRST. Capacity ceil(2*3*1.0/3) = 2.
+    logits = torch.tensor([[2.0, 3.0, 0.0], [3.0, 0.0, 2.0], [3.0, 2.0, 0.0]])
+    r = sm.route(logits, 2, 1.0)
+    assert r.slot[1, 0] == 0 and r.slot[2, 0] == 1 and r.slot[0, 1] == -1, (
+        f"slot is {r.slot.tolist()}. Expert 0 has 2 slots and three assignments want it. All first choices go "
+        "before any second choice (GShard), so tokens 1 and 2 keep it and token 0's second choice is dropped."
+    )
+
+
+@pytest.mark.check("route_public")
+def test_aux_loss_and_z_loss(sm):
+    logits = torch.tensor([[4.0, 0.0], [0.0, 4.0], [4.0, 0.0], [0.0, 4.0]])
+    r = sm.route(logits, 1, 1.0)
+    # f = [1/2, 1/2], P = [1/2, 1/2]: E * sum f * P = 2 * (1/4 + 1/4) = 1.
+    assert abs(float(r.aux_loss) - 1.0) < 1e-5, f"balanced routing should give aux_loss 1.0, found {float(r.aux_loss)}"
+    z = torch.logsumexp(logits.double(), -1).square().mean()
+    assert abs(float(r.z_loss) - float(z)) < 1e-4, f"z_loss is {float(r.z_loss)}, expected mean(logsumexp^2) = {float(z)}"
+
+
+# --------------------------------------------------------------------------------------------------
+# dispatch and combine on a routing built by hand
+
+
+def hand_routing() -> tuple[Routing, int]:
+    # 3 tokens, 2 experts, k = 2, capacity 2. Expert 0: token 0 (slot 0), token 2 (slot 1).
+    # Expert 1: token 1 (slot 0); token 2's second choice and token 0's second choice are dropped.
+    return Routing(
+        expert_index=torch.tensor([[0, 1], [1, 0], [0, 1]]),
+        combine_weight=torch.tensor([[0.6, 0.0], [0.7, 0.0], [0.9, 0.0]]),
+        slot=torch.tensor([[0, -1], [0, -1], [1, -1]]),
+        tokens_per_expert=torch.tensor([2, 1]),
+        aux_loss=torch.tensor(1.0),
+        z_loss=torch.tensor(0.0),
+    ), 2
+
+
+@pytest.mark.check("dispatch_public")
+def test_dispatch_by_hand(sm):
+    routing, cap = hand_routing()
+    x = torch.tensor([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
+    buf = sm.dispatch(x, routing, cap)
+    want = torch.tensor([[[1.0, 1.0], [3.0, 3.0]], [[2.0, 2.0], [0.0, 0.0]]])
+    assert tuple(buf.shape) == (2, 2, 2), f"dispatch returns [E, capacity, d] = (2, 2, 2), found {tuple(buf.shape)}"
+    assert torch.equal(buf, want), (
+        f"dispatch gave {buf.tolist()}, expected {want.tolist()}: buffer[e, s] is the row of the token whose kept "
+        "assignment has expert e and slot s; unused slots are zero; dropped assignments go nowhere"
+    )
+
+
+@pytest.mark.check("dispatch_public")
+def test_combine_by_hand(sm):
+    routing, cap = hand_routing()
+    expert_out = torch.tensor([[[10.0, 1.0], [30.0, 3.0]], [[20.0, 2.0], [99.0, 99.0]]])
+    y = sm.combine(expert_out, routing)
+    want = torch.tensor([[6.0, 0.6], [14.0, 1.4], [27.0, 2.7]])
+    assert torch.allclose(y, want), (
+        f"combine gave {y.tolist()}, expected {want.tolist()}: y[t] = sum over kept choices of "
+        "combine_weight * expert_out[expert, slot]; slot [1, 1] is unused and must not leak in"
+    )
+
+
+@pytest.mark.check("dispatch_public")
+def test_round_trip_with_identity_experts(sm):
+    logits = torch.randn(12, 4, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(12, 3, generator=torch.Generator().manual_seed(1))
+    routing = as_routing(sm.route(logits, 2, 1.0))
+    cap = sm.expert_capacity(12, 4, 2, 1.0)
+    y = sm.combine(sm.dispatch(x, routing, cap), routing)
+    want = routing.combine_weight.sum(-1, keepdim=True) * x
+    assert torch.allclose(y, want, atol=1e-6), (
+        "with identity experts, combine(dispatch(x)) must be each token's kept weight total times x; "
+        f"worst token off by {float((y - want).abs().max()):.3g}"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# moe_layer
+
+
+@pytest.mark.check("layer_public")
+def test_moe_layer_matches_a_loop(sm):
+    torch.manual_seed(0)
+    T, d, E, k = 10, 4, 4, 2
+    x = torch.randn(T, d)
+    gate = torch.randn(E, d)
+    experts = [nn.Linear(d, d) for _ in range(E)]
+    y, r = sm.moe_layer(x, gate, experts, k, 4.0)  # capacity 20: nothing dropped
+    probs = torch.softmax(x @ gate.t(), -1)
+    want = torch.zeros(T, d)
+    with torch.no_grad():
+        for t in range(T):
+            top = sorted(range(E), key=lambda e: (-float(probs[t, e]), e))[:k]
+            w = probs[t, top] / probs[t, top].sum()
+            for j, e in enumerate(top):
+                want[t] += w[j] * experts[e](x[t])
+    y = y.detach()
+    assert y.shape == (T, d), f"moe_layer output should be [T, d] = {(T, d)}, found {tuple(y.shape)}"
+    err = (y - want).abs().amax(-1)
+    t = int(err.argmax())
+    assert float(err[t]) < 1e-5, (
+        f"token {t} is off by {float(err[t]):.3g}: y[t] = sum over its 2 experts of renormalised weight * expert(x[t]); "
+        "check dispatch and combine use the same slot for each assignment"
+    )

@@ -1,0 +1,181 @@
+"""Public tests for pipeline_1f1b: small, fast, and each failure says what to look at.
+
+Run: make check EX=pipeline_1f1b   (or: pytest exercises/pipeline_1f1b)
+The expected schedules below are written out by hand from the README's pictures; the gradients are
+checked against the whole batch pushed through the unsplit model in float64.
+"""
+
+import copy
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="module")
+def pm(student):
+    return student.load("pipeline_1f1b")
+
+
+def ops(schedule):
+    return [[tuple(op) for op in row] for row in schedule]
+
+
+def show(schedule) -> str:
+    return "\n".join(f"  stage {s}: {' '.join(op[0] + ''.join(str(x) for x in op[1:]) for op in row)}"
+                     for s, row in enumerate(schedule))
+
+
+# --------------------------------------------------------------------------------------------------
+# Schedules
+
+
+@pytest.mark.check("schedules_public")
+def test_gpipe_small(pm):
+    got = ops(pm.gpipe_schedule(2, 3))
+    want = [[("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1), ("B", 2)]] * 2
+    assert got == want, f"gpipe_schedule(2, 3) gave\n{show(got)}\nexpected every stage to run\n{show(want[:1])}"
+
+
+@pytest.mark.check("schedules_public")
+def test_1f1b_four_stages_eight_microbatches(pm):
+    got = ops(pm.one_f_one_b_schedule(4, 8))
+    F = lambda i: ("F", i)  # noqa: E731
+    B = lambda i: ("B", i)  # noqa: E731
+    want = [
+        [F(0), F(1), F(2), F(3), B(0), F(4), B(1), F(5), B(2), F(6), B(3), F(7), B(4), B(5), B(6), B(7)],
+        [F(0), F(1), F(2), B(0), F(3), B(1), F(4), B(2), F(5), B(3), F(6), B(4), F(7), B(5), B(6), B(7)],
+        [F(0), F(1), B(0), F(2), B(1), F(3), B(2), F(4), B(3), F(5), B(4), F(6), B(5), F(7), B(6), B(7)],
+        [F(0), B(0), F(1), B(1), F(2), B(2), F(3), B(3), F(4), B(4), F(5), B(5), F(6), B(6), F(7), B(7)],
+    ]
+    for s in range(4):
+        assert got[s] == want[s], (
+            f"one_f_one_b_schedule(4, 8), stage {s}:\n{show([got[s]])}\nexpected\n{show([want[s]])}\n"
+            f"stage {s} warms up with p - s - 1 = {3 - s} forwards, then alternates F, B, then drains its backwards"
+        )
+
+
+@pytest.mark.check("schedules_public")
+def test_1f1b_with_fewer_microbatches_than_stages(pm):
+    got = ops(pm.one_f_one_b_schedule(4, 2))
+    want = [[("F", 0), ("F", 1), ("B", 0), ("B", 1)]] * 3 + [[("F", 0), ("B", 0), ("F", 1), ("B", 1)]]
+    assert got == want, (
+        f"one_f_one_b_schedule(4, 2) gave\n{show(got)}\nexpected\n{show(want)}\n"
+        "with m < p the warm-up min(p - s - 1, m) is capped by m: there are only 2 forwards to run"
+    )
+
+
+@pytest.mark.check("schedules_public")
+def test_interleaved_two_stages_two_chunks(pm):
+    got = ops(pm.interleaved_schedule(2, 4, 2))
+    want = [
+        [("F", 0, 0), ("F", 1, 0), ("F", 0, 2), ("F", 1, 2), ("F", 2, 0), ("B", 0, 2), ("F", 3, 0), ("B", 1, 2),
+         ("F", 2, 2), ("B", 0, 0), ("F", 3, 2), ("B", 1, 0), ("B", 2, 2), ("B", 3, 2), ("B", 2, 0), ("B", 3, 0)],
+        [("F", 0, 1), ("F", 1, 1), ("F", 0, 3), ("B", 0, 3), ("F", 1, 3), ("B", 1, 3), ("F", 2, 1), ("B", 0, 1),
+         ("F", 3, 1), ("B", 1, 1), ("F", 2, 3), ("B", 2, 3), ("F", 3, 3), ("B", 3, 3), ("B", 2, 1), ("B", 3, 1)],
+    ]
+    for s in range(2):
+        assert got[s] == want[s], (
+            f"interleaved_schedule(2, 4, 2), stage {s}:\n{show([got[s]])}\nexpected\n{show([want[s]])}\n"
+            "stage s holds global chunks s and s + p; warm-up is 2(p - s - 1) + (v - 1)p forwards"
+        )
+
+
+@pytest.mark.check("schedules_public")
+def test_interleaved_needs_whole_groups(pm):
+    with pytest.raises(ValueError):
+        pm.interleaved_schedule(4, 6, 2)
+        pytest.fail("interleaved_schedule(4, 6, 2) should raise ValueError: m = 6 is not a multiple of p = 4")
+
+
+# --------------------------------------------------------------------------------------------------
+# Simulator
+
+
+@pytest.mark.check("simulate_public")
+def test_simulate_gpipe_two_stages(pm):
+    sched = [[("F", 0), ("F", 1), ("B", 0), ("B", 1)]] * 2
+    r = pm.simulate(sched, forward_time=1.0, backward_time=2.0)
+    assert abs(r.makespan - 9.0) < 1e-9, (
+        f"makespan {r.makespan}, expected (m + p - 1)(t_f + t_b) = 3 * 3 = 9. Stage 1 runs F0 at 1-2, F1 at 2-3, "
+        "B0 at 3-5, B1 at 5-7; stage 0 runs B0 at 5-7 (after stage 1's B0) and B1 at 7-9"
+    )
+    assert abs(r.bubble_fraction - 1 / 3) < 1e-9, f"bubble_fraction {r.bubble_fraction}, expected (p - 1)/(m + p - 1) = 1/3"
+    assert list(r.peak_activations) == [2, 2], f"peak_activations {list(r.peak_activations)}, expected [2, 2]"
+    want = [(1.0, 2.0, ("F", 0)), (2.0, 3.0, ("F", 1)), (3.0, 5.0, ("B", 0)), (5.0, 7.0, ("B", 1))]
+    got = [(float(a), float(b), tuple(op)) for a, b, op in r.timeline[1]]
+    assert got == want, f"stage 1 timeline {got}, expected {want}"
+
+
+@pytest.mark.check("simulate_public")
+def test_simulate_charges_p2p_only_across_stages(pm):
+    sched = [[("F", 0), ("B", 0)], [("F", 0), ("B", 0)]]
+    r = pm.simulate(sched, 1.0, 2.0, p2p_time=0.5)
+    # F0 on stage 0: 0-1; sent: F0 on stage 1: 1.5-2.5; B0 there right away: 2.5-4.5; sent: B0 on stage 0: 5-7.
+    assert abs(r.makespan - 7.0) < 1e-9, (
+        f"makespan {r.makespan}, expected 7: p2p_time is paid on the two hops between stages, never between "
+        "a stage's own forward and backward"
+    )
+
+
+@pytest.mark.check("simulate_public")
+def test_simulate_names_a_deadlock(pm):
+    sched = [[("F", 0), ("B", 0)], [("B", 0), ("F", 0)]]
+    with pytest.raises(ValueError) as info:
+        pm.simulate(sched)
+        pytest.fail("stage 1 runs B0 before F0, so nothing can ever happen there: simulate should raise ValueError")
+    assert "('B', 0)" in str(info.value), f"the ValueError should name the stuck op ('B', 0), found: {info.value}"
+
+
+@pytest.mark.check("simulate_public")
+def test_simulate_refuses_a_missing_op(pm):
+    with pytest.raises(ValueError):
+        pm.simulate([[("F", 0), ("F", 1), ("B", 0), ("B", 1)], [("F", 0), ("F", 1), ("B", 1)]])
+        pytest.fail("stage 1 never runs ('B', 0): simulate should raise ValueError")
+
+
+@pytest.mark.check("simulate_public")
+def test_simulate_interleaved_costs_and_peaks(pm):
+    sched = [[("F", 0, 0), ("F", 0, 2), ("B", 0, 2), ("B", 0, 0)], [("F", 0, 1), ("F", 0, 3), ("B", 0, 3), ("B", 0, 1)]]
+    r = pm.simulate(sched, 1.0, 2.0)
+    # v = 2: forwards take 0.5, backwards 1. Chunks 0 -> 1 -> 2 -> 3, then back: 4 * 0.5 + 4 * 1 = 6.
+    assert abs(r.makespan - 6.0) < 1e-9, f"makespan {r.makespan}, expected 6 (each chunk op costs its time / v, v = 2)"
+    assert list(r.peak_activations) == [2, 2], f"peak_activations {list(r.peak_activations)}, expected [2, 2]: count (mb, chunk) pairs"
+
+
+# --------------------------------------------------------------------------------------------------
+# Executor
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    return [torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh()), torch.nn.Linear(5, 2)]
+
+
+@pytest.mark.check("run_pipeline_public")
+def test_run_pipeline_two_stages(pm):
+    stages = tiny_model()
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(4, 3, generator=g) for _ in range(4)]
+    ys = [torch.randn(4, 2, generator=g) for _ in range(4)]
+    sched = [[("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("F", 3), ("B", 2), ("B", 3)],
+             [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2), ("F", 3), ("B", 3)]]
+
+    whole = copy.deepcopy(torch.nn.Sequential(*stages)).double()
+    want_loss = torch.nn.functional.mse_loss(whole(torch.cat(xs).double()), torch.cat(ys).double())
+    want_loss.backward()
+    want_loss = float(want_loss.detach())
+    run = pm.run_pipeline(stages, xs, ys, sched, torch.nn.MSELoss())
+
+    assert abs(run.loss - want_loss) < 1e-5, (
+        f"loss {run.loss:.6f}, expected the mean {want_loss:.6f}"
+        + (": it is 4x too big; divide each microbatch's loss by m" if abs(run.loss - 4 * want_loss) < 1e-4 else "")
+    )
+    for c, piece in enumerate(whole):
+        for i, w in enumerate(piece.parameters()):
+            got = run.grads[c][i].double()
+            assert torch.allclose(got, w.grad, atol=1e-5), (
+                f"stage {c} parameter {i}: gradient off by {float((got - w.grad).abs().max()):.3g} from the "
+                "full-batch one. Stage 1 must backpropagate loss / m; stage 0 must backpropagate the gradient "
+                "stage 1 computed for its input"
+            )
+    assert list(run.peak_activations) == [2, 1], f"peak_activations {list(run.peak_activations)}, expected [2, 1]"

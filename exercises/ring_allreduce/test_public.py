@@ -1,0 +1,180 @@
+"""Public tests for ring all-reduce: small rings, and each failure says what to look at.
+
+Run: make check EX=ring_allreduce   (or: pytest exercises/ring_allreduce)
+
+Your functions run on the course's simulated ring (N threads, one per rank) through
+`student.drive`, which calls grader.support.ring_allreduce.run_simulated(fn, tensors, ...): rank r
+runs fn(tensors[r], comm_r, ...). One test runs them on real processes over torch.distributed.
+The oracles are plain sums over ranks, never a clever implementation.
+"""
+
+import pytest
+import torch
+
+from grader.support.ring_allreduce import forbidden_collectives
+
+SIMULATED = "grader.support.ring_allreduce:run_simulated"
+DISTRIBUTED = "grader.support.ring_allreduce:run_distributed_cases"
+
+
+@pytest.fixture(scope="module")
+def ra(student):
+    return student.load(
+        "ring_allreduce",
+        forbid=forbidden_collectives(),
+        forbid_why="build the all-reduce from comm.send_recv",
+    )
+
+
+def rank_inputs(world: int, n: int, dtype=torch.float64) -> list[torch.Tensor]:
+    """x_r[k] = 100 * r + k: every value says which rank and position it came from."""
+    return [(torch.arange(n) + 100 * r).to(dtype) for r in range(world)]
+
+
+def chunk_sizes(n: int, world: int) -> list[int]:
+    """Sizes of torch.tensor_split(range(n), world): the first n % world chunks get one more."""
+    return [n // world + (1 if c < n % world else 0) for c in range(world)]
+
+
+def chunk_slice(n: int, world: int, c: int) -> slice:
+    sizes = chunk_sizes(n, world)
+    start = sum(sizes[:c])
+    return slice(start, start + sizes[c])
+
+
+@pytest.mark.check("rs_public")
+def test_reduce_scatter_three_ranks(student, ra):
+    world, n = 3, 7  # chunks of 3, 2, 2 elements
+    xs = rank_inputs(world, n)
+    total = sum(x.clone() for x in xs)
+    run = student.drive(SIMULATED, ra.ring_reduce_scatter, [x.clone() for x in xs])
+    for r in range(world):
+        owned = run["returns"][r]
+        assert owned == (r + 1) % world, (
+            f"rank {r} returned {owned!r}; after N - 1 steps of sending right, rank r holds chunk (r + 1) % N "
+            f"complete, so it should return {(r + 1) % world}"
+        )
+        part = chunk_slice(n, world, owned)
+        got, want = run["outputs"][r][part], total[part]
+        assert torch.equal(got, want), (
+            f"rank {r}, chunk {owned}: found {got.tolist()}, expected the sum over ranks {want.tolist()}. "
+            f"At step s, rank r sends chunk (r - s) % N and adds the chunk (r - s - 1) % N it receives."
+        )
+
+
+@pytest.mark.check("rs_public")
+def test_reduce_scatter_two_ranks_uneven(student, ra):
+    world, n = 2, 5  # chunks of 3 and 2 elements
+    xs = rank_inputs(world, n)
+    total = xs[0] + xs[1]
+    run = student.drive(SIMULATED, ra.ring_reduce_scatter, [x.clone() for x in xs])
+    for r in range(world):
+        owned = (r + 1) % world
+        got = run["outputs"][r][chunk_slice(n, world, owned)]
+        assert torch.equal(got, total[chunk_slice(n, world, owned)]), (
+            f"rank {r}, chunk {owned}: found {got.tolist()}; with n = 5 and N = 2 the chunks are "
+            "[0:3] and [3:5] (torch.tensor_split): the first n % N chunks are one element longer"
+        )
+
+
+@pytest.mark.check("ag_public")
+def test_all_gather_overwrites(student, ra):
+    world, n = 3, 8  # chunks of 3, 3, 2
+    final = torch.arange(n, dtype=torch.float64) * 10 + 1
+    xs = []
+    for r in range(world):
+        x = torch.full((n,), -1.0 - r, dtype=torch.float64)  # stale partial sums everywhere ...
+        part = chunk_slice(n, world, (r + 1) % world)
+        x[part] = final[part]  # ... but this rank's finished chunk
+        xs.append(x)
+    run = student.drive(SIMULATED, ra.ring_all_gather, xs, rank_args=[((r + 1) % world,) for r in range(world)])
+    for r in range(world):
+        got = run["outputs"][r]
+        assert torch.equal(got, final), (
+            f"rank {r} ends with {got.tolist()}, expected {final.tolist()} everywhere. "
+            + ("Values are off by the stale contents: all-gather must overwrite (copy), never add. "
+               if (got - final).abs().max() < 5 else "")
+            + "At step s, send chunk (owned - s) % N and receive chunk (owned - s - 1) % N into place."
+        )
+
+
+@pytest.mark.check("ag_public")
+def test_all_gather_uses_owned(student, ra):
+    world, n = 4, 6  # chunks of 2, 2, 1, 1; here rank r owns chunk r (not r + 1)
+    final = torch.arange(n, dtype=torch.float64) + 1
+    xs = [torch.zeros(n, dtype=torch.float64) for _ in range(world)]
+    for r in range(world):
+        xs[r][chunk_slice(n, world, r)] = final[chunk_slice(n, world, r)]
+    run = student.drive(SIMULATED, ra.ring_all_gather, xs, rank_args=[(r,) for r in range(world)])
+    for r in range(world):
+        assert torch.equal(run["outputs"][r], final), (
+            f"with owned = rank, rank {r} ends with {run['outputs'][r].tolist()}, expected {final.tolist()}: "
+            "compute the chunk indices from `owned`, not from the rank"
+        )
+
+
+@pytest.mark.check("allreduce_public")
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_allreduce_sums(student, ra, world):
+    n = 10
+    xs = rank_inputs(world, n, torch.int64)
+    total = sum(x.clone() for x in xs)
+    run = student.drive(SIMULATED, ra.ring_allreduce, xs)
+    for r in range(world):
+        got = run["outputs"][r]
+        assert got.dtype == torch.int64, f"rank {r}: the tensor became {got.dtype}; keep the caller's dtype"
+        bad = (got != total).nonzero().flatten().tolist()
+        assert not bad, (
+            f"N={world}, rank {r}: position {bad[0]} holds {int(got[bad[0]])}, expected {int(total[bad[0]])} "
+            f"(the sum of 100*r + {bad[0]} over ranks). "
+            + ("It still holds this rank's own value: is the result written into the caller's tensor? "
+               if int(got[bad[0]]) == 100 * r + bad[0] else "")
+        )
+
+
+@pytest.mark.check("allreduce_public")
+def test_allreduce_transposed_input(student, ra):
+    world = 3
+    bases = [torch.arange(12, dtype=torch.float32).reshape(4, 3) * (r + 1) for r in range(world)]
+    xs = [b.t() for b in bases]  # shape [3, 4], not contiguous
+    total = sum(x.clone() for x in xs)
+    run = student.drive(SIMULATED, ra.ring_allreduce, xs)
+    for r in range(world):
+        got = run["outputs"][r]
+        assert got.shape == (3, 4), f"rank {r}: shape changed to {tuple(got.shape)}"
+        assert torch.equal(got, total), (
+            f"rank {r}: a transposed input came back as {got.tolist()}, expected {total.tolist()}. "
+            "tensor.reshape(-1) of a transpose is a copy: work on it, then copy the result back into tensor."
+        )
+
+
+@pytest.mark.check("allreduce_public")
+def test_allreduce_on_real_processes(student, ra):
+    world = 2
+    cases = [rank_inputs(world, 9, torch.float64), rank_inputs(world, 1, torch.int64)]  # n = 1: one chunk is empty
+    runs = student.drive(DISTRIBUTED, ra.ring_allreduce, cases)
+    for case, run in zip(cases, runs):
+        total = case[0] + case[1]
+        for r in range(world):
+            assert torch.equal(run["outputs"][r], total), (
+                f"on 2 real processes over gloo, rank {r} holds {run['outputs'][r].tolist()}, "
+                f"expected {total.tolist()}; try the same input with run_simulated, which names the culprit"
+            )
+
+
+@pytest.mark.check("volume_public")
+@pytest.mark.parametrize("world, n", [(4, 10), (3, 2)])
+def test_allreduce_sends_the_optimum(student, ra, world, n):
+    run = student.drive(SIMULATED, ra.ring_allreduce, rank_inputs(world, n))
+    sizes = chunk_sizes(n, world)
+    for r in range(world):
+        want = 2 * n - sizes[(r + 1) % world] - sizes[(r + 2) % world]
+        assert run["messages_sent"][r] == 2 * (world - 1), (
+            f"N={world}, n={n}: rank {r} sent {run['messages_sent'][r]} messages, expected 2(N - 1) = "
+            f"{2 * (world - 1)}: one per step, even when the chunk is empty"
+        )
+        assert run["elements_sent"][r] == want, (
+            f"N={world}, n={n}: rank {r} sent {run['elements_sent'][r]} elements in messages of "
+            f"{run['message_sizes'][r]}; the ring sends one chunk per step, {want} elements in all "
+            f"(chunk sizes {sizes})"
+        )

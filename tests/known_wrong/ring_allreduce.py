@@ -1,0 +1,132 @@
+"""Known-wrong ring all-reduce submissions: the mistakes students make, each as an edit of the reference."""
+
+from tests.known_wrong import Mutant
+
+_EXACT = ["allreduce", "layouts", "distributed", "allreduce_public"]
+
+MUTANTS = [
+    Mutant(
+        name="wrong_recv_chunk",
+        why="reduce-scatter adds the incoming chunk at (r - s + 1) instead of (r - s - 1): the wrong chunk index",
+        edits=[("            recv_idx = (rank - step - 1) % world  # the one its left neighbour extended",
+                "            recv_idx = (rank - step + 1) % world")],
+        loses=["reduce_scatter", "float_order", "volume", "rs_public", "volume_public", *_EXACT],
+    ),
+    Mutant(
+        name="reversed_ring",
+        why="sends to the left and receives from the right, while indexing chunks for the rightward ring (a sign error)",
+        edits=[("    return (comm.rank + 1) % comm.world_size, (comm.rank - 1) % comm.world_size",
+                "    return (comm.rank - 1) % comm.world_size, (comm.rank + 1) % comm.world_size")],
+        loses=["reduce_scatter", "all_gather", "float_order", "rs_public", "ag_public", *_EXACT],
+    ),
+    Mutant(
+        name="all_gather_adds",
+        why="all-gather adds the incoming finished chunk to the stale partial sum instead of overwriting it",
+        edits=[("            comm.send_recv(chunks[send_idx], right, chunks[recv_idx], left)  # overwrite: it is final",
+                "            incoming = torch.empty_like(chunks[recv_idx])\n"
+                "            comm.send_recv(chunks[send_idx], right, incoming, left)\n"
+                "            chunks[recv_idx].add_(incoming)")],
+        loses=["all_gather", "float_order", "ag_public", *_EXACT],
+    ),
+    Mutant(
+        name="torch_chunk",
+        why="cuts with torch.chunk, which makes ceil(n/N)-sized chunks and can return fewer than N of them",
+        edits=[("    return flat.tensor_split(world)", "    return flat.chunk(world) if flat.numel() else flat.tensor_split(world)")],
+        loses=["reduce_scatter", "all_gather", "float_order", "volume", "rs_public", "volume_public", *_EXACT],
+    ),
+    Mutant(
+        name="remainder_in_last_chunk",
+        why="gives every chunk n // N elements and the remainder to the last one: sums right, chunks not as specified",
+        edits=[
+            ("    return flat.tensor_split(world)",
+             "    q = flat.numel() // world\n"
+             "    return tuple(flat[c * q:(c + 1) * q] for c in range(world - 1)) + (flat[(world - 1) * q:],)"),
+            ("        inbox = torch.empty_like(chunks[0])  # chunk 0 is the longest",
+             "        inbox = torch.empty_like(chunks[-1])"),
+        ],
+        loses=["reduce_scatter", "float_order", "volume", "distributed", "rs_public", "volume_public"],
+    ),
+    Mutant(
+        name="negative_modulo",
+        why="computes the left neighbour as rank - 1 without % N, so rank 0 receives from rank -1",
+        edits=[("    return (comm.rank + 1) % comm.world_size, (comm.rank - 1) % comm.world_size",
+                "    return (comm.rank + 1) % comm.world_size, comm.rank - 1")],
+        loses=["reduce_scatter", "all_gather", "float_order", "volume", "rs_public", "ag_public", "volume_public",
+               *_EXACT],
+    ),
+    Mutant(
+        name="skips_empty_chunks",
+        why="skips the exchange when the chunk to send is empty, so ranks disagree on the number of exchanges",
+        edits=[("            incoming = inbox[: chunks[recv_idx].numel()]",
+                "            if chunks[send_idx].numel() == 0:\n"
+                "                continue\n"
+                "            incoming = inbox[: chunks[recv_idx].numel()]")],
+        loses=["reduce_scatter", "volume", "allreduce", "distributed", "layouts"],
+    ),
+    Mutant(
+        name="whole_buffer_ring",
+        why="passes the whole buffer around the ring N - 1 times: correct sums, (N - 1) n elements per rank",
+        edits=[("""    with flat_view(tensor) as flat:
+        owned = ring_reduce_scatter(flat, comm)
+        ring_all_gather(flat, comm, owned)""",
+                """    right, left = neighbours(comm)
+    with flat_view(tensor) as flat:
+        passing, inbox = flat.clone(), torch.empty_like(flat)
+        for _ in range(comm.world_size - 1):
+            comm.send_recv(passing, right, inbox, left)
+            flat.add_(inbox)
+            passing, inbox = inbox, passing""")],
+        loses=["volume", "float_order", "distributed", "volume_public"],
+    ),
+    Mutant(
+        name="gather_broadcast",
+        why="rank 0 receives everyone's tensor, sums, and sends the sum back: correct, but rank 0 moves (N - 1) n each way",
+        edits=[("""    with flat_view(tensor) as flat:
+        owned = ring_reduce_scatter(flat, comm)
+        ring_all_gather(flat, comm, owned)""",
+                """    with flat_view(tensor) as flat:
+        nothing = torch.empty(0, dtype=flat.dtype)
+        if comm.rank == 0:
+            inbox = torch.empty_like(flat)
+            for peer in range(1, comm.world_size):
+                comm.send_recv(nothing, peer, inbox, peer)
+                flat.add_(inbox)
+            for peer in range(1, comm.world_size):
+                comm.send_recv(flat, peer, nothing, peer)
+        else:
+            comm.send_recv(flat, 0, nothing, 0)
+            comm.send_recv(nothing, 0, flat, 0)""")],
+        loses=["volume", "float_order", "distributed", "volume_public"],
+    ),
+    Mutant(
+        name="float32_accumulator",
+        why="upcasts bfloat16 to float32 for the whole ring and rounds once at the end: not the contract's ring order",
+        edits=[("""    with flat_view(tensor) as flat:
+        owned = ring_reduce_scatter(flat, comm)
+        ring_all_gather(flat, comm, owned)""",
+                """    with flat_view(tensor) as flat:
+        work = flat.float() if flat.dtype == torch.bfloat16 else flat
+        owned = ring_reduce_scatter(work, comm)
+        ring_all_gather(work, comm, owned)
+        if work is not flat:
+            flat.copy_(work)""")],
+        loses=["float_order", "distributed"],
+    ),
+    Mutant(
+        name="no_copy_back",
+        why="works on tensor.reshape(-1), which is a copy for a transposed tensor, and never writes the result back",
+        edits=[("    tensor.copy_(flat.view(tensor.shape))", "    pass")],
+        loses=["layouts", "distributed", "allreduce_public"],
+    ),
+    Mutant(
+        name="calls_all_reduce",
+        why="hands the work to torch.distributed.all_reduce instead of building it from send_recv",
+        edits=[("""    with flat_view(tensor) as flat:
+        owned = ring_reduce_scatter(flat, comm)
+        ring_all_gather(flat, comm, owned)""",
+                """    import torch.distributed as dist
+
+    dist.all_reduce(tensor)""")],
+        loses=["allreduce", "float_order", "layouts", "volume", "distributed", "allreduce_public", "volume_public"],
+    ),
+]
