@@ -147,8 +147,8 @@ def assert_same_q(got, want, step, what: str, order=None, allowed_rows: int = 1)
         else f"the {first} columns processed before it agree, so look at the error feedback into later columns"
     )
     raise AssertionError(
-        f"{what}: {len(rows)} of {got.shape[0]} rows differ from the textbook per-column algorithm (one is allowed, "
-        f"for a rounding tie). Row {r}, column {j}: Q = {float(got[r, j]):.6g}, expected {float(want[r, j]):.6g} "
+        f"{what}: {len(rows)} of {got.shape[0]} rows differ from the expected Q ({allowed_rows} allowed, for rounding "
+        f"ties). Row {r}, column {j}: Q = {float(got[r, j]):.6g}, expected {float(want[r, j]):.6g} "
         f"(grid step {float(step[r, j]):.4g}); {hint}."
     )
 
@@ -185,7 +185,10 @@ def assert_grid_matches(res, scale, zero, what: str, skip_rows=()) -> None:
         f"{float(((got_s - scale[keep]).abs() / scale[keep]).max()):.3g}"
     )
     assert (got_z - zero[keep]).abs().max() <= 1, f"{what}: zero differs from round(-xmin / scale) (or (maxq + 1) / 2 when symmetric)"
-    assert ((got_z - zero[keep]) != 0).double().mean() <= 0.02, f"{what}: zero differs from round(-xmin / scale) in many rows"
+    differ = int(((got_z - zero[keep]) != 0).sum())
+    assert differ <= max(1, got_z.numel() // 50), (
+        f"{what}: zero differs from round(-xmin / scale) (or (maxq + 1) / 2 when symmetric) in {differ} of {got_z.numel()} grids"
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -287,7 +290,7 @@ def test_hessian_accumulates_fp16_inputs_in_fp32(gq, rng):
     H, n = gq.accumulate_hessian(torch.zeros(8, 8), 0, x)
     assert H.dtype == torch.float32, f"H should stay fp32, found {H.dtype}"
     want = 2 / 64 * x.double().T @ x.double()
-    assert torch.isfinite(H).all() and torch.allclose(H.double(), want, rtol=1e-4), (
+    assert torch.isfinite(H).all() and torch.allclose(H.double(), want, rtol=1e-4, atol=1e-5 * float(want.abs().max())), (
         "H from fp16 inputs is off: convert x to fp32 before the product (x^T x of fp16 values of magnitude 20 "
         "loses precision or overflows in fp16)"
     )
@@ -423,10 +426,12 @@ def test_block_size_does_not_change_q(gq, rng, group_size, block_sizes):
     results = {bs: gq.gptq_quantize(W, H, bits=3, group_size=group_size, block_size=bs) for bs in block_sizes}
     first = block_sizes[0]
     for bs in block_sizes[1:]:
+        why = ("a group's grid must be fit from its weights with all earlier feedback applied: inside a block they "
+               "live in the block's working copy, not in W" if group_size > 0 else
+               "the lazy batch must add up to the same updates as applying each column's feedback at once: after each "
+               "block, every later column gets Err_block @ U[block, later]")
         assert_same_q(results[bs].Q, results[first].Q, step_of(results[first]),
-                      f"group_size={group_size}: block_size={bs} against block_size={first} (a group's grid must be fit "
-                      "from its weights with all earlier feedback applied: inside a block they live in the block's "
-                      "working copy, not in W)")
+                      f"group_size={group_size}: block_size={bs} against block_size={first} ({why})")
     Q, scale, _, _, _ = obq64(W, H, bits=3, group_size=group_size)
     gs = group_size if group_size > 0 else 70
     assert_same_q(results[first].Q, Q, scale[:, torch.arange(70) // gs], f"group_size={group_size}, block_size={first}")
@@ -626,7 +631,8 @@ def test_speed_against_the_reference(student, gq, score, rows, cols):
     median = sorted(times)[2]
 
     H = calibration_hessian(cols, "cuda")
-    W_last, Q_last = got["args"][0].to("cuda"), got["out"][0].to("cuda")
+    W_last, Q_last = got["args"][0].to("cuda"), got["out"].to("cuda")  # the first 256 rows of the last timed call
+    assert Q_last.shape == W_last.shape, f"the timed call's Q has shape {tuple(Q_last.shape)}, expected {tuple(W_last.shape)}"
     rtn = output_error(W_last, rtn_rule(W_last.cpu(), 4)[0].to("cuda"), H)
     assert output_error(W_last, Q_last, H) < 0.8 * rtn, "the timed run's Q is no better than round-to-nearest"
     flops = 2.0 * rows * cols * (cols - 1) / 2  # every column's feedback reaches every later column once

@@ -1,0 +1,121 @@
+"""Known-wrong GPTQ submissions: the bugs students really make, as edits of the reference solution."""
+
+from tests.known_wrong import Mutant
+
+_CHOLESKY = "U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)"
+_TAIL = "        W[:, i2:] -= Err1 @ U[i1:i2, i2:]  # the lazy batch: the block's feedback to the rest, at once"
+_IN_BLOCK = "            W1[:, i:] -= err[:, None] * U1[i, i:][None, :]  # feedback inside the block, now"
+
+MUTANTS = [
+    Mutant(
+        name="lower_cholesky_factor",
+        why="I took the lower Cholesky factor of H^-1, so row i of it holds nothing right of the diagonal",
+        edits=[(_CHOLESKY, _CHOLESKY.replace("upper=True", "upper=False"))],
+        loses=["gptq_public", "obq_oracle", "block_invariance", "damping_dead", "act_order", "quality", "lazy_batch"],
+    ),
+    Mutant(
+        name="rows_of_the_plain_inverse",
+        why="I used the rows of H^-1 itself as the update, without the Cholesky factor that accounts for the columns already done",
+        edits=[(_CHOLESKY, "U = torch.cholesky_inverse(torch.linalg.cholesky(H))")],
+        loses=["gptq_public", "obq_oracle", "diagonal", "block_invariance", "damping_dead", "act_order", "quality",
+               "lazy_batch"],
+    ),
+    Mutant(
+        name="no_lazy_tail_update",
+        why="I updated the columns inside each block but forgot to apply the block's errors to the later columns",
+        edits=[(_TAIL, "        pass")],
+        loses=["obq_oracle", "block_invariance", "damping_dead", "act_order", "lazy_batch"],
+    ),
+    Mutant(
+        name="eager_updates_no_lazy_batch",
+        why="I apply every column's feedback to all later columns right away: correct, but it rewrites most of W per column",
+        edits=[
+            (_IN_BLOCK, _IN_BLOCK + "\n            W[:, i2:] -= err[:, None] * U[col, i2:][None, :]"),
+            (_TAIL, "        pass"),
+        ],
+        loses=["lazy_batch"],
+    ),
+    Mutant(
+        name="absolute_damping",
+        why="I added percdamp itself to the diagonal instead of percdamp * mean(diag(H))",
+        edits=[("H.diagonal().add_(percdamp * torch.diag(H).mean())", "H.diagonal().add_(percdamp)")],
+        loses=["obq_oracle", "diagonal", "block_invariance", "damping_dead", "act_order"],
+    ),
+    Mutant(
+        name="no_dead_column_fix",
+        why="I skipped the dead-column fix: damping keeps H invertible anyway, doesn't it?",
+        edits=[("    H[dead, dead] = 1\n    W[:, dead] = 0\n", "")],
+        loses=["damping_dead"],
+    ),
+    Mutant(
+        name="grid_fit_before_dead_fix",
+        why="I fit the row grids on W before zeroing the dead columns (the order of the reference implementation)",
+        edits=[
+            ("    dead = torch.diag(H) == 0\n", "    dead = torch.diag(H) == 0\n    if not grouped:\n        scale[:, 0], zero[:, 0] = fit_quantizer(W, bits, sym)\n"),
+            ("    if not grouped:  # one grid per row, from the fixed (and permuted) weights\n        scale[:, 0], zero[:, 0] = fit_quantizer(W, bits, sym)\n", ""),
+        ],
+        loses=["damping_dead"],
+    ),
+    Mutant(
+        name="act_order_not_restored",
+        why="I processed the columns in act-order but returned Q in that processing order",
+        edits=[("        Q = Q[:, torch.argsort(perm)]", "        pass")],
+        loses=["diagonal", "damping_dead", "act_order"],
+    ),
+    Mutant(
+        name="act_order_ascending",
+        why="I sorted diag(H) ascending: the least important columns first",
+        edits=[("descending=True, stable=True", "descending=False, stable=True")],
+        loses=["damping_dead", "act_order"],
+    ),
+    Mutant(
+        name="static_group_of_the_position",
+        why="With act_order and static groups I used the group of the processing position, not of the original column",
+        edits=[("group_of = (perm // gs).tolist()", "group_of = (torch.arange(cols) // gs).tolist()")],
+        loses=["diagonal", "damping_dead", "act_order"],
+    ),
+    Mutant(
+        name="group_fit_from_stale_weights",
+        why="I fit each group from W, which still misses the updates made earlier in the same block (as the reference implementation does)",
+        edits=[("current = W1[:, i : end - i1] if end <= i2 else W[:, col:end]", "current = W[:, col:end]")],
+        loses=["obq_oracle", "block_invariance"],
+    ),
+    Mutant(
+        name="zero_not_rounded",
+        why="I left the asymmetric zero point as -xmin / scale, not rounded to a whole number",
+        edits=[("        zero = torch.round(-xmin / scale)", "        zero = -xmin / scale")],
+        loses=["quantizer_public", "quantizer", "obq_oracle", "diagonal", "block_invariance", "damping_dead",
+               "act_order"],
+    ),
+    Mutant(
+        name="symmetric_only_with_negatives",
+        why="Symmetric grids: I set xmin = -xmax only for rows that have a negative value (halving the others' range)",
+        edits=[("        xmin = -xmax\n", "        xmin = torch.where(xmin < 0, -xmax, xmin)\n")],
+        loses=["quantizer_public", "quantizer"],
+    ),
+    Mutant(
+        name="hessian_not_rescaled",
+        why="I added 2/(n + m) x^T x for each batch without rescaling the mean of the earlier batches",
+        edits=[("    H.mul_(n / (n + m))\n", "")],
+        loses=["hessian_public", "hessian"],
+    ),
+    Mutant(
+        name="hessian_counts_calls",
+        why="n counts calls, as in the reference implementation's add_batch with a batch of one sequence",
+        edits=[("    H.mul_(n / (n + m))\n    n += m\n", "    H.mul_(n / (n + 1))\n    n += 1\n")],
+        loses=["hessian_public", "hessian"],
+    ),
+    Mutant(
+        name="loss_without_the_half",
+        why="I summed (w - q)^2 / d^2 and forgot the factor 1/2",
+        edits=[("            losses += err**2 / 2", "            losses += err**2")],
+        loses=["gptq_public", "obq_oracle", "diagonal"],
+    ),
+    Mutant(
+        name="no_block_group_check",
+        why="I did not check that block_size and group_size divide one another",
+        edits=[("    if group_size > 0 and not static_groups and block_size % group_size and group_size % block_size:",
+                "    if False:")],
+        loses=["validation"],
+    ),
+]
