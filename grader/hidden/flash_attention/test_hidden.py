@@ -23,7 +23,7 @@ from grader import speed
 
 INF = float("inf")
 FP16, FP32, BF16 = torch.float16, torch.float32, torch.bfloat16
-FLOOR = {FP32: 5e-6, FP16: 5e-4, BF16: 4e-3}  # times max |reference|
+FLOOR = {FP32: 5e-6, FP16: 5e-4, BF16: 4e-3}  # times max(|reference|, 1)
 DRIVERS = "grader.support.flash_attention"
 
 
@@ -92,7 +92,7 @@ def assert_close(got, ref, low, what: str, hint: str = "") -> None:
         raise AssertionError(f"{what}: found inf or NaN {where_worst(bad.double())}, where the answer is finite. {hint}")
     err = (got.double() - ref).abs()
     base = float((low.detach().cpu().double() - ref).abs().max())
-    tol = 2 * base + FLOOR[got.dtype] * float(ref.abs().max()) + 1e-7
+    tol = 2 * base + FLOOR[got.dtype] * max(float(ref.abs().max()), 1.0)
     assert float(err.max()) <= tol, (
         f"{what}: max error {float(err.max()):.3g} {where_worst(err)}, where the naive formula computed in "
         f"{str(got.dtype)[6:]} errs by {base:.3g} (allowed {tol:.3g}). {hint}"
@@ -106,7 +106,7 @@ def make_qkv(rng, b, hq, hkv, n_q, n_k, d, dtype, device="cpu", scale=1.0):
     return [t.to(device=device, dtype=dtype) for t in (q, k, v)]
 
 
-def check_forward(fa, q, k, v, causal=False, sm_scale=None, what="o", hint="", check_lse=True):
+def check_forward(fa, q, k, v, causal=False, sm_scale=None, what="o", hint="", check_lse=False):
     kwargs = {} if sm_scale is None else {"sm_scale": sm_scale}
     o, lse = fa.flash_attention_forward(q, k, v, causal=causal, **kwargs)
     assert o.dtype == q.dtype, f"{what}: o must have q's dtype {q.dtype}, found {o.dtype}"
@@ -281,16 +281,25 @@ def test_gqa_backward(student, fa, rng, device, hkv, causal, dtype):
 # lse
 
 
+LSE_CASES = [  # (Nq, Nk, causal, sm_scale, dtype)
+    (45, 150, False, None, FP32),
+    (45, 150, True, None, FP16),
+    (17, 300, False, 0.5, FP16),
+    (129, 17, True, 1.7, FP32),
+    (1, 129, True, None, FP32),
+]
+
+
 @pytest.mark.check("lse")
-@pytest.mark.parametrize("causal,sm_scale,dtype", [(False, None, FP32), (True, None, FP16), (False, 0.5, FP16),
-                                                   (True, 1.7, FP32)])
-def test_lse_is_the_logsumexp_of_the_scaled_scores(fa, rng, device, causal, sm_scale, dtype):
-    q, k, v = make_qkv(rng, 1, 2, 2, 45, 150, 64, dtype, device)
+@pytest.mark.parametrize("n_q,n_k,causal,sm_scale,dtype", LSE_CASES)
+def test_lse_is_the_logsumexp_of_the_scaled_scores(fa, rng, device, n_q, n_k, causal, sm_scale, dtype):
+    q, k, v = make_qkv(rng, 1, 2, 2, n_q, n_k, 64, dtype, device)
     kwargs = {} if sm_scale is None else {"sm_scale": sm_scale}
     _, lse = fa.flash_attention_forward(q, k, v, causal=causal, **kwargs)
     assert lse.dtype == FP32, f"lse must be float32, found {lse.dtype}"
     want = torch.logsumexp(scores(q.cpu(), k.cpu(), causal, sm_scale), dim=-1)
-    assert_lse(lse, want, f"lse (causal={causal}, sm_scale={sm_scale})")
+    want = torch.where(want == -INF, INF, want)  # the contract's convention for rows that see no key
+    assert_lse(lse, want, f"lse for Nq x Nk = {n_q} x {n_k} (causal={causal}, sm_scale={sm_scale})")
 
 
 @pytest.mark.check("lse")
@@ -313,10 +322,12 @@ def test_lse_is_plus_inf_for_rows_that_see_no_key(fa, rng, device):
 @pytest.mark.parametrize("dtype", [FP32, FP16])
 def test_scores_shifted_by_minus_1e4(fa, rng, device, dtype):
     # Softmax is shift-invariant: subtract 1e4 from every score and o must not change. One coordinate
-    # carries the shift exactly: q[..., 0] * k[..., 0] * scale = -1e4.
+    # carries the shift exactly: q[..., 0] * k[..., 0] * scale = -1e4 (it is 0 in the unshifted twin).
     d, sm_scale = (64, None) if dtype == FP32 else (16, 1.0)
     scale = 1 / math.sqrt(d) if sm_scale is None else sm_scale
     q, k, v = make_qkv(rng, 1, 2, 2, 37, 150, d, FP32, scale=0.5 if dtype == FP16 else 1.0)
+    q[..., 0], k[..., 0] = 0.0, 0.0
+    twin = [t.to(device=device, dtype=dtype) for t in (q, k, v)]
     q[..., 0], k[..., 0] = -1e4 / scale, 1.0
     q, k, v = (t.to(device=device, dtype=dtype) for t in (q, k, v))
     kwargs = {} if sm_scale is None else {"sm_scale": sm_scale}
@@ -326,13 +337,17 @@ def test_scores_shifted_by_minus_1e4(fa, rng, device, dtype):
         "o has inf or NaN when every score is about -1e4: start the running max at -inf, not 0 (exp(-1e4 - 0) "
         "underflows to 0, so l = 0), and subtract the running max before exp"
     )
+    o_twin, _ = fa.flash_attention_forward(*twin, **kwargs)
     ref, _ = naive_attention(q.cpu(), k.cpu(), v.cpu(), sm_scale=sm_scale)
-    # Rounding scores of size 1e4 costs about 1e-3 even in a correct kernel: its own tolerance.
+    ref_twin, _ = naive_attention(*(t.cpu() for t in twin), sm_scale=sm_scale)
+    # Scores of size 1e4 carry fp32 rounding of about 1e-3 even in a correct kernel: the tolerance is
+    # the kernel's own error on the unshifted twin plus a floor for that rounding.
     err = float((o.double() - ref).abs().max())
-    tol = 4e-3 * float(ref.abs().max()) + (2e-3 if dtype == FP16 else 0.0)
+    err_twin = float((o_twin.cpu().double() - ref_twin).abs().max())
+    tol = err_twin + 5e-3 * float(v.abs().max())
     assert err <= tol, (
-        f"with every score shifted by -1e4, o is off by up to {err:.3g} (allowed {tol:.3g}). Subtract the running "
-        "max before exp and start it at -inf"
+        f"with every score shifted by -1e4, o is off by up to {err:.3g}, against {err_twin:.3g} without the shift "
+        f"(allowed {tol:.3g}). Subtract the running max before exp, start it at -inf, and keep scores in fp32"
     )
 
 
@@ -470,6 +485,7 @@ def test_forward_tile_loop_runs_inside_the_kernel(student, fa, rng, device):
     counts = {}
     for n_q, n_k in [(80, 96), (208, 336)]:
         q, k, v = make_qkv(rng, 1, 2, 2, n_q, n_k, 32, FP16, device)
+        fa.flash_attention_forward(q, k, v, True)  # warm-up: compiling or autotuning may allocate once
         counts[(n_q, n_k)] = student.drive(f"{DRIVERS}:guarded", fa.flash_attention_forward, q, k, v, True,
                                            n_q=n_q, n_k=n_k)["ops"]
     (small, few), (large, many) = counts.items()
@@ -489,7 +505,7 @@ def test_forward_tile_loop_runs_inside_the_kernel(student, fa, rng, device):
 @pytest.mark.parametrize("hq,hkv,n_q,n_k,causal", [(2, 2, 127, 129, False), (6, 2, 129, 300, True), (4, 1, 300, 17, True)])
 def test_bf16(student, fa, rng, device, hq, hkv, n_q, n_k, causal):
     q, k, v = make_qkv(rng, 1, hq, hkv, n_q, n_k, 64, BF16, device)
-    check_forward(fa, q, k, v, causal=causal, what=f"bf16 o ({hq}x{hkv} heads, {n_q}x{n_k})")
+    check_forward(fa, q, k, v, causal=causal, what=f"bf16 o ({hq}x{hkv} heads, {n_q}x{n_k})", check_lse=True)
     do = torch.randn(q.shape, generator=rng).to(device=device, dtype=BF16)
     check_training_step(student, fa, q, k, v, do, causal, None, f"bf16, {hq}x{hkv} heads, {n_q}x{n_k}")
 
@@ -497,7 +513,7 @@ def test_bf16(student, fa, rng, device, hq, hkv, n_q, n_k, causal):
 def assert_close_on_device(got, ref, low, what):
     err = float((got.float() - ref.float()).abs().max())
     base = float((low.float() - ref.float()).abs().max())
-    tol = 2 * base + FLOOR[got.dtype] * float(ref.abs().max()) + 1e-6
+    tol = 2 * base + FLOOR[got.dtype] * max(float(ref.abs().max()), 1.0)
     assert err <= tol, f"{what}: max error {err:.3g}, allowed {tol:.3g} (a naive {got.dtype} formula errs by {base:.3g})"
 
 

@@ -1,0 +1,162 @@
+"""Public tests for FlashAttention: small, fast, and each failure says what to look at.
+
+Run: make check EX=flash_attention   (or: pytest exercises/flash_attention)
+The oracle is the textbook formula in float64: softmax(q k^T * scale) v, with the mask built as a full
+matrix. Fine for a test on 100 tokens; exactly what your kernel must never do.
+"""
+
+import math
+
+import pytest
+import torch
+
+INF = float("inf")
+
+
+@pytest.fixture(scope="module")
+def fa(student):
+    return student.load(
+        "flash_attention",
+        forbid=["torch.nn.functional.scaled_dot_product_attention", "torch.softmax", "torch.nn.functional.softmax",
+                "torch.Tensor.softmax"],
+        forbid_why="FlashAttention computes the softmax itself, one tile at a time",
+    )
+
+
+def textbook_attention(q, k, v, causal=False, sm_scale=None):
+    """(o, lse) in float64. Causal is bottom-right: query i sees key j iff j <= i + Nk - Nq."""
+    group = q.shape[1] // k.shape[1]
+    q, k, v = q.double(), k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
+    scale = 1 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+    s = q @ k.transpose(-1, -2) * scale
+    n_q, n_k = s.shape[-2:]
+    if causal:
+        i, j = torch.arange(n_q)[:, None], torch.arange(n_k)[None, :]
+        s = s.masked_fill(j > i + (n_k - n_q), -INF)
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(m == -INF, torch.zeros_like(m), m)  # a row with no key: avoid -inf - -inf
+    e = torch.exp(s - m)
+    l = e.sum(-1, keepdim=True)
+    o = (e @ v) / torch.where(l > 0, l, torch.ones_like(l))
+    lse = torch.where(l > 0, m + torch.log(l), torch.full_like(l, INF))[..., 0]
+    return o, lse
+
+
+def qkv(b, hq, hkv, n_q, n_k, d, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, hq, n_q, d, generator=g).to(dtype)
+    k = torch.randn(b, hkv, n_k, d, generator=g).to(dtype)
+    v = torch.randn(b, hkv, n_k, d, generator=g).to(dtype)
+    return q, k, v
+
+
+def worst_row(got, want, what):
+    err = (got.double() - want.double()).abs().amax(-1)  # [B, H, Nq]
+    b, h, i = (int(x) for x in torch.nonzero(err == err.max())[0])
+    return f"{what}: worst at batch {b}, head {h}, query row {i}: max error {float(err.max()):.3g}"
+
+
+@pytest.mark.check("forward_public")
+def test_forward_one_tile(fa):
+    q, k, v = qkv(1, 2, 2, 16, 16, 32)
+    o, lse = fa.flash_attention_forward(q, k, v)
+    want_o, want_lse = textbook_attention(q, k, v)
+    assert o.shape == q.shape and o.dtype == q.dtype, f"o should be {tuple(q.shape)} {q.dtype}, found {tuple(o.shape)} {o.dtype}"
+    assert lse.shape == q.shape[:3] and lse.dtype == torch.float32, (
+        f"lse should be float32 {tuple(q.shape[:3])}, found {lse.dtype} {tuple(lse.shape)}"
+    )
+    assert torch.allclose(o.double(), want_o, atol=1e-5), worst_row(o, want_o, "o")
+    assert torch.allclose(lse.double(), want_lse, atol=1e-5), (
+        f"lse is off by up to {float((lse.double() - want_lse).abs().max()):.3g}: it is the natural-log logsumexp "
+        "of the SCALED scores, m + log(l) (if you worked in base 2, convert back)"
+    )
+
+
+@pytest.mark.check("forward_public")
+@pytest.mark.parametrize("n_k", [70, 200])
+def test_forward_many_key_tiles_with_a_ragged_tail(fa, n_k):
+    q, k, v = qkv(1, 2, 2, 33, n_k, 64, seed=n_k)
+    o, lse = fa.flash_attention_forward(q, k, v)
+    want_o, want_lse = textbook_attention(q, k, v)
+    assert torch.allclose(o.double(), want_o, atol=1e-5), worst_row(o, want_o, f"o with Nk = {n_k}") + (
+        ". Two usual causes: the accumulator is not multiplied by exp(m_old - m_new) when the running max grows, "
+        "or keys past Nk in the last tile are not masked to -inf (a zero score still adds exp(0 - m) to l)"
+    )
+    assert torch.allclose(lse.double(), want_lse, atol=1e-5), "lse is off: is the sum l rescaled when the max grows?"
+
+
+@pytest.mark.check("forward_public")
+def test_forward_fp16(fa):
+    q, k, v = qkv(1, 2, 1, 40, 90, 16, dtype=torch.float16, seed=3)
+    o, _ = fa.flash_attention_forward(q, k, v)
+    want, _ = textbook_attention(q, k, v)
+    assert o.dtype == torch.float16, f"o should be float16 for float16 inputs, found {o.dtype}"
+    assert torch.allclose(o.double(), want, atol=2e-3), worst_row(o, want, "fp16 o") + (
+        ": keep m, l and the accumulator in float32 and cast only the final o"
+    )
+
+
+@pytest.mark.check("forward_public")
+def test_forward_rejects_an_unsupported_head_dim(fa):
+    q, k, v = qkv(1, 1, 1, 4, 4, 48)
+    with pytest.raises(ValueError):
+        fa.flash_attention_forward(q, k, v)
+
+
+@pytest.mark.check("causal_public")
+def test_causal_square(fa):
+    q, k, v = qkv(1, 2, 2, 50, 50, 32, seed=5)
+    o, lse = fa.flash_attention_forward(q, k, v, causal=True)
+    want_o, want_lse = textbook_attention(q, k, v, causal=True)
+    assert torch.allclose(o.double(), want_o, atol=1e-5), worst_row(o, want_o, "causal o") + (
+        ": query i may attend keys 0..i only"
+    )
+    assert torch.allclose(lse.double(), want_lse, atol=1e-5), "causal lse is off"
+
+
+@pytest.mark.check("causal_public")
+def test_causal_is_aligned_bottom_right(fa):
+    q, k, v = qkv(1, 1, 1, 2, 5, 16, seed=6)
+    o, _ = fa.flash_attention_forward(q, k, v, causal=True)
+    want, _ = textbook_attention(q, k, v, causal=True)
+    top_left, _ = textbook_attention(q, k[:, :, :2], v[:, :, :2], causal=True)  # what j <= i would give
+    assert not torch.allclose(o.double(), top_left, atol=1e-5), (
+        "your causal mask is aligned top-left (key j <= query i), as in scaled_dot_product_attention(is_causal=True). "
+        "This exercise aligns it bottom-right, as flash-attn does: j <= i + Nk - Nq, so the last query sees every key"
+    )
+    assert torch.allclose(o.double(), want, atol=1e-5), (
+        "with Nq = 2 and Nk = 5, query 0 sees keys 0..3 and query 1 sees keys 0..4 (the mask is aligned to the "
+        "bottom-right corner: j <= i + Nk - Nq). " + worst_row(o, want, "o")
+    )
+
+
+@pytest.mark.check("causal_public")
+def test_causal_rows_that_see_no_key(fa):
+    q, k, v = qkv(1, 1, 1, 5, 2, 16, seed=7)
+    o, lse = fa.flash_attention_forward(q, k, v, causal=True)
+    assert not torch.isnan(o).any(), "o has NaN: a row that sees no key must give o = 0 (exp(-inf - -inf) is NaN)"
+    assert torch.equal(o[0, 0, :3], torch.zeros_like(o[0, 0, :3])), (
+        f"with Nq = 5 and Nk = 2, rows 0..2 see no key and must be 0, found max |o| = {float(o[0, 0, :3].abs().max()):.3g}"
+    )
+    assert lse[0, 0, :3].tolist() == [INF] * 3, f"rows 0..2 see no key: lse must be +inf, found {lse[0, 0, :3].tolist()}"
+    want_o, want_lse = textbook_attention(q, k, v, causal=True)
+    assert torch.allclose(o.double(), want_o, atol=1e-5), worst_row(o, want_o, "o")
+
+
+@pytest.mark.check("backward_public")
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradients(student, fa, causal):
+    q, k, v = qkv(1, 2, 2, 37, 45, 32, seed=8)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(9))
+    o, (dq, dk, dv) = student.drive("grader.support.autograd:forward_backward", fa.flash_attention,
+                                    [q, k, v, causal], do, wrt=[0, 1, 2])
+    ref = [t.double().requires_grad_(True) for t in (q, k, v)]
+    textbook_attention(*ref, causal=causal)[0].backward(do.double())
+    for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), (r.grad for r in ref)):
+        assert got is not None, f"{name} is None: FlashAttention.backward must return (dq, dk, dv, None, None)"
+        assert got.dtype == torch.float32, f"{name} should have its input's dtype float32, found {got.dtype}"
+        err = float((got.double() - want).abs().max())
+        assert err < 1e-4, (
+            f"{name} is off by up to {err:.3g} (causal={causal}). dV = P^T dO; dS = P * (dO V^T - delta) with "
+            "delta = rowsum(dO * O); dQ = scale * dS K; dK = scale * dS^T Q, with P = exp(scale * q k^T - lse)"
+        )
