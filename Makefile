@@ -6,6 +6,7 @@
 PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || command -v python3)
 VENV   ?= .venv
 TORCH  ?= torch
+EXTRAS ?= dev
 BIN    := $(VENV)/bin
 EX     ?=
 SUB    ?= solutions
@@ -15,7 +16,7 @@ SUB    ?= solutions
 $(BIN)/grader: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "$(TORCH)" -e '.[dev]'
+	$(BIN)/python -m pip install --quiet "$(TORCH)" -e '.[$(EXTRAS)]'
 	@touch $@
 
 setup: $(BIN)/grader

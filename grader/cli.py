@@ -274,6 +274,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--with-solutions", action="store_true", help="a teaching-assistant copy, clearly marked")
     r.set_defaults(fn=cmd_release)
 
+    from grader.export.cli import add_commands as add_export_commands
+
+    add_export_commands(sub)
+
     v = sub.add_parser("validate", help="check course.yaml and the exercises' files")
     v.set_defaults(fn=cmd_validate)
 

@@ -9,6 +9,7 @@ expected, for example::
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 from typing import Literal
 
@@ -114,11 +115,42 @@ class WorkerLimits(_Model):
     max_result_mb: int = Field(1024, gt=0)
 
 
+GradescopeVisibility = Literal["hidden", "after_due_date", "after_published", "visible"]
+
+
+class VisibilityMap(_Model):
+    """Gradescope visibility of a check, by its course.yaml visibility."""
+
+    public: GradescopeVisibility = "visible"
+    hidden: GradescopeVisibility = "after_published"
+
+
+class GradescopeSettings(_Model):
+    visibility: VisibilityMap = VisibilityMap()
+    stdout_visibility: GradescopeVisibility = "hidden"
+    leaderboard: bool = False
+    count_ungraded_cuda: bool = False
+
+
+class PrairieLearnSettings(_Model):
+    count_ungraded_cuda: bool = False
+
+
+class ExportSettings(_Model):
+    """The optional `export:` mapping: how results map onto Gradescope, PrairieLearn and gradebooks
+    (documented in grader/export/README.md)."""
+
+    due: dt.datetime | None = None
+    gradescope: GradescopeSettings = GradescopeSettings()
+    prairielearn: PrairieLearnSettings = PrairieLearnSettings()
+
+
 class Course(_Model):
     course: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$")
     title: str
     version: str
     worker: WorkerLimits = WorkerLimits()
+    export: ExportSettings = ExportSettings()
     exercises: list[Exercise] = Field(min_length=1)
 
     @model_validator(mode="after")

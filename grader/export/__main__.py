@@ -1,0 +1,5 @@
+import sys
+
+from grader.export.cli import main
+
+sys.exit(main())

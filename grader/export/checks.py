@@ -1,0 +1,105 @@
+"""What every export says about a check: its text, its speed figure, and the submission's summary."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+MAX_CHECK_OUTPUT = 8000  # characters of detail per check: a flood of output must not bury the rest
+NOT_GRADED = "not graded here: this check needs a CUDA device"
+
+
+def pts(value: float) -> str:
+    return f"{round(float(value), 2):g}"
+
+
+def truncate(text: str, limit: int = MAX_CHECK_OUTPUT) -> str:
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n... ({len(text) - limit} more characters cut)"
+
+
+def iter_checks(result: dict) -> Iterator[tuple[int, dict, int, dict]]:
+    """(exercise number, exercise, check number, check), numbered from 1 in the result's order."""
+    for i, ex in enumerate(result["exercises"], 1):
+        for j, check in enumerate(ex["checks"], 1):
+            yield i, ex, j, check
+
+
+def is_speed(check: dict) -> bool:
+    return any(t["metrics"] for t in check["tests"]) or check["id"].endswith("_speed")
+
+
+def speed_metric(check: dict, exercise_id: str, course: Any = None) -> str | None:
+    """The metric a speed check is scored on: course.yaml's `speed.metric`, else the figure recorded
+    just before `bar` (the plugin's `score.speed` records the metric, then `bar` and `floor`)."""
+    if course is not None:
+        try:
+            bar = course.exercise(exercise_id).check(check["id"]).speed
+        except KeyError:
+            bar = None
+        if bar is not None:
+            return bar.metric
+    for test in check["tests"]:
+        keys = list(test["metrics"])
+        if "bar" in keys and keys.index("bar") > 0:
+            return keys[keys.index("bar") - 1]
+    return None
+
+
+def speed_value(check: dict, metric: str | None) -> float | None:
+    """The mean of `metric` over the check's tests that measured it; None if none did."""
+    values = [t["metrics"][metric] for t in check["tests"] if metric and metric in t["metrics"]]
+    return sum(values) / len(values) if values else None
+
+
+def counts_toward(check: dict, count_ungraded_cuda: bool) -> float:
+    """The points a check is out of in an export: a check not graded here counts only if the course says so."""
+    return check["max_points"] if check["status"] != "not_graded" or count_ungraded_cuda else 0.0
+
+
+def check_output(check: dict) -> str:
+    """Plain-text detail of one check: outcome, message, each test that did not pass, speed figures."""
+    lines = [f"{check['status']}: {pts(check['points'])}/{pts(check['max_points'])} points"]
+    if check["status"] == "not_graded" and not check["message"]:
+        lines.append(NOT_GRADED)
+    if check["message"]:
+        lines.append(check["message"])
+    tests = check["tests"]
+    if not tests and not check["message"] and check["status"] != "not_graded":
+        lines.append("no test of this check ran")
+    if tests:
+        tally = Counter(t["status"] for t in tests)
+        lines.append("tests: " + ", ".join(f"{n} {status}" for status, n in sorted(tally.items())))
+    for test in tests:
+        if test["status"] not in ("passed", "not_graded"):
+            lines.append(f"- {test['name']} [{test['status']}]: {test['message']}".rstrip())
+            if test["traceback"]:
+                lines.extend("    " + line for line in test["traceback"].rstrip().splitlines())
+        if test["metrics"]:
+            figures = ", ".join(f"{k} = {v:.4g}" for k, v in test["metrics"].items())
+            lines.append(f"- {test['name']}: {figures}")
+    return truncate("\n".join(lines))
+
+
+def summary(result: dict, count_ungraded_cuda: bool, where: str) -> list[str]:
+    """The submission's headline: score, what was not graded here and whether it counts, seed, warnings."""
+    lines = [(f"{result['course']} {result['course_version']} · submission {result['submission']['id']} · "
+              f"grader {result['grader_version']}")]
+    if result.get("gradable") is False:
+        lines.append("This submission could not be graded:")
+        lines.extend(f"  {e}" for e in result.get("format_errors") or ["(no reason recorded)"])
+        return lines
+    ungraded = result["max_score"] - result["gradable_max_score"]
+    out_of = result["max_score"] if count_ungraded_cuda else result["gradable_max_score"]
+    lines.append(f"Score: {pts(result['score'])}/{pts(out_of)}")
+    if ungraded > 0:
+        counted = ("they count as 0 until graded on a CUDA machine" if count_ungraded_cuda
+                   else "they do not count here")
+        lines.append(f"{pts(ungraded)} points need a CUDA device and were not graded {where}; {counted}.")
+    if result["state"] != "complete":
+        lines.append("Grading did not finish: checks without a result scored 0 (see each check's message).")
+    lines.append(f"Seed: {result['seed']} (an instructor reproduces this run with `grader grade --seed {result['seed']}`).")
+    lines.extend(f"warning: {w}" for w in result["warnings"])
+    return lines

@@ -1,0 +1,208 @@
+"""The export subcommands; grader/cli.py registers them with `add_commands(subparsers)`.
+
+  grader export RESULTS_DIR --format csv|gradescope|prairielearn|nbgrader [--out PATH]
+  grader feedback RESULT.json|RESULTS_DIR [--out feedback.html|FOLDER]
+  grader gradescope-bundle [--out autograder.zip] [--exercise ID]... [--tests all|public]
+
+Every command returns 0 when it wrote its output (files it had to skip are listed on stderr), 2 for bad
+input (a message says what was expected and what was found). `python -m grader.export` runs them too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+from pathlib import Path
+from typing import Any
+
+from grader import results
+from grader.course import CourseError
+from grader.export.load import ExportError, Loaded, Skipped, load_results, read_result
+
+FORMATS = ("csv", "gradescope", "prairielearn", "nbgrader")
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def _course() -> tuple[Path | None, Any]:
+    """The course this command runs in, if any: exports work without one (column order from the results)."""
+    from grader.course import find_root, load_course
+
+    try:
+        root = find_root()
+        return root, load_course(root)
+    except CourseError:
+        return None, None
+
+
+def _matching(course: Any, loaded: list[Loaded]) -> Any:
+    """Use course.yaml's order and rubric only for results of that course."""
+    if course is None:
+        return None
+    others = sorted({item.result["course"] for item in loaded} - {course.course})
+    if others:
+        _say(f"note: results of course {others} are not of this course.yaml's {course.course!r}; "
+             "ordering columns by the results instead")
+        return None
+    return course
+
+
+def _report_skipped(skipped: list[Skipped]) -> None:
+    for item in skipped:
+        _say(str(item))
+    if skipped:
+        _say(f"{len(skipped)} file(s) skipped: each must be one student's result, as `grader grade --out` writes it")
+
+
+def _due(text: str | None, settings: Any) -> dt.datetime | None:
+    if text is None:
+        return settings.due
+    try:
+        return dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ExportError(f"--due: expected an ISO 8601 time such as 2026-12-15T23:59:00+00:00, found {text!r}") from None
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from grader.export.settings import load_settings
+
+    root, course = _course()
+    settings = load_settings(root, course)
+    loaded, skipped = load_results(Path(args.results_dir))
+    _report_skipped(skipped)
+    if not loaded:
+        raise ExportError(f"expected at least one valid result in {args.results_dir}, found {len(skipped)} malformed file(s)")
+    course = _matching(course, loaded)
+    submitted = None
+    if args.submitted_times:
+        from grader.export.csv_gradebook import read_submission_times
+
+        submitted = read_submission_times(Path(args.submitted_times))
+    results_dir = Path(args.results_dir)
+    if args.format == "csv":
+        from grader.export.csv_gradebook import to_csv
+
+        text = to_csv(loaded, course, _due(args.due, settings), submitted)
+        if args.out in (None, "-"):
+            sys.stdout.write(text)
+        else:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(text, encoding="utf-8")
+            _say(f"CSV gradebook of {len(loaded)} student(s) written to {args.out}")
+    elif args.format in ("gradescope", "prairielearn"):
+        if args.format == "gradescope":
+            from grader.export.gradescope import to_gradescope as convert
+
+            render = lambda r: convert(r, settings, course)
+        else:
+            from grader.export.prairielearn import to_prairielearn as convert
+
+            render = lambda r: convert(r, settings)
+        out = Path(args.out) if args.out else results_dir / args.format
+        for item in loaded:
+            results.write_atomic(out / item.student / "results.json", render(item.result))
+        _say(f"{args.format} results.json for {len(loaded)} student(s) written to {out}/<student>/results.json")
+    else:
+        from grader.export.nbgrader_gradebook import to_nbgrader
+
+        target = args.out or str(results_dir / "gradebook.db")
+        url = target if "://" in target else f"sqlite:///{Path(target).resolve()}"
+        summary = to_nbgrader(loaded, url, course, args.course_id, submitted)
+        _say(f"nbgrader gradebook {url}: {summary.students} student(s), {summary.assignments} assignment(s), "
+             f"{summary.grades} grade(s), {summary.needs_manual_grade} left for manual grading (need CUDA)")
+    return 0
+
+
+def cmd_feedback(args: argparse.Namespace) -> int:
+    from grader.export.feedback import render_feedback
+
+    _, course = _course()
+    source = Path(args.result)
+    if source.is_dir():
+        loaded, skipped = load_results(source)
+        _report_skipped(skipped)
+        if not loaded:
+            raise ExportError(f"expected at least one valid result in {source}, found {len(skipped)} malformed file(s)")
+        out = Path(args.out) if args.out else source / "feedback"
+        out.mkdir(parents=True, exist_ok=True)
+        for item in loaded:
+            (out / f"{item.student}.html").write_text(
+                render_feedback(item.result, _matching(course, [item]), plots=not args.no_plot), encoding="utf-8")
+        _say(f"{len(loaded)} feedback page(s) written to {out}/")
+        return 0
+    if not source.is_file():
+        raise ExportError(f"expected a result file (or a folder of them) at {source}, found nothing there")
+    try:
+        result = read_result(source)
+    except ExportError as exc:
+        raise ExportError(f"{source}: {exc}") from None
+    out = Path(args.out) if args.out else source.with_suffix(".html")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    page = render_feedback(result, _matching(course, [Loaded(source.stem, source, result)]), plots=not args.no_plot)
+    out.write_text(page, encoding="utf-8")
+    _say(f"feedback page written to {out}")
+    return 0
+
+
+def cmd_bundle(args: argparse.Namespace) -> int:
+    from grader.export.bundle import build_bundle
+
+    root, course = _course()
+    if course is None:
+        raise ExportError("expected to run inside the course (a folder with course.yaml), found none")
+    names = build_bundle(root, Path(args.out), course, args.exercise, args.tests, args.user)
+    what = ", ".join(args.exercise) if args.exercise else "every exercise"
+    _say(f"Gradescope autograder written to {args.out} ({len(names)} files; grades {what}, {args.tests} tests). "
+         "Upload it as the assignment's autograder; see grader/export/README.md.")
+    return 0
+
+
+def _guard(fn):
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except (ExportError, CourseError) as exc:
+            _say(f"error: {exc}")
+            return 2
+    return run
+
+
+def add_commands(subparsers: Any) -> None:
+    """Register `export`, `feedback` and `gradescope-bundle` on grader's subparsers."""
+    e = subparsers.add_parser("export", help="export a folder of results: csv, gradescope, prairielearn, nbgrader")
+    e.add_argument("results_dir", metavar="RESULTS_DIR", help="one <student>.json result per student")
+    e.add_argument("--format", "-f", choices=FORMATS, required=True)
+    e.add_argument("--out", "-o", help="csv: a file (default: stdout); gradescope/prairielearn: a folder "
+                   "(default: RESULTS_DIR/<format>/), one <student>/results.json each; nbgrader: a database "
+                   "file or SQLAlchemy URL (default: RESULTS_DIR/gradebook.db)")
+    e.add_argument("--due", help="csv: due date and time (ISO 8601) for the late flag; default: course.yaml export.due")
+    e.add_argument("--submitted-times", help="csv/nbgrader: a CSV with columns student,submitted_at")
+    e.add_argument("--course-id", default="default_course", help="nbgrader: the gradebook's course id")
+    e.set_defaults(fn=_guard(cmd_export))
+
+    f = subparsers.add_parser("feedback", help="render a student's result as a self-contained HTML page")
+    f.add_argument("result", metavar="RESULT", help="a result .json (or a folder of them: one page each)")
+    f.add_argument("--out", "-o", help="the page (default: RESULT with .html) or, for a folder, the output folder")
+    f.add_argument("--no-plot", action="store_true", help="leave out the speed checks' plots (no matplotlib needed)")
+    f.set_defaults(fn=_guard(cmd_feedback))
+
+    b = subparsers.add_parser("gradescope-bundle", help="build the Gradescope autograder zip")
+    b.add_argument("--out", "-o", default="autograder.zip")
+    b.add_argument("--exercise", "-e", action="append", help="grade only this exercise (repeatable; default: all)")
+    b.add_argument("--tests", choices=("all", "public"), default="all")
+    b.add_argument("--user", default="student", help="the unprivileged user that runs student code on Gradescope")
+    b.set_defaults(fn=_guard(cmd_bundle))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grader.export", description="Export grading results.")
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

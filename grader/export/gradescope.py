@@ -1,0 +1,89 @@
+"""Gradescope's ``results.json`` from a canonical result (the Gradescope autograder specification).
+
+Mapping (schema: grader/schemas/gradescope_results.schema.json):
+
+* top level: ``score`` = the result's score; ``execution_time`` = seconds from start to finish;
+  ``output`` = the summary (score, points not graded here, seed, warnings, or why it was ungradable);
+  ``stdout_visibility`` from course.yaml; ``extra_data`` = seed, hashes and versions, for reproducing a run.
+* ``tests``: one per check, in course.yaml's order. ``name`` "<exercise>: <check title>", ``number``
+  "<exercise #>.<check #>", ``score``/``max_score`` the check's points, ``status`` "passed" when the check
+  passed, else "failed", ``output`` the check's message and each failing test's message and traceback,
+  ``tags`` [exercise id, check id, public|hidden, speed?, cuda?], ``visibility`` from course.yaml
+  (public checks "visible", hidden ones "after_published" by default).
+* A check that needs CUDA is never graded on Gradescope. With ``count_ungraded_cuda: false`` (the default)
+  its test has ``max_score`` 0 and no ``status`` (it neither passes nor fails); with ``true`` it counts as
+  0 of its points and "failed".
+* ``leaderboard`` (when course.yaml enables it): per speed check that was measured, the mean of its
+  scored metric (a fraction of the measured ceiling or of the library baseline), higher is better.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from grader.export.checks import (
+    check_output,
+    counts_toward,
+    is_speed,
+    iter_checks,
+    speed_metric,
+    speed_value,
+    summary,
+)
+from grader.export.settings import ExportSettings
+
+
+def execution_time(result: dict) -> float:
+    try:
+        start = dt.datetime.fromisoformat(result["started_at"])
+        end = dt.datetime.fromisoformat(result["finished_at"])
+        return max(0.0, (end - start).total_seconds())
+    except (TypeError, ValueError):
+        return round(sum(e["duration_s"] for e in result["exercises"]), 3)
+
+
+def to_gradescope(result: dict, settings: ExportSettings | None = None, course: Any = None,
+                  execution_time_s: float | None = None) -> dict:
+    gs = (settings or ExportSettings()).gradescope
+    out: dict[str, Any] = {
+        "score": round(result["score"], 4),
+        "execution_time": round(execution_time(result) if execution_time_s is None else execution_time_s, 3),
+        "output": "\n".join(summary(result, gs.count_ungraded_cuda, "on Gradescope")),
+        "output_format": "text",
+        "test_output_format": "text",
+        "stdout_visibility": gs.stdout_visibility,
+        "extra_data": {
+            "seed": result["seed"],
+            "submission_sha256": result["submission"]["sha256"],
+            "suite_sha256": result["suite_sha256"],
+            "grader_version": result["grader_version"],
+            "course_version": result["course_version"],
+            "gradable": result.get("gradable", True),
+        },
+        "tests": [],
+    }
+    leaderboard = []
+    for i, ex, j, check in iter_checks(result):
+        not_graded = check["status"] == "not_graded"
+        test: dict[str, Any] = {
+            "name": f"{ex['id']}: {check['title']}",
+            "number": f"{i}.{j}",
+            "score": round(check["points"], 4),
+            "max_score": counts_toward(check, gs.count_ungraded_cuda),
+            "output": check_output(check),
+            "tags": [ex["id"], check["id"], check["visibility"]] + (["speed"] if is_speed(check) else [])
+                    + (["cuda"] if check["cuda"] else []),
+            "visibility": getattr(gs.visibility, check["visibility"]),
+        }
+        if not (not_graded and not gs.count_ungraded_cuda):
+            test["status"] = "passed" if check["status"] == "passed" else "failed"
+        out["tests"].append(test)
+        if gs.leaderboard and is_speed(check):
+            metric = speed_metric(check, ex["id"], course)
+            value = speed_value(check, metric)
+            if value is not None:
+                leaderboard.append({"name": f"{ex['id']}/{check['id']}: {metric}", "value": round(value, 4), "order": "desc"})
+    if gs.leaderboard:
+        out["leaderboard"] = leaderboard
+    return out

@@ -1,0 +1,557 @@
+"""Exports of the canonical result: CSV, Gradescope, PrairieLearn, nbgrader, the feedback page, the
+Gradescope bundle and PrairieLearn's entry point.
+
+Most results here are built with grader.results' own helpers (no grading); one module fixture runs the
+Gradescope bundle's run_autograder for real on the reference online_softmax (public tests), and the
+exports of that real result are checked too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import csv
+import datetime as dt
+import io
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from grader import results as R
+from grader.course import CourseError
+from grader.export.bundle import build_bundle
+from grader.export.checks import check_output
+from grader.export.cli import add_commands
+from grader.export.csv_gradebook import to_csv
+from grader.export.feedback import render_feedback, student_traceback
+from grader.export.gradescope import to_gradescope
+from grader.export.load import Loaded, load_results
+from grader.export.prairielearn import to_prairielearn
+from grader.export.settings import ExportSettings, load_settings, parse_settings
+from tests.conftest import COURSE, ROOT
+
+SCHEMAS = ROOT / "grader" / "schemas"
+FINISHED = "2026-11-29T12:00:00+00:00"
+INJECTED = "row 3: sum is 1.37 <script>document.title='owned'</script>"
+TRACEBACK = ('Traceback (most recent call last):\n  File "/srv/grade/files/online_softmax.py", line 12, in merge_states\n'
+             '    return l_a / l_b\nZeroDivisionError: division by zero')
+SPEED = {"gbps": 2100.0, "copy_gbps": 3900.0, "torch_softmax_gbps": 2500.0, "ratio_to_torch_softmax": 0.84,
+         "fraction_of_copy_bandwidth": 0.54, "bar": 0.5, "floor": 0.2}
+
+
+def schema(name: str) -> dict:
+    return json.loads((SCHEMAS / f"{name}.schema.json").read_text())
+
+
+def make_result(student: str = "alice", *, speed: bool = False, gradable: bool = True, complete: bool = True,
+                exercises: tuple[str, ...] = ("online_softmax", "paged_kv")) -> dict:
+    """A result as the runner would write it: online_softmax partly passed, paged_kv not submitted.
+
+    With `speed`, triton_speed was measured (as on a GPU); otherwise it is "not graded" (no CUDA)."""
+    exs = [COURSE.exercise(e) for e in exercises]
+    r = R.new_result(COURSE, student, "ab" * 32, "cd" * 32, 1234, "sandbox", exs)
+    if not gradable:
+        r["gradable"] = False
+        r["format_errors"] = ["archive member '../x.py' points outside the archive (absolute path or '..'); refused"]
+        for ex in exs:
+            R.find_exercise(r, ex.id)["status"] = "ungradable"
+            R.close_exercise(r, ex.id, "the submission could not be read: archive member '../x.py' ...")
+    else:
+        r["gradable"] = True
+
+        def test(check, name, status, **extra):
+            R.record_test(r, {"event": "test", "exercise": "online_softmax", "check": check, "test": name,
+                              "status": status, "duration": 0.25, **extra})
+
+        test("normalizer_public", "test_normalizer[2]", "passed", fraction=1.0)
+        test("normalizer_public", "test_normalizer[3]", "passed", fraction=1.0)
+        test("merge_public", "test_merge[0]", "passed", fraction=1.0)
+        test("merge_public", "test_merge[3]", "failed", message=INJECTED, traceback=TRACEBACK)
+        test("normalizer", "test_random_chunkings", "passed", fraction=1.0)
+        if speed:
+            test("triton_speed", "test_triton_bandwidth[4096-8192]", "passed", fraction=1.0, metrics=SPEED)
+            test("triton_speed", "test_triton_bandwidth[64-262144]", "passed", fraction=0.6,
+                 metrics={**SPEED, "gbps": 1400.0, "fraction_of_copy_bandwidth": 0.38})
+        else:
+            test("triton_speed", "test_triton_bandwidth[4096-8192]", "not_graded", message="not graded: no CUDA device")
+        if complete:
+            R.close_exercise(r, "online_softmax")
+            if "paged_kv" in exercises:
+                R.find_exercise(r, "paged_kv")["status"] = "missing"
+                R.close_exercise(r, "paged_kv", "not submitted: expected a file named paged_kv.py")
+    if complete:
+        R.finish(r)
+        r["started_at"], r["finished_at"] = "2026-11-29T11:59:00+00:00", FINISHED
+    R.validate(r)
+    return r
+
+
+def write(folder: Path, name: str, data) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+def cli(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="grader")
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(list(argv))
+    return args.fn(args)
+
+
+# --------------------------------------------------------------------------------------------------
+# reading a folder of results, and the settings
+
+
+def test_load_results_skips_malformed_files_and_says_what_was_expected(tmp_path):
+    write(tmp_path, "alice.json", make_result("alice"))
+    write(tmp_path, "list.json", [1, 2])
+    write(tmp_path, "truncated.json", '{"schema": "llm-efficiency-lab/result/v1", ')
+    write(tmp_path, "other.json", {"schema": "someone-else/v3"})
+    negative = make_result("neg")
+    negative["exercises"][0]["score"] = -1
+    write(tmp_path, "negative.json", negative)
+    write(tmp_path, ".alice.json.tmp123.json", "half a fi")  # an atomic write in progress
+    write(tmp_path, "summary.json", {"course": "x", "submissions": 1, "graded": 1, "exercises": []})  # grader batch's
+    loaded, skipped = load_results(tmp_path)
+    assert [x.student for x in loaded] == ["alice"]
+    reasons = {s.path.name: str(s) for s in skipped}
+    assert set(reasons) == {"list.json", "truncated.json", "other.json", "negative.json"}
+    assert "skipped list.json: expected a grading result" in reasons["list.json"] and "found a JSON list" in reasons["list.json"]
+    assert "not valid JSON (line 1" in reasons["truncated.json"]
+    assert 'found "schema": "someone-else/v3"' in reasons["other.json"]
+    assert "exercises[0].score" in reasons["negative.json"] and "less than the minimum" in reasons["negative.json"]
+
+
+def test_cli_export_names_each_skipped_file_and_fails_only_when_nothing_is_valid(tmp_path, capsys):
+    write(tmp_path / "ok", "alice.json", make_result("alice"))
+    write(tmp_path / "ok", "bob.json", "not json")
+    assert cli("export", str(tmp_path / "ok"), "--format", "csv") == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("student,submission,online_softmax,") and "\nalice,alice," in out
+    assert "skipped bob.json: not valid JSON" in err and "1 file(s) skipped" in err
+
+    write(tmp_path / "bad", "bob.json", "not json")
+    assert cli("export", str(tmp_path / "bad"), "--format", "gradescope") == 2
+    assert "error: expected at least one valid result" in capsys.readouterr().err
+    assert cli("export", str(tmp_path / "nowhere"), "--format", "csv") == 2
+    assert "expected a folder of result files (one <student>.json each)" in capsys.readouterr().err
+
+
+def test_export_settings_default_and_errors_name_the_field(tmp_path):
+    assert load_settings(ROOT, COURSE) == ExportSettings()  # the course has no export: mapping yet
+    (tmp_path / "course.yaml").write_text("course: x\nexport:\n  gradescope: {leaderboard: true, visibility: {hidden: visible}}\n")
+    loaded = load_settings(tmp_path)
+    assert loaded.gradescope.leaderboard and loaded.gradescope.visibility.hidden == "visible"
+    assert loaded.gradescope.visibility.public == "visible" and not loaded.prairielearn.count_ungraded_cuda
+    with pytest.raises(CourseError) as err:
+        parse_settings({"gradescope": {"leaderboard": "maybe", "visibility": {"hidden": "later"}}, "due": "soon"})
+    text = str(err.value)
+    assert "course.yaml: export.gradescope.leaderboard: expected true or false, found 'maybe'" in text
+    assert "export.gradescope.visibility.hidden: expected one of 'hidden', 'after_due_date', 'after_published' or 'visible', found 'later'" in text
+    assert "export.due: expected an ISO 8601 date and time" in text
+
+
+# --------------------------------------------------------------------------------------------------
+# CSV
+
+
+def test_csv_gradebook_snapshot(tmp_path):
+    loaded = [Loaded("carol", Path("carol.json"), make_result("carol", gradable=False)),
+              Loaded("alice", Path("alice.json"), make_result("alice")),
+              Loaded("bob", Path("bob.json"), make_result("bob", complete=False, exercises=("online_softmax",)))]
+    due = dt.datetime(2026, 12, 1, tzinfo=dt.timezone.utc)
+    submitted = {"alice": dt.datetime(2026, 11, 30, tzinfo=dt.timezone.utc), "carol": dt.datetime(2026, 12, 2, tzinfo=dt.timezone.utc)}
+    rows = list(csv.reader(io.StringIO(to_csv(loaded, COURSE, due, submitted))))
+    assert rows[0] == ["student", "submission", *[e.id for e in COURSE.exercises], "total", "max_score",
+                       "gradable_max_score", "ungradable", "incomplete", "late", "seed", "graded_at"]
+    cols = {name: i for i, name in enumerate(rows[0])}
+    by_student = {row[0]: row for row in rows[1:]}
+    assert [row[0] for row in rows[1:]] == ["alice", "bob", "carol"]
+    alice, bob, carol = by_student["alice"], by_student["bob"], by_student["carol"]
+    # alice: normalizer_public 5 + merge_public 5 * 1/2 + normalizer 15 = 22.5; paged_kv not submitted: 0
+    assert [alice[cols[k]] for k in ("online_softmax", "paged_kv", "flash_attention", "total", "max_score",
+                                      "gradable_max_score", "ungradable", "incomplete", "late", "seed", "graded_at")] == \
+        ["22.5", "0", "", "22.5", "200", "190", "no", "no", "no", "1234", FINISHED]
+    assert bob[cols["incomplete"]] == "yes" and bob[cols["paged_kv"]] == "" and bob[cols["late"]] == ""
+    assert carol[cols["ungradable"]] == "yes" and carol[cols["total"]] == "0" and carol[cols["late"]] == "yes"
+
+
+def test_csv_cli_writes_a_file_and_reads_submission_times(tmp_path, capsys):
+    write(tmp_path / "res", "alice.json", make_result("alice"))
+    times = write(tmp_path, "times.csv", "student,submitted_at\nalice,2026-12-03T10:00:00+00:00\n")
+    out = tmp_path / "grades.csv"
+    assert cli("export", str(tmp_path / "res"), "--format", "csv", "--out", str(out),
+               "--due", "2026-12-01T00:00:00+00:00", "--submitted-times", str(times)) == 0
+    rows = list(csv.DictReader(out.read_text().splitlines()))
+    assert rows[0]["late"] == "yes" and rows[0]["online_softmax"] == "22.5"
+    bad = write(tmp_path, "bad_times.csv", "who,when\nalice,today\n")
+    assert cli("export", str(tmp_path / "res"), "--format", "csv", "--submitted-times", str(bad)) == 2
+    assert "expected columns 'student' and 'submitted_at', found ['who', 'when']" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------------
+# Gradescope
+
+
+def test_gradescope_results_snapshot():
+    out = to_gradescope(make_result("alice"), ExportSettings(), COURSE)
+    jsonschema.validate(out, schema("gradescope_results"))
+    assert out["score"] == 22.5 and out["execution_time"] == 60.0
+    assert "Score: 22.5/190" in out["output"] and "Seed: 1234" in out["output"]
+    assert "10 points need a CUDA device and were not graded on Gradescope; they do not count here." in out["output"]
+    assert len(out["tests"]) == sum(len(e.checks) for e in (COURSE.exercise("online_softmax"), COURSE.exercise("paged_kv")))
+    essentials = [(t["number"], t["name"], t["score"], t["max_score"], t.get("status"), t["visibility"], t["tags"])
+                  for t in out["tests"][:2] + out["tests"][4:5] + out["tests"][9:11]]
+    assert essentials == [
+        ("1.1", "online_softmax: online_normalizer on small matrices", 5.0, 5.0, "passed", "visible",
+         ["online_softmax", "normalizer_public", "public"]),
+        ("1.2", "online_softmax: merge_states on small states", 2.5, 5.0, "failed", "visible",
+         ["online_softmax", "merge_public", "public"]),
+        ("1.5", "online_softmax: online_normalizer: random chunkings, empty chunks, -inf rows, one pass", 15.0, 15.0,
+         "passed", "after_published", ["online_softmax", "normalizer", "hidden"]),
+        ("1.10", "online_softmax: softmax_triton bandwidth on CUDA, as a fraction of device copy bandwidth", 0.0, 0.0,
+         None, "after_published", ["online_softmax", "triton_speed", "hidden", "speed", "cuda"]),
+        ("2.1", f"paged_kv: {COURSE.exercise('paged_kv').checks[0].title}", 0.0, 5.0, "failed", "visible",
+         ["paged_kv", "manager_public", "public"]),
+    ]
+    merge = out["tests"][1]["output"]
+    assert INJECTED in merge and "ZeroDivisionError: division by zero" in merge and "tests: 1 failed, 1 passed" in merge
+    assert "not submitted: expected a file named paged_kv.py" in out["tests"][10]["output"]
+    assert "leaderboard" not in out
+
+
+def test_gradescope_settings_visibility_cuda_and_leaderboard():
+    settings = parse_settings({"gradescope": {"visibility": {"public": "after_due_date", "hidden": "hidden"},
+                                              "leaderboard": True, "count_ungraded_cuda": True}})
+    cpu = to_gradescope(make_result("alice"), settings, COURSE)
+    jsonschema.validate(cpu, schema("gradescope_results"))
+    assert {t["visibility"] for t in cpu["tests"] if "public" in t["tags"]} == {"after_due_date"}
+    assert {t["visibility"] for t in cpu["tests"] if "hidden" in t["tags"]} == {"hidden"}
+    speed = next(t for t in cpu["tests"] if "triton_speed" in t["tags"])
+    assert (speed["max_score"], speed["status"]) == (10.0, "failed")
+    assert "they count as 0 until graded on a CUDA machine" in cpu["output"]
+    assert cpu["leaderboard"] == []  # nothing was measured without CUDA
+    gpu = to_gradescope(make_result("alice", speed=True), settings, COURSE)
+    jsonschema.validate(gpu, schema("gradescope_results"))
+    assert gpu["leaderboard"] == [{"name": "online_softmax/triton_speed: fraction_of_copy_bandwidth",
+                                   "value": 0.46, "order": "desc"}]
+    speed = next(t for t in gpu["tests"] if "triton_speed" in t["tags"])
+    assert speed["score"] == 8.0 and "gbps = 2100" in speed["output"]
+
+
+def test_gradescope_schema_rejects_what_gradescope_would():
+    good = to_gradescope(make_result("alice"))
+    for broken in ({**good, "tests": [{**good["tests"][0], "visibility": "sometimes"}]},
+                   {**good, "tests": [{**good["tests"][0], "status": "skipped"}]},
+                   {**good, "leaderboard": [{"name": "x", "value": 1, "order": "up"}]},
+                   {k: v for k, v in good.items() if k != "score"}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(broken, schema("gradescope_results"))
+
+
+def test_gradescope_output_is_bounded_per_check():
+    r = make_result("alice")
+    merge = R.find_exercise(r, "online_softmax")["checks"][1]
+    merge["tests"][1]["message"] = "x" * 200_000
+    text = check_output(merge)
+    assert len(text) < 9000 and text.endswith("more characters cut)")
+
+
+# --------------------------------------------------------------------------------------------------
+# PrairieLearn
+
+
+def test_prairielearn_results_snapshot_and_ungradable():
+    out = to_prairielearn(make_result("alice"))
+    jsonschema.validate(out, schema("prairielearn_results"))
+    assert out["gradable"] is True and out["score"] == pytest.approx(22.5 / 190, abs=1e-6)
+    first, merge = out["tests"][0], out["tests"][1]
+    assert (first["name"], first["description"], first["points"], first["max_points"], first["message"]) == \
+        ("online_softmax: normalizer_public", "online_normalizer on small matrices", 5.0, 5.0, "passed")
+    assert merge["points"] == 2.5 and merge["message"].startswith("test_merge[3]: row 3") and TRACEBACK.splitlines()[-1] in merge["output"]
+    assert "online_softmax         22.5/100    graded" in out["output"]
+    counted = to_prairielearn(make_result("alice"), parse_settings({"prairielearn": {"count_ungraded_cuda": True}}))
+    assert counted["score"] == pytest.approx(22.5 / 200, abs=1e-6)
+
+    bad = to_prairielearn(make_result("carol", gradable=False))
+    jsonschema.validate(bad, schema("prairielearn_results"))
+    assert bad["gradable"] is False and "score" not in bad
+    assert bad["format_errors"] == ["archive member '../x.py' points outside the archive (absolute path or '..'); refused"]
+
+
+def test_prairielearn_speed_check_carries_its_plot_and_the_file_stays_under_1mb():
+    out = to_prairielearn(make_result("alice", speed=True))
+    jsonschema.validate(out, schema("prairielearn_results"))
+    speed = next(t for t in out["tests"] if t["name"] == "online_softmax: triton_speed")
+    png = base64.b64decode(speed["images"][0]["url"].split(",", 1)[1])
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000
+    huge = make_result("alice", speed=True)
+    for ex in huge["exercises"]:
+        for check in ex["checks"]:
+            check["message"] = "y" * 60_000  # 20 checks: 1.2 MB of messages
+    fitted = to_prairielearn(huge)
+    assert len(json.dumps(fitted)) <= 1_000_000 and fitted["tests"][0]["message"].endswith("more characters cut)")
+    jsonschema.validate(fitted, schema("prairielearn_results"))
+    from grader.export.prairielearn import fit
+
+    small = fit(to_prairielearn(huge), limit=20_000)
+    assert len(json.dumps(small)) <= 20_000 and all("images" not in t for t in small["tests"])
+    assert small["tests"][0]["message"].endswith("more characters cut)")
+
+
+def test_prairielearn_schema_rejects_what_prairielearn_would():
+    for broken in ({"gradable": False}, {"gradable": True}, {"score": 1.5}, {"score": 0.5, "tests": [{"name": "t"}]}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(broken, schema("prairielearn_results"))
+
+
+def test_cli_writes_one_results_json_per_student(tmp_path):
+    write(tmp_path / "res", "alice.json", make_result("alice"))
+    write(tmp_path / "res", "carol.json", make_result("carol", gradable=False))
+    assert cli("export", str(tmp_path / "res"), "--format", "prairielearn", "--out", str(tmp_path / "pl")) == 0
+    assert cli("export", str(tmp_path / "res"), "--format", "gradescope") == 0
+    pl = {p.parent.name: json.loads(p.read_text()) for p in (tmp_path / "pl").glob("*/results.json")}
+    assert set(pl) == {"alice", "carol"} and pl["carol"]["gradable"] is False
+    gs = json.loads((tmp_path / "res" / "gradescope" / "alice" / "results.json").read_text())
+    jsonschema.validate(gs, schema("gradescope_results"))
+
+
+# --------------------------------------------------------------------------------------------------
+# nbgrader, through its own API
+
+
+def test_nbgrader_gradebook_holds_the_scores_and_a_regrade_replaces_them(tmp_path):
+    api = pytest.importorskip("nbgrader.api", reason="nbgrader is an optional extra: pip install '.[nbgrader]'")
+    from grader.export.nbgrader_gradebook import to_nbgrader
+
+    db = f"sqlite:///{tmp_path / 'gradebook.db'}"
+    loaded = [Loaded("alice", Path("alice.json"), make_result("alice")),
+              Loaded("carol", Path("carol.json"), make_result("carol", gradable=False))]
+    summary = to_nbgrader(loaded, db, COURSE)
+    assert (summary.students, summary.assignments, summary.needs_manual_grade) == (2, len(COURSE.exercises), 1)
+    with api.Gradebook(db) as gb:
+        assert sorted(a.name for a in gb.assignments) == sorted(e.id for e in COURSE.exercises)
+        sub = gb.find_submission("online_softmax", "alice")
+        assert sub.score == 22.5 and sub.max_score == 100
+        grade = gb.find_grade("merge_public", "online_softmax", "online_softmax", "alice")
+        assert (grade.auto_score, grade.max_score, grade.needs_manual_grade) == (2.5, 5.0, False)
+        cuda = gb.find_grade("triton_speed", "online_softmax", "online_softmax", "alice")
+        assert cuda.auto_score is None and cuda.needs_manual_grade
+        assert gb.find_submission("paged_kv", "carol").score == 0
+        with pytest.raises(api.MissingEntry):
+            gb.find_submission("flash_attention", "alice")  # never graded: no submission, not a zero
+    regraded = make_result("alice", speed=True)
+    to_nbgrader([Loaded("alice", Path("alice.json"), regraded)], db, COURSE)
+    with api.Gradebook(db) as gb:
+        assert gb.find_submission("online_softmax", "alice").score == 22.5 + 8.0
+        assert len(gb.find_student("alice").submissions) == 2  # updated in place, not duplicated
+        assert not gb.find_grade("triton_speed", "online_softmax", "online_softmax", "alice").needs_manual_grade
+
+
+# --------------------------------------------------------------------------------------------------
+# the feedback page
+
+
+def test_feedback_page_escapes_student_text_and_shows_every_check():
+    page = render_feedback(make_result("alice", speed=True), COURSE)
+    assert "<script" not in page and "&lt;script&gt;document.title=" in page
+    assert page.count('<tr class="check"') == len(COURSE.exercise("online_softmax").checks) + len(COURSE.exercise("paged_kv").checks)
+    assert 'id="seed">1234<' in page and "ZeroDivisionError: division by zero" in page
+    assert 'src="data:image/png;base64,' in page and "scored on fraction_of_copy_bandwidth" in page
+    assert "http://" not in page and "https://" not in page  # self-contained
+
+
+def test_feedback_drops_frames_of_hidden_tests_from_a_traceback():
+    trace = ('Traceback (most recent call last):\n'
+             '  File "/work/grader/hidden/online_softmax/test_hidden.py", line 40, in test_secret\n'
+             '    assert secret_oracle(x) == 17\n'
+             '  File "/tmp/files/online_softmax.py", line 3, in f\n'
+             '    return 1 / 0\n'
+             'ZeroDivisionError: division by zero')
+    kept = student_traceback(trace)
+    assert "secret_oracle" not in kept and "test_hidden.py" not in kept
+    assert 'File "/tmp/files/online_softmax.py", line 3' in kept and kept.endswith("ZeroDivisionError: division by zero")
+
+
+CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install -y chromium)")
+def test_feedback_page_in_headless_chromium(tmp_path, capsys):
+    result_file = write(tmp_path, "alice.json", make_result("alice", speed=True))
+    page = tmp_path / "alice.html"
+    assert cli("feedback", str(result_file), "--out", str(page)) == 0
+    # A copy with one probe script: once loaded, it records each image's decoded width in the DOM.
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.read_text().replace(
+        "</body>", "<script>addEventListener('load', () => { document.body.dataset.images = "
+        "[...document.images].map(i => i.naturalWidth).join(','); });</script></body>"))
+    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}"]
+    run = subprocess.run([*flags, "--virtual-time-budget=3000", "--dump-dom", probe.as_uri()],
+                         capture_output=True, text=True, timeout=120, check=False)
+    dom = run.stdout
+    assert "<title>Feedback: alice" in dom, run.stderr[-2000:]
+    assert dom.count("<script") == 1  # the probe only: the student's "<script>" stayed text
+    assert "&lt;script&gt;document.title='owned'&lt;/script&gt;" in dom
+    widths = dom.split('data-images="', 1)[1].split('"', 1)[0].split(",")
+    assert len(widths) == 1 and int(widths[0]) >= 600  # the roofline PNG decoded
+    assert '<dd id="seed">1234</dd>' in dom and 'id="total"' in dom
+    assert 'id="check-online_softmax-merge_public" data-check="merge_public" data-status="failed"' in dom
+    assert 'id="check-online_softmax-triton_speed" data-check="triton_speed" data-status="passed"' in dom
+    assert '<pre class="traceback">' in dom and "ZeroDivisionError: division by zero" in dom
+    shot = tmp_path / "feedback.png"
+    subprocess.run([*flags, "--window-size=1200,1600", f"--screenshot={shot}", page.as_uri()],
+                   capture_output=True, timeout=120, check=False)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+
+# --------------------------------------------------------------------------------------------------
+# the Gradescope bundle
+
+
+def test_bundle_holds_the_course_and_never_the_solutions(tmp_path):
+    out = tmp_path / "autograder.zip"
+    names = build_bundle(ROOT, out, COURSE, ["online_softmax"], "public")
+    with zipfile.ZipFile(out) as zf:
+        listed = zf.namelist()
+        modes = {i.filename: (i.external_attr >> 16) & 0o777 for i in zf.infolist()}
+        config = json.loads(zf.read("autograder.json"))
+        setup = zf.read("setup.sh").decode()
+    assert listed == names and listed[:3] == ["setup.sh", "run_autograder", "autograder.json"]
+    assert modes["setup.sh"] == modes["run_autograder"] == 0o755
+    assert config == {"exercises": ["online_softmax"], "tests": "public", "user": "student"}
+    assert "course.yaml" in listed and "grader/hidden/online_softmax/test_hidden.py" in listed
+    assert "exercises/online_softmax/test_public.py" in listed and "grader/export/gradescope_run.py" in listed
+    assert not [n for n in listed if n.startswith(("solutions/", "tests/", ".venv/")) or "__pycache__" in n]
+    assert "useradd" in setup and "chmod -R go-rwx /autograder/source/grader/hidden" in setup
+    for script in ("setup.sh", "run_autograder"):  # both parse as bash
+        with zipfile.ZipFile(out) as zf:
+            (tmp_path / script).write_bytes(zf.read(script))
+        check = subprocess.run(["bash", "-n", str(tmp_path / script)], capture_output=True, text=True, check=False)
+        assert check.returncode == 0, check.stderr
+
+
+def test_cli_feedback_for_a_folder_and_gradescope_bundle(tmp_path, monkeypatch, capsys):
+    write(tmp_path / "res", "alice.json", make_result("alice"))
+    write(tmp_path / "res", "bob.json", {"schema": "llm-efficiency-lab/result/v1"})
+    assert cli("feedback", str(tmp_path / "res"), "--out", str(tmp_path / "pages"), "--no-plot") == 0
+    assert [p.name for p in (tmp_path / "pages").iterdir()] == ["alice.html"]
+    assert "skipped bob.json: does not match the result schema" in capsys.readouterr().err
+    assert cli("feedback", str(tmp_path / "res" / "bob.json")) == 2
+    assert "bob.json: does not match the result schema (`grader schema result`) at (top level)" in capsys.readouterr().err
+    monkeypatch.chdir(ROOT)
+    assert cli("gradescope-bundle", "--out", str(tmp_path / "ag.zip"), "-e", "online_softmax") == 0
+    assert "grades online_softmax, all tests" in capsys.readouterr().err
+    with zipfile.ZipFile(tmp_path / "ag.zip") as zf:
+        assert json.loads(zf.read("autograder.json"))["exercises"] == ["online_softmax"]
+
+
+def test_bundle_refuses_a_file_equal_to_a_solution(tmp_path):
+    shutil.copy(ROOT / "course.yaml", tmp_path / "course.yaml")
+    (tmp_path / "solutions" / "online_softmax").mkdir(parents=True)
+    (tmp_path / "exercises" / "online_softmax").mkdir(parents=True)
+    source = (ROOT / "solutions" / "online_softmax" / "online_softmax.py").read_bytes()
+    (tmp_path / "solutions" / "online_softmax" / "online_softmax.py").write_bytes(source)
+    (tmp_path / "exercises" / "online_softmax" / "online_softmax.py").write_bytes(source)
+    from grader.export.load import ExportError
+
+    with pytest.raises(ExportError, match="exercises/online_softmax/online_softmax.py has the same bytes as "
+                                          "solutions/online_softmax/online_softmax.py"):
+        build_bundle(tmp_path, tmp_path / "a.zip", COURSE)
+    assert not (tmp_path / "a.zip").exists()
+    with pytest.raises(ExportError, match=r"unknown exercise 'nope'; expected one of \['online_softmax'"):
+        build_bundle(ROOT, tmp_path / "b.zip", COURSE, ["nope"])
+
+
+@pytest.fixture(scope="module")
+def gradescope_run(tmp_path_factory):
+    """Gradescope's run, in a temporary /autograder: unzip the bundle, copy run_autograder, grade."""
+    root = tmp_path_factory.mktemp("gs") / "autograder"
+    bundle = root.parent / "autograder.zip"
+    build_bundle(ROOT, bundle, COURSE, ["online_softmax"], "public")
+    with zipfile.ZipFile(bundle) as zf:
+        zf.extractall(root / "source")
+    shutil.copy(root / "source" / "run_autograder", root / "run_autograder")
+    os.chmod(root / "run_autograder", stat.S_IRWXU)
+    (root / "submission").mkdir()
+    shutil.copy(ROOT / "solutions" / "online_softmax" / "online_softmax.py", root / "submission")
+    (root / "submission_metadata.json").write_text(json.dumps({"id": 4242, "users": [{"name": "Ada"}]}))
+    env = {**os.environ, "AUTOGRADER_ROOT": str(root), "GRADER_PYTHON": sys.executable, "GRADER_USER": "nobody"}
+    run = subprocess.run([str(root / "run_autograder")], cwd=root, env=env, capture_output=True, text=True, timeout=600, check=False)
+    return root, run
+
+
+def test_run_autograder_grades_the_submission_into_results_json(gradescope_run):
+    root, run = gradescope_run
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    out = json.loads((root / "results" / "results.json").read_text())
+    jsonschema.validate(out, schema("gradescope_results"))
+    canonical = json.loads((root / "results" / "result.json").read_text())
+    R.validate(canonical)
+    assert canonical["submission"]["id"] == "gradescope-4242" and canonical["state"] == "complete"
+    public = [t for t in out["tests"] if "public" in t["tags"]]
+    assert [t["status"] for t in public] == ["passed"] * 4 and sum(t["score"] for t in public) == 20
+    # Public tests only: the hidden checks never ran, so they score 0 (triton_speed too: it is hidden).
+    assert out["score"] == canonical["score"] == 20
+    assert "Score: 20/100" in out["output"] and f"Seed: {canonical['seed']}" in out["output"]
+
+
+def test_a_real_result_exports_to_every_format(gradescope_run, tmp_path):
+    root, _ = gradescope_run
+    shutil.copy(root / "results" / "result.json", tmp_path / "ada.json")
+    loaded, skipped = load_results(tmp_path)
+    assert not skipped
+    rows = list(csv.DictReader(to_csv(loaded, COURSE).splitlines()))
+    assert rows[0]["student"] == "ada" and rows[0]["online_softmax"] == "20" and rows[0]["incomplete"] == "no"
+    pl = to_prairielearn(loaded[0].result)
+    jsonschema.validate(pl, schema("prairielearn_results"))
+    assert pl["score"] == pytest.approx(20 / 100, abs=1e-6)
+    page = render_feedback(loaded[0].result, COURSE)
+    assert page.count('data-status="passed"') >= 4 and "triton_speed" in page
+
+
+# --------------------------------------------------------------------------------------------------
+# PrairieLearn's entry point
+
+
+def run_prairielearn(grade_root: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "GRADE_ROOT": str(grade_root), "GRADER_COURSE_ROOT": str(ROOT),
+           "GRADER_EXERCISES": "online_softmax", "GRADER_TESTS": "public"}
+    return subprocess.run([sys.executable, "-m", "grader.export.prairielearn_run"], cwd=grade_root, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_prairielearn_entry_point_on_a_fake_grade_tree(tmp_path):
+    # No /grade/student at all: ungradable, no attempt charged.
+    missing = tmp_path / "missing"
+    missing.mkdir()
+    run = run_prairielearn(missing)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads((missing / "results" / "results.json").read_text())
+    jsonschema.validate(out, schema("prairielearn_results"))
+    assert out["gradable"] is False and "no submission at" in out["format_errors"][0]
+
+    # A student folder without the exercise's file: graded, every check at zero with the reason.
+    empty = tmp_path / "empty"
+    (empty / "student").mkdir(parents=True)
+    (empty / "student" / "notes.txt").write_text("I ran out of time")
+    (empty / "data").mkdir()
+    (empty / "data" / "data.json").write_text("{}")
+    run = run_prairielearn(empty)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads((empty / "results" / "results.json").read_text())
+    jsonschema.validate(out, schema("prairielearn_results"))
+    assert out["gradable"] is True and out["score"] == 0
+    assert {t["message"] for t in out["tests"]} == {"not submitted: expected a file named online_softmax.py"}
+    assert R.find_exercise(json.loads((empty / "results" / "result.json").read_text()), "online_softmax")["status"] == "missing"
