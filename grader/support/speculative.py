@@ -16,8 +16,9 @@ of the CUDA speed check (grader/speed.py materialises any `Randn` in the worker)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -40,6 +41,7 @@ class NGramModel:
         self.name = name
         self.calls = 0
         self.tokens_seen = 0
+        self.max_calls: int | None = None  # set by a driver: more calls than this is a loop that does not advance
 
     def __call__(self, tokens: torch.Tensor) -> torch.Tensor:
         if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
@@ -51,6 +53,12 @@ class NGramModel:
             raise TypeError(f"the {self.name} model takes integer token ids, found dtype {tokens.dtype}")
         self.calls += 1
         self.tokens_seen += tokens.numel()
+        if self.max_calls is not None and self.calls > self.max_calls:
+            raise RuntimeError(
+                f"the {self.name} model was called more than {self.max_calls} times for this generation: every "
+                "step emits at least one token per row (num_accepted + 1), so max_new_tokens target calls always "
+                "suffice. Does each row's length advance by num_accepted + 1?"
+            )
         B, L = tokens.shape
         ids = tokens.long().clamp(0, self.vocab - 1)
         if self.order == 0:
@@ -75,6 +83,7 @@ def generate(
     tokens, reported, target_calls, draft_calls = [], [], [], []
     for _ in range(runs):
         t0, d0 = target.calls, draft.calls
+        target.max_calls = t0 + max_new_tokens
         before = prefix.clone()
         out, calls = fn(target, draft, prefix, gamma, max_new_tokens, generator)
         if not torch.equal(prefix, before):

@@ -35,36 +35,40 @@ MUTANTS = [
         why="after a rejection I also appended a bonus token from the next target row",
         edits=[(
             "    return _assemble(draft_tokens, num_accepted, extra), num_accepted\n\n\ndef greedy_accept",
-            "    tokens = _assemble(draft_tokens, num_accepted, extra)\n"
-            "    more = torch.multinomial(target_probs[rows, (num_accepted + 1).clamp(max=gamma)].float(), 1, generator=generator)\n"
-            "    after = (num_accepted + 1).clamp(max=gamma)\n"
-            "    tokens = torch.where((num_accepted < gamma)[:, None] & (torch.arange(gamma + 1) == after[:, None]), more, tokens)\n"
-            "    return tokens, num_accepted\n\n\ndef greedy_accept",
+            (
+                "    tokens = _assemble(draft_tokens, num_accepted, extra)\n"
+                "    more = torch.multinomial(target_probs[rows, (num_accepted + 1).clamp(max=gamma)].float(), 1, generator=generator)\n"
+                "    after = (num_accepted + 1).clamp(max=gamma)\n"
+                "    tokens = torch.where((num_accepted < gamma)[:, None] & (torch.arange(gamma + 1) == after[:, None]), more, tokens)\n"
+                "    return tokens, num_accepted\n\n\ndef greedy_accept"
+            ),
         )],
-        loses=["distribution", "accept_rules"],
+        loses=["accept_public", "distribution", "accept_rules"],
     ),
     Mutant(
         name="bonus_missing",
         why="when all gamma drafts passed I returned them without the bonus token",
         edits=[(
             "    return _assemble(draft_tokens, num_accepted, extra), num_accepted\n\n\ndef greedy_accept",
-            "    tokens = _assemble(draft_tokens, num_accepted, extra)\n"
-            "    tokens[:, gamma] = torch.where(num_accepted == gamma, -1, tokens[:, gamma])\n"
-            "    return tokens, num_accepted\n\n\ndef greedy_accept",
+            (
+                "    tokens = _assemble(draft_tokens, num_accepted, extra)\n"
+                "    tokens[:, gamma] = torch.where(num_accepted == gamma, -1, tokens[:, gamma])\n"
+                "    return tokens, num_accepted\n\n\ndef greedy_accept"
+            ),
         )],
-        loses=["accept_public", "distribution", "accept_rules", "reproducible", "generate"],
+        loses=["accept_public", "distribution", "accept_rules", "generate"],
     ),
     Mutant(
         name="target_row_misaligned",
         why="I scored draft token i with the target's row i + 1 (off by one: the target's first row is the prefix's last position)",
         edits=[("p_x = target_probs[:, :gamma].gather", "p_x = target_probs[:, 1:].gather")],
-        loses=["accept_public", "distribution", "accept_rules", "generate"],
+        loses=["accept_public", "distribution", "accept_rules", "generate_public", "generate"],
     ),
     Mutant(
         name="nan_when_p_equals_q",
         why="I normalised the residual by its sum, which is 0/0 = NaN when p == q",
         edits=[("residual = torch.where(mass > 0, residual, p_next)", "residual = residual / mass")],
-        loses=["distribution"],
+        loses=["distribution", "accept_rules"],
     ),
     Mutant(
         name="accepts_q_zero",
@@ -86,9 +90,11 @@ MUTANTS = [
         why="I resampled only the rows that had a rejection, one at a time",
         edits=[(
             "extra = torch.multinomial(residual, 1, generator=generator).squeeze(1)  # normalises internally",
-            "extra = torch.multinomial(p_next, 1, generator=generator).squeeze(1)\n"
-            "    for b in (num_accepted < gamma).nonzero().flatten().tolist():\n"
-            "        extra[b] = torch.multinomial(residual[b], 1, generator=generator)[0]",
+            (
+                "extra = torch.multinomial(p_next, 1, generator=generator).squeeze(1)\n"
+                "    for b in (num_accepted < gamma).nonzero().flatten().tolist():\n"
+                "        extra[b] = torch.multinomial(residual[b], 1, generator=generator)[0]"
+            ),
         )],
         loses=["vectorised"],
     ),
@@ -103,10 +109,12 @@ MUTANTS = [
         name="greedy_no_bonus",
         why="greedy: when every draft token matched I forgot the target's last argmax",
         edits=[("    extra = best.gather(1, num_accepted[:, None]).squeeze(1)\n    return _assemble(draft_tokens, num_accepted, extra), num_accepted",
-                "    extra = best.gather(1, num_accepted[:, None]).squeeze(1)\n"
-                "    tokens = _assemble(draft_tokens, num_accepted, extra)\n"
-                "    tokens[:, gamma] = torch.where(num_accepted == gamma, -1, tokens[:, gamma])\n"
-                "    return tokens, num_accepted")],
+                (
+                    "    extra = best.gather(1, num_accepted[:, None]).squeeze(1)\n"
+                    "    tokens = _assemble(draft_tokens, num_accepted, extra)\n"
+                    "    tokens[:, gamma] = torch.where(num_accepted == gamma, -1, tokens[:, gamma])\n"
+                    "    return tokens, num_accepted"
+                ))],
         loses=["greedy_public", "greedy"],
     ),
     Mutant(
@@ -132,15 +140,19 @@ MUTANTS = [
         name="closed_form_nan_at_one",
         why="I used (1 - alpha**(gamma+1)) / (1 - alpha) as written",
         edits=[(
-            "    total = alpha * 0 + 1.0  # the k = 0 term, with alpha's type and shape\n"
-            "    term = total\n"
-            "    for _ in range(gamma):\n"
-            "        term = term * alpha\n"
-            "        total = total + term\n"
-            "    return total",
-            "    if isinstance(alpha, torch.Tensor):\n"
-            "        return (1 - alpha ** (gamma + 1)) / (1 - alpha)\n"
-            "    return (1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha != 1 else float('nan')",
+            (
+                "    total = alpha * 0 + 1.0  # the k = 0 term, with alpha's type and shape\n"
+                "    term = total\n"
+                "    for _ in range(gamma):\n"
+                "        term = term * alpha\n"
+                "        total = total + term\n"
+                "    return total"
+            ),
+            (
+                "    if isinstance(alpha, torch.Tensor):\n"
+                "        return (1 - alpha ** (gamma + 1)) / (1 - alpha)\n"
+                "    return (1 - alpha ** (gamma + 1)) / (1 - alpha) if alpha != 1 else float('nan')"
+            ),
         )],
         loses=["formulas_public", "formulas"],
     ),
@@ -149,14 +161,14 @@ MUTANTS = [
         why="my loop advanced each row by num_accepted, dropping the resampled or bonus token",
         edits=[("length = torch.where(active, length + num_accepted + 1, length)",
                 "length = torch.where(active, length + num_accepted, length)")],
-        loses=["generate_public", "generate"],
+        loses=["generate_public", "reproducible", "generate"],
     ),
     Mutant(
         name="loop_target_off_by_one",
         why="my loop read the target's rows from position length instead of length - 1",
         edits=[("target_probs = p[rows[:, None], length[:, None] - 1 + steps]",
                 "target_probs = p[rows[:, None], (length[:, None] + steps).clamp(max=p.shape[1] - 1)]")],
-        loses=["generate"],
+        loses=["generate_public", "generate"],
     ),
     Mutant(
         name="loop_forgets_to_write_drafts",

@@ -1,0 +1,200 @@
+"""Public tests for speculative decoding: small, fast, and each failure says what to look at.
+
+Run: make check EX=speculative   (or: pytest exercises/speculative)
+Oracles are the textbook formulas and hand-made cases. The one statistical test uses a bound that a
+correct solution breaks with probability below 1e-6 (see `bernstein_halfwidth`), with a fixed seed.
+"""
+
+import math
+
+import pytest
+import torch
+
+DRIVER = "grader.support.speculative:generate"
+
+
+@pytest.fixture(scope="module")
+def sm(student):
+    return student.load("speculative")
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def bernstein_halfwidth(n: int, prob: float, delta: float) -> float:
+    """t such that a Binomial(n, prob) count lies within n * prob +- t with probability >= 1 - delta."""
+    log_term = math.log(2 / delta)
+    return log_term / 3 + math.sqrt((log_term / 3) ** 2 + 2 * log_term * n * prob * (1 - prob))
+
+
+# --------------------------------------------------------------------------------------------------
+# The formulas
+
+
+@pytest.mark.check("formulas_public")
+def test_acceptance_rate_is_the_overlap(sm):
+    p = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.25, 0.25, 0.25, 0.25]])
+    q = torch.tensor([[0.2, 0.2, 0.2, 0.4], [0.25, 0.25, 0.25, 0.25]])
+    got = sm.acceptance_rate(p, q)
+    assert tuple(got.shape) == (2,), f"one rate per distribution: expected shape [2], found {list(got.shape)}"
+    torch.testing.assert_close(got, torch.tensor([0.6, 1.0]), msg=lambda e: f"alpha = sum_x min(p(x), q(x)). {e}")
+
+
+@pytest.mark.check("formulas_public")
+def test_expected_tokens_per_step(sm):
+    got = float(sm.expected_tokens_per_step(0.6, 3))
+    assert abs(got - 2.176) < 1e-9, (
+        f"alpha = 0.6, gamma = 3: (1 - 0.6^4) / (1 - 0.6) = 2.176 tokens per target pass, found {got}. "
+        "Remember the bonus token: the sum runs from alpha^0 to alpha^gamma"
+    )
+    assert float(sm.expected_tokens_per_step(0.0, 5)) == 1.0, "alpha = 0: every draft rejected, still 1 token per pass"
+    at_one = float(sm.expected_tokens_per_step(1.0, 4))
+    assert at_one == 5.0, f"alpha = 1: all gamma drafts plus the bonus, 5 tokens; found {at_one} (0/0 in the closed form?)"
+    alpha = torch.tensor([0.0, 0.5, 1.0])
+    got = sm.expected_tokens_per_step(alpha, 2)
+    torch.testing.assert_close(got, torch.tensor([1.0, 1.75, 3.0]), msg=lambda e: f"a tensor alpha works elementwise. {e}")
+
+
+@pytest.mark.check("formulas_public")
+def test_expected_speedup(sm):
+    got = float(sm.expected_speedup(0.8, 4, 0.05))
+    want = (1 - 0.8**5) / (1 - 0.8) / (4 * 0.05 + 1)
+    assert abs(got - want) < 1e-9, (
+        f"alpha = 0.8, gamma = 4, c = 0.05: {want:.4f}x, found {got:.4f}. A step costs 4 draft passes "
+        "(0.05 each) and one target pass: divide the tokens per step by gamma * c + 1"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# speculative_accept
+
+
+def check_layout(tokens, num_accepted, draft, vocab):
+    B, gamma = draft.shape
+    assert tokens.dtype == torch.int64 and num_accepted.dtype == torch.int64, (
+        f"tokens and num_accepted must be int64, found {tokens.dtype} and {num_accepted.dtype}"
+    )
+    assert tuple(tokens.shape) == (B, gamma + 1), f"tokens must be [B, gamma + 1] = [{B}, {gamma + 1}], found {list(tokens.shape)}"
+    for b in range(B):
+        n = int(num_accepted[b])
+        row = tokens[b].tolist()
+        assert 0 <= n <= gamma, f"row {b}: num_accepted = {n} is outside 0..{gamma}"
+        assert row[:n] == draft[b, :n].tolist(), f"row {b}: the first {n} tokens must be the accepted draft tokens, found {row}"
+        assert 0 <= row[n] < vocab, f"row {b}: position {n} (num_accepted) must hold the extra token, found {row[n]}"
+        assert row[n + 1 :] == [-1] * (gamma - n), (
+            f"row {b}: tokens = {row} with num_accepted = {n}; everything after the extra token is -1"
+        )
+
+
+@pytest.mark.check("accept_public")
+def test_p_equal_q_accepts_everything_and_adds_the_bonus(sm):
+    p = torch.tensor([[0.1, 0.6, 0.3], [0.5, 0.25, 0.25], [0.0, 0.0, 1.0]]).expand(4, 3, 3).contiguous()
+    q = p[:, :2].clone()
+    draft = torch.tensor([[1, 0], [2, 0], [0, 1], [1, 2]])
+    tokens, num_accepted = sm.speculative_accept(draft, q, p, gen(0))
+    check_layout(tokens, num_accepted, draft, 3)
+    assert num_accepted.tolist() == [2, 2, 2, 2], (
+        f"with p == q every draft token passes u <= p(x)/q(x) = 1 (u in (0, 1]); num_accepted = {num_accepted.tolist()}"
+    )
+    assert tokens[:, 2].tolist() == [2, 2, 2, 2], (
+        "all gamma = 2 accepted, so the bonus comes from target_probs[:, 2], which puts all its mass on token 2; "
+        f"found {tokens[:, 2].tolist()}"
+    )
+
+
+@pytest.mark.check("accept_public")
+def test_a_token_the_target_forbids_is_rejected_and_not_resampled(sm):
+    # The draft is sure of token 0; the target gives token 0 probability 0.
+    p = torch.tensor([[0.0, 0.5, 0.5], [0.2, 0.3, 0.5]]).expand(50, 2, 3).contiguous()
+    q = torch.tensor([[1.0, 0.0, 0.0]]).expand(50, 1, 3).contiguous()
+    draft = torch.zeros(50, 1, dtype=torch.long)
+    tokens, num_accepted = sm.speculative_accept(draft, q, p, gen(1))
+    check_layout(tokens, num_accepted, draft, 3)
+    assert (num_accepted == 0).all(), (
+        "p(0) = 0, so the test u <= p(0)/q(0) = 0 must fail for every u in (0, 1]: draw u as 1 - torch.rand(...)"
+    )
+    assert (tokens[:, 0] != 0).all(), "after the rejection the token comes from max(0, p - q) = [0, 0.5, 0.5]: never token 0"
+    assert (tokens[:, 1] == -1).all(), "one rejection ends the row: position 1 must be -1"
+
+
+@pytest.mark.check("accept_public")
+def test_one_position_histogram_matches_the_target(sm):
+    n, delta = 40_000, 1e-6
+    p = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25]])
+    q = torch.tensor([[0.4, 0.3, 0.2, 0.1]])
+    g = gen(2)
+    draft = torch.multinomial(q[0], n, replacement=True, generator=g)[:, None]
+    tokens, num_accepted = sm.speculative_accept(draft, q.expand(n, 1, 4).contiguous(), p.expand(n, 2, 4).contiguous(), gen(3))
+    counts = torch.bincount(tokens[:, 0], minlength=4)
+    for k in range(4):
+        half = bernstein_halfwidth(n, float(p[0, k]), delta / 4)
+        got = int(counts[k])
+        assert abs(got - n * float(p[0, k])) <= half, (
+            f"position 0: token {k} came out {got / n:.4f} of the time, the target says {float(p[0, k]):.2f} "
+            f"(+-{half / n:.4f}). Accept x with probability min(1, p(x)/q(x)); after a rejection sample "
+            "norm(max(0, p - q)) = [0, 0, 1/3, 2/3] here, not p or q"
+        )
+    alpha = 0.1 + 0.2 + 0.2 + 0.1
+    accepted = int((num_accepted == 1).sum())
+    half = bernstein_halfwidth(n, alpha, delta)
+    assert abs(accepted - n * alpha) <= half, (
+        f"{accepted / n:.4f} of the drafts were accepted; sum(min(p, q)) = {alpha:.2f} predicts that fraction"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# greedy_accept (tables from vLLM's tests of its rejection sampler)
+
+
+def probs_with_argmax(best: list[list[int]], vocab: int = 10) -> torch.Tensor:
+    logits = torch.full((len(best), len(best[0]), vocab), -5.0)
+    for b, row in enumerate(best):
+        for i, t in enumerate(row):
+            logits[b, i, t] = 5.0
+    return torch.softmax(logits, -1)
+
+
+@pytest.mark.check("greedy_public")
+@pytest.mark.parametrize(
+    "draft, best, expected",
+    [
+        ([[1, 2, 3]], [[1, 2, 3, 4]], [[1, 2, 3, 4]]),
+        ([[1, 2, 3]], [[1, 5, 3, 4]], [[1, 5, -1, -1]]),
+        ([[1, 2], [3, 4]], [[1, 5, 6], [3, 4, 7]], [[1, 5, -1], [3, 4, 7]]),
+    ],
+    ids=["all-accepted-plus-bonus", "mismatch-in-the-middle", "mixed-rows"],
+)
+def test_greedy_tables(sm, draft, best, expected):
+    tokens, num_accepted = sm.greedy_accept(torch.tensor(draft), probs_with_argmax(best))
+    assert tokens.tolist() == expected, (
+        f"draft {draft}, target argmax {best}: expected {expected}, found {tokens.tolist()}. Keep draft tokens "
+        "while they equal the argmax; at the first mismatch emit the argmax and pad with -1; if all match, "
+        "append the argmax of the last row (the bonus)"
+    )
+    assert num_accepted.tolist() == [sum(t != -1 for t in row) - 1 for row in expected], (
+        f"num_accepted counts the kept draft tokens; found {num_accepted.tolist()}"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# speculative_generate (the models are n-gram tables, built next to your code by a course driver)
+
+
+@pytest.mark.check("generate_public")
+def test_generate_shapes_and_calls_when_draft_equals_target(student, sm):
+    table = torch.softmax(torch.randn(5, 5, generator=gen(4)), -1)  # a bigram model over 5 tokens
+    prefix = torch.tensor([[0, 1, 2], [4, 4, 4]])
+    result = student.drive(DRIVER, sm.speculative_generate, table, table, prefix, 3, 10, 5)
+    tokens, calls = result["tokens"][0], result["reported_calls"][0]
+    assert tokens.dtype == torch.int64 and tuple(tokens.shape) == (2, 10), (
+        f"expected the 10 new tokens per row, int64 [2, 10] (without the prefix), found {tokens.dtype} {list(tokens.shape)}"
+    )
+    assert ((tokens >= 0) & (tokens < 5)).all(), f"every returned token is a real token id, found {tokens.tolist()}"
+    assert int(calls) == result["target_calls"][0], (
+        f"you reported {calls} target calls but the target model was called {result['target_calls'][0]} times"
+    )
+    assert result["target_calls"][0] == 3, (
+        f"draft == target, so every step keeps all 3 drafts plus the bonus: 4 tokens per call, 3 calls for 10 "
+        f"tokens; found {result['target_calls'][0]}. Advance each row by num_accepted + 1"
+    )
