@@ -16,7 +16,6 @@ prints the submission's time relative to the reference's on a small shape (one t
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import sys
@@ -25,16 +24,11 @@ from pathlib import Path
 
 import torch
 
+from grader.bench import load
 from grader.course import find_root
 
 B, H, N = 4, 16, 4096
 
-
-def load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def naive_attention(q, k, v, causal):

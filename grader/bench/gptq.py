@@ -10,22 +10,17 @@ within 3x of the reference). The graded evidence for the lazy batch is structura
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from grader.bench import load
+
 ROOT = Path(__file__).resolve().parents[2]
 BAR = 3.0  # the submission may take up to this many times the reference's time
 
-
-def _load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _layer(rows: int, cols: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     W, H = (t.to(device) for t in _layer(1024, 1024))
-    ref = _load(reference, "gptq_reference")
-    sub = _load(submission, "gptq_submission")
+    ref = load(reference, "gptq_reference")
+    sub = load(submission, "gptq_submission")
     rows = []
     for label, kwargs in [("4-bit, block 128", {}), ("4-bit, groups of 128", {"group_size": 128}),
                           ("3-bit, act_order", {"bits": 3, "act_order": True})]:

@@ -12,25 +12,18 @@ route_speed check scores (course.yaml holds its bar).
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import sys
-import time
 from pathlib import Path
 
 import torch
 
+from grader.bench import load, min_time
 from grader.course import find_root
 
 T, E, K, CF = 65536, 64, 2, 1.25
 BAR = 5.0  # CPU: the submission may take up to BAR times the vectorised oracle
 
-
-def load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def oracle_route(logits: torch.Tensor, k: int, cf: float):
@@ -53,14 +46,6 @@ def oracle_route(logits: torch.Tensor, k: int, cf: float):
     return idx, weight * kept, torch.where(kept, rank, -1), aux, z
 
 
-def cpu_min_time(fn, reps: int = 5) -> float:
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
 
 def main(argv: list[str]) -> None:
     root = find_root()
@@ -82,13 +67,13 @@ def main(argv: list[str]) -> None:
         return
     torch.set_num_threads(1)
     logits = torch.randn(T, E, generator=torch.Generator().manual_seed(0))
-    oracle = cpu_min_time(lambda: oracle_route(logits, K, CF))
+    oracle = min_time(lambda: oracle_route(logits, K, CF))
     print("CPU, one thread, minimum of 5 runs")
     print(f"{'':>12} {'ms':>9} {'/ oracle':>9}")
     print(f"{'oracle':>12} {oracle * 1e3:>9.1f} {1.0:>9.2f}")
     for name, module in (("reference", ref), ("submission", sub)):
         try:
-            t = cpu_min_time(lambda m=module: m.route(logits, K, CF))
+            t = min_time(lambda m=module: m.route(logits, K, CF))
         except NotImplementedError as exc:
             print(f"{name:>12} not implemented: {exc}")
             continue

@@ -10,30 +10,13 @@ Triton kernel is skipped there (the interpreter measures NumPy, not the kernel).
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-import time
 from pathlib import Path
 
 import torch
 
+from grader.bench import load, min_time
 from grader.course import find_root
-
-
-def load(path: Path):
-    spec = importlib.util.spec_from_file_location("submission", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def cpu_min_time(fn, reps: int = 5) -> float:
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def main(argv: list[str]) -> None:
@@ -61,8 +44,8 @@ def main(argv: list[str]) -> None:
     print(f"{'shape':>16} {'block':>6} {'online_softmax ms':>18} {'torch.softmax ms':>17} {'ratio':>6}")
     for rows, cols, block in ((512, 4096, 1024), (64, 65536, 4096)):
         x = torch.randn(rows, cols)
-        mine = cpu_min_time(lambda: sub.online_softmax(x, block_size=block))
-        lib = cpu_min_time(lambda: torch.softmax(x, -1))
+        mine = min_time(lambda: sub.online_softmax(x, block_size=block))
+        lib = min_time(lambda: torch.softmax(x, -1))
         print(f"{rows:>7} x {cols:<7} {block:>6} {mine * 1e3:>18.2f} {lib * 1e3:>17.2f} {mine / lib:>6.2f}")
 
 

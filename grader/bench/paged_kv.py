@@ -12,20 +12,13 @@ the ratio: the manager's work per token should be a handful of dict and list ope
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 import time
 from pathlib import Path
 
+from grader.bench import load
+
 ROOT = Path(__file__).resolve().parents[2]
 
-
-def load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def decode_run(module, seqs: int, steps: int, prompt: int, block_size: int, caching: bool) -> tuple[float, int]:

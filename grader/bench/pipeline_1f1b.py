@@ -12,32 +12,17 @@ far above 1 (say 5x or more) means extra work per op, or work that grows faster 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from grader.bench import load, min_time
 from grader.course import find_root
 
 P, M, V = 64, 1024, 4
 
 
-def load(path: Path, name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def best_time(fn: Callable[[], Any], reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def steps(mod: Any) -> dict[str, Callable[[], Any]]:
@@ -71,9 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"the submission is not finished: {exc}")
         return 1
     for name, ref_fn in ref_steps.items():
-        ref_t = best_time(ref_fn, args.reps)
+        ref_t = min_time(ref_fn, args.reps)
         try:
-            sub_t = best_time(sub_steps[name], args.reps)
+            sub_t = min_time(sub_steps[name], args.reps)
         except NotImplementedError:
             print(f"{name:<34} {'not written':>13} {ref_t:>12.3f}")
             continue

@@ -21,22 +21,19 @@ ratios, which come from the same run.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from grader.bench import load
 from grader.course import find_root
-from grader.support.ring_allreduce import DistributedComm, run_on_processes, run_simulated
-
-
-def load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from grader.support.ring_allreduce import (
+    DistributedComm,
+    run_on_processes,
+    run_simulated,
+)
 
 
 def volume_table(impls: dict, n: int) -> None:

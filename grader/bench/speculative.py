@@ -12,24 +12,18 @@ a shared machine is too noisy to grade (the graded check for loops is structural
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 import torch
+
+from grader.bench import load
 
 ROOT = Path(__file__).resolve().parents[2]
 B, GAMMA, VOCAB = 64, 4, 8192
 RUNS = 15
 
-
-def load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def oracle_accept(draft_tokens, draft_probs, target_probs, generator):
