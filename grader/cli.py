@@ -113,10 +113,19 @@ def cmd_check(args: argparse.Namespace) -> int:
             console.print(test["traceback"], markup=False, highlight=False)
         console.print(f"read: exercises/{ex['id']}/README.md, section 'The contract' (and 'Hints'); "
                       f"`make hint EX={ex['id']}` for the next hint")
-    skipped = [c["id"] for ex in result["exercises"] for c in ex["checks"] if c["status"] == "not_graded"]
+    skipped = [f"{ex['id']}/{c['id']}" for ex in result["exercises"] for c in ex["checks"] if c["status"] == "not_graded"]
     if skipped:
-        console.print(f"[dim]not run here (need CUDA): {', '.join(skipped)}[/]")
+        console.print(f"[dim]skipped here (need CUDA): {', '.join(skipped)}[/]")
+    cuda_checks = [f"{ex.id}/{c.id}" for ex in exercises for c in ex.checks if c.cuda]
+    if cuda_checks and not _has_cuda():
+        console.print(f"[dim]no CUDA device here: these checks run only when graded on a GPU: {', '.join(cuda_checks)}[/]")
     return 0
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def cmd_hint(args: argparse.Namespace) -> int:

@@ -22,6 +22,7 @@ def test_check_on_the_stub_says_where_to_start(root):
     line = next(l for l in run.stdout.splitlines() if l.strip().startswith("online_softmax") and "/" in l)
     assert "0/14" in line and "0/20" in line, line
     assert "start here: read exercises/online_softmax/README.md" in run.stdout
+    assert "online_softmax/triton_speed" in run.stdout, "make check must say which checks need CUDA"
 
 
 def test_check_on_the_solution_is_all_green(root):
