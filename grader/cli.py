@@ -1,6 +1,8 @@
 """The `grader` command line.
 
   grader grade SUBMISSION [--exercise ID]... [--seed N] [--out FILE] [--format table|json]
+  grader batch SUBMISSIONS_DIR --out RESULTS_DIR --jobs N   many submissions in parallel, resumable
+  grader export RESULTS_DIR --format csv|gradescope|prairielearn|nbgrader
   grader demo                 grade the reference solutions and the starter stubs; print the score table
   grader check [EXERCISE]     run the public tests on your exercises/ in-process; print your progress
   grader hint EXERCISE        show the next hint for an exercise (remembers how many you have seen)
@@ -283,8 +285,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--with-solutions", action="store_true", help="a teaching-assistant copy, clearly marked")
     r.set_defaults(fn=cmd_release)
 
+    from grader.batch import add_commands as add_batch_commands
     from grader.export.cli import add_commands as add_export_commands
 
+    add_batch_commands(sub)
     add_export_commands(sub)
 
     v = sub.add_parser("validate", help="check course.yaml and the exercises' files")

@@ -101,6 +101,15 @@ def run_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed: i
         os.close(write_fd)
         if log_path:
             log.close()
+    try:
+        return _follow(proc, read_fd, exercise, opts, on_event)
+    finally:
+        _kill(proc)  # whatever happened here, no pytest (and no worker under it) outlives this call
+
+
+def _follow(proc: subprocess.Popen, read_fd: int, exercise: Exercise, opts: GradeOptions,
+            on_event: Callable[[dict], None]) -> str | None:
+    """Read the events of a running pytest until it ends or runs out of time."""
     time_limit = opts.time_limit_s or exercise.time_limit_s
     deadline = time.monotonic() + time_limit
     buffer = b""
@@ -180,7 +189,11 @@ def grade(course: Course, root: Path, source: Path, out: Path | None = None, opt
         return result
 
     result = results.new_result(course, sub.id, sub.sha256, suite, seed, opts.mode, exercises)
-    result["gradable"] = True
+    result["gradable"] = bool(sub.files)
+    if not sub.files:
+        result["format_errors"] = [
+            f"no file to grade: expected one of {sorted(e.file for e in exercises)} (flat, in <id>/ or in exercises/<id>/)"
+        ]
     save(result)
     try:
         for ex in exercises:

@@ -12,7 +12,8 @@
 4. Resource limits: CPU seconds, file size, number of processes, address space (CPU-only hosts;
    CUDA reserves huge virtual ranges), no core dumps.
 5. As root: drops to the unprivileged user (default ``nobody``), with no supplementary groups.
-6. Sends stdout/stderr to a capped log file in the worker's private folder and execs the worker.
+6. Sends stdout/stderr to a capped log file in the worker's private folder and execs the worker,
+   which the kernel kills if the process that started it dies (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -146,7 +147,17 @@ def drop_privileges(uid: int, gid: int) -> None:
         raise OSError("could not drop root privileges")
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (set again after fork and setuid,
+    which clear it), so a worker never outlives the grader that started it."""
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
 def main() -> None:
+    die_with_parent()
     config = json.loads(sys.argv[1])
     as_root = os.geteuid() == 0
     warnings = enter_namespaces(as_root) if config["isolate"] else ["isolation disabled by the grader"]
@@ -188,6 +199,7 @@ def main() -> None:
     set_limits(config["limits"])
     if drop:
         drop_privileges(config["uid"], config["gid"])
+    die_with_parent()  # the launcher, or for an unisolated worker the grader's pytest
     os.chdir(config["workdir"])
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an over-long write fails with EFBIG, not a kill
     os.execv(sys.executable, [sys.executable, "-I", "-m", "grader.harness.worker", *config["argv"]])
