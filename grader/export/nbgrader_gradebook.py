@@ -21,6 +21,8 @@ regrade replaces the old scores. nbgrader is an optional dependency: ``pip insta
 from __future__ import annotations
 
 import datetime as dt
+import os
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +44,11 @@ def _gradebook():
     except ImportError:
         raise ExportError("the nbgrader export needs nbgrader: pip install '.[nbgrader]' (nbgrader>=0.9), "
                           "found it not installed") from None
+    # nbgrader runs the `alembic` command to check its schema; from an environment that was not
+    # activated (.venv/bin/grader export ...), put this interpreter's scripts on PATH so it is found.
+    scripts = os.path.dirname(sys.executable)
+    if scripts not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
     return api
 
 
