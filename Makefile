@@ -49,8 +49,9 @@ release: setup                    ## the student repository: make release OUT=..
 grade: setup                      ## grade a submission: make grade SUB=path/to/submission
 	$(BIN)/grader grade $(SUB) $(if $(EX),--exercise $(EX))
 
-test: setup                       ## the project's own tests
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+JOBS   ?= 2
+test: setup                       ## the project's own tests (JOBS=n parallel processes)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadgroup tests
 
 bench: setup                      ## CPU/GPU benchmark of one exercise: make bench EX=<id>
 	@test -n "$(EX)" || (echo "usage: make bench EX=<exercise id>" && exit 2)

@@ -9,6 +9,9 @@ import pytest
 
 from grader import results
 
+# These tests share the course root's .progress.json: run them in one process, one after another.
+pytestmark = pytest.mark.xdist_group("progress-file")
+
 
 def grader(root, *args, env=None):
     return subprocess.run([sys.executable, "-m", "grader", *args], cwd=root, capture_output=True, text=True,

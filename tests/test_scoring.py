@@ -23,11 +23,17 @@ def stub_result():
     return grade_folder(ROOT / "exercises")
 
 
+# The reference and stub are graded once per test process; keep their tests in one process.
+on_reference_worker = pytest.mark.xdist_group("reference-and-stub")
+
+
+@on_reference_worker
 def test_results_match_the_schema(reference_result, stub_result):
     results.validate(reference_result)
     results.validate(stub_result)
 
 
+@on_reference_worker
 @pytest.mark.parametrize("exercise_id", EXERCISES)
 def test_reference_earns_full_marks_on_every_gradable_check(reference_result, exercise_id):
     for check in checks_of(reference_result, exercise_id).values():
@@ -40,6 +46,7 @@ def test_reference_earns_full_marks_on_every_gradable_check(reference_result, ex
         )
 
 
+@on_reference_worker
 @pytest.mark.parametrize("exercise_id", EXERCISES)
 def test_stub_earns_nothing(stub_result, exercise_id):
     for check in checks_of(stub_result, exercise_id).values():
