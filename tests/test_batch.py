@@ -33,6 +33,9 @@ EXERCISE = "online_softmax"
 PUBLIC_CHECKS = ["normalizer_public", "merge_public", "softmax_public", "triton_public"]
 REFERENCE = (ROOT / "solutions" / EXERCISE / f"{EXERCISE}.py").read_text()
 STUB = (ROOT / "exercises" / EXERCISE / f"{EXERCISE}.py").read_text()
+# These tests look for their own leftover processes by name: run them in one process, one at a time.
+pytestmark = pytest.mark.xdist_group("batch")
+
 SLEEP_MARK = "4271"  # the hostile submission's orphan: `sleep 4271` (test_hostile.py uses 4242)
 
 

@@ -542,7 +542,8 @@ def test_prairielearn_entry_point_on_a_fake_grade_tree(tmp_path):
     jsonschema.validate(out, schema("prairielearn_results"))
     assert out["gradable"] is False and "no submission at" in out["format_errors"][0]
 
-    # A student folder without the exercise's file: graded, every check at zero with the reason.
+    # A student folder without the exercise's file: nothing to grade, so no attempt charged; the
+    # canonical result still records the exercise as missing.
     empty = tmp_path / "empty"
     (empty / "student").mkdir(parents=True)
     (empty / "student" / "notes.txt").write_text("I ran out of time")
@@ -552,6 +553,6 @@ def test_prairielearn_entry_point_on_a_fake_grade_tree(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads((empty / "results" / "results.json").read_text())
     jsonschema.validate(out, schema("prairielearn_results"))
-    assert out["gradable"] is True and out["score"] == 0
-    assert {t["message"] for t in out["tests"]} == {"not submitted: expected a file named online_softmax.py"}
+    assert out["gradable"] is False
+    assert "no file to grade: expected one of ['online_softmax.py']" in out["format_errors"][0]
     assert R.find_exercise(json.loads((empty / "results" / "result.json").read_text()), "online_softmax")["status"] == "missing"
