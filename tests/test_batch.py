@@ -436,12 +436,26 @@ def test_ctrl_c_stops_every_grade_and_writes_no_false_verdict(tmp_path):
     import _thread
 
     subs, out = cheap_batch(tmp_path), tmp_path / "results"
-    timer = threading.Timer(3.0, _thread.interrupt_main)
-    timer.start()
+    done = threading.Event()
+
+    def press_ctrl_c_once_both_grades_run() -> None:
+        # Interrupt when both lanes' grading processes are up (each has started its `sleep`), not
+        # after a fixed delay: on a loaded machine the batch may not have started them yet.
+        deadline = time.monotonic() + 60
+        while not done.is_set() and time.monotonic() < deadline:
+            if len(sleepers(str(int(SLEEP_MARK) + 1))) >= 2:
+                break
+            time.sleep(0.1)
+        if not done.is_set():
+            _thread.interrupt_main()
+
+    presser = threading.Thread(target=press_ctrl_c_once_both_grades_run, daemon=True)
+    presser.start()
     try:
         report = batch_run(subs, out, backend=LocalBackend(ROOT, [sys.executable, "-c", HANGS]))
     finally:
-        timer.cancel()
+        done.set()
+        presser.join()
     left = sleepers(str(int(SLEEP_MARK) + 1))
     kill_and_report(left)
     assert report.interrupted and not left and batch.descendants(os.getpid()) == []
