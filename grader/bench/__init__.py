@@ -7,24 +7,17 @@ Shared helpers: `load` a submission or reference file as a module, and `min_time
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
+from grader.harness.worker import import_file
+
 
 def load(path: Path, name: str = "submission") -> ModuleType:
-    """Import a Python file as a module named `name` (registered in sys.modules, so dataclasses
-    and pickling inside it work)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"expected a Python file at {path}, found none")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    """Import a submission or reference file as a module named `name`."""
+    return import_file(path, name)
 
 
 def min_time(fn: Callable[[], Any], reps: int = 5) -> float:

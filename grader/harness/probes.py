@@ -18,7 +18,6 @@ import sys
 import threading
 from typing import Iterable, Iterator
 
-
 _INHERITED = object()
 
 

@@ -15,14 +15,20 @@ Tests are written once against this API::
 from __future__ import annotations
 
 import functools
-import importlib.util
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from grader.harness import probes
+from grader.harness.client import (
+    CallOptions,
+    RemoteCallable,
+    RemoteModule,
+    Sandbox,
+    WorkerProcess,
+)
 from grader.harness.worker import _import_driver as import_driver
-from grader.harness.client import CallOptions, RemoteCallable, RemoteModule, Sandbox, WorkerProcess
+from grader.harness.worker import import_file
 
 
 class LocalModule:
@@ -101,16 +107,7 @@ class StudentSession:
         if exercise_id not in self._local:
             if not path.is_file():
                 raise FileNotFoundError(f"expected the student's file at {path}, found nothing there")
-            name = path.stem
-            spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                sys.modules.pop(name, None)
-                raise
-            self._local[exercise_id] = module
+            self._local[exercise_id] = import_file(path)
         return self._local[exercise_id]
 
     def lines_executed(self, fn: Any, *args, **kwargs) -> tuple[Any, int]:

@@ -23,6 +23,23 @@ from grader.harness import probes, wire
 MODULE = "module"  # the root target name for the student's module
 
 
+def import_file(path: str | Path, name: str | None = None) -> Any:
+    """Import a Python file as module `name` (default: its stem), registered in sys.modules so that
+    dataclasses and pickling inside it work. A failed import leaves no half-made module behind."""
+    name = name or Path(path).stem
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"expected a Python file at {path}, found none")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
 class Worker:
     def __init__(self, sock: socket.socket, module_path: str):
         self.sock = sock
@@ -60,12 +77,7 @@ class Worker:
 
     def load(self) -> Any:
         if self.module is None:
-            name = Path(self.module_path).stem
-            spec = importlib.util.spec_from_file_location(name, self.module_path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            spec.loader.exec_module(module)
-            self.module = module
+            self.module = import_file(self.module_path)
         return self.module
 
     def op_getattr(self, target: Any, name: str) -> dict:

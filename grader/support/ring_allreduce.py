@@ -279,18 +279,10 @@ class _Ring:
         return f"{parts}. Every send needs a matching receive on the other side."
 
 
-class SimulatedComm:
-    """One rank of a simulated ring (see the module docstring). Made by `run_simulated`."""
+class _CountedComm:
+    """What both communicators report: the traffic counted by their `_counters`."""
 
-    def __init__(self, ring: _Ring, rank: int):
-        self._ring = ring
-        self._counters = _Counters(rank, ring.world_size)
-        self.rank = rank
-        self.world_size = ring.world_size
-
-    def send_recv(self, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int) -> None:
-        dst, src = self._counters.check(send, dst, recv, src)
-        self._ring.exchange(self.rank, send, dst, recv, src)
+    _counters: _Counters
 
     @property
     def messages_sent(self) -> int:
@@ -302,6 +294,20 @@ class SimulatedComm:
 
     def stats(self) -> dict:
         return self._counters.stats()
+
+
+class SimulatedComm(_CountedComm):
+    """One rank of a simulated ring (see the module docstring). Made by `run_simulated`."""
+
+    def __init__(self, ring: _Ring, rank: int):
+        self._ring = ring
+        self._counters = _Counters(rank, ring.world_size)
+        self.rank = rank
+        self.world_size = ring.world_size
+
+    def send_recv(self, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int) -> None:
+        dst, src = self._counters.check(send, dst, recv, src)
+        self._ring.exchange(self.rank, send, dst, recv, src)
 
     def __repr__(self) -> str:
         return f"SimulatedComm(rank={self.rank}, world_size={self.world_size})"
@@ -391,7 +397,7 @@ def _dtype_code(dtype: torch.dtype) -> int:
     return _DTYPES.index(dtype) if dtype in _DTYPES else len(_DTYPES)
 
 
-class DistributedComm:
+class DistributedComm(_CountedComm):
     """One rank of a real run over torch.distributed (the default process group must exist).
 
     Every exchange first swaps a 3-number header (dtype, length, exchange number) so that mismatched
@@ -451,17 +457,6 @@ class DistributedComm:
             self._swap(payload, dst, landing, src)
             if landing is not recv:
                 recv.copy_(landing)
-
-    @property
-    def messages_sent(self) -> int:
-        return self._counters.messages_sent
-
-    @property
-    def elements_sent(self) -> int:
-        return self._counters.elements_sent
-
-    def stats(self) -> dict:
-        return self._counters.stats()
 
     def __repr__(self) -> str:
         return f"DistributedComm(rank={self.rank}, world_size={self.world_size}, device={self.device})"
