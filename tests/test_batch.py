@@ -10,6 +10,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -432,32 +433,43 @@ def test_no_process_is_left_running():
     assert shutil.which("pgrep") is None or not sleepers(SLEEP_MARK)
 
 
+INTERRUPTED_BATCH = """
+import json, os, sys
+from pathlib import Path
+from grader import batch
+from grader.batch import LocalBackend
+from tests.test_batch import HANGS, ROOT, batch_run
+report = batch_run(Path(sys.argv[1]), Path(sys.argv[2]), backend=LocalBackend(ROOT, [sys.executable, "-c", HANGS]))
+print(json.dumps({"interrupted": report.interrupted, "no_result": [s["id"] for s in report.summary["no_result"]],
+                  "left_running": batch.descendants(os.getpid())}))
+"""
+
+
 def test_ctrl_c_stops_every_grade_and_writes_no_false_verdict(tmp_path):
-    import _thread
-
+    # The batch runs in its own process group and gets SIGINT as a terminal's Ctrl-C delivers it,
+    # once both lanes' grading processes are up (each has started its `sleep`), not after a fixed
+    # delay: on a loaded machine the batch may not have started them yet.
     subs, out = cheap_batch(tmp_path), tmp_path / "results"
-    done = threading.Event()
-
-    def press_ctrl_c_once_both_grades_run() -> None:
-        # Interrupt when both lanes' grading processes are up (each has started its `sleep`), not
-        # after a fixed delay: on a loaded machine the batch may not have started them yet.
-        deadline = time.monotonic() + 60
-        while not done.is_set() and time.monotonic() < deadline:
-            if len(sleepers(str(int(SLEEP_MARK) + 1))) >= 2:
-                break
-            time.sleep(0.1)
-        if not done.is_set():
-            _thread.interrupt_main()
-
-    presser = threading.Thread(target=press_ctrl_c_once_both_grades_run, daemon=True)
-    presser.start()
+    mark = str(int(SLEEP_MARK) + 1)
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED_BATCH, str(subs), str(out)], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
-        report = batch_run(subs, out, backend=LocalBackend(ROOT, [sys.executable, "-c", HANGS]))
+        deadline = time.monotonic() + 120
+        while len(sleepers(mark)) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proc.poll() is None, f"the batch ended before it was interrupted: {proc.communicate()}"
+        assert len(sleepers(mark)) >= 2, "the two grading processes did not start within 120 s"
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
     finally:
-        done.set()
-        presser.join()
-    left = sleepers(str(int(SLEEP_MARK) + 1))
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    left = sleepers(mark)
     kill_and_report(left)
-    assert report.interrupted and not left and batch.descendants(os.getpid()) == []
+    assert proc.returncode == 0, f"the batch did not handle Ctrl-C (exit {proc.returncode}):\n{stderr[-2000:]}"
+    report = json.loads(stdout.strip().splitlines()[-1])
+    assert report["interrupted"], report
+    assert not left and report["left_running"] == [], f"processes outlived the interrupted batch: {left or report}"
     assert not (out / "ann.json").exists() and not (out / "ben.json").exists(), "an interrupted grade must not be given a verdict"
-    assert [s["id"] for s in report.summary["no_result"]] == ["ann", "ben"]
+    assert report["no_result"] == ["ann", "ben"]
