@@ -393,6 +393,21 @@ class LocalBackend:
                     kill_tree(proc.pid)
 
 
+BACKENDS = ("local", "docker", "apptainer")
+
+
+def make_backend(name: str, root: Path, image: str | None = None, **container_options) -> Backend:
+    """The backend called `name`: "local" (this machine, the runner's own sandbox), "docker" or
+    "apptainer" (one container of the course image per submission; see grader/container.py)."""
+    if name == "local":
+        return LocalBackend(root)
+    if name in ("docker", "apptainer"):
+        from grader.container import ContainerBackend
+
+        return ContainerBackend(root, runtime=name, image=image, **container_options)
+    raise BatchError(f"expected a backend among {list(BACKENDS)}, found {name!r}")
+
+
 def serve() -> int:
     """The grading process of a local lane: one JSON request per line on stdin, one reply per line."""
     from grader.runner import grade
@@ -729,6 +744,25 @@ def _grade_one(slot: Slot, job: Job, sha: str | None, key: str | None, course: C
         except Exception:
             result = None
     return job.id, sha, key, result, error
+
+
+def grade_submission(course: Course, root: Path, entry: Entry, out_dir: Path, grade: GradeOptions,
+                     backend: "Backend", timeout_s: float | None = None) -> tuple[dict | None, str | None]:
+    """Grade one submission exactly as a batch lane does, outside a batch (a Slurm array task, say):
+    the result lands atomically in ``out_dir/<id>.json``, whatever happens. Returns (result, error),
+    error being the backend's reason when the grader itself failed (the result then says so too)."""
+    exercises = [e for e in course.exercises if not grade.exercises or e.id in grade.exercises]
+    exercise_ids = [e.id for e in exercises]
+    suite = suite_sha256(root, exercises)
+    sha, _content = content_fingerprint(course, entry, exercise_ids)
+    job = Job(entry.id, entry.path, Path(out_dir) / f"{entry.id}.json", grade,
+              timeout_s or submission_budget(exercises, grade))
+    slot = backend.open_slot(None)
+    try:
+        _, _, _, result, error = _grade_one(slot, job, sha, None, course, exercises, suite, threading.Event())
+    finally:
+        slot.close()
+    return result, error
 
 
 def _one_line(job_id: str, result: dict | None, error: str | None) -> str:
