@@ -287,8 +287,10 @@ def parser() -> argparse.ArgumentParser:
 
     from grader.batch import add_commands as add_batch_commands
     from grader.export.cli import add_commands as add_export_commands
+    from grader.slurm import add_commands as add_slurm_commands
 
     add_batch_commands(sub)
+    add_slurm_commands(sub)
     add_export_commands(sub)
 
     v = sub.add_parser("validate", help="check course.yaml and the exercises' files")
