@@ -115,6 +115,19 @@ class WorkerLimits(_Model):
     max_result_mb: int = Field(1024, gt=0)
 
 
+class ContainerLimits(_Model):
+    """The per-submission container of `--backend docker|apptainer` (grader/container.py); the
+    command line's --image, --memory, --cpus, ... override each one."""
+
+    image: str = Field("llm-efficiency-lab-grader:latest", min_length=1)
+    memory_mb: int = Field(16384, gt=0)  # --memory, with --memory-swap equal to it: no swap
+    cpus: float = Field(4.0, gt=0)
+    pids: int = Field(1024, gt=0)  # --pids-limit: every process and thread in the container
+    tmpfs_mb: int = Field(4096, gt=0)  # /tmp, the only writable place besides /results
+    shm_mb: int = Field(1024, gt=0)  # /dev/shm (torch.multiprocessing, gloo)
+    budget_s: float | None = Field(None, gt=0)  # wall clock per submission; default: time limits + slack
+
+
 GradescopeVisibility = Literal["hidden", "after_due_date", "after_published", "visible"]
 
 
@@ -150,6 +163,7 @@ class Course(_Model):
     title: str
     version: str
     worker: WorkerLimits = WorkerLimits()
+    container: ContainerLimits = ContainerLimits()
     export: ExportSettings = ExportSettings()
     exercises: list[Exercise] = Field(min_length=1)
 

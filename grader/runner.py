@@ -78,7 +78,7 @@ def run_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed: i
         sys.executable, "-m", "pytest", *map(str, paths),
         "-q", "--tb=short", "-p", "no:cacheprovider", "-p", "grader.plugin", "--import-mode=importlib",
         "--rootdir", str(root), "-c", os.devnull, "-o", "addopts=",
-        "--grader-mode", opts.mode, "--grader-events", str(write_fd), "--grader-seed", str(seed),
+        "--grader-mode", opts.mode, "--grader-events", str(write_fd),
         "--grader-user", opts.user, "--grader-prestart", exercise.id,
         "--grader-hide", os.pathsep.join([*hidden_folders(root), *opts.hide]),
     ]
@@ -90,7 +90,9 @@ def run_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed: i
         cmd += ["--grader-checks", ",".join(opts.checks)]
     if opts.call_timeout_s is not None:
         cmd += ["--grader-call-timeout", str(opts.call_timeout_s)]
-    env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", PYTHONDONTWRITEBYTECODE="1")
+    # The seed travels in the environment, which only this user can read (/proc/PID/environ), not on
+    # the command line, which any process on the machine (or in the grading container) can.
+    env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", PYTHONDONTWRITEBYTECODE="1", GRADER_SEED=str(seed))
     env.pop("PYTEST_ADDOPTS", None)
     log_path = (opts.log_dir / f"{exercise.id}.log") if opts.log_dir else None
     log = open(log_path, "wb") if log_path else subprocess.DEVNULL
