@@ -2,6 +2,7 @@
 
     grader batch SUBMISSIONS_DIR --out RESULTS_DIR [--jobs N] [--gpus 0,1,...] [--regrade] [--only ID ...]
                  [--seed N] [--exercise ID ...] [--tests all|public] [--check ID ...]
+                 [--backend local|docker|apptainer] [--image IMAGE] [--memory MB] [--cpus N] ...
 
 Each sub-folder or archive of SUBMISSIONS_DIR is one submission, named by the student's id (the
 archive's name without .zip/.tar/.tar.gz/.tgz). Its canonical result is written atomically to
@@ -26,8 +27,8 @@ Backends. The scheduler runs ``lanes``: one per job (``--jobs``), or one per GPU
 (each lane owns its GPU: CUDA_VISIBLE_DEVICES is set for everything it starts; further jobs queue).
 A backend opens one `Slot` per lane, and a slot grades one submission into one result file at a
 time. The local backend's slot keeps one grading process alive (torch and the grader imported
-once) and sends it one submission after another; a container backend would start one container
-per submission in `Slot.grade`.
+once) and sends it one submission after another; the docker and apptainer backends
+(grader/container.py) start one container of the course image per submission in `Slot.grade`.
 """
 
 from __future__ import annotations
@@ -957,6 +958,8 @@ def print_summary(summary: dict, console: Console) -> None:
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
+    from grader.container import ContainerError, backend_from_args
+
     err = Console(stderr=True)
     try:
         root = find_root()
@@ -970,8 +973,9 @@ def cmd_batch(args: argparse.Namespace) -> int:
             grade=GradeOptions(exercises=args.exercise or None, seed=args.seed, tests=args.tests, checks=args.check or None,
                                call_timeout_s=args.call_timeout, time_limit_s=args.time_limit),
         )
-        report = run_batch(course, root, opts)
-    except (BatchError, CourseError) as exc:
+        backend = backend_from_args(args, root)
+        report = run_batch(course, root, opts, backend=backend)
+    except (BatchError, CourseError, ContainerError) as exc:
         err.print(f"[red]error:[/] {exc}", markup=True, highlight=False)
         return 2
     if report.interrupted:
@@ -996,6 +1000,9 @@ def add_commands(subparsers) -> None:
     b.add_argument("--check", action="append", help="run only this check's tests (repeatable); the others: not run")
     b.add_argument("--call-timeout", type=float, help="override course.yaml's per-call limit (seconds)")
     b.add_argument("--time-limit", type=float, help="override course.yaml's per-exercise limit (seconds)")
+    from grader.container import add_backend_options
+
+    add_backend_options(b)
     b.set_defaults(fn=cmd_batch)
 
 

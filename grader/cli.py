@@ -1,6 +1,7 @@
 """The `grader` command line.
 
   grader grade SUBMISSION [--exercise ID]... [--seed N] [--out FILE] [--format table|json]
+               [--backend local|docker|apptainer] [--image IMAGE]   one container per submission
   grader batch SUBMISSIONS_DIR --out RESULTS_DIR --jobs N   many submissions in parallel, resumable
   grader export RESULTS_DIR --format csv|gradescope|prairielearn|nbgrader
   grader demo                 grade the reference solutions and the starter stubs; print the score table
@@ -9,6 +10,7 @@
   grader progress             attempts, first passes and hints, from .progress.json
   grader interview start|check|done   timed practice on a fresh stub in practice/<id>/
   grader release OUT_DIR      write the student repository; refuses if anything would leak
+  grader doctor               the GPU, driver, CUDA, torch and triton this machine grades with
   grader validate             check course.yaml and that every exercise has its files and tests
   grader schema [course|result]   print a JSON Schema
 
@@ -28,6 +30,7 @@ from pathlib import Path
 from rich.console import Console
 
 from grader import __version__, report, results, selfstudy
+from grader.container import ContainerError, add_backend_options, backend_from_args
 from grader.course import CourseError, find_root, load_course
 from grader.runner import GradeOptions, grade, run_exercise
 
@@ -57,13 +60,44 @@ def cmd_grade(args: argparse.Namespace) -> int:
     if opts.log_dir:
         opts.log_dir.mkdir(parents=True, exist_ok=True)
     out = Path(args.out) if args.out else None
-    result = grade(course, root, source, out, opts)
+    if args.backend == "local":
+        backend_from_args(args, root)  # rejects container flags without a container
+        result = grade(course, root, source, out, opts)
+    else:
+        result = grade_in_container(course, root, source, out, opts, backend_from_args(args, root))
     if args.format == "json":
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
     else:
         report.print_result(result, console, detail=not args.summary)
         if out:
             console.print(f"result written to {out}")
+    return 0
+
+
+def grade_in_container(course, root: Path, source: Path, out: Path | None, opts: GradeOptions, backend) -> dict:
+    """`grader grade --backend docker|apptainer`: the one-submission case of a batch."""
+    from grader.batch import Entry, grade_submission, submission_id
+
+    with tempfile.TemporaryDirectory(prefix="grader-grade-") as tmp:
+        entry = Entry(submission_id(source.resolve()), source.resolve())
+        result, error = grade_submission(course, root, entry, Path(tmp), opts, backend)
+        if result is None:
+            raise RuntimeError(f"the container wrote no result: {error}")
+        if out is not None:
+            results.write_atomic(out, result)
+    if error is not None:
+        err.print(f"[red]the grade did not finish:[/] {error}", highlight=False)
+    return result
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from grader.container import doctor, print_doctor
+
+    report = doctor()
+    if args.json:
+        sys.stdout.write(json.dumps(report) + "\n")
+    else:
+        print_doctor(report)
     return 0
 
 
@@ -251,7 +285,12 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--no-isolate", action="store_true", help="run workers without namespaces (debugging)")
     g.add_argument("--user", default="nobody", help="unprivileged user for the worker when run as root")
     g.add_argument("--log-dir", help="keep each exercise's pytest output in this folder")
+    add_backend_options(g)
     g.set_defaults(fn=cmd_grade)
+
+    dr = sub.add_parser("doctor", help="print the GPU, driver, CUDA, torch and triton this machine grades with")
+    dr.add_argument("--json", action="store_true")
+    dr.set_defaults(fn=cmd_doctor)
 
     d = sub.add_parser("demo", help="grade the reference solutions and the starter stubs")
     d.add_argument("--seed", type=int)
@@ -306,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (UsageError, CourseError, KeyError) as exc:
+    except (UsageError, CourseError, KeyError, ContainerError) as exc:
         err.print(f"[red]error:[/] {str(exc).strip(chr(39)).strip(chr(34))}")
         return 2
 

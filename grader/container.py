@@ -278,6 +278,36 @@ def _options_json(opts) -> dict:
             "call_timeout_s": opts.call_timeout_s, "time_limit_s": opts.time_limit_s}
 
 
+def add_backend_options(parser: argparse.ArgumentParser) -> None:
+    """--backend and the container's limits, for `grader grade` and `grader batch`."""
+    parser.add_argument("--backend", choices=("local", "docker", "apptainer"), default="local",
+                        help="local: this machine, the runner's own sandbox; docker/apptainer: one container of "
+                             "the course image per submission")
+    parser.add_argument("--image", help="the course image (docker) or .sif file (apptainer); default: "
+                                        "course.yaml's container.image")
+    parser.add_argument("--memory", type=int, metavar="MB", help="container memory, swap included (course.yaml)")
+    parser.add_argument("--cpus", type=float, help="container CPUs (course.yaml)")
+    parser.add_argument("--pids", type=int, help="container process and thread limit (course.yaml)")
+    parser.add_argument("--tmpfs", type=int, metavar="MB", help="size of the container's /tmp (course.yaml)")
+
+
+def backend_from_args(args: argparse.Namespace, root: Path):
+    """The backend the command line asks for (ContainerError when its runtime or image is missing)."""
+    from grader.batch import make_backend
+
+    if args.backend == "local":
+        for flag in ("image", "memory", "cpus", "pids", "tmpfs"):
+            if getattr(args, flag, None) is not None:
+                raise ContainerError(f"--{flag} applies to --backend docker or apptainer, found --backend local")
+        return make_backend("local", root)
+    for flag in ("memory", "cpus", "pids", "tmpfs"):
+        value = getattr(args, flag, None)
+        if value is not None and value <= 0:
+            raise ContainerError(f"expected --{flag} greater than 0, found {value:g}")
+    return make_backend(args.backend, root, image=args.image, memory_mb=args.memory, cpus=args.cpus, pids=args.pids,
+                        tmpfs_mb=args.tmpfs)
+
+
 # ---------------------------------------------------------------------------------------------
 # Inside the container
 
