@@ -649,7 +649,7 @@ def serve_bound_to(parent: int) -> int:
     """A local lane's grading process (grader.batch.serve) that the kernel kills when `parent` dies."""
     from grader.harness.launch import die_with_parent
 
-    pass  # mutation
+    die_with_parent()
     if os.getppid() != parent:  # the task died before the line above took effect
         return 1
     return batch.serve()

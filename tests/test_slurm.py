@@ -205,6 +205,19 @@ def task_pid(out: Path, index: int) -> int:
     return found[0]
 
 
+def grading_processes_of(task: int) -> list[int]:
+    """The local runtime's grading processes started by the array task process `task`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmdline[-3:-1] == [b"_serve", str(task).encode()]:
+            found.append(int(pid))
+    return found
+
+
 def test_killed_tasks_are_failed_and_resubmitting_completes_the_set(cluster, tmp_path):
     subs, out = tmp_path / "submissions", tmp_path / "results"
     (subs / "fine").mkdir(parents=True)
@@ -223,7 +236,10 @@ def test_killed_tasks_are_failed_and_resubmitting_completes_the_set(cluster, tmp
     wait_for("'fine' to finish", lambda: rows_by_id(out)["fine"].state == "done")
     wait_for("both slow grades to start", lambda: all((out / f"{i}.json").exists() for i in ("cancelled", "killed")))
     subprocess.run(["scancel", f"{job}_0"], check=True, timeout=30)
-    os.kill(task_pid(out, 2), signal.SIGKILL)  # scancel --signal=KILL would cancel it, with SIGTERM first
+    killed_pid = task_pid(out, 2)
+    assert grading_processes_of(killed_pid), "expected the task's grading process to be running (it wrote the result)"
+    os.kill(killed_pid, signal.SIGKILL)  # scancel --signal=KILL would cancel it, with SIGTERM first
+    wait_for("the killed task's grading process to die with it", lambda: not grading_processes_of(killed_pid), 10)
     wait_for("both tasks to end", lambda: all(rows_by_id(out)[i].state == "failed" for i in ("cancelled", "killed")))
 
     status = grader_slurm("--status", str(out))
