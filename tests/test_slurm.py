@@ -7,6 +7,7 @@ online_softmax's public checks with short limits, as tests/test_batch.py does: t
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -95,22 +96,44 @@ def job_ids(stdout: str) -> list[str]:
 # --- A real array: four submissions, one of each kind
 
 
-@pytest.fixture(scope="module")
-def graded(cluster, tmp_path_factory):
-    base = tmp_path_factory.mktemp("slurm")
+MUTANT = next(m for m in load_mutants(EXERCISE) if m.name == "no_rescale")
+
+
+def grade_the_array(base: Path) -> dict:
     subs, out = base / "submissions", base / "results"
-    mutant = next(m for m in load_mutants(EXERCISE) if m.name == "no_rescale")
-    for sub_id, source in (("reference", REFERENCE), ("stub", STUB), ("wrong", mutant.apply(REFERENCE)),
+    for sub_id, source in (("reference", REFERENCE), ("stub", STUB), ("wrong", MUTANT.apply(REFERENCE)),
                            ("hostile", HOSTILE)):
         (subs / sub_id).mkdir(parents=True)
         (subs / sub_id / f"{EXERCISE}.py").write_text(source)
     started = time.monotonic()
     run = grader_slurm(str(subs), "--out", str(out), "--max-parallel", "2", "--time", "00:05:00", *FAST)
     assert run.returncode == 0, f"grader slurm failed to submit:\n{run.stdout}\n{run.stderr}"
-    rows = wait_until_ended(out)
+    wait_until_ended(out)
+    wall_s = time.monotonic() - started
     status = grader_slurm("--status", str(out))
-    return {"subs": subs, "out": out, "submit": run, "rows": rows, "status": status, "mutant": mutant,
-            "wall_s": time.monotonic() - started}
+    return {"subs": str(subs), "out": str(out), "submit": run.stdout, "status": [status.returncode, status.stdout,
+            status.stderr], "wall_s": wall_s}
+
+
+@pytest.fixture(scope="module")
+def graded(cluster, tmp_path_factory):
+    """The array, graded once per test run. (Under pytest-xdist each worker sets up module fixtures of
+    its own when a module's tests are spread over workers, which the xdist_group mark should prevent
+    but does not with pytest 9: the first worker grades, the other reads what it wrote.)"""
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run_id is None:
+        data = grade_the_array(tmp_path_factory.mktemp("slurm"))
+    else:
+        shared = tmp_path_factory.getbasetemp().parent / f"slurm-array-{run_id}"
+        shared.mkdir(exist_ok=True)
+        with open(shared / "lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (shared / "graded.json").exists():
+                results.write_atomic(shared / "graded.json", grade_the_array(shared))
+            data = json.loads((shared / "graded.json").read_text())
+    out = Path(data["out"])
+    return {**data, "subs": Path(data["subs"]), "out": out, "rows": rows_by_id(out),
+            "status": subprocess.CompletedProcess([], *data["status"])}
 
 
 IDS = ["hostile", "reference", "stub", "wrong"]
@@ -124,7 +147,7 @@ def test_the_array_has_one_task_per_submission_and_a_manifest(graded):
     assert (manifest["runtime"], manifest["image"], manifest["python"]) == ("local", None, sys.executable)
     assert manifest["options"]["checks"] == PUBLIC_CHECKS and manifest["options"]["seed"] == 1234
     [job] = manifest["jobs"]
-    assert job_ids(graded["submit"].stdout) == [job["job_id"]], graded["submit"].stdout
+    assert job_ids(graded["submit"]) == [job["job_id"]], graded["submit"]
     assert job["indices"] == [0, 1, 2, 3] and "#SBATCH --array=0-3%2" in Path(job["script"]).read_text()
     # Slurm's own logs, one pair per task: the task prints its one-line result
     assert (out / "logs" / f"{job['job_id']}_1.out").read_text().strip() == "reference: 20/20"
@@ -144,7 +167,7 @@ def test_every_task_writes_an_honest_result(graded):
     assert stub["score"] == 0 and stub["gradable"] is True
     lost = {c["id"] for c in checks_of(wrong, EXERCISE).values() if c["points"] < c["max_points"]
             and c["status"] not in ("not_graded",) and c["id"] in PUBLIC_CHECKS}
-    must_lose = set(graded["mutant"].loses) & set(PUBLIC_CHECKS)  # the checks its bug must cost, at least
+    must_lose = set(MUTANT.loses) & set(PUBLIC_CHECKS)  # the checks its bug must cost, at least
     assert must_lose <= lost and "triton_public" not in lost, f"the mutant should lose {sorted(must_lose)}, lost {lost}"
     assert 0 < wrong["score"] < 20
     # patching torch.allclose in the student's process changes nothing in the grader's
