@@ -208,7 +208,7 @@ def sbatch(script: Path) -> str:
     """Submit `script`; the job id."""
     tool = find_tool("sbatch")
     try:
-        run = subprocess.run([tool, "--parsable", str(script)], capture_output=True, text=True, timeout=120)
+        run = subprocess.run([tool, "--parsable", str(script)], capture_output=True, text=True, timeout=120, check=False)
     except subprocess.TimeoutExpired:
         raise SlurmError("expected sbatch to answer within 120 s, it did not (is slurmctld up?)") from None
     if run.returncode != 0:
@@ -251,8 +251,8 @@ def _write_conflict(course: Course, exercises, out: Path, sub_id: str, paths: li
     names = ", ".join(p.name for p in paths)
     result = results.new_result(course, sub_id, "", suite, grade.seed or 0, grade.mode, exercises)
     result["gradable"] = False
-    result["format_errors"] = [f"expected one submission named {sub_id!r}, found {len(paths)}: {names}; keep one "
-                               f"and resubmit"]
+    result["format_errors"] = [(f"expected one submission named {sub_id!r}, found {len(paths)}: {names}; keep one "
+                                "and resubmit")]
     for ex in result["exercises"]:
         ex["status"] = "ungradable"
         results.close_exercise(result, ex["id"], result["format_errors"][0])
@@ -361,7 +361,7 @@ def run_task(manifest_file: Path, index: int | None = None) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         signal.signal(sig, on_signal)
-    result, error = None, None
+    error = None
     try:
         backend = batch.make_backend(manifest["runtime"], root, image=manifest.get("image"))
         if isinstance(backend, batch.LocalBackend):
@@ -370,7 +370,7 @@ def run_task(manifest_file: Path, index: int | None = None) -> int:
             # proctrack/linuxproc loses track of, and would go on writing the result.
             backend.command = [sys.executable, "-m", "grader.slurm", "_serve", str(os.getpid())]
         grade = batch._options_from_json(manifest["options"])
-        result, error = batch.grade_submission(course, root, Entry(task["id"], Path(task["path"])),
+        _result, error = batch.grade_submission(course, root, Entry(task["id"], Path(task["path"])),
                                                Path(manifest["results"]), grade, backend)
     except TaskKilled:
         pass
@@ -432,13 +432,13 @@ def slurm_states(job_ids: list[str]) -> dict[tuple[str, int], str]:
 
     if sacct and job_ids:
         run = subprocess.run([sacct, "-n", "-P", "-X", "-j", ",".join(job_ids), "-o", "JobID,State"],
-                             capture_output=True, text=True, timeout=60)
+                             capture_output=True, text=True, timeout=60, check=False)
         if run.returncode == 0:  # "Slurm accounting storage is disabled" otherwise
             take(run.stdout)
     if squeue:
         for job in job_ids:  # one at a time: squeue refuses the whole list if one id is forgotten
             run = subprocess.run([squeue, "-h", "-r", "--states=all", "-j", job, "-o", "%i|%T"],
-                                 capture_output=True, text=True, timeout=60)
+                                 capture_output=True, text=True, timeout=60, check=False)
             if run.returncode == 0:
                 take(run.stdout)
     return states

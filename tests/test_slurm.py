@@ -43,7 +43,7 @@ pytestmark = pytest.mark.xdist_group("slurm")
 def sinfo_says() -> tuple[bool, str]:
     if shutil.which("sinfo") is None:
         return False, "sinfo is not on PATH"
-    run = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, timeout=30)
+    run = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, timeout=30, check=False)
     states = run.stdout.split()
     if run.returncode != 0 or not any(s.startswith(("idle", "mixed", "allocated", "completing")) for s in states):
         return False, f"sinfo exit {run.returncode}, nodes {states}, {run.stderr.strip()[-300:]}"
@@ -55,7 +55,7 @@ def cluster():
     """A Slurm cluster that answers; started with .ci/slurm-up if sinfo does not answer."""
     ok, why = sinfo_says()
     if not ok:
-        up = subprocess.run([str(ROOT / ".ci" / "slurm-up")], capture_output=True, text=True, timeout=900)
+        up = subprocess.run([str(ROOT / ".ci" / "slurm-up")], capture_output=True, text=True, timeout=900, check=False)
         ok, again = sinfo_says()
         if up.returncode != 0 or not ok:
             pytest.skip(f"no Slurm cluster here ({why}) and .ci/slurm-up could not start one "
@@ -65,7 +65,7 @@ def cluster():
 
 def grader_slurm(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "grader", "slurm", *args], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "COLUMNS": "220", **(env or {})}, timeout=300)
+                          env={**os.environ, "COLUMNS": "220", **(env or {})}, timeout=300, check=False)
 
 
 def rows_by_id(out: Path) -> dict[str, slurm.Row]:
@@ -384,8 +384,8 @@ def test_array_spec_and_slurm_task_names():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--time", "90m"], "expected --time in a form Slurm accepts (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, "
-                        "e.g. 00:30:00), found '90m'"),
+    (["--time", "90m"], ("expected --time in a form Slurm accepts (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, "
+                         "e.g. 00:30:00), found '90m'")),
     (["--time", "01:75:00"], "expected minutes and seconds below 60 in --time, found '01:75:00'"),
     (["--max-parallel", "0"], "expected --max-parallel of at least 1 (tasks running at once), found 0"),
     (["--runtime", "podman"], "expected --runtime among local, docker, apptainer, found 'podman'"),
