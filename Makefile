@@ -11,7 +11,7 @@ BIN    := $(VENV)/bin
 EX     ?=
 SUB    ?= solutions
 
-.PHONY: setup demo check hint progress interview interview-check interview-done grade test bench validate release clean
+.PHONY: setup demo check hint progress interview interview-check interview-done grade test bench validate release image clean
 
 $(BIN)/grader: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,11 @@ release: setup                    ## the student repository: make release OUT=..
 
 grade: setup                      ## grade a submission: make grade SUB=path/to/submission
 	$(BIN)/grader grade $(SUB) $(if $(EX),--exercise $(EX))
+
+IMAGE      ?= llm-efficiency-lab-grader:latest
+BASE_IMAGE ?= pytorch/pytorch:2.9.1-cuda12.8-cudnn9-runtime
+image:                            ## the grading image: make image [IMAGE=name:tag] [BASE_IMAGE=...]
+	docker build -f docker/Dockerfile --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(IMAGE) .
 
 JOBS   ?= 2
 test: setup                       ## the project's own tests (JOBS=n parallel processes)

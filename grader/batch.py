@@ -375,7 +375,9 @@ class LocalBackend:
 
     def __init__(self, root: Path, command: list[str] | None = None):
         self.root = Path(root)
-        self.command = command or [sys.executable, "-m", "grader.batch", "_serve"]
+        # The grading process is bound to this one: the kernel kills it if this process dies, even
+        # by SIGKILL, so it can never go on to write a verdict for a batch that was stopped.
+        self.command = command or [sys.executable, "-m", "grader.batch", "_serve", str(os.getpid())]
         self.lock = threading.Lock()
         self.procs: set[subprocess.Popen] = set()
         self.stopping = False
@@ -1009,6 +1011,12 @@ def add_commands(subparsers) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_serve"]:
+        if len(argv) == 2 and argv[1].isdigit():
+            from grader.harness.launch import die_with_parent
+
+            die_with_parent()
+            if os.getppid() != int(argv[1]):  # the batch died before the line above took effect
+                return 1
         return serve()
     parser = argparse.ArgumentParser(prog="python -m grader.batch")
     add_commands(parser.add_subparsers(dest="command", required=True))

@@ -21,8 +21,8 @@ capability and cannot read the hidden checks or the solutions (owned by `grader`
 container is the sandbox: no network, its own process table, a read-only file system but /tmp,
 and the limits above. The entry point exits 0 whenever it wrote a result, whatever the score.
 
-Apptainer (``--backend apptainer``, for clusters) runs the same image as a .sif file, as the
-invoking user, with the harness's own sandbox inside (a user namespace where the node allows it).
+Apptainer (``--backend apptainer``, for clusters) runs the same image as a .sif file with
+``--fakeroot``, so the same users and modes apply inside.
 """
 
 from __future__ import annotations
@@ -101,7 +101,10 @@ def apptainer_command(image: str, source: Path, scratch: Path, gpu: str | None) 
     """The `apptainer run` command line for the same grade (a .sif built from the course image)."""
     source = Path(source).resolve()
     target = CONTAINER_SOURCE if source.is_dir() else f"{CONTAINER_SOURCE}/{source.name}"
-    cmd = ["apptainer", "run", "--containall", "--cleanenv", "--no-home", "--net", "--network", "none",
+    # --fakeroot: the image's users and modes (hidden checks owned by `grader`, the worker dropped to
+    # `student`) need a root inside; Apptainer maps it onto the caller's subordinate ids.
+    cmd = ["apptainer", "run", "--fakeroot", "--containall", "--cleanenv", "--no-home", "--writable-tmpfs",
+           "--net", "--network", "none",
            "--bind", f"{source}:{target}:ro", "--bind", f"{Path(scratch).resolve()}:{CONTAINER_RESULTS}"]
     if gpu is not None:
         cmd += ["--nv", "--env", f"CUDA_VISIBLE_DEVICES={gpu}"]
@@ -225,6 +228,10 @@ class ContainerSlot:
                         proc.wait()
                     backend.kill(name)  # in case `docker run` created it only after the first attempt
                     code, timed_out = None, True
+                except BaseException:  # Ctrl-C, or a Slurm task told to stop: the container goes too
+                    proc.kill()
+                    backend.kill(name)
+                    raise
                 finally:
                     with backend.lock:
                         backend.running.pop(name, None)

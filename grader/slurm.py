@@ -364,11 +364,8 @@ def run_task(manifest_file: Path, index: int | None = None) -> int:
     error = None
     try:
         backend = batch.make_backend(manifest["runtime"], root, image=manifest.get("image"))
-        if isinstance(backend, batch.LocalBackend):
-            # Its grading process must die with this task even when the task is SIGKILLed (out of
-            # memory, a node agent's kill): it runs in a session of its own, which Slurm's
-            # proctrack/linuxproc loses track of, and would go on writing the result.
-            backend.command = [sys.executable, "-m", "grader.slurm", "_serve", str(os.getpid())]
+        # A local backend's grading process dies with this task even when the task is SIGKILLed
+        # (out of memory, a node agent's kill): LocalBackend binds it to this process.
         grade = batch._options_from_json(manifest["options"])
         _result, error = batch.grade_submission(course, root, Entry(task["id"], Path(task["path"])),
                                                Path(manifest["results"]), grade, backend)
@@ -645,20 +642,8 @@ def add_commands(subparsers) -> None:
     s.set_defaults(fn=cmd_slurm)
 
 
-def serve_bound_to(parent: int) -> int:
-    """A local lane's grading process (grader.batch.serve) that the kernel kills when `parent` dies."""
-    from grader.harness.launch import die_with_parent
-
-    die_with_parent()
-    if os.getppid() != parent:  # the task died before the line above took effect
-        return 1
-    return batch.serve()
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["_serve"] and len(argv) == 2 and argv[1].isdigit():
-        return serve_bound_to(int(argv[1]))
     if argv[:1] == ["_task"]:
         if len(argv) != 2:
             print("usage: python -m grader.slurm _task MANIFEST (inside a Slurm array task)", file=sys.stderr)
