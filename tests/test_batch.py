@@ -473,3 +473,52 @@ def test_ctrl_c_stops_every_grade_and_writes_no_false_verdict(tmp_path):
     assert not left and report["left_running"] == [], f"processes outlived the interrupted batch: {left or report}"
     assert not (out / "ann.json").exists() and not (out / "ben.json").exists(), "an interrupted grade must not be given a verdict"
     assert report["no_result"] == ["ann", "ben"]
+
+
+KILLED_BATCH = """
+import sys
+from pathlib import Path
+from tests.test_batch import batch_run
+batch_run(Path(sys.argv[1]), Path(sys.argv[2]))
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_a_killed_batch_takes_every_grading_process_with_it(tmp_path):
+    # SIGKILL gives the batch no chance to clean up: its grading process, that process's pytest and
+    # the sandboxed worker must die by themselves (the kernel's parent-death signal), or they would
+    # go on grading for nobody and could write a verdict for a batch that was stopped.
+    subs, out = tmp_path / "submissions", tmp_path / "results"
+    (subs / "slow").mkdir(parents=True)
+    (subs / "slow" / f"{EXERCISE}.py").write_text(
+        REFERENCE + "\n\nimport time\n\n\ndef online_normalizer(chunks):\n    time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_BATCH, str(subs), str(out)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        # The serve process, its pytest, and the worker's launcher: a grade is under way.
+        while len(batch.descendants(proc.pid)) < 3 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        time.sleep(2)
+        running = batch.descendants(proc.pid)
+        assert len(running) >= 3, f"the grade did not get under way within 120 s: {running}"
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 30
+        while any(alive(p) for p in running) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = [p for p in running if alive(p)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    kill_and_report([str(p) for p in left])
+    assert left == [], "grading processes outlived the batch that was SIGKILLed"
+    result = batch.read_result(out / "slow.json")
+    assert result is None or result["state"] != "complete", "a killed grade must not end with a verdict"
