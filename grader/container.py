@@ -150,6 +150,9 @@ class ContainerBackend:
         self.limits = ContainerLimits(
             memory_mb=memory_mb or defaults.memory_mb, cpus=cpus or defaults.cpus, pids=pids or defaults.pids,
             tmpfs_mb=tmpfs_mb or defaults.tmpfs_mb, shm_mb=shm_mb or defaults.shm_mb)
+        # Docker refuses --cpus beyond the machine's count: a course default sized for a grading
+        # server still runs on a laptop (there it simply means "all of them").
+        self.limits.cpus = min(self.limits.cpus, float(os.cpu_count() or 1))
         self.budget_s = defaults.budget_s
         self.digest = image_digest(runtime, self.image)
         self.batch_label = uuid.uuid4().hex[:12]
@@ -251,7 +254,8 @@ class ContainerSlot:
                 _close_as_timeout(result, f"the submission's time budget of {timeout:g} s ran out and its "
                                           f"container was stopped")
             elif result is None or result.get("state") != "complete":
-                last = tail.splitlines()[-1] if tail else "no output"
+                lines = [line for line in tail.splitlines() if line.strip() and "--help" not in line]
+                last = " / ".join(lines[-2:])[-600:] if lines else "no output"
                 return JobRun(f"the container exited with code {code} without a complete result: {last}", duration)
             result["image"] = backend.image_record()
             results.write_atomic(job.out, result)

@@ -119,7 +119,7 @@ def test_grade_one_submission_in_a_container_from_the_command_line(image, tmp_pa
     (sub / f"{EXERCISE}.py").write_text(REFERENCE)
     out = tmp_path / "alice.json"
     proc = subprocess.run([sys.executable, "-m", "grader", "grade", str(sub), "--backend", "docker", "--image", image,
-                           "--exercise", EXERCISE, "--tests", "public", "--cpus", "1", "--memory", "4096",
+                           "--exercise", EXERCISE, "--tests", "public", "--memory", "4096",
                            "--out", str(out), "--summary"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
@@ -130,6 +130,11 @@ def test_grade_one_submission_in_a_container_from_the_command_line(image, tmp_pa
                             text=True).stdout.strip()
     assert result["image"] == {"runtime": "docker", "name": image, "digest": digest}, "the result names its image"
     assert result["warnings"] == [], "in the container the sandbox warnings of a bare machine must not appear"
+
+
+def test_a_cpu_limit_beyond_the_machine_means_all_of_it(image):
+    # course.yaml sizes the container for a grading server; docker refuses --cpus beyond the host's.
+    assert ContainerBackend(ROOT, "docker", image, cpus=10_000).limits.cpus == float(os.cpu_count())
 
 
 def hostile(name: str, replace: dict[str, str] | None = None) -> str:

@@ -1,6 +1,7 @@
 """Batch throughput: grade N copies of the reference submission with --jobs 1 and --jobs 2.
 
     python -m grader.bench.batch [--copies 20] [--exercise online_softmax] [--jobs 1 2] [--tests all|public]
+                                 [--backend local|docker] [--image IMAGE]
 
 Prints, per jobs setting: submissions per minute, and where each submission's time goes. A lane's
 time per submission (wall time x lanes / submissions) splits into
@@ -8,7 +9,9 @@ time per submission (wall time x lanes / submissions) splits into
   * pytest: the rest of the runner's time on the exercise (pytest's start, imports, collection,
     starting the sandboxed worker);
   * batch: the rest (handing the job to the lane's grading process, reading the submission, writing
-    results; the lane's one-off start, importing torch, is spread over its submissions).
+    results; the lane's one-off start, importing torch, is spread over its submissions). With
+    --backend docker it holds each submission's container: starting it, and the grader's start
+    and imports inside it.
 Overhead is everything but the time in checks.
 """
 
@@ -25,7 +28,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from grader.batch import BatchOptions, read_result, run_batch
+from grader.batch import BACKENDS, BatchOptions, make_backend, read_result, run_batch
 from grader.course import find_root, load_course
 from grader.runner import GradeOptions
 
@@ -37,10 +40,13 @@ def make_copies(root: Path, folder: Path, copies: int) -> Path:
     return subs
 
 
-def measure(root: Path, subs: Path, out: Path, jobs: int, opts: GradeOptions) -> dict:
+def measure(root: Path, subs: Path, out: Path, jobs: int, opts: GradeOptions, backend_name: str = "local",
+            image: str | None = None) -> dict:
     course = load_course(root)
+    backend = make_backend(backend_name, root, image=image)
     t0 = time.perf_counter()
-    report = run_batch(course, root, BatchOptions(subs, out, jobs=jobs, grade=opts), console=Console(file=io.StringIO()))
+    report = run_batch(course, root, BatchOptions(subs, out, jobs=jobs, grade=opts), backend=backend,
+                       console=Console(file=io.StringIO()))
     wall = time.perf_counter() - t0
     graded = [read_result(out / f"{i}.json") for i in report.graded]
     if report.internal_errors or any(r is None or r.get("state") != "complete" for r in graded):
@@ -61,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--exercise", "-e", action="append", help="default: online_softmax")
     p.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
     p.add_argument("--tests", choices=("all", "public"), default="all")
+    p.add_argument("--backend", choices=BACKENDS, default="local")
+    p.add_argument("--image", help="the course image for --backend docker (default: course.yaml's)")
     args = p.parse_args(argv)
     root = find_root()
     opts = GradeOptions(exercises=args.exercise or ["online_softmax"], seed=1, tests=args.tests)
@@ -70,9 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         subs = make_copies(root, Path(tmp), args.copies)
         for jobs in args.jobs:
             console.print(f"grading {args.copies} copies of solutions/ ({', '.join(opts.exercises)}) with --jobs {jobs} ...")
-            rows.append(measure(root, subs, Path(tmp) / f"results-jobs{jobs}", jobs, opts))
+            rows.append(measure(root, subs, Path(tmp) / f"results-jobs{jobs}", jobs, opts, args.backend, args.image))
     table = Table(title=f"batch throughput, {args.copies} copies of the reference ({', '.join(opts.exercises)}, "
-                        f"tests: {args.tests})", title_justify="left")
+                        f"tests: {args.tests}, backend: {args.backend})", title_justify="left")
     for col in ("jobs", "wall s", "submissions/min", "lane s per submission", "in checks", "pytest", "batch",
                 "overhead", "overhead share"):
         table.add_column(col, justify="right")
