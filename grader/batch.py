@@ -750,17 +750,19 @@ def _grade_one(slot: Slot, job: Job, sha: str | None, key: str | None, course: C
 
 
 def grade_submission(course: Course, root: Path, entry: Entry, out_dir: Path, grade: GradeOptions,
-                     backend: "Backend", timeout_s: float | None = None) -> tuple[dict | None, str | None]:
+                     backend: "Backend", timeout_s: float | None = None,
+                     gpu: str | None = None) -> tuple[dict | None, str | None]:
     """Grade one submission exactly as a batch lane does, outside a batch (a Slurm array task, say):
     the result lands atomically in ``out_dir/<id>.json``, whatever happens. Returns (result, error),
-    error being the backend's reason when the grader itself failed (the result then says so too)."""
+    error being the backend's reason when the grader itself failed (the result then says so too).
+    `gpu`: the device the grade may use, as the backend's lanes take it (a container gets it)."""
     exercises = [e for e in course.exercises if not grade.exercises or e.id in grade.exercises]
     exercise_ids = [e.id for e in exercises]
     suite = suite_sha256(root, exercises)
     sha, _content = content_fingerprint(course, entry, exercise_ids)
     job = Job(entry.id, entry.path, Path(out_dir) / f"{entry.id}.json", grade,
               timeout_s or submission_budget(exercises, grade))
-    slot = backend.open_slot(None)
+    slot = backend.open_slot(gpu)
     try:
         _, _, _, result, error = _grade_one(slot, job, sha, None, course, exercises, suite, threading.Event())
     finally:

@@ -92,8 +92,8 @@ def docker_command(image: str, source: Path, scratch: Path, name: str, batch_lab
         "--security-opt", "no-new-privileges",
         "-v", f"{source}:{target}:ro", "-v", f"{Path(scratch).resolve()}:{CONTAINER_RESULTS}",
     ]
-    if gpu is not None:
-        cmd += ["--gpus", f"device={gpu}"]
+    if gpu is not None:  # one device ("3") or several ("2,3"): docker's --gpus wants the list quoted
+        cmd += ["--gpus", f'"device={gpu}"' if "," in gpu else f"device={gpu}"]
     return cmd + [image, "grade", "--source", target]
 
 

@@ -340,6 +340,18 @@ def failure_result(course: Course, root: Path, manifest: dict, task: dict, reaso
     return result
 
 
+def task_gpu(runtime: str, env: dict | None = None) -> str | None:
+    """The GPU(s) Slurm gave this task, as the runtime names them: Docker's `--gpus device=` wants
+    the node's own numbers (SLURM_STEP_GPUS / SLURM_JOB_GPUS); Apptainer and the local runtime see
+    the task's devices through CUDA_VISIBLE_DEVICES, which the local runtime inherits anyway."""
+    env = os.environ if env is None else env
+    if runtime == "docker":
+        return env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or None
+    if runtime == "apptainer":
+        return env.get("CUDA_VISIBLE_DEVICES") or None
+    return None
+
+
 def run_task(manifest_file: Path, index: int | None = None) -> int:
     """Grade the submission of this array task (SLURM_ARRAY_TASK_ID) into RESULTS_DIR/<id>.json."""
     manifest = json.loads(Path(manifest_file).read_text())
@@ -368,7 +380,8 @@ def run_task(manifest_file: Path, index: int | None = None) -> int:
         # (out of memory, a node agent's kill): LocalBackend binds it to this process.
         grade = batch._options_from_json(manifest["options"])
         _result, error = batch.grade_submission(course, root, Entry(task["id"], Path(task["path"])),
-                                               Path(manifest["results"]), grade, backend)
+                                               Path(manifest["results"]), grade, backend,
+                                               gpu=task_gpu(manifest["runtime"]))
     except TaskKilled:
         pass
     except Exception as exc:  # the grader failed outside grade_submission's own net (the backend, say)

@@ -415,3 +415,11 @@ def test_missing_folder_sbatch_and_manifest_exit_2_with_a_message(tmp_path, caps
            "results folder, found nothing there" in error("--status", str(tmp_path / "r"))
     assert "expected SUBMISSIONS_DIR and --out RESULTS_DIR" in error(str(subs))
     assert "expected only RESULTS_DIR after --status" in error("--status", str(tmp_path / "r"), str(subs))
+
+
+def test_a_task_hands_its_slurm_gpus_to_the_container_runtime():
+    env = {"SLURM_JOB_GPUS": "5", "CUDA_VISIBLE_DEVICES": "0"}  # cgroup-constrained: the task sees its GPU as 0
+    assert slurm.task_gpu("docker", env) == "5", "docker's --gpus names the node's own device numbers"
+    assert slurm.task_gpu("apptainer", env) == "0", "apptainer --nv sees the task's devices"
+    assert slurm.task_gpu("local", env) is None, "the local runtime inherits CUDA_VISIBLE_DEVICES itself"
+    assert slurm.task_gpu("docker", {}) is None, "no GPU asked for: none passed"
