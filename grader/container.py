@@ -4,15 +4,17 @@
 The host side (`ContainerBackend`, used by ``grader grade|batch --backend docker``) starts one
 container of the course image per submission::
 
-    docker run --rm --init --network none --read-only --tmpfs /tmp:...,size=N
+    docker run --rm --init --interactive --network none --read-only --tmpfs /tmp:...,size=N
                --pids-limit N --memory M --memory-swap M --cpus C --shm-size S
                --cap-drop ALL --cap-add CHOWN,DAC_OVERRIDE,FOWNER,SETUID,SETGID,KILL
                --security-opt no-new-privileges [--gpus device=N]
-               -v SUBMISSION:/submission:ro -v SCRATCH:/results  IMAGE
+               -v SUBMISSION:/submission:ro -v SCRATCH:/results  IMAGE grade --watch-stdin
 
-and enforces a wall-clock budget from outside: past it the container is killed, the checks it
-finished are kept (the runner rewrites /results/result.json after every test) and the rest score
-zero as "timeout". The result the host keeps records the image's digest.
+It holds the container's stdin open (the entry point ends the grade when it closes, so the
+container dies with the process that started it, even by SIGKILL) and enforces a wall-clock
+budget from outside: past it the container is killed, the checks it finished are kept (the
+runner rewrites /results/result.json after every test) and the rest score zero as "timeout".
+The result the host keeps records the image's digest.
 
 Inside the container (``python3 -m grader.container grade``, the image's entry point) the trusted
 side runs as the container's root, holding only the capabilities above: enough to stage the
@@ -82,7 +84,7 @@ def docker_command(image: str, source: Path, scratch: Path, name: str, batch_lab
     source = Path(source).resolve()
     target = CONTAINER_SOURCE if source.is_dir() else f"{CONTAINER_SOURCE}/{source.name}"
     cmd = [
-        "docker", "run", "--rm", "--init", "--name", name, "--label", f"{LABEL}={batch_label}",
+        "docker", "run", "--rm", "--init", "--interactive", "--name", name, "--label", f"{LABEL}={batch_label}",
         "--network", "none", "--read-only",
         "--tmpfs", f"/tmp:rw,exec,nosuid,nodev,size={limits.tmpfs_mb}m",
         "--pids-limit", str(limits.pids),
@@ -94,7 +96,9 @@ def docker_command(image: str, source: Path, scratch: Path, name: str, batch_lab
     ]
     if gpu is not None:  # one device ("3") or several ("2,3"): docker's --gpus wants the list quoted
         cmd += ["--gpus", f'"device={gpu}"' if "," in gpu else f"device={gpu}"]
-    return cmd + [image, "grade", "--source", target]
+    # --interactive with --watch-stdin: the backend holds the container's stdin open; if the backend
+    # dies, even by SIGKILL, stdin closes and the container ends itself (it belongs to the daemon).
+    return cmd + [image, "grade", "--source", target, "--watch-stdin"]
 
 
 def apptainer_command(image: str, source: Path, scratch: Path, gpu: str | None) -> list[str]:
@@ -108,7 +112,7 @@ def apptainer_command(image: str, source: Path, scratch: Path, gpu: str | None) 
            "--bind", f"{source}:{target}:ro", "--bind", f"{Path(scratch).resolve()}:{CONTAINER_RESULTS}"]
     if gpu is not None:
         cmd += ["--nv", "--env", f"CUDA_VISIBLE_DEVICES={gpu}"]
-    return cmd + [image, "grade", "--source", target]
+    return cmd + [image, "grade", "--source", target, "--watch-stdin"]
 
 
 def image_digest(runtime: str, image: str) -> str:
@@ -216,7 +220,8 @@ class ContainerSlot:
                 with backend.lock:
                     if backend.stopping:
                         raise InterruptedError("the batch is stopping")
-                    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    # stdin stays open, and empty, for as long as this process lives (see docker_command).
+                    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True)
                     backend.running[name] = proc
                 try:
@@ -238,6 +243,8 @@ class ContainerSlot:
                 finally:
                     with backend.lock:
                         backend.running.pop(name, None)
+                    if proc.stdin is not None:
+                        proc.stdin.close()
                 log.seek(0, os.SEEK_END)
                 log.seek(max(0, log.tell() - 2000))
                 tail = log.read().decode(errors="replace").strip()
@@ -339,6 +346,8 @@ def entry_grade(args: argparse.Namespace) -> int:
         checks=options.get("checks"), call_timeout_s=options.get("call_timeout_s"),
         time_limit_s=options.get("time_limit_s"), user=args.user,
     )
+    if args.watch_stdin:
+        threading.Thread(target=_end_when_stdin_closes, daemon=True, name="watch-stdin").start()
     source = Path(args.source)
     sub_id = request.get("id") or args.id or source.name
     try:
@@ -347,6 +356,23 @@ def entry_grade(args: argparse.Namespace) -> int:
         print(f"grading failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1 if not out.exists() else 0
     return 0
+
+
+def _end_when_stdin_closes() -> None:
+    """The process that started this container is gone: stop every process in it, then this one."""
+    while sys.stdin.buffer.read(1 << 16):
+        pass
+    from grader.batch import descendants
+
+    print("grading stopped: the process that started this container went away", file=sys.stderr)
+    try:
+        for pid in descendants(os.getpid()):  # pytest and the workers; the container's end takes the rest
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+    finally:
+        os._exit(3)
 
 
 def doctor() -> dict:
@@ -383,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--results", default=CONTAINER_RESULTS)
     g.add_argument("--id", help="the submission's id (default: from /results/request.json, else the folder name)")
     g.add_argument("--user", default=STUDENT_USER, help="the unprivileged user the worker runs as")
+    g.add_argument("--watch-stdin", action="store_true",
+                   help="stop the grade when stdin closes (the backend runs `docker run --interactive` and holds it)")
     d = sub.add_parser("doctor", help="print GPU, driver, CUDA, torch and triton versions")
     d.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -289,7 +290,8 @@ def test_the_docker_command_carries_every_limit_and_pins_one_gpu(tmp_path):
                  "--security-opt no-new-privileges", "--gpus device=3", "size=512m", f"--label {LABEL}=b1"):
         assert flag in text, f"the docker command lacks {flag!r}: {text}"
     assert f"{archive}:/submission/alice.zip:ro" in cmd, "an archive is mounted read-only under /submission"
-    assert cmd[-4:] == ["img:1", "grade", "--source", "/submission/alice.zip"]
+    assert cmd[-5:] == ["img:1", "grade", "--source", "/submission/alice.zip", "--watch-stdin"]
+    assert "--interactive" in cmd, "the container ends itself when the process holding its stdin dies"
     caps = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--cap-add"]
     assert sorted(caps) == ["CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"]
     folder = docker_command("img:1", tmp_path, tmp_path / "scratch", "n", "b1", limits, gpu=None)
@@ -317,3 +319,50 @@ def test_container_flags_without_a_container_and_a_missing_image_are_clear_error
     assert sif.returncode == 2 and "expected an Apptainer image file (.sif)" in sif.stderr, sif.stderr
     zero = grader("grade", str(ROOT / "solutions"), "--backend", "docker", "--cpus", "0")
     assert zero.returncode == 2 and "expected --cpus greater than 0, found 0" in zero.stderr, zero.stderr
+
+
+KILLED_DOCKER_BATCH = """
+import io, sys
+from pathlib import Path
+from rich.console import Console
+from grader.batch import BatchOptions, run_batch
+from tests.conftest import COURSE, ROOT
+from tests.test_docker import backend, grade_options
+run_batch(COURSE, ROOT, BatchOptions(Path(sys.argv[1]), Path(sys.argv[2]), jobs=1,
+                                     grade=grade_options(call_timeout_s=600, time_limit_s=600)),
+          backend=backend(sys.argv[3]), console=Console(file=io.StringIO()))
+"""
+
+
+def test_a_killed_batch_takes_its_container_with_it(image, tmp_path):
+    # SIGKILL gives the backend no chance to remove the container, which belongs to the Docker
+    # daemon; the container must notice (its stdin closes) and end by itself.
+    subs, out = tmp_path / "submissions", tmp_path / "results"
+    (subs / "sigkilled").mkdir(parents=True)
+    (subs / "sigkilled" / f"{EXERCISE}.py").write_text(
+        REFERENCE + "\n\nimport time\n\n\ndef online_normalizer(chunks):\n    time.sleep(3600)\n")
+
+    def containers() -> list[str]:
+        return subprocess.run(["docker", "ps", "-aq", "--filter", "name=grade-sigkilled-"], capture_output=True,
+                              text=True).stdout.split()
+
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_DOCKER_BATCH, str(subs), str(out), image], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not containers() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+        assert containers(), "the grade's container did not start within 120 s"
+        time.sleep(10)  # the grader inside is under way, its worker asleep in online_normalizer
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 60
+        while containers() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = containers()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    for name in left:
+        subprocess.run(["docker", "rm", "--force", name], capture_output=True)
+    assert left == [], "the container outlived the SIGKILLed batch by more than 60 s"
