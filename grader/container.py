@@ -44,6 +44,7 @@ import uuid
 from pathlib import Path
 
 from grader import results
+from grader.batch import read_result
 
 CONTAINER_SOURCE = "/submission"
 CONTAINER_RESULTS = "/results"
@@ -251,7 +252,7 @@ class ContainerSlot:
             duration = time.monotonic() - started
             if backend.stopping:
                 return JobRun("the batch was stopped", duration)
-            result = _read_json(scratch / RESULT_NAME)
+            result = read_result(scratch / RESULT_NAME)
             if result is not None and (result.get("submission") or {}).get("id") != job.id:
                 result = None
             if timed_out:
@@ -280,14 +281,6 @@ def _close_as_timeout(result: dict, reason: str) -> None:
             ex["status"] = "graded"
             results.close_exercise(result, ex["id"], reason, status="timeout")
     results.finish(result)
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _options_json(opts) -> dict:
@@ -337,7 +330,7 @@ def entry_grade(args: argparse.Namespace) -> int:
 
     results_dir = Path(args.results)
     out = results_dir / RESULT_NAME
-    request = _read_json(results_dir / REQUEST_NAME) or {}
+    request = read_result(results_dir / REQUEST_NAME) or {}
     options = request.get("options") or {}
     root = find_root(Path(__file__).resolve().parent.parent)
     course = load_course(root)
