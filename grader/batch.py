@@ -61,7 +61,7 @@ from rich.text import Text
 
 from grader import results
 from grader.course import Course, CourseError, Exercise, find_root, load_course
-from grader.runner import GradeOptions, suite_sha256
+from grader.runner import GradeOptions, selected_exercises, suite_sha256
 from grader.submission import SubmissionError, locate
 
 STATE_FILE = ".batch-state.json"
@@ -522,6 +522,21 @@ class BatchReport:
     interrupted: bool = False
 
 
+def write_conflict_result(course: Course, exercises: list[Exercise], out: Path, sub_id: str, paths: list[Path],
+                          grade: GradeOptions, suite: str, then: str = "rerun") -> None:
+    """Two entries claim one id: a complete, not-gradable result that names them."""
+    names = ", ".join(p.name for p in paths)
+    result = results.new_result(course, sub_id, "", suite, grade.seed or 0, grade.mode, exercises)
+    result["gradable"] = False
+    result["format_errors"] = [f"expected one submission named {sub_id!r}, found {len(paths)}: {names}; "
+                               f"keep one and {then}"]
+    for ex in result["exercises"]:
+        ex["status"] = "ungradable"
+        results.close_exercise(result, ex["id"], result["format_errors"][0])
+    results.finish(result)
+    results.write_atomic(out, result)
+
+
 def submission_budget(exercises: list[Exercise], opts: GradeOptions) -> float:
     per_exercise = [(opts.time_limit_s or ex.time_limit_s) + SLACK_PER_EXERCISE_S for ex in exercises]
     return sum(per_exercise) + SLACK_PER_SUBMISSION_S
@@ -565,7 +580,7 @@ def run_batch(course: Course, root: Path, opts: BatchOptions, backend: Backend |
     started = time.monotonic()
     if opts.jobs < 1:
         raise BatchError(f"expected --jobs of at least 1, found {opts.jobs}")
-    exercises = [e for e in course.exercises if not opts.grade.exercises or e.id in opts.grade.exercises]
+    exercises = selected_exercises(course, opts.grade)
     unknown = sorted(set(opts.grade.exercises or []) - {e.id for e in course.exercises})
     if unknown:
         raise BatchError(f"unknown exercise {unknown[0]!r}; expected one of {[e.id for e in course.exercises]}")
@@ -592,16 +607,7 @@ def run_batch(course: Course, root: Path, opts: BatchOptions, backend: Backend |
     for entry in entries:
         out = out_dir / f"{entry.id}.json"
         if entry.id in conflicts:
-            names = ", ".join(p.name for p in conflicts[entry.id])
-            result = results.new_result(course, entry.id, "", suite, grade_opts.seed or 0, grade_opts.mode, exercises)
-            result["gradable"] = False
-            result["format_errors"] = [f"expected one submission named {entry.id!r}, found {len(conflicts[entry.id])}: "
-                                       f"{names}; keep one and rerun"]
-            for ex in result["exercises"]:
-                ex["status"] = "ungradable"
-                results.close_exercise(result, ex["id"], result["format_errors"][0])
-            results.finish(result)
-            results.write_atomic(out, result)
+            write_conflict_result(course, exercises, out, entry.id, conflicts[entry.id], grade_opts, suite)
             state.pop(entry.id, None)
             continue
         if opts.only and entry.id not in opts.only:
@@ -756,7 +762,7 @@ def grade_submission(course: Course, root: Path, entry: Entry, out_dir: Path, gr
     the result lands atomically in ``out_dir/<id>.json``, whatever happens. Returns (result, error),
     error being the backend's reason when the grader itself failed (the result then says so too).
     `gpu`: the device the grade may use, as the backend's lanes take it (a container gets it)."""
-    exercises = [e for e in course.exercises if not grade.exercises or e.id in grade.exercises]
+    exercises = selected_exercises(course, grade)
     exercise_ids = [e.id for e in exercises]
     suite = suite_sha256(root, exercises)
     sha, _content = content_fingerprint(course, entry, exercise_ids)

@@ -60,11 +60,11 @@ def cmd_grade(args: argparse.Namespace) -> int:
     if opts.log_dir:
         opts.log_dir.mkdir(parents=True, exist_ok=True)
     out = Path(args.out) if args.out else None
+    backend = backend_from_args(args, root)  # rejects container flags without a container
     if args.backend == "local":
-        backend_from_args(args, root)  # rejects container flags without a container
         result = grade(course, root, source, out, opts)
     else:
-        result = grade_in_container(course, root, source, out, opts, backend_from_args(args, root))
+        result = grade_in_container(course, root, source, out, opts, backend)
     if args.format == "json":
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
     else:

@@ -44,7 +44,7 @@ import uuid
 from pathlib import Path
 
 from grader import results
-from grader.batch import read_result
+from grader.batch import BACKENDS, JobRun, descendants, read_result
 
 CONTAINER_SOURCE = "/submission"
 CONTAINER_RESULTS = "/results"
@@ -174,8 +174,17 @@ class ContainerBackend:
     def open_slot(self, gpu: str | None) -> "ContainerSlot":
         return ContainerSlot(self, gpu)
 
-    def kill(self, name: str) -> None:
-        """Remove the container `name`, running or not (its `docker run` may not have created it yet)."""
+    def kill(self, name: str, proc: subprocess.Popen) -> None:
+        """Remove the container `name` and end the `docker run` (or `apptainer run`) that started it.
+        The container is removed again once that client is gone, in case the client created it only
+        after the first removal."""
+        if self.runtime == "docker":
+            subprocess.run(["docker", "rm", "--force", name], capture_output=True, timeout=120)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
         if self.runtime == "docker":
             subprocess.run(["docker", "rm", "--force", name], capture_output=True, timeout=120)
 
@@ -184,9 +193,7 @@ class ContainerBackend:
             self.stopping = True
             running = dict(self.running)
         for name, proc in running.items():
-            self.kill(name)
-            if proc.poll() is None:
-                proc.kill()
+            self.kill(name, proc)
 
     def leftovers(self) -> list[str]:
         """Containers of this backend still present (there should be none once a grade returns)."""
@@ -202,9 +209,7 @@ class ContainerSlot:
         self.backend = backend
         self.gpu = gpu
 
-    def grade(self, job) -> "JobRun":
-        from grader.batch import JobRun
-
+    def grade(self, job) -> JobRun:
         backend = self.backend
         started = time.monotonic()
         scratch = Path(tempfile.mkdtemp(prefix="grader-container-"))  # mode 0700: the student cannot enter
@@ -229,17 +234,10 @@ class ContainerSlot:
                     code = proc.wait(timeout=timeout)
                     timed_out = False
                 except subprocess.TimeoutExpired:
-                    backend.kill(name)  # the container, not just the client that started it
-                    try:
-                        proc.wait(timeout=60)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait()
-                    backend.kill(name)  # in case `docker run` created it only after the first attempt
+                    backend.kill(name, proc)  # the container, not just the client that started it
                     code, timed_out = None, True
                 except BaseException:  # Ctrl-C, or a Slurm task told to stop: the container goes too
-                    proc.kill()
-                    backend.kill(name)
+                    backend.kill(name, proc)
                     raise
                 finally:
                     with backend.lock:
@@ -291,7 +289,7 @@ def _options_json(opts) -> dict:
 
 def add_backend_options(parser: argparse.ArgumentParser) -> None:
     """--backend and the container's limits, for `grader grade` and `grader batch`."""
-    parser.add_argument("--backend", choices=("local", "docker", "apptainer"), default="local",
+    parser.add_argument("--backend", choices=BACKENDS, default="local",
                         help="local: this machine, the runner's own sandbox; docker/apptainer: one container of "
                              "the course image per submission")
     parser.add_argument("--image", help="the course image (docker) or .sif file (apptainer); default: "
@@ -355,8 +353,6 @@ def _end_when_stdin_closes() -> None:
     """The process that started this container is gone: stop every process in it, then this one."""
     while sys.stdin.buffer.read(1 << 16):
         pass
-    from grader.batch import descendants
-
     print("grading stopped: the process that started this container went away", file=sys.stderr)
     try:
         for pid in descendants(os.getpid()):  # pytest and the workers; the container's end takes the rest

@@ -44,6 +44,11 @@ class GradeOptions:
     checks: list[str] | None = None  # run only these checks' tests (the others: "not run")
 
 
+def selected_exercises(course: Course, opts: GradeOptions) -> list[Exercise]:
+    """The exercises `opts` grades, in course order (all of them when it names none)."""
+    return [e for e in course.exercises if not opts.exercises or e.id in opts.exercises]
+
+
 def suite_sha256(root: Path, exercises: list[Exercise]) -> str:
     """A hash of everything that decides a grade: course.yaml and each exercise's tests."""
     digest = hashlib.sha256((root / "course.yaml").read_bytes())
@@ -162,7 +167,7 @@ def grade(course: Course, root: Path, source: Path, out: Path | None = None, opt
           on_update: Callable[[dict], None] | None = None, submission_id: str | None = None) -> dict:
     """Grade one submission. Returns the canonical result and, with `out`, keeps it written there."""
     opts = opts or GradeOptions()
-    exercises = [e for e in course.exercises if not opts.exercises or e.id in opts.exercises]
+    exercises = selected_exercises(course, opts)
     if opts.exercises:
         unknown = sorted(set(opts.exercises) - {e.id for e in course.exercises})
         if unknown:

@@ -46,7 +46,7 @@ from rich.text import Text
 from grader import batch, results
 from grader.batch import BatchError, BatchOptions, Entry
 from grader.course import Course, CourseError, find_root, load_course
-from grader.runner import GradeOptions, suite_sha256
+from grader.runner import GradeOptions, selected_exercises, suite_sha256
 
 MANIFEST_DIR = ".slurm"
 MANIFEST_FILE = "manifest.json"
@@ -245,21 +245,6 @@ def submit_array(manifest: dict, indices: list[int], opts: SlurmOptions, console
     return record["job_id"]
 
 
-def _write_conflict(course: Course, exercises, out: Path, sub_id: str, paths: list[Path], grade: GradeOptions,
-                    suite: str) -> None:
-    """Two entries claim one id: a not-gradable result, as `grader batch` writes it."""
-    names = ", ".join(p.name for p in paths)
-    result = results.new_result(course, sub_id, "", suite, grade.seed or 0, grade.mode, exercises)
-    result["gradable"] = False
-    result["format_errors"] = [(f"expected one submission named {sub_id!r}, found {len(paths)}: {names}; keep one "
-                                "and resubmit")]
-    for ex in result["exercises"]:
-        ex["status"] = "ungradable"
-        results.close_exercise(result, ex["id"], result["format_errors"][0])
-    results.finish(result)
-    results.write_atomic(out, result)
-
-
 def submit(course: Course, root: Path, submissions: Path, out_dir: Path, grade: GradeOptions, opts: SlurmOptions,
            runtime: str = "local", image: str | None = None, dry_run: bool = False,
            console: Console | None = None) -> dict:
@@ -307,10 +292,11 @@ def submit(course: Course, root: Path, submissions: Path, out_dir: Path, grade: 
         return manifest
     out_dir.mkdir(parents=True, exist_ok=True)
     if conflicts:
-        exercises = _exercises(course, grade_opts)
+        exercises = selected_exercises(course, grade_opts)
         suite = suite_sha256(root, exercises)
         for sub_id, paths in conflicts.items():
-            _write_conflict(course, exercises, out_dir / f"{sub_id}.json", sub_id, paths, grade_opts, suite)
+            batch.write_conflict_result(course, exercises, out_dir / f"{sub_id}.json", sub_id, paths, grade_opts,
+                                        suite, then="resubmit")
             console.print(f"{sub_id}: not gradable: {len(paths)} entries claim this id", highlight=False)
     if indices:
         submit_array(manifest, indices, opts, console)
@@ -323,14 +309,10 @@ def submit(course: Course, root: Path, submissions: Path, out_dir: Path, grade: 
 # One array task
 
 
-def _exercises(course: Course, grade: GradeOptions):
-    return [e for e in course.exercises if not grade.exercises or e.id in grade.exercises]
-
-
 def failure_result(course: Course, root: Path, manifest: dict, task: dict, reason: str) -> dict:
     """The result of a task that did not finish: what it graded, and why it stopped (state "running")."""
     grade = batch._options_from_json(manifest["options"])
-    exercises = _exercises(course, grade)
+    exercises = selected_exercises(course, grade)
     entry = Entry(task["id"], Path(task["path"]))
     sha, _ = batch.content_fingerprint(course, entry, [e.id for e in exercises])
     job = batch.Job(entry.id, entry.path, Path(manifest["results"]) / f"{entry.id}.json", grade, 0)
@@ -559,7 +541,7 @@ def status(course: Course, root: Path, out_dir: Path, console: Console | None = 
         return rows, None
     grade = batch._options_from_json(manifest["options"])
     ids = sorted({t["id"] for t in manifest["tasks"]} | set(manifest.get("conflicts") or []))
-    summary = batch.summarize(course, Path(manifest["results"]), ids, [e.id for e in _exercises(course, grade)])
+    summary = batch.summarize(course, Path(manifest["results"]), ids, [e.id for e in selected_exercises(course, grade)])
     summary["slurm"] = {"jobs": [{"job_id": j["job_id"], "indices": j["indices"]} for j in manifest["jobs"]],
                         "counts": counts, "runtime": manifest["runtime"], "image": manifest.get("image")}
     batch.write_summary(Path(manifest["results"]), summary)

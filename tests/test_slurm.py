@@ -375,6 +375,17 @@ def test_submit_writes_the_manifest_and_records_the_job_id(tmp_path, monkeypatch
     assert "submitted job array 777 (3 tasks, --array=0-2%8)" in capsys.readouterr().out
 
 
+def test_two_entries_with_one_id_get_a_not_gradable_result_and_no_task(tmp_path, monkeypatch, capsys):
+    subs, out = three_submissions(tmp_path), tmp_path / "results"
+    (subs / "ann.zip").write_bytes(b"PK")  # "ann" twice: the folder and the archive
+    monkeypatch.setenv("PATH", f"{fake_sbatch(tmp_path, '778')}:{os.environ['PATH']}")
+    assert grader_main(["slurm", str(subs), "--out", str(out), *FAST]) == 0, capsys.readouterr()
+    assert [t["id"] for t in slurm.load_manifest(out)["tasks"]] == ["ben", "cat"], "no task grades a conflict"
+    ann = json.loads((out / "ann.json").read_text())
+    assert ann["state"] == "complete" and ann["gradable"] is False
+    assert ann["format_errors"] == ["expected one submission named 'ann', found 2: ann, ann.zip; keep one and resubmit"]
+
+
 def test_array_spec_and_slurm_task_names():
     assert slurm.array_spec([7, 0, 1, 2, 5, 8], 4) == "0-2,5,7-8%4"
     assert slurm.array_spec([3], None) == "3"

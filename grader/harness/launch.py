@@ -161,16 +161,15 @@ def main() -> None:
     die_with_parent()
     config = json.loads(sys.argv[1])
     as_root = os.geteuid() == 0
+    # In the course image's container, the container is the sandbox (no network, its own process
+    # table and file system, limits from outside); its seccomp profile forbids new namespaces, and
+    # file modes keep the grader's files from the unprivileged user this process drops to below.
+    in_container = os.environ.get("GRADER_IN_CONTAINER") == "1"
     if not config["isolate"]:
         warnings = ["isolation disabled by the grader"]
-    elif os.environ.get("GRADER_IN_CONTAINER") == "1":
-        # The course image's container is the sandbox (no network, its own process table and file
-        # system, limits from outside); its seccomp profile forbids new namespaces, and file modes
-        # keep the grader's files from the unprivileged user this process drops to below.
-        warnings = []
     else:
-        warnings = enter_namespaces(as_root)
-    isolated = config["isolate"] and not warnings and os.environ.get("GRADER_IN_CONTAINER") != "1"
+        warnings = [] if in_container else enter_namespaces(as_root)
+    isolated = config["isolate"] and not in_container and not warnings
 
     pid = os.fork() if isolated else 0
     if pid:

@@ -614,7 +614,7 @@ def _reference():
 def test_speed_against_the_reference(student, gq, score, rows, cols):
     import time
 
-    from grader.support.gptq import bench_gptq, calibration_hessian
+    from grader.support.gptq import calibration_hessian
 
     options = dict(reps=5, warmup=1, seed=0)
     ref = speed.time_here(_reference().gptq_quantize, [speed.Randn((rows, cols)), calibration_hessian(cols, "cuda")],
