@@ -34,8 +34,8 @@ hint: setup                       ## the next hint: make hint EX=online_softmax
 progress: setup                   ## attempts, first passes and hints (.progress.json)
 	$(BIN)/grader progress
 
-interview: setup                  ## timed practice: make interview LEVEL=medium MINUTES=45
-	$(BIN)/grader interview start $(if $(LEVEL),--level $(LEVEL)) $(if $(MINUTES),--minutes $(MINUTES))
+interview: setup                  ## timed practice: make interview LEVEL=medium MINUTES=45 [EX=gptq/quantizer]
+	$(BIN)/grader interview start $(if $(LEVEL),--level $(LEVEL)) $(if $(MINUTES),--minutes $(MINUTES)) $(if $(EX),--exercise $(EX))
 
 interview-check: setup
 	$(BIN)/grader interview check

@@ -208,23 +208,28 @@ def cmd_interview(args: argparse.Namespace) -> int:
         if args.action == "start":
             round_ = selfstudy.start_interview(root, course, args.level, args.minutes, args.exercise, args.seed)
             ex = course.exercise(round_["exercise"])
-            console.print(f"[bold]interview: {ex.title}[/] ({ex.difficulty}), time box {round_['minutes']} minutes")
+            level = ex.part(round_["part"]).difficulty if round_["part"] else ex.difficulty
+            console.print(f"[bold]interview: {round_['title']}[/] ({round_['round']}, {level}), "
+                          f"time box {round_['minutes']} minutes")
             console.print(f"task: {round_['folder']}/README.md; write your code in {round_['folder']}/{ex.file}")
+            if round_["part"]:
+                console.print(f"this round is one part of {ex.id}: only the public checks {', '.join(round_['checks'])} count")
             console.print("check with `make interview-check`; finish with `make interview-done`. The clock is running.")
             return 0
         round_ = selfstudy.current_interview(root)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     ex = course.exercise(round_["exercise"])
+    wanted = set(round_.get("checks") or [c.id for c in ex.checks if c.visibility == "public"])
     result = results.new_result(course, "practice", "", "", 0, "local", [ex])
     reason = run_exercise(root, ex, root / round_["folder"], 0, GradeOptions(mode="local", tests="public"),
                           lambda e: results.record_test(result, e) if e.get("event") == "test" else None)
     results.close_exercise(result, ex.id, reason)
-    tests = [t for c in result["exercises"][0]["checks"] for t in c["tests"]]
+    tests = [t for c in result["exercises"][0]["checks"] if c["id"] in wanted for t in c["tests"]]
     passed = sum(t["status"] == "passed" for t in tests)
     used = (time.time() - round_["started"]) / 60
     verdict = "[green]pass[/]" if tests and passed == len(tests) else "[red]not yet[/]"
-    console.print(f"{ex.id}: {passed}/{len(tests)} public tests pass: {verdict}; "
+    console.print(f"{round_.get('round', ex.id)}: {passed}/{len(tests)} public tests pass: {verdict}; "
                   f"{used:.0f} of {round_['minutes']} minutes used")
     if args.action == "done":
         record = selfstudy.finish_interview(root, passed, len(tests))
@@ -315,7 +320,7 @@ def parser() -> argparse.ArgumentParser:
     iv.add_argument("action", choices=("start", "check", "done"))
     iv.add_argument("--level", choices=("easy", "medium", "hard"))
     iv.add_argument("--minutes", type=int)
-    iv.add_argument("--exercise")
+    iv.add_argument("--exercise", help="this round instead of a random pick: <exercise> or <exercise>/<part>")
     iv.add_argument("--seed", type=int, help="fix the random pick")
     iv.set_defaults(fn=cmd_interview)
 

@@ -72,6 +72,20 @@ class Check(_Model):
     speed: SpeedBar | None = None
 
 
+class Part(_Model):
+    """A piece of an exercise small enough for one timed practice round (`make interview`).
+
+    The round hands out the whole stub; the part's public checks are its task: `make interview-check`
+    counts only their tests.
+    """
+
+    id: str = Field(pattern=IDENT)
+    title: str = Field(description="what to write, in a line: the functions and what they do")
+    checks: list[str] = Field(min_length=1, description="ids of the exercise's public checks that make the task")
+    difficulty: Literal["easy", "medium", "hard"]
+    minutes: int = Field(gt=0, description="expected minutes, for interview practice")
+
+
 class Exercise(_Model):
     id: str = Field(pattern=IDENT)
     title: str
@@ -84,6 +98,7 @@ class Exercise(_Model):
     call_timeout_s: float = Field(gt=0, description="wall-clock limit for one call into student code")
     checks: list[Check] = Field(min_length=1)
     hints: list[str] = Field(default_factory=list)
+    parts: list[Part] = Field(default_factory=list, description="smaller practice rounds within the exercise")
 
     @model_validator(mode="after")
     def _consistent(self) -> "Exercise":
@@ -91,12 +106,30 @@ class Exercise(_Model):
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
             raise ValueError(f"check ids must be unique, found {dupes} more than once")
+        part_ids = [p.id for p in self.parts]
+        dupes = sorted({i for i in part_ids if part_ids.count(i) > 1})
+        if dupes:
+            raise ValueError(f"part ids must be unique, found {dupes} more than once")
+        public = [c.id for c in self.checks if c.visibility == "public" and not c.cuda]
+        for part in self.parts:
+            unknown = [c for c in part.checks if c not in public]
+            if unknown:
+                raise ValueError(
+                    f"part {part.id!r}: expected checks among this exercise's public CPU checks {public}, "
+                    f"found {unknown}"
+                )
         total = sum(c.points for c in self.checks)
         if abs(total - self.points) > 1e-9:
             raise ValueError(
                 f"points ({self.points:g}) must equal the sum of its checks' points, found {total:g}"
             )
         return self
+
+    def part(self, part_id: str) -> Part:
+        for p in self.parts:
+            if p.id == part_id:
+                return p
+        raise KeyError(f"exercise {self.id!r} has no part {part_id!r}; known: {[p.id for p in self.parts]}")
 
     def check(self, check_id: str) -> Check:
         for c in self.checks:

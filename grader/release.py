@@ -1,8 +1,8 @@
 """`grader release OUT_DIR`: write the student repository, and prove it leaks nothing.
 
 The release holds what a student needs to work and to run `make check`: the exercises (stubs,
-READMEs, public tests), course.yaml, the grader package without its hidden tests, a student README
-and Makefile, and pyproject.toml. It never holds solutions/, grader/hidden/, the project's tests or
+READMEs, public tests), course.yaml without its instructor-only sections, the grader package without
+its hidden tests, a student README and Makefile, and pyproject.toml. It never holds solutions/, grader/hidden/, the project's tests or
 the known-wrong submissions.
 
 The leak check runs on the finished tree before it is moved into place (a failed check writes
@@ -56,7 +56,7 @@ hint: setup             ## the next hint: make hint EX=online_softmax
 progress: setup         ## what you have passed, tried and been hinted
 \t$(BIN)/grader progress
 
-interview: setup        ## a timed practice round: make interview LEVEL=medium MINUTES=45
+interview: setup        ## a timed practice round: make interview LEVEL=medium MINUTES=45 [EX=gptq/quantizer]
 \t$(BIN)/grader interview start $(if $(LEVEL),--level $(LEVEL)) $(if $(MINUTES),--minutes $(MINUTES)) $(if $(EX),--exercise $(EX))
 
 interview-check: setup
@@ -88,6 +88,28 @@ interpreter, and checks that need CUDA say so. Your instructor grades with more 
 
 {plan}
 """
+
+
+# course.yaml sections that only the instructor's grading uses: the container the grader runs in,
+# and how scores map onto Gradescope, PrairieLearn and due dates.
+INSTRUCTOR_ONLY = ("container", "export")
+
+STUDENT_COURSE_HEADER = """\
+# The course's rubric: every exercise and check with its points, hidden checks included, so you know
+# how you are graded (the hidden checks' tests are not in this copy). `make check` reads this file.
+# Written by `grader release`; the instructor's copy also says how grading runs and where scores go.
+
+"""
+
+
+def student_course_yaml(course_root: Path) -> str:
+    """course.yaml as the student sees it: the rubric without the instructor-only sections."""
+    import yaml
+
+    data = yaml.safe_load((course_root / "course.yaml").read_text())
+    for key in INSTRUCTOR_ONLY:
+        data.pop(key, None)
+    return STUDENT_COURSE_HEADER + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=110)
 
 
 @dataclass
@@ -231,13 +253,17 @@ def _copy_tree(src: Path, dst: Path, skip: tuple[str, ...] = ()) -> None:
 
 
 def practice_plan(course) -> str:
-    rows = ["| exercise | difficulty | minutes |", "| --- | --- | --- |"]
-    for ex in course.exercises:
-        rows.append(f"| `{ex.id}`: {ex.title} | {ex.difficulty} | {ex.minutes} |")
+    """The release README's table of practice rounds: each exercise whole, then its parts."""
+    from grader.selfstudy import rounds
+
+    rows = ["| round | what you write | level | minutes |", "| --- | --- | --- | --- |"]
+    for r in rounds(course):
+        rows.append(f"| `{r.id}` | {r.title} | {r.difficulty} | {r.minutes} |")
     return "\n".join(rows) + (
-        "\n\n`make interview LEVEL=easy|medium|hard MINUTES=45` copies a fresh stub into `practice/<id>/`, "
-        "prints the task and starts the clock; `make interview-check` runs the public tests on it and shows "
-        "the time used; `make interview-done` records the round in `.progress.json`."
+        "\n\n`make interview LEVEL=easy|medium|hard MINUTES=45` picks a round that fits (or name one: "
+        "`EX=gptq/quantizer`), copies a fresh stub into `practice/<id>/`, prints the task and starts the clock; "
+        "`make interview-check` runs the round's public tests on it and shows the time used; "
+        "`make interview-done` records the round in `.progress.json`."
     )
 
 
@@ -253,7 +279,7 @@ def build_release(course_root: Path, out: Path, with_solutions: bool = False) ->
     try:
         _copy_tree(course_root / "exercises", staging / "exercises")
         _copy_tree(course_root / "grader", staging / "grader", skip=("hidden", "bench"))
-        shutil.copy2(course_root / "course.yaml", staging / "course.yaml")
+        (staging / "course.yaml").write_text(student_course_yaml(course_root))
         shutil.copy2(course_root / "pyproject.toml", staging / "pyproject.toml")
         (staging / "Makefile").write_text(STUDENT_MAKEFILE)
         marker = " (teaching-assistant copy: contains the solutions)" if with_solutions else ""

@@ -10,7 +10,7 @@ import random
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 PROGRESS_FILE = ".progress.json"
 
@@ -66,22 +66,59 @@ def reset_hints(root: Path, exercise_id: str) -> None:
 # Interview practice
 
 
-def pick(course, level: str | None, minutes: int | None, exercise_id: str | None, rng: random.Random):
-    if exercise_id:
-        return course.exercise(exercise_id)
-    pool = [e for e in course.exercises if (level is None or e.difficulty == level)
-            and (minutes is None or e.minutes <= minutes)]
+class Round(NamedTuple):
+    """What a practice round hands out: a whole exercise, or one part of it (`parts:` in course.yaml)."""
+
+    exercise: Any  # grader.course.Exercise
+    part: Any = None  # grader.course.Part, or None for the whole exercise
+
+    @property
+    def id(self) -> str:
+        return f"{self.exercise.id}/{self.part.id}" if self.part else self.exercise.id
+
+    @property
+    def title(self) -> str:
+        return self.part.title if self.part else self.exercise.title
+
+    @property
+    def difficulty(self) -> str:
+        return (self.part or self.exercise).difficulty
+
+    @property
+    def minutes(self) -> int:
+        return (self.part or self.exercise).minutes
+
+    @property
+    def checks(self) -> list[str]:
+        """The public checks whose tests decide the round."""
+        if self.part:
+            return list(self.part.checks)
+        return [c.id for c in self.exercise.checks if c.visibility == "public" and not c.cuda]
+
+
+def rounds(course) -> list[Round]:
+    """Every practice round the course offers: each exercise whole, and each of its parts."""
+    return [r for e in course.exercises for r in (Round(e), *(Round(e, p) for p in e.parts))]
+
+
+def pick(course, level: str | None, minutes: int | None, target: str | None, rng: random.Random) -> Round:
+    """A round that fits the level and the time box; `target` names one: `<exercise>` or `<exercise>/<part>`."""
+    if target:
+        exercise_id, _, part_id = target.partition("/")
+        exercise = course.exercise(exercise_id)
+        return Round(exercise, exercise.part(part_id) if part_id else None)
+    pool = [r for r in rounds(course) if (level is None or r.difficulty == level)
+            and (minutes is None or r.minutes <= minutes)]
     if not pool:
-        raise ValueError(
-            f"no exercise fits level={level or 'any'} within {minutes} minutes; "
-            f"expected one of {sorted({(e.difficulty, e.minutes) for e in course.exercises})}"
-        )
+        offered = ", ".join(f"{r.id} ({r.difficulty}, {r.minutes} min)" for r in rounds(course))
+        raise ValueError(f"no practice round fits level={level or 'any'} within {minutes} minutes; expected one of: {offered}")
     return rng.choice(pool)
 
 
 def start_interview(root: Path, course, level: str | None = None, minutes: int | None = None,
-                    exercise_id: str | None = None, seed: int | None = None) -> dict:
-    exercise = pick(course, level, minutes, exercise_id, random.Random(seed))
+                    target: str | None = None, seed: int | None = None) -> dict:
+    round_ = pick(course, level, minutes, target, random.Random(seed))
+    exercise = round_.exercise
     practice = root / "practice" / exercise.id
     if practice.exists():
         shutil.rmtree(practice)
@@ -90,12 +127,13 @@ def start_interview(root: Path, course, level: str | None = None, minutes: int |
     for name in ("README.md", exercise.file, "test_public.py"):
         if (source / name).exists():
             shutil.copy2(source / name, practice / name)
-    round_ = {"exercise": exercise.id, "minutes": minutes or exercise.minutes, "started": time.time(),
-              "folder": str(practice.relative_to(root))}
+    state = {"exercise": exercise.id, "part": round_.part.id if round_.part else None, "round": round_.id,
+             "title": round_.title, "checks": round_.checks, "minutes": minutes or round_.minutes,
+             "started": time.time(), "folder": str(practice.relative_to(root))}
     data = load(root)
-    data["interview"] = round_
+    data["interview"] = state
     save(root, data)
-    return round_
+    return state
 
 
 def current_interview(root: Path) -> dict:
@@ -111,7 +149,7 @@ def finish_interview(root: Path, passed: int, total: int) -> dict:
     if not round_:
         raise ValueError("no interview round is running; start one with `make interview`")
     used = (time.time() - round_["started"]) / 60
-    record = {"exercise": round_["exercise"], "date": today(), "minutes_used": round(used, 1),
+    record = {"exercise": round_.get("round", round_["exercise"]), "date": today(), "minutes_used": round(used, 1),
               "time_box": round_["minutes"], "public_tests_passed": f"{passed}/{total}"}
     data.setdefault("interviews", []).append(record)
     save(root, data)

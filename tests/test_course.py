@@ -28,6 +28,9 @@ def test_shipped_course_is_valid(course):
     (lambda d: d["exercises"][0].__setitem__("pointz", 1), "exercises[0].pointz: unknown field"),
     (lambda d: d["exercises"][0]["checks"].append(dict(d["exercises"][0]["checks"][0])), "check ids must be unique"),
     (lambda d: d["exercises"][0]["checks"][-1]["speed"].__setitem__("floor", 9), "floor (9.0) must not exceed bar"),
+    (lambda d: d["exercises"][0]["parts"][0].__setitem__("checks", ["normalizer"]),
+     "exercises[0]: part 'normalizer': expected checks among this exercise's public CPU checks"),
+    (lambda d: d["exercises"][0]["parts"][0].__setitem__("minutes", 0), "exercises[0].parts[0].minutes: expected a number > 0"),
 ])
 def test_errors_name_the_path_and_what_was_expected(data, mutate, expected):
     bad = copy.deepcopy(data)

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from grader.course import load_course
 from grader.release import LeakError, build_release, leak_check
 
 
@@ -26,6 +27,19 @@ def test_release_holds_what_students_need_and_nothing_else(release, course):
             assert (release / "exercises" / ex.id / name).is_file(), f"missing exercises/{ex.id}/{name}"
     assert "make check" in (release / "README.md").read_text()
     assert "interview" in (release / "Makefile").read_text()
+
+
+def test_released_course_yaml_keeps_the_rubric_and_drops_instructor_sections(release, course):
+    released = load_course(release)
+    assert [e.id for e in released.exercises] == [e.id for e in course.exercises]
+    for mine, theirs in zip(course.exercises, released.exercises):
+        assert [(c.id, c.points) for c in theirs.checks] == [(c.id, c.points) for c in mine.checks], (
+            f"{mine.id}: the student's rubric must match the one they are graded with"
+        )
+        assert theirs.parts == mine.parts and theirs.hints == mine.hints
+    text = (release / "course.yaml").read_text()
+    for section in ("container:", "export:"):
+        assert not any(line.startswith(section) for line in text.splitlines()), f"{section} is instructor-only"
 
 
 def test_leak_check_passes_on_the_release(release, root):
@@ -100,3 +114,12 @@ def test_interview_round(root, tmp_path):
     progress = grader("progress")
     assert "interview" in progress.stdout and "0/14 public tests" in progress.stdout
     assert grader("interview", "check").returncode == 2, "no round is running after `done`"
+
+    part = grader("interview", "start", "--exercise", "gptq/quantizer")
+    assert part.returncode == 0, part.stderr
+    assert "gptq/quantizer" in part.stdout and "time box 30 minutes" in part.stdout, part.stdout
+    assert (work / "practice" / "gptq" / "gptq.py").is_file()
+    check = grader("interview", "check")
+    assert "gptq/quantizer: 0/3 public tests pass" in check.stdout, check.stdout + check.stderr
+    unknown = grader("interview", "start", "--exercise", "gptq/nope")
+    assert unknown.returncode == 2 and "has no part 'nope'" in unknown.stderr, unknown.stdout + unknown.stderr
