@@ -13,7 +13,10 @@ nothing) and again in the project's tests:
   does not hide a copy (a helper the stub gives complete, with the same body, is allowed);
 * no hidden test's function name and no distinctive string literal (24+ characters) from a hidden
   test, unless the course's public material uses the same name or text itself (a public and a
-  hidden test may share a helpful message).
+  hidden test may share a helpful message);
+* no seed a hidden test fixes (`manual_seed(1234)`, `seed=1234`; four digits or more), which would
+  let a student rebuild its inputs. The per-run seeds the grader draws are never written to disk
+  by the release: they live in results, which are not copied.
 """
 
 from __future__ import annotations
@@ -164,9 +167,26 @@ def _body_fingerprints(source: str) -> dict[str, str]:
     return prints
 
 
-def _hidden_markers(hidden_root: Path) -> tuple[set[str], set[str]]:
-    """Hidden test function names, and their distinctive string literals."""
-    names, literals = set(), set()
+SEED_CALLS = {"manual_seed", "seed", "Random", "default_rng", "RandomState", "Generator"}
+
+
+def _seed_of(node: ast.AST) -> int | None:
+    """The integer seed a call like `torch.manual_seed(1234)` or `f(..., seed=1234)` fixes, if any."""
+    if not isinstance(node, ast.Call):
+        return None
+    name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+    candidates = [k.value for k in node.keywords if k.arg == "seed"]
+    if name in SEED_CALLS:
+        candidates += node.args[:1]
+    for value in candidates:
+        if isinstance(value, ast.Constant) and type(value.value) is int:
+            return value.value
+    return None
+
+
+def _hidden_markers(hidden_root: Path) -> tuple[set[str], set[str], set[int]]:
+    """Hidden test function names, their distinctive string literals, and the seeds they fix."""
+    names, literals, seeds = set(), set(), set()
     for path in hidden_root.rglob("*.py"):
         try:
             tree = ast.parse(path.read_text())
@@ -179,7 +199,10 @@ def _hidden_markers(hidden_root: Path) -> tuple[set[str], set[str]]:
                 text = node.value.strip()
                 if len(text) >= 24 and " " in text and "\n" not in text:
                     literals.add(text)
-    return names, literals
+            seed = _seed_of(node)
+            if seed is not None and abs(seed) >= 1000:  # 0, 1, 42: every test file has those; they tell nothing
+                seeds.add(seed)
+    return names, literals, seeds
 
 
 def leak_check(release: Path, course_root: Path) -> list[Leak]:
@@ -190,7 +213,7 @@ def leak_check(release: Path, course_root: Path) -> list[Leak]:
     for path in (course_root / "solutions").rglob("*.py"):
         for name, fp in _body_fingerprints(path.read_text()).items():
             solution_prints[fp] = (name, path)
-    names, literals = _hidden_markers(course_root / "grader" / "hidden")
+    names, literals, seeds = _hidden_markers(course_root / "grader" / "hidden")
     # A name or message the course also uses in its public material is not a secret (a public and a
     # hidden test may share a helpful message); what remains can only have come from the hidden tests.
     public_text = "\n".join(
@@ -199,6 +222,7 @@ def leak_check(release: Path, course_root: Path) -> list[Leak]:
     )
     names = {n for n in names if not re.search(rf"\b{n}\b", public_text)}
     literals = {lit for lit in literals if lit not in public_text}
+    seeds = {s for s in seeds if not re.search(rf"(?<![\w.]){s}(?![\w.])", public_text)}
 
     for path in sorted(p for p in release.rglob("*") if p.is_file()):
         rel = str(path.relative_to(release))
@@ -224,6 +248,9 @@ def leak_check(release: Path, course_root: Path) -> list[Leak]:
         for literal in literals:
             if literal in text:
                 leaks.append(Leak(rel, f"quotes a hidden test's literal {literal[:40]!r}"))
+        for seed in seeds:
+            if re.search(rf"(?<![\w.]){seed}(?![\w.])", text):
+                leaks.append(Leak(rel, f"holds the seed {seed} that a hidden test fixes (its inputs could be rebuilt)"))
     return leaks
 
 

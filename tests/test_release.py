@@ -66,6 +66,20 @@ def test_copied_hidden_tests_and_names_are_caught(release, root, tmp_path):
     assert any("README.md: names the hidden test test_long_fp16_rows_accumulate_in_fp32" in l for l in leaks), leaks
 
 
+def test_a_seed_a_hidden_test_fixes_is_caught(tmp_path):
+    course_root, release = tmp_path / "course", tmp_path / "release"
+    (course_root / "grader" / "hidden" / "ex").mkdir(parents=True)
+    (course_root / "grader" / "hidden" / "ex" / "test_hidden.py").write_text(
+        "import torch\n\ndef test_x():\n    torch.manual_seed(987654)\n    make(seed=24680)\n    torch.manual_seed(42)\n")
+    (course_root / "exercises" / "ex").mkdir(parents=True)
+    (course_root / "exercises" / "ex" / "ex.py").write_text("def f():\n    return 24680\n")  # public: not a secret
+    (course_root / "solutions").mkdir()
+    (release / "exercises" / "ex").mkdir(parents=True)
+    (release / "exercises" / "ex" / "notes.md").write_text("inputs: manual_seed(987654), 24680 and 42\n")
+    leaks = [str(l) for l in leak_check(release, course_root)]
+    assert leaks == ["exercises/ex/notes.md: holds the seed 987654 that a hidden test fixes (its inputs could be rebuilt)"], leaks
+
+
 def test_release_refuses_to_write_when_something_would_leak(root, tmp_path, monkeypatch):
     import grader.release as release_module
 
