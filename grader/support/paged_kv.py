@@ -144,3 +144,45 @@ def manager_scaling(fn: Any, sizes: Sequence[int] = (512, 131072), block_size: i
             _workload(bm, seqs, prompt, steps)
         lines.append(counter.count)
     return {"sizes": list(sizes), "ops": ops, "best_s": best, "lines": lines}
+
+
+# --------------------------------------------------------------------------------------------------
+# Is a Triton kernel really launched?
+
+
+def triton_launches(fn: Any, *args, **kwargs) -> dict:
+    """Call ``fn(*args, **kwargs)`` and count the Triton kernel launches it makes: {"out", "launches"}.
+
+    A launch ``kernel[grid](...)`` ends in ``run`` of the kernel's class: JITFunction when compiling for
+    a GPU, InterpretedFunction under TRITON_INTERPRET=1. Both are wrapped, at the class, for the call
+    only; an autotuner's launches go through them too.
+    """
+    import triton.runtime.jit as jit
+
+    classes = [jit.JITFunction]
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        classes.append(InterpretedFunction)
+    except ImportError:  # a Triton without the interpreter
+        pass
+    count = [0]
+    originals = []
+    for cls in classes:
+        original = cls.__dict__.get("run")
+        if original is None:
+            continue
+
+        def run(self, *a, __original=original, **k):
+            if not k.get("warmup", False):
+                count[0] += 1
+            return __original(self, *a, **k)
+
+        originals.append((cls, original))
+        cls.run = run
+    try:
+        out = fn(*args, **kwargs)
+    finally:
+        for cls, original in originals:
+            cls.run = original
+    return {"out": out, "launches": count[0]}

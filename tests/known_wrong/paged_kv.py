@@ -162,6 +162,44 @@ MUTANTS = [
         loses=["attention_vectorised"],
     ),
     Mutant(
+        "attention_loops_over_tokens",
+        "my paged_attention gathers K and V one position at a time (all sequences at once, but a loop over tokens)",
+        [('''    k = k_cache.reshape(-1, Hkv, D)[slots].float()  # [B, L, Hkv, D]
+    v = v_cache.reshape(-1, Hkv, D)[slots].float()
+''', '''    k = torch.empty(B, L, Hkv, D)
+    v = torch.empty(B, L, Hkv, D)
+    for p in range(L):
+        k[:, p] = k_cache.reshape(-1, Hkv, D)[slots[:, p]].float()
+        v[:, p] = v_cache.reshape(-1, Hkv, D)[slots[:, p]].float()
+''')],
+        loses=["attention_vectorised"],
+    ),
+    Mutant(
+        "copy_on_write_drops_the_reference_first",
+        "on copy-on-write I drop the reference to the shared block before checking that a free block exists",
+        [
+            ("                if not self._free:\n                    raise OutOfBlocks(f\"append_token({seq_id!r}) needs a block to copy",
+             "                self._refs[last] -= 1\n                if not self._free:\n                    raise OutOfBlocks(f\"append_token({seq_id!r}) needs a block to copy"),
+            ("                private = self._allocate()\n                self._refs[last] -= 1\n",
+             "                private = self._allocate()\n"),
+        ],
+        loses=["oom_atomic"],
+    ),
+    Mutant(
+        "triton_delegates_to_pytorch",
+        "paged_attention_triton just calls my PyTorch paged_attention; I never wrote the kernel",
+        [("    out = torch.empty_like(q)\n    if B == 0:\n        return out\n",
+          "    return paged_attention(q, k_cache, v_cache, block_tables, seq_lens, sm_scale)\n")],
+        loses=["triton"],
+    ),
+    Mutant(
+        "triton_ignores_sm_scale",
+        "my kernel always scales by 1/sqrt(D), whatever sm_scale says",
+        [("    scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale\n    group = Hq // Hkv\n    out = torch.empty_like(q)",
+          "    scale = 1.0 / math.sqrt(D)\n    group = Hq // Hkv\n    out = torch.empty_like(q)")],
+        loses=["triton"],
+    ),
+    Mutant(
         "triton_no_rescale",
         "my kernel adds each tile's p @ V without rescaling the running accumulator when the max grows",
         [("acc = acc * alpha[:, None] + tl.dot(", "acc = acc + tl.dot(")],

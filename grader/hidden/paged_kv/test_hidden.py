@@ -817,24 +817,51 @@ def test_paged_attention_lines_do_not_grow(student, pk, rng):
 # The Triton kernel (under the interpreter on the CPU: small shapes)
 
 TRITON_CASES = [
-    # B, Hq, Hkv, D, block_size, dtype, lengths
-    (3, 4, 4, 16, 16, torch.float32, [0, 5, 37]),
-    (3, 8, 2, 16, 4, torch.float32, [150, 64, 1]),
-    (2, 6, 1, 24, 5, torch.float16, [131, 40]),
-    (4, 4, 2, 8, 8, torch.float32, [8, 16, 0, 97]),
+    # B, Hq, Hkv, D, block_size, dtype, lengths, sm_scale
+    (3, 4, 4, 16, 16, torch.float32, [0, 5, 37], None),
+    (3, 8, 2, 16, 4, torch.float32, [150, 64, 1], None),
+    (2, 6, 1, 24, 5, torch.float16, [131, 40], None),
+    (4, 4, 2, 8, 8, torch.float32, [8, 16, 0, 97], 0.45),
 ]
 
 
 @pytest.mark.check("triton")
 @pytest.mark.parametrize("case", TRITON_CASES, ids=lambda c: f"Hq{c[1]}-Hkv{c[2]}-D{c[3]}-bs{c[4]}-{str(c[5])[6:]}")
 def test_paged_attention_triton_matches_the_oracle(pk, rng, case):
-    B, Hq, Hkv, D, block_size, dtype, lengths = case
+    B, Hq, Hkv, D, block_size, dtype, lengths, sm_scale = case
     r = rand(rng)
     q, k, v, tables_t, tables, lengths = attention_case(r, B, Hq, Hkv, D, block_size, dtype, 0, lengths=lengths)
-    out = pk.paged_attention_triton(q, k, v, tables_t, torch.tensor(lengths, dtype=torch.int32))
-    check_attention(out, attention_oracle(q, k, v, tables, lengths, None), q, lengths,
+    kwargs = {} if sm_scale is None else {"sm_scale": sm_scale}
+    out = pk.paged_attention_triton(q, k, v, tables_t, torch.tensor(lengths, dtype=torch.int32), **kwargs)
+    check_attention(out, attention_oracle(q, k, v, tables, lengths, sm_scale), q, lengths,
                     1e-4 if dtype == torch.float32 else 5e-3,
-                    f"paged_attention_triton, {dtype}, Hq={Hq}, Hkv={Hkv}, block size {block_size}")
+                    f"paged_attention_triton, {dtype}, Hq={Hq}, Hkv={Hkv}, block size {block_size}"
+                    + ("" if sm_scale is None else f", sm_scale={sm_scale} (it multiplies q.k; default 1/sqrt(D))"))
+
+
+@pytest.mark.check("triton")
+def test_paged_attention_triton_launches_one_kernel_per_batch(student, pk, rng):
+    r = rand(rng)
+    launches = {}
+    for lengths in ([3, 6], [40, 0, 13, 28, 7, 64, 1, 33, 21]):
+        q, k, v, tables_t, tables, lengths = attention_case(r, len(lengths), 4, 2, 16, 4, torch.float32, 0,
+                                                            lengths=lengths)
+        got = student.drive(f"{DRIVER}:triton_launches", pk.paged_attention_triton, q, k, v, tables_t,
+                            torch.tensor(lengths, dtype=torch.int32))
+        check_attention(got["out"], attention_oracle(q, k, v, tables, lengths, None), q, lengths, 1e-4,
+                        "paged_attention_triton")
+        launches[len(lengths)] = got["launches"]
+    (few, n_few), (many, n_many) = launches.items()
+    assert n_few >= 1, (
+        "paged_attention_triton returned the right answer without launching a Triton kernel: write a "
+        "@triton.jit kernel that walks the block tables and launch it as kernel[grid](...); calling "
+        "paged_attention (PyTorch) does not count"
+    )
+    assert n_many <= n_few, (
+        f"paged_attention_triton launched {n_few} kernel(s) for {few} sequences but {n_many} for {many}: one "
+        "launch per sequence (or per block) is a Python loop around the kernel. Launch once on a (B, Hkv) grid "
+        "and let each program walk its own sequence's table"
+    )
 
 
 # --------------------------------------------------------------------------------------------------
