@@ -1,10 +1,16 @@
-"""The course's simulated ring communicator: counts traffic, and fails with a clear message instead
-of hanging when a student's exchange is wrong."""
+"""The course's communicators for ring all-reduce: the simulated ring counts traffic and fails with a
+clear message instead of hanging when a student's exchange is wrong; the real one over gloo sums,
+counts, names a mismatch, and inherits the grader's guard against library collectives. Also a smoke
+run of the benchmark."""
+
+from pathlib import Path
 
 import pytest
 import torch
 
-from grader.support.ring_allreduce import CommError, run_simulated
+from grader.support.ring_allreduce import CommError, RankFailed, forbidden_collectives, run_distributed, run_simulated
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def pass_right(tensor, comm):
@@ -46,3 +52,65 @@ def test_a_rank_out_of_range_says_what_was_expected():
 
     with pytest.raises(CommError, match="world_size"):
         run_simulated(no_modulo, [torch.zeros(2) for _ in range(2)], timeout_s=20)
+
+
+def test_a_returned_peer_and_a_lost_message_are_named():
+    def rank0_stops_early(tensor, comm):
+        recv = torch.empty_like(tensor)
+        steps = 1 if comm.rank == 0 else 2  # rank 0 makes one exchange fewer than the others
+        for _ in range(steps):
+            comm.send_recv(tensor, (comm.rank + 1) % comm.world_size, recv, (comm.rank - 1) % comm.world_size)
+
+    with pytest.raises(CommError, match="same number of exchanges|never received"):
+        run_simulated(rank0_stops_early, [torch.zeros(2) for _ in range(3)], timeout_s=20)
+
+
+# --------------------------------------------------------------------------------------------------
+# The real communicator: N forked processes over gloo (a few seconds each)
+
+
+def test_real_processes_count_and_sum():
+    out = run_distributed(pass_right, [torch.full((3,), float(r)) for r in range(3)])
+    assert [t.tolist() for t in out["outputs"]] == [[2.0] * 3, [0.0] * 3, [1.0] * 3]
+    assert out["messages_sent"] == [1, 1, 1] and out["elements_sent"] == [3, 3, 3]
+
+
+def test_real_processes_name_a_dtype_mismatch_instead_of_crashing_gloo():
+    def wrong_dtype(tensor, comm):
+        recv = torch.empty(tensor.numel(), dtype=torch.float64)  # the neighbour sends float32
+        comm.send_recv(tensor, (comm.rank + 1) % comm.world_size, recv, (comm.rank - 1) % comm.world_size)
+
+    with pytest.raises(RankFailed) as info:
+        run_distributed(wrong_dtype, [torch.zeros(4) for _ in range(2)], timeout_s=30)
+    text = str(info.value)
+    assert "CommError" in text and "float32" in text and "float64" in text, text
+
+
+def test_the_collectives_guard_reaches_the_forked_ranks():
+    """The grader's guard is installed in the worker before it forks the ranks; they inherit it."""
+    import torch.distributed as dist
+
+    from grader.harness.probes import forbidden
+
+    def cheat(tensor, comm):
+        dist.all_reduce(tensor)
+
+    original = dist.all_reduce
+    with forbidden(forbidden_collectives(), "build the all-reduce from comm.send_recv"):
+        with pytest.raises(RankFailed, match=r"must not call torch\.distributed\.all_reduce"):
+            run_distributed(cheat, [torch.ones(4) for _ in range(2)], timeout_s=30)
+    assert dist.all_reduce is original
+
+
+def test_the_benchmark_reports_volume_and_bus_bandwidth(capsys):
+    from grader.bench.ring_allreduce import main
+
+    main([str(ROOT / "solutions" / "ring_allreduce" / "ring_allreduce.py"), "--worlds", "2", "--sizes-mb", "0.05",
+          "--reps", "1"])
+    out = capsys.readouterr().out
+    assert "1835014 (1.7500,  14 msgs)" in out  # N = 8, n = 2^20 + 3: the optimum, met by the reference
+    marked = [line for line in out.splitlines() if "!" in line and "'!' marks" not in line]
+    assert not marked, out  # every rank sent its optimum, and every result equals all_reduce's
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith("2 ") and "0.05" in line]
+    assert rows and len(rows[0]) == 5, out  # N, MB, gloo's busbw, the submission's, and their ratio
+    assert float(rows[0][4]) > 0, out

@@ -36,18 +36,29 @@ from grader.support.ring_allreduce import (
 )
 
 
+def optimum_elements(n: int, world: int) -> list[int]:
+    """What rank r of a ring all-reduce must send: 2n - len(chunk (r+1) % N) - len(chunk (r+2) % N)."""
+    sizes = [n // world + (1 if c < n % world else 0) for c in range(world)]
+    return [2 * n - sizes[(r + 1) % world] - sizes[(r + 2) % world] for r in range(world)]
+
+
 def volume_table(impls: dict, n: int) -> None:
-    print(f"\nvolume on the simulated ring, n = {n} float32 elements: elements sent per rank / n (max over ranks)")
-    print(f"{'N':>3} {'optimum 2(N-1)/N':>17}" + "".join(f" {name:>22}" for name in impls))
+    print(f"\nvolume on the simulated ring, n = {n} float32 elements: the most elements any rank sends, that over n, "
+          "and the messages per rank, against the optimum 2(N-1)/N * n in 2(N-1) messages")
+    print(f"{'N':>3} {'optimum':>30}" + "".join(f" {name:>30}" for name in impls))
     for world in (2, 4, 8):
-        row = f"{world:>3} {2 * (world - 1) / world:>17.4f}"
+        best = max(optimum_elements(n, world))
+        row = f"{world:>3} {best:>11} ({best / n:.4f}, {2 * (world - 1):>3} msgs)"
         for fn in impls.values():
             try:
                 run = run_simulated(fn, [torch.randn(n) for _ in range(world)])
-                row += f" {max(run['elements_sent']) / n:>9.4f} ({max(run['messages_sent']):>3} msgs)"
+                sent = max(run["elements_sent"])
+                mark = " " if run["elements_sent"] == optimum_elements(n, world) else "!"
+                row += f" {sent:>10}{mark}({sent / n:.4f}, {max(run['messages_sent']):>3} msgs)"
             except Exception as exc:  # noqa: BLE001 - a broken submission still gets a row
-                row += f" {'error: ' + type(exc).__name__:>22}"
+                row += f" {'error: ' + type(exc).__name__:>30}"
         print(row)
+    print("'!' marks a rank that sent other than its optimum.")
 
 
 def timed(world: int, sizes_mb: list[float], reps: int, backend: str, impls: dict) -> list[dict]:

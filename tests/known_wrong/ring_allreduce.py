@@ -13,6 +13,15 @@ MUTANTS = [
         loses=["reduce_scatter", "float_order", "volume", "rs_public", "volume_public", *_EXACT],
     ),
     Mutant(
+        name="step_sign",
+        why="walks the chunks the wrong way: at step s sends chunk (r + s) and adds chunk (r + s - 1), a sign error",
+        edits=[("            send_idx = (rank - step) % world  # the partial sum this rank extended last step (or its own)",
+                "            send_idx = (rank + step) % world"),
+               ("            recv_idx = (rank - step - 1) % world  # the one its left neighbour extended",
+                "            recv_idx = (rank + step - 1) % world")],
+        loses=["reduce_scatter", "float_order", "volume", "rs_public", "volume_public", *_EXACT],
+    ),
+    Mutant(
         name="reversed_ring",
         why="sends to the left and receives from the right, while indexing chunks for the rightward ring (a sign error)",
         edits=[("    return (comm.rank + 1) % comm.world_size, (comm.rank - 1) % comm.world_size",
@@ -116,7 +125,7 @@ MUTANTS = [
         name="no_copy_back",
         why="works on tensor.reshape(-1), which is a copy for a transposed tensor, and never writes the result back",
         edits=[("    tensor.copy_(flat.view(tensor.shape))", "    pass")],
-        loses=["layouts", "distributed", "allreduce_public"],
+        loses=["layouts", "allreduce", "distributed", "allreduce_public"],
     ),
     Mutant(
         name="calls_all_reduce",

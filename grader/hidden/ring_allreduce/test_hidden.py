@@ -230,15 +230,63 @@ def test_allreduce_exact(student, ra, seed, world, dtype):
                 pytest.fail(explain_int(xs, got, want.to(torch.int64), r, f"ring_allreduce, N={world}, n={n}, {dtype}"))
 
 
+def transposed_int_inputs(world: int, rows: int, cols: int, dtype: torch.dtype, offset: int) -> list[torch.Tensor]:
+    """x_r[k] = r * n + k + offset in logical row-major order, stored as the transpose of a [cols, rows]
+    buffer: shape [rows, cols], strides (1, rows), so the memory order is not the order to chunk in."""
+    xs = []
+    for x in int_inputs(world, rows * cols, dtype, offset, shape=(rows, cols)):
+        stored = x.t().contiguous().t()  # same values, column-major memory
+        assert rows < 2 or cols < 2 or not stored.is_contiguous()
+        xs.append(stored)
+    return xs
+
+
+def transposed_shapes(world: int) -> list[tuple[int, int]]:
+    """[rows, cols] for the transposed inputs: empty, fewer elements than ranks, uneven, large-ish."""
+    return [(0, 3), (2, 3), (world + 1, 2), (29, 37)]
+
+
 @pytest.mark.check("allreduce")
-@pytest.mark.parametrize("world", [3, 8])
-def test_allreduce_large(student, ra, seed, world):
-    xs = int_inputs(world, BIG, torch.int64, offset=seed % 1000)
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float64], ids=["int64", "float64"])
+@pytest.mark.parametrize("world", WORLDS)
+def test_allreduce_exact_transposed(student, ra, seed, world, dtype):
+    for rows, cols in transposed_shapes(world):
+        xs = transposed_int_inputs(world, rows, cols, dtype, offset=seed % 1000)
+        want = exact_sum(xs)  # flat, in row-major order
+        run = student.drive(SIMULATED, ra.ring_allreduce, xs)  # the very tensors, strides and all
+        label = f"ring_allreduce, N={world}, transposed {dtype} [{rows}, {cols}] (strides (1, {rows}))"
+        for r in range(world):
+            got = run["outputs"][r]
+            assert got.dtype == dtype and got.shape == (rows, cols), (
+                f"{label}: rank {r} came back {got.dtype} {tuple(got.shape)}; keep the caller's dtype and shape"
+            )
+            if not torch.equal(got.reshape(-1).to(want.dtype), want):
+                pytest.fail(
+                    explain_int(xs, got, want.to(torch.int64), r, label)
+                    + " A transposed tensor is chunked in its logical row-major order (tensor.reshape(-1), a "
+                    "copy), and the result is copied back into the caller's tensor."
+                )
+
+
+@pytest.mark.check("allreduce")
+@pytest.mark.parametrize(
+    "world, dtype, transposed",
+    [(3, torch.int64, False), (8, torch.int64, False), (8, torch.float64, False), (3, torch.float64, True)],
+    ids=["3-int64", "8-int64", "8-float64", "3-float64-transposed"],
+)
+def test_allreduce_large(student, ra, seed, world, dtype, transposed):
+    if transposed:  # 2^20 + 3 = 7 * 149797
+        xs = transposed_int_inputs(world, 7, BIG // 7, dtype, offset=seed % 1000)
+    else:
+        xs = int_inputs(world, BIG, dtype, offset=seed % 1000)
     want = exact_sum(xs)
-    run = run_ring(student, ra.ring_allreduce, xs)
+    label = f"ring_allreduce, N={world}, n=2^20+3, {dtype}" + (", transposed [7, 149797]" if transposed else "")
+    run = student.drive(SIMULATED, ra.ring_allreduce, xs)
     for r in range(world):
-        if not torch.equal(run["outputs"][r], want):
-            pytest.fail(explain_int(xs, run["outputs"][r], want, r, f"ring_allreduce, N={world}, n=2^20+3"))
+        got = run["outputs"][r]
+        assert got.dtype == dtype, f"{label}: rank {r}'s tensor became {got.dtype}; keep {dtype}"
+        if not torch.equal(got.reshape(-1).to(want.dtype), want):
+            pytest.fail(explain_int(xs, got, want.to(torch.int64), r, label))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -249,7 +297,7 @@ def test_allreduce_large(student, ra, seed, world):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("world", [2, 3, 4, 5, 8])
 def test_ring_order(student, ra, rng, world, dtype):
-    for n in (world + 1, 1009):
+    for n in lengths(world):
         xs = rand_inputs(world, n, dtype, rng)
         want = ring_order_sum(xs)
         run = run_ring(student, ra.ring_allreduce, xs)
@@ -261,14 +309,16 @@ def test_ring_order(student, ra, rng, world, dtype):
 
 
 @pytest.mark.check("float_order")
-def test_ring_order_large(student, ra, rng):
-    world = 4
-    xs = rand_inputs(world, BIG, torch.float32, rng)
+@pytest.mark.parametrize("world, dtype", [(4, torch.float32), (3, torch.bfloat16)], ids=["4-float32", "3-bfloat16"])
+def test_ring_order_large(student, ra, rng, world, dtype):
+    xs = rand_inputs(world, BIG, dtype, rng)
     want = ring_order_sum(xs)
     run = run_ring(student, ra.ring_allreduce, xs)
     for r in range(world):
         got = run["outputs"][r]
-        assert torch.equal(got, want), explain_float(got, want, exact_sum(xs), r, "N=4, n=2^20+3, float32", BIG, world)
+        assert got.dtype == dtype, f"N={world}, n=2^20+3: rank {r}'s tensor became {got.dtype}; keep {dtype}"
+        assert torch.equal(got, want), explain_float(
+            got, want, exact_sum(xs), r, f"N={world}, n=2^20+3, {dtype}", BIG, world)
 
 
 # --------------------------------------------------------------------------------------------------
