@@ -12,8 +12,9 @@ far above 1 (say 5x or more) means extra work per op, or work that grows faster 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -21,8 +22,6 @@ from grader.bench import load, min_time
 from grader.course import find_root
 
 P, M, V = 64, 1024, 4
-
-
 
 
 def steps(mod: Any) -> dict[str, Callable[[], Any]]:

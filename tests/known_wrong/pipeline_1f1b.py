@@ -48,6 +48,14 @@ MUTANTS = [
         edits=[('backwards = [("B", microbatch(k), (v - 1 - local_chunk(k)) * p + s)', 'backwards = [("B", microbatch(k), local_chunk(k) * p + s)')],
         loses=["interleaved", "schedules_public"],
     ),
+    Mutant(
+        name="interleaved_filters_every_stage",
+        why="builds every stage's forwards for each stage and keeps its own: right order, p times the work",
+        edits=[('forwards = [("F", microbatch(k), local_chunk(k) * p + s) for k in range(total)]',
+                ('forwards = [op for t in range(p) for op in [("F", microbatch(k), local_chunk(k) * p + t) '
+                 'for k in range(total)] if op[2] % p == s]'))],
+        loses=["interleaved"],
+    ),
     # ---- simulator ----
     Mutant(
         name="p2p_on_same_stage",

@@ -222,6 +222,43 @@ def test_gpipe_lists_every_forward_then_every_backward(pm):
 
 
 @pytest.mark.check("gpipe")
+@pytest.mark.parametrize("times", [(1.0, 2.0), (1.0, 1.0), (0.5, 1.5)])
+def test_gpipe_makespan_and_bubble(pm, times):
+    tf, tb = times
+    for p, m in [(1, 1), (2, 5), (4, 8), (4, 3), (8, 16), (8, 2)]:
+        sim = trusted_simulate(as_ops(pm.gpipe_schedule(p, m)), tf, tb)
+        want = (m + p - 1) * (tf + tb)
+        assert close(sim["makespan"], want), (
+            f"gpipe_schedule({p}, {m}) takes {sim['makespan']:g} with t_f={tf}, t_b={tb}; GPipe should take "
+            f"(m + p - 1)(t_f + t_b) = {want:g}"
+        )
+        assert close(sim["bubble"], (p - 1) / (m + p - 1)), (
+            f"gpipe_schedule({p}, {m}): bubble fraction {sim['bubble']:.4f}, expected (p-1)/(m+p-1) = {(p - 1) / (m + p - 1):.4f}"
+        )
+
+
+def assert_linear_work(student, fn, small: tuple, large: tuple, what: str) -> None:
+    """The lines of the student's module that fn(*large) executes grow at most 2x faster than its ops do."""
+    got_small, lines_small = student.lines_executed(fn, *small)
+    got_large, lines_large = student.lines_executed(fn, *large)
+    ops_small = sum(len(row) for row in got_small)
+    ops_large = sum(len(row) for row in got_large)
+    assert ops_small > 0 and ops_large > ops_small, f"{what}{large} returned {ops_large} ops, {what}{small} {ops_small}"
+    growth, ops_growth = lines_large / lines_small, ops_large / ops_small
+    assert growth <= 2 * ops_growth, (
+        f"{what}{small} ran {lines_small} lines of your code for {ops_small} ops and {what}{large} ran "
+        f"{lines_large} for {ops_large} ({growth:.1f}x the lines for {ops_growth:.0f}x the ops): generating a "
+        "schedule should cost a constant amount of work per op. Build each stage's list from the formulas "
+        "directly; do not build every stage's ops and filter them per stage, or search a list for each op."
+    )
+
+
+@pytest.mark.check("gpipe")
+def test_gpipe_work_is_linear(student, pm):
+    assert_linear_work(student, pm.gpipe_schedule, (4, 8), (32, 32), "gpipe_schedule")
+
+
+@pytest.mark.check("gpipe")
 @pytest.mark.parametrize("args", [(0, 4), (3, 0), (-1, 2), (2.0, 4)])
 def test_gpipe_rejects_bad_sizes(pm, args):
     with pytest.raises(ValueError):
@@ -298,6 +335,11 @@ def test_1f1b_makespan_and_bubble(pm, times):
 
 
 @pytest.mark.check("one_f_one_b")
+def test_1f1b_work_is_linear(student, pm):
+    assert_linear_work(student, pm.one_f_one_b_schedule, (4, 8), (32, 32), "one_f_one_b_schedule")
+
+
+@pytest.mark.check("one_f_one_b")
 def test_1f1b_rejects_bad_sizes(pm):
     for args in [(0, 3), (2, 0), (2, -3)]:
         with pytest.raises(ValueError):
@@ -365,6 +407,13 @@ def test_interleaving_shrinks_the_bubble_by_v(pm):
 
 
 @pytest.mark.check("interleaved")
+def test_interleaved_work_is_linear(student, pm):
+    # 128 ops, then 4096 (32x); then v = 4 at the same p and m: twice the ops, so at most 4x the lines.
+    assert_linear_work(student, pm.interleaved_schedule, (4, 8, 2), (16, 64, 2), "interleaved_schedule")
+    assert_linear_work(student, pm.interleaved_schedule, (16, 64, 2), (16, 64, 4), "interleaved_schedule")
+
+
+@pytest.mark.check("interleaved")
 @pytest.mark.parametrize("args", [(4, 6, 2), (4, 8, 1), (3, 5, 2), (0, 4, 2), (2, 4, 0)])
 def test_interleaved_rejects_bad_sizes(pm, args):
     with pytest.raises(ValueError):
@@ -377,6 +426,11 @@ def test_interleaved_rejects_bad_sizes(pm, args):
 
 
 def compare_sim(got, want: dict, what: str) -> None:
+    fields = tuple(getattr(got, "_fields", ()))
+    assert fields == ("makespan", "bubble_fraction", "peak_activations", "timeline"), (
+        f"{what}: simulate should return the SimResult NamedTuple (makespan, bubble_fraction, peak_activations, "
+        f"timeline), found a {type(got).__name__} with fields {fields}"
+    )
     assert close(got.makespan, want["makespan"]), f"{what}: makespan {got.makespan:g}, expected {want['makespan']:g}"
     assert close(got.bubble_fraction, want["bubble"]), (
         f"{what}: bubble_fraction {got.bubble_fraction:.6g}, expected {want['bubble']:.6g} "
@@ -520,6 +574,20 @@ def test_simulate_is_linear_in_the_number_of_ops(student, pm):
     )
 
 
+@pytest.mark.check("simulate_linear")
+def test_simulate_is_linear_for_interleaved_schedules(student, pm):
+    small, large = expected_interleaved(4, 8, 2), expected_interleaved(16, 64, 2)  # 128 ops, then 4096: 32x
+    _, lines_small = student.lines_executed(pm.simulate, small)
+    result, lines_large = student.lines_executed(pm.simulate, large)
+    assert close(result.makespan, (64 + 15 / 2) * 3.0), "simulate(interleaved p=16, m=64, v=2) gave a wrong makespan"
+    growth = lines_large / lines_small
+    assert growth <= 2 * 32, (
+        f"simulate ran {lines_small} lines of your code for an interleaved schedule of 128 ops and {lines_large} "
+        f"for 4096 ops ({growth:.1f}x for 32x the ops): the work should grow linearly in p * m * v. Find v and "
+        "each op's dependencies from the op itself (chunk c - 1 or c + 1), not by searching the schedule."
+    )
+
+
 # --------------------------------------------------------------------------------------------------
 # run_pipeline
 
@@ -552,6 +620,11 @@ def full_batch_oracle(stages, xs, ys):
 
 def check_run(run, stages, xs, ys, what: str) -> None:
     want_loss, want_grads = full_batch_oracle(stages, xs, ys)
+    fields = tuple(getattr(run, "_fields", ()))
+    assert fields == ("loss", "grads", "peak_activations"), (
+        f"{what}: run_pipeline should return the PipelineRun NamedTuple (loss, grads, peak_activations), "
+        f"found a {type(run).__name__} with fields {fields}"
+    )
     assert isinstance(run.loss, float), f"{what}: loss should be a Python float, found {type(run.loss).__name__}"
     m = len(xs)
     if m > 1 and math.isclose(run.loss, want_loss * m, rel_tol=1e-4):
@@ -602,7 +675,7 @@ def test_run_pipeline_zeroes_the_gradients_first(student, pm, rng, seed):
     stages = mlp_stages(seed)
     xs, ys = batch(rng, 4)
     run, _, _ = student.drive(DRIVER, pm.run_pipeline, stages, xs, ys, expected_1f1b(4, 4), torch.nn.MSELoss(), dirty_grads=True)
-    want_loss, want_grads = full_batch_oracle(stages, xs, ys)
+    _, want_grads = full_batch_oracle(stages, xs, ys)
     g, w = run.grads[0][0].double(), want_grads[0][0]
     assert torch.allclose(g, w, rtol=1e-4, atol=1e-5), (
         "run_pipeline was called on pieces that already held gradients (from an earlier step); the result "
