@@ -15,6 +15,7 @@ import datetime as dt
 import io
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -249,6 +250,52 @@ def test_gradescope_settings_visibility_cuda_and_leaderboard():
     assert speed["score"] == 8.0 and "gbps = 2100" in speed["output"]
 
 
+def speed_result() -> dict:
+    """Speed checks as measured on a GPU, each recording what its hidden test records (grader/hidden/...)."""
+    exs = [COURSE.exercise(e) for e in ("flash_attention", "moe_router", "gptq")]
+    r = R.new_result(COURSE, "dana", "ab" * 32, "cd" * 32, 7, "sandbox", exs)
+    r["gradable"] = True
+
+    def test(ex, check, name, fraction, **metrics):
+        R.record_test(r, {"event": "test", "exercise": ex, "check": check, "test": name, "status": "passed",
+                          "duration": 1.0, "fraction": fraction, "metrics": metrics})
+
+    # flash_attention: scored on fraction_of_sdpa (a library baseline), but it also records fraction_of_matmul.
+    test("flash_attention", "forward_speed", "test_forward_speed[64-full]", 1.0, tflops=300.0, sdpa_tflops=400.0,
+         fraction_of_matmul=0.4, matmul_tflops=750.0, fraction_of_sdpa=0.75, bar=0.6, floor=0.2)
+    test("flash_attention", "forward_speed", "test_forward_speed[128-causal]", 0.5, tflops=150.0, sdpa_tflops=375.0,
+         fraction_of_matmul=0.2, matmul_tflops=750.0, fraction_of_sdpa=0.4, bar=0.6, floor=0.2)
+    # moe_router is timed against one topk + softmax only: no ceiling to be a fraction of.
+    test("moe_router", "route_speed", "test_route_speed", 1.0, route_us=900.0, topk_softmax_us=45.0,
+         ratio_to_topk_plus_softmax=0.05, bar=0.04, floor=0.01)
+    for ex in exs:
+        R.close_exercise(r, ex.id)
+    R.finish(r)
+    R.validate(r)
+    return r
+
+
+def test_gradescope_leaderboard_is_the_achieved_fraction_of_the_measured_ceiling():
+    settings = parse_settings({"gradescope": {"leaderboard": True}})
+    out = to_gradescope(speed_result(), settings, COURSE)
+    jsonschema.validate(out, schema("gradescope_results"))
+    # One entry per measured speed check: flash_attention's forward as its fraction of the bf16 matmul
+    # (mean of 0.4 and 0.2), not of SDPA; backward_speed and gptq's speed_cuda were not measured.
+    assert out["leaderboard"] == [
+        {"name": "flash_attention/forward_speed: fraction_of_matmul", "value": 0.3, "order": "desc"},
+        {"name": "moe_router/route_speed: ratio_to_topk_plus_softmax (no ceiling measured)", "value": 0.05, "order": "desc"},
+    ]
+    # A test that records only a rate and its ceiling gets the fraction worked out.
+    from grader.export.checks import ceiling_fraction
+
+    check = {"tests": [{"metrics": {"gbps": 1000.0, "copy_gbps": 4000.0}},
+                       {"metrics": {"student_tflops": 5.0, "matmul_tflops": 500.0}}, {"metrics": {}}]}
+    assert ceiling_fraction(check) == ("fraction_of_copy_bandwidth", 0.25)
+    assert ceiling_fraction({"tests": [{"metrics": {"student_tflops": 5.0, "matmul_tflops": 500.0}}]}) == \
+        ("fraction_of_matmul", 0.01)
+    assert ceiling_fraction({"tests": []}, "fraction_of_copy_bandwidth") is None  # nothing measured: no entry
+
+
 def test_gradescope_schema_rejects_what_gradescope_would():
     good = to_gradescope(make_result("alice"))
     for broken in ({**good, "tests": [{**good["tests"][0], "visibility": "sometimes"}]},
@@ -350,6 +397,16 @@ def test_nbgrader_gradebook_holds_the_scores_and_a_regrade_replaces_them(tmp_pat
         assert gb.find_submission("paged_kv", "carol").score == 0
         with pytest.raises(api.MissingEntry):
             gb.find_submission("flash_attention", "alice")  # never graded: no submission, not a zero
+    # nbgrader's own CSV export (what `nbgrader export` writes) reads the same scores.
+    from nbgrader.plugins.export import CsvExportPlugin
+
+    with api.Gradebook(db) as gb:
+        CsvExportPlugin(to=str(tmp_path / "nbgrader_grades.csv")).export(gb)
+    exported = {(row["assignment"], row["student_id"]): row
+                for row in csv.DictReader((tmp_path / "nbgrader_grades.csv").read_text().splitlines())}
+    assert len(exported) == 2 * len(COURSE.exercises)
+    assert (exported["online_softmax", "alice"]["score"], exported["online_softmax", "alice"]["max_score"]) == ("22.5", "100.0")
+    assert exported["online_softmax", "carol"]["score"] == "0.0"
     regraded = make_result("alice", speed=True)
     to_nbgrader([Loaded("alice", Path("alice.json"), regraded)], db, COURSE)
     with api.Gradebook(db) as gb:
@@ -381,6 +438,30 @@ def test_feedback_drops_frames_of_hidden_tests_from_a_traceback():
     kept = student_traceback(trace)
     assert "secret_oracle" not in kept and "test_hidden.py" not in kept
     assert 'File "/tmp/files/online_softmax.py", line 3' in kept and kept.endswith("ZeroDivisionError: division by zero")
+
+
+def test_roofline_plots_rates_against_the_measured_ceilings_and_places_runs_under_both_roofs():
+    from grader.export.roofline import panels, roofline_png, roofline_points
+
+    check = {"id": "decode_speed", "tests": [
+        {"name": "test_decode[4096]", "metrics": {"gbps": 2000.0, "copy_gbps": 4000.0, "tflops": 50.0,
+                                                 "matmul_tflops": 800.0, "torch_gbps": 2500.0}},
+        {"name": "test_decode[8192]", "metrics": {"gbps": 3000.0, "copy_gbps": 4000.0, "tflops": 120.0,
+                                                 "matmul_tflops": 800.0}},
+    ]}
+    bandwidth, compute = panels(check)
+    assert (bandwidth.unit, bandwidth.roof, bandwidth.achieved) == ("GB/s", 4000.0, [2000.0, 3000.0])
+    assert bandwidth.baselines[0] == {"torch_gbps": 2500.0}  # the ceiling is the roof, not a baseline
+    assert (compute.unit, compute.roof, compute.achieved, compute.labels) == \
+        ("TFLOP/s", 800.0, [50.0, 120.0], ["4096", "8192"])
+    bw, peak, points = roofline_points(check)
+    # arithmetic intensity = FLOP/s / bytes/s: 50e12 / 2000e9 = 25 FLOP per byte
+    assert (bw, peak) == (4000.0, 800.0) and points == [("4096", 25.0, 50.0), ("8192", 40.0, 120.0)]
+    png = roofline_png(check, "demo")
+    bandwidth_only = roofline_png({"id": "x", "tests": [{"name": "t", "metrics": {"gbps": 1.0, "copy_gbps": 2.0}}]}, "demo")
+    height = lambda data: int.from_bytes(data[20:24], "big")  # the PNG's IHDR height
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and height(png) > 2 * height(bandwidth_only)  # three panels, not one
+    assert roofline_png({"id": "x", "tests": [{"name": "t", "metrics": {}}]}, "demo") is None  # nothing measured
 
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
@@ -474,10 +555,8 @@ def test_bundle_refuses_a_file_equal_to_a_solution(tmp_path):
         build_bundle(ROOT, tmp_path / "b.zip", COURSE, ["nope"])
 
 
-@pytest.fixture(scope="module")
-def gradescope_run(tmp_path_factory):
+def run_autograder(root: Path, submission: bytes) -> subprocess.CompletedProcess:
     """Gradescope's run, in a temporary /autograder: unzip the bundle, copy run_autograder, grade."""
-    root = tmp_path_factory.mktemp("gs") / "autograder"
     bundle = root.parent / "autograder.zip"
     build_bundle(ROOT, bundle, COURSE, ["online_softmax"], "public")
     with zipfile.ZipFile(bundle) as zf:
@@ -485,11 +564,17 @@ def gradescope_run(tmp_path_factory):
     shutil.copy(root / "source" / "run_autograder", root / "run_autograder")
     os.chmod(root / "run_autograder", stat.S_IRWXU)
     (root / "submission").mkdir()
-    shutil.copy(ROOT / "solutions" / "online_softmax" / "online_softmax.py", root / "submission")
+    (root / "submission" / "online_softmax.py").write_bytes(submission)
     (root / "submission_metadata.json").write_text(json.dumps({"id": 4242, "users": [{"name": "Ada"}]}))
     env = {**os.environ, "AUTOGRADER_ROOT": str(root), "GRADER_PYTHON": sys.executable, "GRADER_USER": "nobody"}
-    run = subprocess.run([str(root / "run_autograder")], cwd=root, env=env, capture_output=True, text=True, timeout=600, check=False)
-    return root, run
+    return subprocess.run([str(root / "run_autograder")], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+
+
+@pytest.fixture(scope="module")
+def gradescope_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gs") / "autograder"
+    return root, run_autograder(root, (ROOT / "solutions" / "online_softmax" / "online_softmax.py").read_bytes())
 
 
 def test_run_autograder_grades_the_submission_into_results_json(gradescope_run):
@@ -505,6 +590,23 @@ def test_run_autograder_grades_the_submission_into_results_json(gradescope_run):
     # Public tests only: the hidden checks never ran, so they score 0 (triton_speed too: it is hidden).
     assert out["score"] == canonical["score"] == 20
     assert "Score: 20/100" in out["output"] and f"Seed: {canonical['seed']}" in out["output"]
+
+
+def test_run_autograder_runs_the_student_code_as_another_user(tmp_path):
+    # The submission reports who imports it: on Gradescope run_autograder runs as root, and the worker
+    # that imports student code must not (the grader drops it to GRADER_USER, here nobody).
+    probe = b"import os\nraise RuntimeError(f'worker euid={os.geteuid()} egid={os.getegid()}')\n"
+    run = run_autograder(tmp_path / "autograder", probe)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    out = json.loads((tmp_path / "autograder" / "results" / "results.json").read_text())
+    jsonschema.validate(out, schema("gradescope_results"))
+    seen = {m for t in out["tests"] for m in re.findall(r"worker euid=(\d+)", t["output"])}  # not the source line
+    assert seen, "expected the probe's RuntimeError in some check's output; got:\n" + out["tests"][0]["output"]
+    import pwd
+
+    expected = pwd.getpwnam("nobody").pw_uid if os.geteuid() == 0 else os.geteuid()  # only root can drop
+    assert seen == {str(expected)}, f"student code ran as uid {seen}, expected {expected} (nobody)"
+    assert out["score"] == 0 and all(t["status"] == "failed" for t in out["tests"] if "public" in t["tags"])
 
 
 def test_a_real_result_exports_to_every_format(gradescope_run, tmp_path):
@@ -542,6 +644,22 @@ def test_prairielearn_entry_point_on_a_fake_grade_tree(tmp_path):
     jsonschema.validate(out, schema("prairielearn_results"))
     assert out["gradable"] is False and "no submission at" in out["format_errors"][0]
 
+    # The reference solution in /grade/student: graded, public tests only, score in [0, 1].
+    good = tmp_path / "good"
+    (good / "student").mkdir(parents=True)
+    shutil.copy(ROOT / "solutions" / "online_softmax" / "online_softmax.py", good / "student")
+    run = run_prairielearn(good)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads((good / "results" / "results.json").read_text())
+    jsonschema.validate(out, schema("prairielearn_results"))
+    assert out["gradable"] is True and out["score"] == pytest.approx(20 / 100, abs=1e-6), out["message"]
+    public = [t for t in out["tests"] if t["name"].endswith("_public")]
+    assert len(public) == 4 and all(t["points"] == t["max_points"] == 5 for t in public)
+    assert "Score: 20/100" in out["message"] and len(json.dumps(out)) <= 1_000_000
+    canonical = json.loads((good / "results" / "result.json").read_text())
+    R.validate(canonical)
+    assert canonical["submission"]["id"] == "student" and canonical["state"] == "complete"
+
     # A student folder without the exercise's file: nothing to grade, so no attempt charged; the
     # canonical result still records the exercise as missing.
     empty = tmp_path / "empty"
@@ -556,3 +674,208 @@ def test_prairielearn_entry_point_on_a_fake_grade_tree(tmp_path):
     assert out["gradable"] is False
     assert "no file to grade: expected one of ['online_softmax.py']" in out["format_errors"][0]
     assert R.find_exercise(json.loads((empty / "results" / "result.json").read_text()), "online_softmax")["status"] == "missing"
+
+
+# --------------------------------------------------------------------------------------------------
+# snapshots: every export of one small, fixed result, in full
+
+
+def tiny_course_and_result():
+    """A two-exercise course (rubric fields made up here, the rest copied from course.yaml's first exercise,
+    so these snapshots do not move when the real rubric does) and one graded result: a public check
+    passed, a hidden one half passed with a traceback, a CUDA speed check not graded, an exercise missing."""
+    from grader.course import parse_course
+
+    base = {k: v for k, v in COURSE.exercises[0].model_dump(mode="json", exclude_none=True).items() if k not in ("hints", "parts")}
+    course = parse_course({**COURSE.model_dump(mode="json", exclude_none=True), "course": "tiny-course", "version": "1.0",
+                           "exercises": [
+        {**base, "id": "scan", "title": "Scan", "file": "scan.py", "points": 10, "checks": [
+            {"id": "basic_public", "title": "scan on small inputs", "points": 4, "visibility": "public"},
+            {"id": "edge", "title": "scan: empty and long inputs", "points": 4},
+            {"id": "scan_speed", "title": "scan bandwidth on CUDA", "points": 2, "cuda": True,
+             "speed": {"metric": "fraction_of_copy_bandwidth", "bar": 0.5, "floor": 0.1}}]},
+        {**base, "id": "sort", "title": "Sort", "file": "sort.py", "points": 5, "checks": [
+            {"id": "sort_public", "title": "sort on small inputs", "points": 5, "visibility": "public"}]}]}, "tiny.yaml")
+    r = R.new_result(course, "zoe", "ab" * 32, "cd" * 32, 99, "sandbox", course.exercises)
+    r["gradable"] = True
+
+    def test(check, name, status, **extra):
+        R.record_test(r, {"event": "test", "exercise": "scan", "check": check, "test": name, "status": status,
+                          "duration": 0.5, **extra})
+
+    test("basic_public", "test_basic[0]", "passed", fraction=1.0)
+    test("basic_public", "test_basic[1]", "passed", fraction=1.0)
+    test("edge", "test_empty", "passed", fraction=1.0)
+    test("edge", "test_long", "failed", message="row 7: expected 3.0, got 2.5",
+         traceback='  File "/s/scan.py", line 4, in scan\n    return x[:-1]\nAssertionError')
+    test("scan_speed", "test_bandwidth", "not_graded", message="not graded: no CUDA device")
+    R.close_exercise(r, "scan")
+    R.find_exercise(r, "sort")["status"] = "missing"
+    R.close_exercise(r, "sort", "not submitted: expected a file named sort.py")
+    R.finish(r)
+    r["started_at"], r["finished_at"], r["grader_version"] = "2026-11-29T11:59:30+00:00", FINISHED, "9.9.9"
+    r["device"] = {"platform": "Linux", "cpu": "test CPU", "python": "3.11", "torch": "2.5.0", "cuda": None,
+                   "gpu": None, "triton": "3.1.0"}
+    R.validate(r)
+    return course, r
+
+
+def test_snapshot_csv():
+    course, r = tiny_course_and_result()
+    assert to_csv([Loaded("zoe", Path("zoe.json"), r)], course) == (
+        "student,submission,scan,sort,total,max_score,gradable_max_score,ungradable,incomplete,late,seed,graded_at\n"
+        f"zoe,zoe,6,0,6,15,13,no,no,,99,{FINISHED}\n")
+
+
+def test_snapshot_gradescope():
+    course, r = tiny_course_and_result()
+    out = to_gradescope(r, parse_settings({"gradescope": {"leaderboard": True}}), course)
+    jsonschema.validate(out, schema("gradescope_results"))
+    assert out == GRADESCOPE_SNAPSHOT
+
+
+def test_snapshot_prairielearn():
+    _, r = tiny_course_and_result()
+    out = to_prairielearn(r)
+    jsonschema.validate(out, schema("prairielearn_results"))
+    assert out == PRAIRIELEARN_SNAPSHOT
+
+
+def test_snapshot_feedback_page():
+    course, r = tiny_course_and_result()
+    page = render_feedback(r, course, plots=False)
+    assert page[page.index("<body>"):] == FEEDBACK_BODY_SNAPSHOT
+
+
+GRADESCOPE_SNAPSHOT = {'score': 6.0,
+                       'execution_time': 30.0,
+                       'output': 'tiny-course 1.0 · submission zoe · grader 9.9.9\n'
+                                 'Score: 6/13\n'
+                                 '2 points need a CUDA device and were not graded on Gradescope; they do not count here.\n'
+                                 'Seed: 99 (an instructor reproduces this run with `grader grade --seed 99`).',
+                       'output_format': 'text',
+                       'test_output_format': 'text',
+                       'stdout_visibility': 'hidden',
+                       'extra_data': {'seed': 99,
+                                      'submission_sha256': 'abababababababababababababababababababababababababababababababab',
+                                      'suite_sha256': 'cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd',
+                                      'grader_version': '9.9.9',
+                                      'course_version': '1.0',
+                                      'gradable': True},
+                       'tests': [{'name': 'scan: scan on small inputs',
+                                  'number': '1.1',
+                                  'score': 4.0,
+                                  'max_score': 4.0,
+                                  'output': 'passed: 4/4 points\ntests: 2 passed',
+                                  'tags': ['scan', 'basic_public', 'public'],
+                                  'visibility': 'visible',
+                                  'status': 'passed'},
+                                 {'name': 'scan: scan: empty and long inputs',
+                                  'number': '1.2',
+                                  'score': 2.0,
+                                  'max_score': 4.0,
+                                  'output': 'failed: 2/4 points\n'
+                                            'test_long: row 7: expected 3.0, got 2.5\n'
+                                            'tests: 1 failed, 1 passed\n'
+                                            '- test_long [failed]: row 7: expected 3.0, got 2.5\n'
+                                            '      File "/s/scan.py", line 4, in scan\n'
+                                            '        return x[:-1]\n'
+                                            '    AssertionError',
+                                  'tags': ['scan', 'edge', 'hidden'],
+                                  'visibility': 'after_published',
+                                  'status': 'failed'},
+                                 {'name': 'scan: scan bandwidth on CUDA',
+                                  'number': '1.3',
+                                  'score': 0.0,
+                                  'max_score': 0.0,
+                                  'output': 'not_graded: 0/2 points\n'
+                                            'test_bandwidth: not graded: no CUDA device\n'
+                                            'tests: 1 not_graded',
+                                  'tags': ['scan', 'scan_speed', 'hidden', 'speed', 'cuda'],
+                                  'visibility': 'after_published'},
+                                 {'name': 'sort: sort on small inputs',
+                                  'number': '2.1',
+                                  'score': 0.0,
+                                  'max_score': 5.0,
+                                  'output': 'error: 0/5 points\nnot submitted: expected a file named sort.py',
+                                  'tags': ['sort', 'sort_public', 'public'],
+                                  'visibility': 'visible',
+                                  'status': 'failed'}],
+                       'leaderboard': []}
+
+PRAIRIELEARN_SNAPSHOT = {'gradable': True,
+                         'score': 0.461538,
+                         'message': 'tiny-course 1.0 · submission zoe · grader 9.9.9\n'
+                                    'Score: 6/13\n'
+                                    '2 points need a CUDA device and were not graded by this grader; they do not count here.\n'
+                                    'Seed: 99 (an instructor reproduces this run with `grader grade --seed 99`).',
+                         'output': 'scan                      6/10     graded\n'
+                                   'sort                      0/5      missing: not submitted: expected a file named sort.py',
+                         'tests': [{'name': 'scan: basic_public',
+                                    'description': 'scan on small inputs',
+                                    'points': 4.0,
+                                    'max_points': 4.0,
+                                    'message': 'passed',
+                                    'output': 'passed: 4/4 points\ntests: 2 passed'},
+                                   {'name': 'scan: edge',
+                                    'description': 'scan: empty and long inputs',
+                                    'points': 2.0,
+                                    'max_points': 4.0,
+                                    'message': 'test_long: row 7: expected 3.0, got 2.5',
+                                    'output': 'failed: 2/4 points\n'
+                                              'test_long: row 7: expected 3.0, got 2.5\n'
+                                              'tests: 1 failed, 1 passed\n'
+                                              '- test_long [failed]: row 7: expected 3.0, got 2.5\n'
+                                              '      File "/s/scan.py", line 4, in scan\n'
+                                              '        return x[:-1]\n'
+                                              '    AssertionError'},
+                                   {'name': 'scan: scan_speed',
+                                    'description': 'scan bandwidth on CUDA',
+                                    'points': 0.0,
+                                    'max_points': 0.0,
+                                    'message': 'test_bandwidth: not graded: no CUDA device',
+                                    'output': 'not_graded: 0/2 points\n'
+                                              'test_bandwidth: not graded: no CUDA device\n'
+                                              'tests: 1 not_graded'},
+                                   {'name': 'sort: sort_public',
+                                    'description': 'sort on small inputs',
+                                    'points': 0.0,
+                                    'max_points': 5.0,
+                                    'message': 'not submitted: expected a file named sort.py',
+                                    'output': 'error: 0/5 points\nnot submitted: expected a file named sort.py'}]}
+
+FEEDBACK_BODY_SNAPSHOT = """\
+<body>
+<h1 id="title">Feedback for <span id="submission">zoe</span></h1>
+<section id="summary">
+<p id="total" class="score" data-score="6" data-max="15">Score: <strong>6</strong> of 15 points (2 of them need a CUDA device and were not graded in this run)</p>
+<dl id="run-info"><dt>seed</dt><dd id="seed">99</dd><dt>course</dt><dd id="course">tiny-course 1.0</dd><dt>grader</dt><dd id="grader-version">9.9.9</dd><dt>device</dt><dd id="device">test CPU</dd><dt>torch / triton</dt><dd id="versions">2.5.0 / 3.1.0</dd><dt>graded</dt><dd id="graded-at">2026-11-29T12:00:00+00:00</dd><dt>submission hash</dt><dd id="submission-sha">abababababababab</dd></dl>
+<p class="reproduce">To reproduce the hidden inputs of this run: <code>grader grade SUBMISSION --seed 99</code>.</p>
+</section>
+<section class="exercise" id="ex-scan" data-exercise="scan" data-status="graded">
+<h2>Scan <small>(scan)</small> · <span class="points exercise-score">6/10</span></h2>
+<table class="checks"><thead><tr><th>check</th><th>status</th><th>points</th><th>message</th></tr></thead><tbody>
+<tr class="check" id="check-scan-basic_public" data-check="basic_public" data-status="passed" data-visibility="public"><td><code>basic_public</code><br>scan on small inputs</td><td><span class="status status-passed">passed</span></td><td class="points">4/4</td><td class="message"></td></tr>
+<tr class="check" id="check-scan-edge" data-check="edge" data-status="failed" data-visibility="hidden"><td><code>edge</code><br>scan: empty and long inputs</td><td><span class="status status-failed">failed</span></td><td class="points">2/4</td><td class="message">test_long: row 7: expected 3.0, got 2.5</td></tr>
+<tr class="check" id="check-scan-scan_speed" data-check="scan_speed" data-status="not_graded" data-visibility="hidden"><td><code>scan_speed</code><br>scan bandwidth on CUDA</td><td><span class="status status-not_graded">not graded</span></td><td class="points">0/2</td><td class="message">test_bandwidth: not graded: no CUDA device</td></tr>
+</tbody></table>
+<details class="check-detail" id="detail-scan-edge" open>
+<summary><code>edge</code>: 1 failed, 1 passed</summary>
+<ul class="tests">
+<li class="test" data-status="failed"><code class="test-name">test_long</code> <span class="status status-failed">failed</span><div class="test-message">row 7: expected 3.0, got 2.5</div>
+<pre class="traceback">File &quot;/s/scan.py&quot;, line 4, in scan
+    return x[:-1]
+AssertionError</pre>
+</li>
+</ul>
+</details>
+</section>
+<section class="exercise" id="ex-sort" data-exercise="sort" data-status="missing">
+<h2>Sort <small>(sort)</small> · <span class="points exercise-score">0/5</span></h2>
+<p class="exercise-message message">not submitted: expected a file named sort.py</p>
+<table class="checks"><thead><tr><th>check</th><th>status</th><th>points</th><th>message</th></tr></thead><tbody>
+<tr class="check" id="check-sort-sort_public" data-check="sort_public" data-status="error" data-visibility="public"><td><code>sort_public</code><br>sort on small inputs</td><td><span class="status status-error">error</span></td><td class="points">0/5</td><td class="message">not submitted: expected a file named sort.py</td></tr>
+</tbody></table>
+</section>
+</body></html>
+"""

@@ -54,6 +54,40 @@ def speed_value(check: dict, metric: str | None) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+# A speed test's achieved fraction of a ceiling measured in the same run: recorded as such, or worked
+# out from an achieved rate and its ceiling (grader/speed.py's copy bandwidth and bf16 matmul).
+CEILING_FRACTIONS = ("fraction_of_copy_bandwidth", "fraction_of_matmul")
+RATE_AND_CEILING = (("fraction_of_copy_bandwidth", ("gbps",), "copy_gbps"),
+                    ("fraction_of_matmul", ("tflops", "student_tflops"), "matmul_tflops"))
+
+
+def _test_ceiling_fraction(metrics: dict) -> tuple[str, float] | None:
+    for name in CEILING_FRACTIONS:
+        if name in metrics:
+            return name, metrics[name]
+    for name, rates, ceiling in RATE_AND_CEILING:
+        rate = next((metrics[k] for k in rates if k in metrics), None)
+        if rate is not None and metrics.get(ceiling):
+            return name, rate / metrics[ceiling]
+    return None
+
+
+def ceiling_fraction(check: dict, metric: str | None = None) -> tuple[str, float] | None:
+    """(name, value) of a speed check's leaderboard figure: the mean achieved fraction of the measured
+    ceiling over the tests that measured one (the scored metric first, when it is such a fraction).
+    A check that measured no ceiling (it is timed against a library call only) falls back to its
+    scored metric, named as such; None when it measured nothing (no CUDA)."""
+    found = [f for f in (_test_ceiling_fraction(t["metrics"]) for t in check["tests"]) if f is not None]
+    if metric in CEILING_FRACTIONS:
+        found = [f for f in found if f[0] == metric] or found
+    if found:
+        name = found[0][0]
+        values = [v for n, v in found if n == name]
+        return name, sum(values) / len(values)
+    value = speed_value(check, metric)
+    return (f"{metric} (no ceiling measured)", value) if value is not None else None
+
+
 def counts_toward(check: dict, count_ungraded_cuda: bool) -> float:
     """The points a check is out of in an export: a check not graded here counts only if the course says so."""
     return check["max_points"] if check["status"] != "not_graded" or count_ungraded_cuda else 0.0

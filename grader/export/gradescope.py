@@ -13,8 +13,10 @@ Mapping (schema: grader/schemas/gradescope_results.schema.json):
 * A check that needs CUDA is never graded on Gradescope. With ``count_ungraded_cuda: false`` (the default)
   its test has ``max_score`` 0 and no ``status`` (it neither passes nor fails); with ``true`` it counts as
   0 of its points and "failed".
-* ``leaderboard`` (when course.yaml enables it): per speed check that was measured, the mean of its
-  scored metric (a fraction of the measured ceiling or of the library baseline), higher is better.
+* ``leaderboard`` (when course.yaml enables it): per speed check that was measured, its achieved
+  fraction of the ceiling measured in the same run (copy bandwidth or bf16 matmul), the mean over its
+  tests, higher is better; a check that measures no ceiling (timed against a library call only) shows
+  its scored ratio instead, named "<metric> (no ceiling measured)".
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ import datetime as dt
 from typing import Any
 
 from grader.export.checks import (
+    ceiling_fraction,
     check_output,
     counts_toward,
     is_speed,
     iter_checks,
     speed_metric,
-    speed_value,
     summary,
 )
 from grader.export.settings import ExportSettings
@@ -80,10 +82,10 @@ def to_gradescope(result: dict, settings: ExportSettings | None = None, course: 
             test["status"] = "passed" if check["status"] == "passed" else "failed"
         out["tests"].append(test)
         if gs.leaderboard and is_speed(check):
-            metric = speed_metric(check, ex["id"], course)
-            value = speed_value(check, metric)
-            if value is not None:
-                leaderboard.append({"name": f"{ex['id']}/{check['id']}: {metric}", "value": round(value, 4), "order": "desc"})
+            figure = ceiling_fraction(check, speed_metric(check, ex["id"], course))
+            if figure is not None:
+                leaderboard.append({"name": f"{ex['id']}/{check['id']}: {figure[0]}", "value": round(figure[1], 4),
+                                    "order": "desc"})
     if gs.leaderboard:
         out["leaderboard"] = leaderboard
     return out

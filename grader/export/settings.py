@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from grader.course import (  # noqa: F401 - re-exported
+from grader.course import (
     COURSE_FILE,
     CourseError,
     ExportSettings,
@@ -32,7 +32,7 @@ from grader.course import (  # noqa: F401 - re-exported
 )
 
 # The models live in grader/course.py (course.yaml's `export:` field); re-exported here.
-__all__ = ["VisibilityMap", "GradescopeSettings", "PrairieLearnSettings", "ExportSettings", "parse_settings", "load_settings"]
+__all__ = ["ExportSettings", "GradescopeSettings", "PrairieLearnSettings", "VisibilityMap", "load_settings", "parse_settings"]
 
 
 def parse_settings(data: Any, source: str = COURSE_FILE) -> ExportSettings:
