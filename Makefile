@@ -54,8 +54,13 @@ BASE_IMAGE ?= pytorch/pytorch:2.9.1-cuda12.8-cudnn9-runtime
 image:                            ## the grading image: make image [IMAGE=name:tag] [BASE_IMAGE=...]
 	docker build -f docker/Dockerfile --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(IMAGE) .
 
+# The project's tests also need the optional extras they test (nbgrader): installed once, on first use.
+$(VENV)/.test-deps: $(BIN)/grader pyproject.toml
+	$(BIN)/python -m pip install --quiet "$(TORCH)" -e '.[dev,nbgrader]'
+	@touch $@
+
 JOBS   ?= 2
-test: setup                       ## the project's own tests (JOBS=n parallel processes)
+test: $(VENV)/.test-deps          ## the project's own tests (JOBS=n parallel processes)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadgroup tests
 
 bench: setup                      ## CPU/GPU benchmark of one exercise: make bench EX=<id>
