@@ -23,14 +23,21 @@ A typical check::
         t = speed.time_student(student, sm.softmax_triton, [Randn((4096, 8192), torch.float16)])
         assert torch.allclose(t.out.float(), naive(t.args[0]), atol=2e-3), "the timed output is wrong"
         achieved = 2 * 4096 * 8192 * 2 / t.median_s / ceil.copy_bytes_per_s
-        score.metrics(gbps=2 * 4096 * 8192 * 2 / t.median_s / 1e9, copy_gbps=ceil.copy_bytes_per_s / 1e9)
+        score.metrics(gbps=2 * 4096 * 8192 * 2 / t.median_s / 1e9, **ceil.figures())
         score.speed(achieved)
+
+`ceil.figures()` records, beside the ceilings, the clocks the GPU ran at when they were measured (a
+throttled or clock-locked GPU explains a low figure); the result's "device" block already names the
+GPU and the torch, CUDA and Triton versions (grader.results.device_info), and `Ceilings` carries them
+too, with the driver version, for scripts such as grader/bench.
 """
 
 from __future__ import annotations
 
 import functools
+import shutil
 import statistics
+import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -48,9 +55,17 @@ class TimingRejected(AssertionError):
 
 @dataclass(frozen=True)
 class Ceilings:
-    device: str
+    device: str  # the GPU's name, e.g. "NVIDIA H200"
     copy_bytes_per_s: float  # bytes read + written per second by a large device-to-device copy
     matmul_flops_per_s: float  # bf16 matmul throughput, 2*n^3 FLOPs per product
+    clocks_mhz: dict[str, float] = field(default_factory=dict)  # sm, mem, max_sm (nvidia-smi; {} without it)
+    versions: dict[str, str | None] = field(default_factory=dict)  # torch, cuda, triton, driver
+
+    def figures(self) -> dict[str, float]:
+        """The ceilings and clocks as numbers for ``score.metrics(**ceil.figures())``."""
+        out = {"matmul_tflops": self.matmul_flops_per_s / 1e12, "copy_gbps": self.copy_bytes_per_s / 1e9}
+        out.update({f"{name}_clock_mhz": mhz for name, mhz in self.clocks_mhz.items()})
+        return out
 
 
 @dataclass
@@ -89,7 +104,50 @@ def ceilings(device: str = "cuda", copy_mb: int = 512, matmul_n: int = 8192) -> 
     a = torch.randn(matmul_n, matmul_n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(matmul_n, matmul_n, device="cuda", dtype=torch.bfloat16)
     mm = time_here(lambda: a @ b, [], reps=20)
-    return Ceilings("cuda", 2 * src.numel() * 2 / copy.median_s, 2 * matmul_n**3 / mm.median_s)
+    clocks, driver = gpu_clocks()  # right after the matmuls: the clocks under load
+    return Ceilings(torch.cuda.get_device_name(), 2 * src.numel() * 2 / copy.median_s, 2 * matmul_n**3 / mm.median_s,
+                    clocks, _versions(driver))
+
+
+def _versions(driver: str | None) -> dict[str, str | None]:
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:  # pragma: no cover
+        triton_version = None
+    return {"torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton_version, "driver": driver}
+
+
+def gpu_clocks() -> tuple[dict[str, float], str | None]:
+    """({"sm": MHz, "mem": MHz, "max_sm": MHz}, driver version) of the current CUDA device, read with
+    nvidia-smi; ({}, None) where nvidia-smi is missing or says nothing useful."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None or not torch.cuda.is_available():
+        return {}, None
+    query = ["--query-gpu=clocks.sm,clocks.mem,clocks.max.sm,driver_version", "--format=csv,noheader,nounits"]
+    uuid = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", None)
+    for select in ([f"--id=GPU-{uuid}"] if uuid is not None else []) + [None]:
+        try:
+            proc = subprocess.run([smi, *query, *([select] if select else [])], capture_output=True, text=True,
+                                  timeout=15)
+        except (OSError, subprocess.TimeoutExpired):
+            return {}, None
+        if proc.returncode == 0 and proc.stdout.strip():
+            return parse_clocks(proc.stdout.strip().splitlines()[0])
+    return {}, None
+
+
+def parse_clocks(line: str) -> tuple[dict[str, float], str | None]:
+    """One line of nvidia-smi's csv answer, "1980, 3201, 1980, 550.54.15" -> (clocks, driver)."""
+    fields = [f.strip() for f in line.split(",")]
+    clocks = {}
+    for name, value in zip(("sm", "mem", "max_sm"), fields[:3]):
+        try:
+            clocks[name] = float(value)
+        except ValueError:  # "[N/A]" on some virtualised GPUs
+            pass
+    return clocks, (fields[3] if len(fields) > 3 and fields[3] else None)
 
 
 def check_wall_clock(reported: Sequence[float], wall_s: float, overhead_wall_s: float, slack_s: float = 0.05) -> None:

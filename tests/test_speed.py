@@ -70,3 +70,25 @@ def test_randn_recipes_make_fresh_inputs():
     a, b = spec.make("cpu", g), spec.make("cpu", g)
     assert a.shape == (3, 5) and a.dtype == torch.float16 and a.stride() == (1, 3)
     assert not torch.equal(a, b), "each rep must get new values, so a cached output cannot pass"
+
+
+@pytest.mark.parametrize("line,clocks,driver", [
+    ("1980, 3201, 1980, 550.54.15", {"sm": 1980.0, "mem": 3201.0, "max_sm": 1980.0}, "550.54.15"),
+    ("[N/A], 3201, [N/A], 535.1", {"mem": 3201.0}, "535.1"),  # some virtualised GPUs hide the SM clock
+])
+def test_nvidia_smi_clocks_are_parsed(line, clocks, driver):
+    assert speed.parse_clocks(line) == (clocks, driver)
+
+
+def test_ceilings_record_the_clocks_they_were_measured_at():
+    ceil = speed.Ceilings("NVIDIA H200", 4.0e12, 7.0e14, {"sm": 1980.0, "mem": 3201.0}, {"torch": torch.__version__})
+    assert ceil.figures() == {"matmul_tflops": 700.0, "copy_gbps": 4000.0, "sm_clock_mhz": 1980.0,
+                              "mem_clock_mhz": 3201.0}, "speed checks record ceilings and clocks as float metrics"
+
+
+def test_gpu_clocks_never_fail():
+    clocks, driver = speed.gpu_clocks()
+    if not torch.cuda.is_available():
+        assert (clocks, driver) == ({}, None), "without a GPU there are no clocks to record"
+    else:
+        assert set(clocks) <= {"sm", "mem", "max_sm"} and all(mhz > 0 for mhz in clocks.values()), clocks

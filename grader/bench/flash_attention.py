@@ -50,7 +50,10 @@ def cuda_main(sub, ref) -> None:
     from grader import speed
 
     ceil = speed.ceilings()
-    print(f"bf16 matmul ceiling: {ceil.matmul_flops_per_s / 1e12:.0f} TFLOP/s, device {torch.cuda.get_device_name()}")
+    clocks = ", ".join(f"{name} {mhz:.0f} MHz" for name, mhz in ceil.clocks_mhz.items()) or "clocks unknown"
+    versions = ", ".join(f"{name} {v}" for name, v in ceil.versions.items() if v)
+    print(f"device {ceil.device} ({clocks}; {versions})")
+    print(f"ceilings: bf16 matmul {ceil.matmul_flops_per_s / 1e12:.0f} TFLOP/s, copy {ceil.copy_bytes_per_s / 1e9:.0f} GB/s")
     print(f"forward, bf16, B={B} H={H} N={N}: TFLOP/s")
     print(f"{'D':>4} {'causal':>6} {'submission':>11} {'reference':>10} {'sdpa':>7} {'naive':>7} {'/sdpa':>6} {'/matmul':>8}")
     for head_dim in (64, 128):
@@ -129,10 +132,15 @@ def main(argv: list[str]) -> None:
     ref_path = root / "solutions" / "flash_attention" / "flash_attention.py"
     ref = load(ref_path, "reference") if ref_path.is_file() else None
     print(f"submission: {path}")
-    if torch.cuda.is_available():
-        cuda_main(sub, ref)
-    else:
-        cpu_main(sub, ref)
+    try:
+        if torch.cuda.is_available():
+            cuda_main(sub, ref)
+        else:
+            cpu_main(sub, ref)
+    except NotImplementedError as exc:
+        print(f"the submission is not written yet ({exc}): nothing to time. Benchmark another file with "
+              "python -m grader.bench.flash_attention PATH")
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 * `guarded`: call a function while watching every tensor operation it performs (a
   `TorchDispatchMode`). Any operation that produces a tensor with an Nq x Nk (or Nk x Nq) pair of
-  adjacent dimensions, or any softmax / scaled-dot-product-attention kernel, raises
-  `ScoreMatrixMaterialised`. It also counts the operations, so a test can check that the count
+  adjacent dimensions, or a floating-point tensor of at least two score matrices' worth of elements
+  (every head's scores flattened into one [B*H*Nq, B*H*Nk] matmul), or calls any softmax /
+  scaled-dot-product-attention kernel, raises `ScoreMatrixMaterialised`. It also counts the operations, so a test can check that the count
   does not grow with the sequence length (the loop over tiles runs inside a kernel, not in Python).
   A Triton kernel's own tiles live in registers (or, under TRITON_INTERPRET=1, in numpy): only the
   buffers the host code allocates go through torch, so a real FlashAttention passes untouched.
@@ -13,7 +14,9 @@
   allocated before it.
 
 Use the guard with Nq and Nk distinct from each other's neighbours in the shapes (B, H, D), so that no
-legitimate tensor has an Nq x Nk pair of dimensions by coincidence.
+legitimate tensor has an Nq x Nk pair of dimensions by coincidence, and with B * H * max(Nq, Nk) * D
+well under 2 * Nq * Nk, so that q, k, v and their copies (padded to a tile multiple, or expanded
+over a GQA group) stay under the size limit.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class _ScoreGuard(TorchDispatchMode):
         super().__init__()
         self.pairs = {(n_q, n_k), (n_k, n_q)}
         self.n_q, self.n_k = n_q, n_k
+        self.max_numel = 2 * n_q * n_k - 1  # a reshaped score matrix of two or more heads is too big
         self.ops = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -55,6 +59,13 @@ class _ScoreGuard(TorchDispatchMode):
                     f"your code built a tensor of shape {tuple(t.shape)} (with aten.{name}): that holds an "
                     f"Nq x Nk = {self.n_q} x {self.n_k} score matrix. FlashAttention never writes the scores "
                     "to memory: keep one tile of scores at a time inside the kernel"
+                )
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > self.max_numel:
+                raise ScoreMatrixMaterialised(
+                    f"your code built a tensor of shape {tuple(t.shape)} (with aten.{name}): "
+                    f"{t.numel()} elements, as many as {t.numel() / (self.n_q * self.n_k):.1f} Nq x Nk = "
+                    f"{self.n_q} x {self.n_k} score matrices (several heads' scores in one matmul?). FlashAttention "
+                    "never writes the scores to memory: keep one tile of scores at a time inside the kernel"
                 )
         return out
 

@@ -46,6 +46,27 @@ _TILED_TORCH = """    group = h_q // h_kv
     return o, lse
 """
 
+_ALL_HEADS_TORCH = """    group = h_q // h_kv
+    # Every head's scores in ONE matmul, [B*Hq*Nq, B*Hq*Nk], with the other heads' blocks masked off:
+    # no tensor has an Nq x Nk pair of dimensions, and the op count does not grow with the lengths.
+    qq = q.float().reshape(-1, head_dim)
+    kk = k.repeat_interleave(group, 1).float().reshape(-1, head_dim)
+    vv = v.repeat_interleave(group, 1).float().reshape(-1, head_dim)
+    s = qq @ kk.transpose(0, 1) * scale
+    rows, cols = torch.arange(qq.shape[0], device=q.device), torch.arange(kk.shape[0], device=q.device)
+    visible = (rows[:, None] // n_q) == (cols[None, :] // n_k)
+    if causal:
+        visible = visible & ((cols[None, :] % n_k) <= (rows[:, None] % n_q) + n_k - n_q)
+    s = s.masked_fill(~visible, float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+    e = torch.exp(s - m)
+    l = e.sum(-1, keepdim=True)
+    o.copy_((e @ vv / torch.where(l > 0, l, torch.ones_like(l))).view(o.shape))
+    lse.copy_(torch.where(l > 0, m + torch.log(l), torch.full_like(l, float("inf"))).view(lse.shape))
+    return o, lse
+"""
+
 MUTANTS = [
     Mutant(
         name="no_output_rescale",
@@ -144,6 +165,12 @@ MUTANTS = [
         name="tiled_torch_forward",
         why="tiles the keys, but in a Python loop of torch ops rather than inside a Triton kernel",
         edits=[(_LAUNCH, _TILED_TORCH)],
+        loses=["structure"],
+    ),
+    Mutant(
+        name="all_heads_one_matmul",
+        why="computes every head's scores in one flattened [B*H*Nq, B*H*Nk] matmul with a block mask",
+        edits=[(_LAUNCH, _ALL_HEADS_TORCH)],
         loses=["structure"],
     ),
 ]
