@@ -49,6 +49,13 @@ def device_info() -> dict[str, Any]:
         props = torch.cuda.get_device_properties(0)
         info["gpu"] = props.name
         info["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
+        from grader.speed import gpu_clocks
+
+        clocks, driver = gpu_clocks()  # speed checks are only comparable at known clocks
+        if clocks:
+            info["gpu_clocks_mhz"] = clocks
+        if driver:
+            info["driver"] = driver
     return info
 
 
