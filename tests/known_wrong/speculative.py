@@ -71,6 +71,13 @@ MUTANTS = [
         loses=["distribution", "accept_rules"],
     ),
     Mutant(
+        name="empty_residual_fallback_for_the_whole_batch",
+        why="when one row's residual was empty I sampled every row from p instead of only that row",
+        edits=[("residual = torch.where(mass > 0, residual, p_next)",
+                "residual = residual if bool((mass > 0).all()) else p_next")],
+        loses=["accept_rules"],
+    ),
+    Mutant(
         name="accepts_q_zero",
         why="with q(x) = 0 the ratio p/q is infinite, so I accepted the token",
         edits=[("accepted = (q_x > 0) & (u * q_x <= p_x)", "accepted = u * q_x <= p_x")],
@@ -97,6 +104,13 @@ MUTANTS = [
             ),
         )],
         loses=["vectorised"],
+    ),
+    Mutant(
+        name="one_coin_per_position_for_the_whole_batch",
+        why="I drew one u per draft position and shared it across the rows (rows are no longer independent)",
+        edits=[("u = _uniform_open_closed((B, gamma), generator, device)",
+                "u = _uniform_open_closed((1, gamma), generator, device)")],
+        loses=["distribution"],
     ),
     Mutant(
         name="global_rng",
@@ -135,6 +149,13 @@ MUTANTS = [
         edits=[("return expected_tokens_per_step(alpha, gamma) / (gamma * draft_cost_ratio + 1)",
                 "return expected_tokens_per_step(alpha, gamma) / (draft_cost_ratio + 1)")],
         loses=["formulas_public", "formulas"],
+    ),
+    Mutant(
+        name="speedup_closed_form",
+        why="I wrote the speed-up as the paper prints it, (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)): 0/0 at alpha = 1",
+        edits=[("return expected_tokens_per_step(alpha, gamma) / (gamma * draft_cost_ratio + 1)",
+                "return (1 - alpha ** (gamma + 1)) / ((1 - alpha) * (gamma * draft_cost_ratio + 1))")],
+        loses=["formulas"],
     ),
     Mutant(
         name="closed_form_nan_at_one",

@@ -334,10 +334,15 @@ def test_expected_speedup(sm, rng):
             f"expected_speedup({alpha}, {gamma}, {c}) = {got}, expected {want:.6f}: tokens per step "
             "(1 - alpha^(gamma+1)) / (1 - alpha), over the cost of a step, gamma * c + 1 target passes"
         )
-    alpha = torch.rand(7, generator=rng, dtype=torch.float64)
+    alpha = torch.cat([torch.rand(7, generator=rng, dtype=torch.float64), torch.tensor([1.0, 0.0], dtype=torch.float64)])
     got = sm.expected_speedup(alpha, 3, 0.1)
     want = torch.tensor([oracle_tokens_per_step(a, 3) / 1.3 for a in alpha.tolist()], dtype=torch.float64)
-    assert isinstance(got, torch.Tensor) and torch.allclose(got.double(), want, rtol=1e-9), "expected_speedup must work elementwise on a tensor alpha"
+    assert isinstance(got, torch.Tensor) and tuple(got.shape) == (9,), "a tensor alpha gives a tensor of the same shape"
+    assert not torch.isnan(got).any(), f"NaN in {got.tolist()} for alpha = {alpha.tolist()}: at alpha = 1 use the limit, gamma + 1 tokens"
+    assert torch.allclose(got.double(), want, rtol=1e-9), (
+        f"expected_speedup(alpha, 3, 0.1) = {got.tolist()} for alpha = {alpha.tolist()}, expected {want.tolist()}: "
+        "elementwise, tokens per step over gamma * c + 1"
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -450,6 +455,47 @@ def test_an_empty_residual_gives_a_token_of_p_not_nan(sm, rng):
     assert bool((picked > 0).all()), (
         f"row {int((picked == 0).nonzero()[0])} emitted a token with p = 0 after a rejection whose residual "
         "max(0, p - q) is all zeros (p == q): the contract says sample that row from p"
+    )
+
+
+@pytest.mark.check("accept_rules")
+def test_the_empty_residual_fallback_is_per_row(sm, rng):
+    """Half the rows have an empty residual (fall back to p); the other half have a residual that is NOT p.
+
+    Normal rows: the draft is sure of token a (q = one-hot a) and the target gives a probability 1/2,
+    so a is kept half the time, and after a rejection the residual max(0, p - q) is p with a removed:
+    a rejected normal row can never emit a. Falling back to p for the whole batch as soon as ONE row
+    has an empty residual would emit a in about half of those rows."""
+    B = 4000
+    rows = torch.arange(B)
+    empty = torch.rand(B, generator=rng) < 0.5
+    token = torch.randint(0, V, (B,), generator=rng)  # a for normal rows, the forbidden token for empty rows
+    p = random_dist((B, GAMMA + 1, V), rng)
+    p[rows, 0, token] = 0.0
+    p[:, 0] = p[:, 0] / p[:, 0].sum(-1, keepdim=True)
+    normal_p0 = 0.5 * p[:, 0] + 0.5 * torch.nn.functional.one_hot(token, V).float()
+    p[:, 0] = torch.where(empty[:, None], p[:, 0], normal_p0)
+    q = torch.where(empty[:, None, None], p[:, :GAMMA], random_dist((B, GAMMA, V), rng))
+    q[:, 0] = torch.where(empty[:, None], p[:, 0], torch.nn.functional.one_hot(token, V).float())
+    draft = torch.multinomial(q.reshape(-1, V), 1, generator=rng).reshape(B, GAMMA)
+    draft[:, 0] = token  # empty rows: q = p = 0 there, rejected; normal rows: the draft's only choice
+    tokens, num_accepted = sm.speculative_accept(draft, q, p, fresh_generator(rng))
+    check_layout(tokens, num_accepted, draft, V)
+    assert bool((num_accepted[empty] == 0).all()), "a draft token with q = 0 (and p = 0) must be rejected"
+    picked = p[rows, 0, tokens[:, 0]]
+    bad = empty & (picked == 0)
+    assert not bad.any(), (
+        f"row {int(bad.nonzero()[0])} has an empty residual (p == q) and emitted a token with p = 0: sample that row from p"
+    )
+    rejected = ~empty & (num_accepted == 0)
+    assert bool(rejected.any()) and bool((~empty & (num_accepted > 0)).any()), (
+        "the draft's token has p = 1/2 in the other rows: about half of them should keep it and half reject it"
+    )
+    leak = rejected & (tokens[:, 0] == token)
+    assert not leak.any(), (
+        f"{int(leak.sum())} of {int(rejected.sum())} rows rejected draft token a and then emitted a again, although their "
+        "residual max(0, p - q) gives a probability 0. Other rows of the batch have an empty residual: fall back to p "
+        "only in THOSE rows (torch.where on each row's residual sum), never for the whole batch"
     )
 
 
