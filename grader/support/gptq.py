@@ -9,7 +9,8 @@ updates that reach far enough do (a handful), whatever the number of columns per
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -94,7 +95,8 @@ def bench_gptq(fn: Callable, rows: int, cols: int, seed: int = 0, overhead: bool
                **options: Any) -> dict:
     """grader.support.timing.bench of ``fn(W, H)`` over fresh W [rows, cols] (H from `calibration_hessian`).
 
-    With `overhead`, the same loop around a function that does nothing. Of the last timed call, the
+    With `overhead`, the same loop around a function that does nothing; with reps=0, only the warm-up
+    runs (the grader warms up outside its wall clock). Of the last timed call, the
     first `check_rows` rows of W and of Q come back (rows are quantised independently given H), so
     the grader can check the timed output without hundreds of megabytes crossing back.
     """
@@ -105,6 +107,9 @@ def bench_gptq(fn: Callable, rows: int, cols: int, seed: int = 0, overhead: bool
     if overhead:
         return bench_overhead(fn, specs, None, seed=seed, **options)
     result = bench(fn, specs, None, seed=seed, **options)
+    if result.get("args") is None:  # a warm-up call (reps=0): nothing was timed, nothing comes back
+        result["args"], result["out"] = [], None
+        return result
     out = result["out"]
     result["args"] = [result["args"][0][:check_rows].clone()]
     result["out"] = (out[0] if isinstance(out, tuple) else out)[:check_rows].clone()

@@ -68,7 +68,7 @@ def quantize_rtn(W: torch.Tensor, bits: int = 4, group_size: int = -1, sym: bool
     """Round-to-nearest, the baseline: every weight to its row's (or group's) grid, independently."""
     _check_weight(W)
     _check_bits(bits)
-    rows, cols = W.shape
+    cols = W.shape[1]
     Wf = W.detach().float()
     gs = group_size if group_size > 0 else cols
     fits = [fit_quantizer(Wf[:, s : s + gs], bits, sym) for s in range(0, cols, gs)]

@@ -15,7 +15,6 @@ comparison allows at most one such row.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -71,7 +70,7 @@ def obq64(W, H, bits=4, group_size=-1, percdamp=0.01, sym=False, act_order=False
     """The textbook loop: re-invert the remaining columns' Hessian after every column. Returns
     (Q, scale, zero, loss, order)."""
     W, H = W.double().clone(), H.double().clone()
-    rows, cols = W.shape
+    cols = W.shape[1]
     maxq = 2**bits - 1
     for i in range(cols):  # dead columns
         if H[i, i] == 0:
@@ -247,7 +246,7 @@ def test_rtn_keeps_the_dtype(gq, rng, dtype):
     res = gq.quantize_rtn(W, bits=4, group_size=8)
     assert res.Q.dtype == dtype and res.Q.shape == W.shape, f"Q should keep W's dtype {dtype} and shape, found {res.Q.dtype} {tuple(res.Q.shape)}"
     assert res.scale.dtype == torch.float32, f"scale should be fp32 whatever W's dtype, found {res.scale.dtype}"
-    Q, scale, _, g_idx = rtn_rule(W.float(), 4, 8)
+    Q, scale, _, _ = rtn_rule(W.float(), 4, 8)
     assert torch.allclose(res.Q.double(), Q.to(dtype).double(), atol=float(scale.max()) * 1e-2), (
         f"Q for a {dtype} W differs from rounding W.float() and casting back"
     )
@@ -287,7 +286,7 @@ def test_hessian_flattens_leading_dims_and_counts_rows(gq, rng):
 @pytest.mark.check("hessian")
 def test_hessian_accumulates_fp16_inputs_in_fp32(gq, rng):
     x = (torch.randn(64, 8, generator=rng) * 20).half()
-    H, n = gq.accumulate_hessian(torch.zeros(8, 8), 0, x)
+    H, _ = gq.accumulate_hessian(torch.zeros(8, 8), 0, x)
     assert H.dtype == torch.float32, f"H should stay fp32, found {H.dtype}"
     want = 2 / 64 * x.double().T @ x.double()
     assert torch.isfinite(H).all() and torch.allclose(H.double(), want, rtol=1e-4, atol=1e-5 * float(want.abs().max())), (
@@ -363,6 +362,7 @@ def test_matches_the_textbook_loop(gq, rng, rows, cols, bits, group_size, block_
     assert res.Q.shape == W.shape and res.Q.dtype == W.dtype, f"{what}: Q should be {tuple(W.shape)} {W.dtype}"
     gs = group_size if group_size > 0 else cols
     assert res.g_idx.tolist() == (torch.arange(cols) // gs).tolist(), f"{what}: g_idx should be [j // group_size], found {res.g_idx.tolist()}"
+    assert_on_grid(res, bits, what)  # every row, the tie-broken one included
     assert_same_q(res.Q, Q, scale[:, torch.arange(cols) // gs], what)
     skip = differing_rows(res.Q, Q, scale[:, torch.arange(cols) // gs])
     assert_grid_matches(res, scale, zero, what + " (groups are fit from the weights as updated so far)", skip_rows=skip)
@@ -504,6 +504,7 @@ def test_act_order_matches_the_textbook_order(gq, rng, bits, group_size, sym):
         f"{what}: g_idx gives the group of each ORIGINAL column, j // group_size, found {res.g_idx.tolist()}"
     )
     assert_grid_matches(res, scale, zero, what + ": static groups are fit from the original W, before any update")
+    assert_on_grid(res, bits, what + " (g_idx maps each ORIGINAL column to its static group)")
     assert_same_q(res.Q, Q, scale[:, torch.arange(32) // gs], what + ": columns processed by descending diag(H), "
                   "Q returned in the ORIGINAL column order", order=order)
 
@@ -593,51 +594,91 @@ def test_the_lazy_batch_is_real(student, gq, rng):
 
 # --------------------------------------------------------------------------------------------------
 # speed_cuda
+#
+# The bar: achieved FLOP/s of the error feedback as a fraction of a large bf16 matmul's throughput,
+# both measured on the same GPU in the same run (grader/speed.py), divided by a target fraction per
+# shape. course.yaml's scale then applies to that quotient: full marks at 0.8 of the target, none at
+# 0.25. No solution is timed here: the only baseline is the device's own matmul ceiling.
+#
+# Why these targets. GPTQ does rows * cols * (cols - 1) FLOPs of feedback whatever the blocking
+# (every column's error reaches every later column once): 6.9e10 for [4096, 4096], 5.0e11 for
+# [4096, 11008]. With the lazy batch nearly all of them run in one [rows, 128] @ [128, later] fp32
+# matmul per block, at most about 10 ms in all at an H100/H200's ~50 TFLOP/s of fp32 matmul. What remains is
+# the column loop. The reference solution runs 16 small kernels and 13 view operations per column
+# (counted with a TorchDispatchMode: quantise, error, loss, the in-block rank-1 update, two column
+# copies), each costing a few microseconds of eager PyTorch dispatch and launch on the host, so about
+# 0.12 ms per column (measured: on this course's shared CPU, one thread, with rows too few for the
+# arithmetic to matter, the loop already spends 50 us per column in Python and dispatch alone; each
+# CUDA launch adds a few us more): ~0.5 s for 4096 columns and ~1.3 s for 11008, i.e. ~0.14 and ~0.38 TFLOP/s.
+# Against an H100/H200 bf16 matmul ceiling of 600-800 TFLOP/s (measured on an 8192^3 product) that is
+# a fraction of roughly 2e-4 and 5e-4. The targets below put full marks (0.8 x target) at 3.2e-5 and
+# 8e-5: the reference solution passes them by about 5-6x, and still by more than 2x on a host twice
+# as slow at launching kernels together with a ceiling as high as 1000 TFLOP/s. A loop that syncs with the
+# host once per column (a `.item()`, a `float(...)`) costs some 10-20 us more per column and still
+# passes; per-row Python loops, per-element `.item()` reads or re-inverting the Hessian per column do not.
+# In time, full marks need at most about 2.9 s for [4096, 4096] and 8.3 s for [4096, 11008] on a
+# 750 TFLOP/s ceiling; zero credit starts at 9 s and 26 s.
+# (A ratio to a naive non-lazy column loop was considered and rejected: that loop is launch-bound
+# like the reference, and by the same estimate within a factor of about two of it either way, so it
+# cannot give the reference a wide margin. `lazy_batch` proves the lazy batch structurally instead.)
+
+SPEED_SHAPES = [
+    # rows, cols, target fraction of the bf16 matmul ceiling (full marks at 0.8 of it)
+    (4096, 4096, 4e-5),  # Llama-7B attention projections
+    (4096, 11008, 1e-4),  # Llama-7B MLP down-projection, transposed as nn.Linear stores it: [out, in]
+]
 
 
-def _reference():
-    """The reference solution, loaded in this (trusted) process to time against in the same run."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[3] / "solutions" / "gptq" / "gptq.py"
-    if not path.is_file():
-        pytest.skip("not graded: the reference solution is not available to time against")
-    spec = importlib.util.spec_from_file_location("gptq_reference", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def feedback_flops(rows: int, cols: int) -> float:
+    """FLOPs of the error feedback: column i's err (rows values) times U[i, i+1:], a multiply and an
+    add per later column, summed over all columns: 2 * rows * cols * (cols - 1) / 2."""
+    return float(rows) * cols * (cols - 1)
 
 
 @pytest.mark.cuda
 @pytest.mark.check("speed_cuda")
-@pytest.mark.parametrize("rows,cols", [(4096, 4096), (4096, 11008)])
-def test_speed_against_the_reference(student, gq, score, rows, cols):
+@pytest.mark.parametrize("rows,cols,target", SPEED_SHAPES, ids=["4096x4096", "4096x11008"])
+def test_speed_against_the_matmul_ceiling(student, gq, score, rows, cols, target):
     import time
 
     from grader.support.gptq import calibration_hessian
 
-    options = dict(reps=5, warmup=1, seed=0)
-    ref = speed.time_here(_reference().gptq_quantize, [speed.Randn((rows, cols)), calibration_hessian(cols, "cuda")],
-                          reps=5, warmup=1, seed=0)
+    ceil = speed.ceilings()  # measured just before, on this GPU, once per grading run
+    reps = 5
+    options = {"reps": reps, "seed": 0}
+    # Warm up (CUDA context, kernels, allocator) outside the wall clock, as speed.time_student does.
+    student.drive("grader.support.gptq:bench_gptq", gq.gptq_quantize, rows, cols, warmup=1, reps=0, seed=0)
     start = time.perf_counter()
-    got = student.drive("grader.support.gptq:bench_gptq", gq.gptq_quantize, rows, cols, **options)
+    got = student.drive("grader.support.gptq:bench_gptq", gq.gptq_quantize, rows, cols, warmup=0, **options)
     wall = time.perf_counter() - start
     start = time.perf_counter()
-    student.drive("grader.support.gptq:bench_gptq", gq.gptq_quantize, rows, cols, overhead=True, **options)
+    student.drive("grader.support.gptq:bench_gptq", gq.gptq_quantize, rows, cols, overhead=True, warmup=0, **options)
     overhead = time.perf_counter() - start
+    if not isinstance(got, dict) or not isinstance(got.get("times_s"), list) or len(got["times_s"]) != reps:
+        raise speed.TimingRejected("the timing loop did not return one time per rep")
     times = [float(t) for t in got["times_s"]]
-    assert len(times) == 5, "the timing loop did not return one time per rep"
-    speed.check_wall_clock(times, wall, overhead)
-    median = sorted(times)[2]
+    speed.check_wall_clock(times, wall, overhead)  # the worker's figures against this process's clock
+    median = sorted(times)[reps // 2]
 
+    # The last timed output must be right: its first 256 rows, against RTN's error on the same H.
     H = calibration_hessian(cols, "cuda")
-    W_last, Q_last = got["args"][0].to("cuda"), got["out"].to("cuda")  # the first 256 rows of the last timed call
+    W_last, Q_last = got["args"][0].to("cuda"), got["out"].to("cuda")
     assert Q_last.shape == W_last.shape, f"the timed call's Q has shape {tuple(Q_last.shape)}, expected {tuple(W_last.shape)}"
+    assert torch.isfinite(Q_last).all(), "the timed call's Q holds NaN or inf"
     rtn = output_error(W_last, rtn_rule(W_last.cpu(), 4)[0].to("cuda"), H)
-    assert output_error(W_last, Q_last, H) < 0.8 * rtn, "the timed run's Q is no better than round-to-nearest"
-    flops = 2.0 * rows * cols * (cols - 1) / 2  # every column's feedback reaches every later column once
-    score.metrics(student_s=median, reference_s=ref.median_s, student_tflops=flops / median / 1e12,
-                  reference_tflops=flops / ref.median_s / 1e12)
-    score.speed(ref.median_s / median,
-                f"[{rows}, {cols}] fp32: {median * 1e3:.1f} ms against the reference's {ref.median_s * 1e3:.1f} ms "
-                f"({flops / median / 1e12:.2f} TFLOP/s of error feedback)")
+    gptq = output_error(W_last, Q_last, H)
+    assert gptq < 0.8 * rtn, (
+        f"the timed run's Q has {gptq / rtn:.2f} of round-to-nearest's output error on its first rows; a correct "
+        "GPTQ is well below 0.8: speed only counts for a right answer"
+    )
+
+    flops = feedback_flops(rows, cols)
+    fraction = flops / median / ceil.matmul_flops_per_s
+    full_marks_s = flops / (0.8 * target * ceil.matmul_flops_per_s)
+    score.metrics(seconds=median, tflops=flops / median / 1e12, **ceil.figures(),
+                  fraction_of_matmul=fraction, target_fraction=target, full_marks_seconds=full_marks_s)
+    score.speed(fraction / target,
+                f"[{rows}, {cols}] fp32: {median * 1e3:.0f} ms, {flops / median / 1e12:.3f} TFLOP/s of error feedback, "
+                f"{fraction:.2e} of this GPU's {ceil.matmul_flops_per_s / 1e12:.0f} TFLOP/s bf16 matmul; full marks at "
+                f"{0.8 * target:.1e} (about {full_marks_s:.1f} s here). The column loop is bound by kernel launches: "
+                "keep the per-column work to a few whole-column tensor operations, with no host sync")
