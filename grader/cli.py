@@ -206,31 +206,30 @@ def cmd_interview(args: argparse.Namespace) -> int:
     root, course = _course()
     try:
         if args.action == "start":
-            round_ = selfstudy.start_interview(root, course, args.level, args.minutes, args.exercise, args.seed)
-            ex = course.exercise(round_["exercise"])
-            level = ex.part(round_["part"]).difficulty if round_["part"] else ex.difficulty
-            console.print(f"[bold]interview: {round_['title']}[/] ({round_['round']}, {level}), "
-                          f"time box {round_['minutes']} minutes")
-            console.print(f"task: {round_['folder']}/README.md; write your code in {round_['folder']}/{ex.file}")
-            if round_["part"]:
-                console.print(f"this round is one part of {ex.id}: only the public checks {', '.join(round_['checks'])} count")
+            round_, state = selfstudy.start_interview(root, course, args.level, args.minutes, args.exercise, args.seed)
+            folder = state["folder"]
+            console.print(f"[bold]interview: {round_.title}[/] ({round_.id}, {round_.difficulty}), "
+                          f"time box {state['minutes']} minutes")
+            console.print(f"task: {folder}/README.md; write your code in {folder}/{round_.exercise.file}")
+            if round_.part:
+                console.print(f"this round is one part of {round_.exercise.id}: only the public checks "
+                              f"{', '.join(round_.checks)} count")
             console.print("check with `make interview-check`; finish with `make interview-done`. The clock is running.")
             return 0
-        round_ = selfstudy.current_interview(root)
+        round_, state = selfstudy.current_interview(root, course)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    ex = course.exercise(round_["exercise"])
-    wanted = set(round_.get("checks") or [c.id for c in ex.checks if c.visibility == "public"])
+    ex, wanted = round_.exercise, set(round_.checks)
     result = results.new_result(course, "practice", "", "", 0, "local", [ex])
-    reason = run_exercise(root, ex, root / round_["folder"], 0, GradeOptions(mode="local", tests="public"),
+    reason = run_exercise(root, ex, root / state["folder"], 0, GradeOptions(mode="local", tests="public"),
                           lambda e: results.record_test(result, e) if e.get("event") == "test" else None)
     results.close_exercise(result, ex.id, reason)
     tests = [t for c in result["exercises"][0]["checks"] if c["id"] in wanted for t in c["tests"]]
     passed = sum(t["status"] == "passed" for t in tests)
-    used = (time.time() - round_["started"]) / 60
+    used = (time.time() - state["started"]) / 60
     verdict = "[green]pass[/]" if tests and passed == len(tests) else "[red]not yet[/]"
-    console.print(f"{round_.get('round', ex.id)}: {passed}/{len(tests)} public tests pass: {verdict}; "
-                  f"{used:.0f} of {round_['minutes']} minutes used")
+    console.print(f"{round_.id}: {passed}/{len(tests)} public tests pass: {verdict}; "
+                  f"{used:.0f} of {state['minutes']} minutes used")
     if args.action == "done":
         record = selfstudy.finish_interview(root, passed, len(tests))
         console.print(f"recorded: {record}")

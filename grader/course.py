@@ -110,7 +110,7 @@ class Exercise(_Model):
         dupes = sorted({i for i in part_ids if part_ids.count(i) > 1})
         if dupes:
             raise ValueError(f"part ids must be unique, found {dupes} more than once")
-        public = [c.id for c in self.checks if c.visibility == "public" and not c.cuda]
+        public = self.public_cpu_checks
         for part in self.parts:
             unknown = [c for c in part.checks if c not in public]
             if unknown:
@@ -124,6 +124,11 @@ class Exercise(_Model):
                 f"points ({self.points:g}) must equal the sum of its checks' points, found {total:g}"
             )
         return self
+
+    @property
+    def public_cpu_checks(self) -> list[str]:
+        """The checks a student can pass on a laptop: public and not CUDA-only (practice rounds use these)."""
+        return [c.id for c in self.checks if c.visibility == "public" and not c.cuda]
 
     def part(self, part_id: str) -> Part:
         for p in self.parts:

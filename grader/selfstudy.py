@@ -91,9 +91,7 @@ class Round(NamedTuple):
     @property
     def checks(self) -> list[str]:
         """The public checks whose tests decide the round."""
-        if self.part:
-            return list(self.part.checks)
-        return [c.id for c in self.exercise.checks if c.visibility == "public" and not c.cuda]
+        return list(self.part.checks) if self.part else self.exercise.public_cpu_checks
 
 
 def rounds(course) -> list[Round]:
@@ -116,7 +114,8 @@ def pick(course, level: str | None, minutes: int | None, target: str | None, rng
 
 
 def start_interview(root: Path, course, level: str | None = None, minutes: int | None = None,
-                    target: str | None = None, seed: int | None = None) -> dict:
+                    target: str | None = None, seed: int | None = None) -> tuple[Round, dict]:
+    """Copy a fresh stub for a picked round into practice/ and start its clock: (the round, its state)."""
     round_ = pick(course, level, minutes, target, random.Random(seed))
     exercise = round_.exercise
     practice = root / "practice" / exercise.id
@@ -127,20 +126,20 @@ def start_interview(root: Path, course, level: str | None = None, minutes: int |
     for name in ("README.md", exercise.file, "test_public.py"):
         if (source / name).exists():
             shutil.copy2(source / name, practice / name)
-    state = {"exercise": exercise.id, "part": round_.part.id if round_.part else None, "round": round_.id,
-             "title": round_.title, "checks": round_.checks, "minutes": minutes or round_.minutes,
-             "started": time.time(), "folder": str(practice.relative_to(root))}
+    state = {"round": round_.id, "minutes": minutes or round_.minutes, "started": time.time(),
+             "folder": str(practice.relative_to(root))}
     data = load(root)
     data["interview"] = state
     save(root, data)
-    return state
+    return round_, state
 
 
-def current_interview(root: Path) -> dict:
-    round_ = load(root).get("interview")
-    if not round_:
+def current_interview(root: Path, course) -> tuple[Round, dict]:
+    """The running round (rebuilt from course.yaml by its id) and its state."""
+    state = load(root).get("interview")
+    if not state:
         raise ValueError("no interview round is running; start one with `make interview`")
-    return round_
+    return pick(course, None, None, state.get("round") or state["exercise"], random.Random()), state
 
 
 def finish_interview(root: Path, passed: int, total: int) -> dict:
@@ -149,7 +148,7 @@ def finish_interview(root: Path, passed: int, total: int) -> dict:
     if not round_:
         raise ValueError("no interview round is running; start one with `make interview`")
     used = (time.time() - round_["started"]) / 60
-    record = {"exercise": round_.get("round", round_["exercise"]), "date": today(), "minutes_used": round(used, 1),
+    record = {"exercise": round_.get("round") or round_["exercise"], "date": today(), "minutes_used": round(used, 1),
               "time_box": round_["minutes"], "public_tests_passed": f"{passed}/{total}"}
     data.setdefault("interviews", []).append(record)
     save(root, data)

@@ -27,9 +27,8 @@ A typical check::
         score.speed(achieved)
 
 `ceil.figures()` records, beside the ceilings, the clocks the GPU ran at when they were measured (a
-throttled or clock-locked GPU explains a low figure); the result's "device" block already names the
-GPU and the torch, CUDA and Triton versions (grader.results.device_info), and `Ceilings` carries them
-too, with the driver version, for scripts such as grader/bench.
+throttled or clock-locked GPU explains a low figure); the result's "device" block names the GPU, the
+driver and the torch, CUDA and Triton versions (grader.results.device_info).
 """
 
 from __future__ import annotations
@@ -59,7 +58,6 @@ class Ceilings:
     copy_bytes_per_s: float  # bytes read + written per second by a large device-to-device copy
     matmul_flops_per_s: float  # bf16 matmul throughput, 2*n^3 FLOPs per product
     clocks_mhz: dict[str, float] = field(default_factory=dict)  # sm, mem, max_sm (nvidia-smi; {} without it)
-    versions: dict[str, str | None] = field(default_factory=dict)  # torch, cuda, triton, driver
 
     def figures(self) -> dict[str, float]:
         """The ceilings and clocks as numbers for ``score.metrics(**ceil.figures())``."""
@@ -104,19 +102,9 @@ def ceilings(device: str = "cuda", copy_mb: int = 512, matmul_n: int = 8192) -> 
     a = torch.randn(matmul_n, matmul_n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(matmul_n, matmul_n, device="cuda", dtype=torch.bfloat16)
     mm = time_here(lambda: a @ b, [], reps=20)
-    clocks, driver = gpu_clocks()  # right after the matmuls: the clocks under load
+    clocks, _ = gpu_clocks()  # right after the matmuls: the clocks under load
     return Ceilings(torch.cuda.get_device_name(), 2 * src.numel() * 2 / copy.median_s, 2 * matmul_n**3 / mm.median_s,
-                    clocks, _versions(driver))
-
-
-def _versions(driver: str | None) -> dict[str, str | None]:
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:  # pragma: no cover
-        triton_version = None
-    return {"torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton_version, "driver": driver}
+                    clocks)
 
 
 def gpu_clocks() -> tuple[dict[str, float], str | None]:

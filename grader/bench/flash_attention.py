@@ -48,10 +48,12 @@ def cuda_main(sub, ref) -> None:
     import torch.nn.functional as F
 
     from grader import speed
+    from grader.results import device_info
 
     ceil = speed.ceilings()
     clocks = ", ".join(f"{name} {mhz:.0f} MHz" for name, mhz in ceil.clocks_mhz.items()) or "clocks unknown"
-    versions = ", ".join(f"{name} {v}" for name, v in ceil.versions.items() if v)
+    info = device_info()
+    versions = ", ".join(f"{name} {info.get(name)}" for name in ("torch", "cuda", "triton", "driver") if info.get(name))
     print(f"device {ceil.device} ({clocks}; {versions})")
     print(f"ceilings: bf16 matmul {ceil.matmul_flops_per_s / 1e12:.0f} TFLOP/s, copy {ceil.copy_bytes_per_s / 1e9:.0f} GB/s")
     print(f"forward, bf16, B={B} H={H} N={N}: TFLOP/s")

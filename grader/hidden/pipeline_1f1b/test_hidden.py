@@ -221,20 +221,28 @@ def test_gpipe_lists_every_forward_then_every_backward(pm):
         assert sim["peaks"] == [m] * p, f"gpipe_schedule({p}, {m}): every stage should hold all {m} microbatches at its peak"
 
 
-@pytest.mark.check("gpipe")
-@pytest.mark.parametrize("times", [(1.0, 2.0), (1.0, 1.0), (0.5, 1.5)])
-def test_gpipe_makespan_and_bubble(pm, times):
-    tf, tb = times
-    for p, m in [(1, 1), (2, 5), (4, 8), (4, 3), (8, 16), (8, 2)]:
-        sim = trusted_simulate(as_ops(pm.gpipe_schedule(p, m)), tf, tb)
+FLUSH_TIMES = [(1.0, 2.0), (1.0, 1.0), (0.5, 1.5)]
+
+
+def assert_flush_makespan_and_bubble(schedule, what: str, tf: float, tb: float, sizes) -> None:
+    """GPipe and 1F1B both take (m + p - 1)(t_f + t_b), a bubble of (p - 1)/(m + p - 1)."""
+    for p, m in sizes:
+        sim = trusted_simulate(as_ops(schedule(p, m)), tf, tb)
         want = (m + p - 1) * (tf + tb)
         assert close(sim["makespan"], want), (
-            f"gpipe_schedule({p}, {m}) takes {sim['makespan']:g} with t_f={tf}, t_b={tb}; GPipe should take "
+            f"{what}({p}, {m}) takes {sim['makespan']:g} with t_f={tf}, t_b={tb}; GPipe and 1F1B both take "
             f"(m + p - 1)(t_f + t_b) = {want:g}"
         )
         assert close(sim["bubble"], (p - 1) / (m + p - 1)), (
-            f"gpipe_schedule({p}, {m}): bubble fraction {sim['bubble']:.4f}, expected (p-1)/(m+p-1) = {(p - 1) / (m + p - 1):.4f}"
+            f"{what}({p}, {m}): bubble fraction {sim['bubble']:.4f}, expected (p-1)/(m+p-1) = {(p - 1) / (m + p - 1):.4f}"
         )
+
+
+@pytest.mark.check("gpipe")
+@pytest.mark.parametrize("times", FLUSH_TIMES)
+def test_gpipe_makespan_and_bubble(pm, times):
+    assert_flush_makespan_and_bubble(pm.gpipe_schedule, "gpipe_schedule", *times,
+                                     [(1, 1), (2, 5), (4, 8), (4, 3), (8, 16), (8, 2)])
 
 
 def assert_linear_work(student, fn, small: tuple, large: tuple, what: str) -> None:
@@ -321,17 +329,10 @@ def test_1f1b_exact_order_and_peak_memory(pm):
 
 
 @pytest.mark.check("one_f_one_b")
-@pytest.mark.parametrize("times", [(1.0, 2.0), (1.0, 1.0), (0.5, 1.5)])
+@pytest.mark.parametrize("times", FLUSH_TIMES)
 def test_1f1b_makespan_and_bubble(pm, times):
-    tf, tb = times
-    for p, m in [(1, 1), (2, 5), (4, 8), (4, 3), (8, 16), (8, 2), (6, 7)]:
-        sim = trusted_simulate(as_ops(pm.one_f_one_b_schedule(p, m)), tf, tb)
-        want = (m + p - 1) * (tf + tb)
-        assert close(sim["makespan"], want), (
-            f"one_f_one_b_schedule({p}, {m}) takes {sim['makespan']:g} with t_f={tf}, t_b={tb}; "
-            f"1F1B should take (m + p - 1)(t_f + t_b) = {want:g}, the same as GPipe"
-        )
-        assert close(sim["bubble"], (p - 1) / (m + p - 1)), f"bubble fraction {sim['bubble']:.4f}, expected (p-1)/(m+p-1) = {(p - 1) / (m + p - 1):.4f}"
+    assert_flush_makespan_and_bubble(pm.one_f_one_b_schedule, "one_f_one_b_schedule", *times,
+                                     [(1, 1), (2, 5), (4, 8), (4, 3), (8, 16), (8, 2), (6, 7)])
 
 
 @pytest.mark.check("one_f_one_b")
@@ -559,32 +560,34 @@ def test_simulate_rejects_malformed_schedules(pm, sched, why):
         pytest.fail(f"simulate({sched}) should raise ValueError: {why}")
 
 
-@pytest.mark.check("simulate_linear")
-def test_simulate_is_linear_in_the_number_of_ops(student, pm):
-    small, large = expected_1f1b(4, 8), expected_1f1b(32, 32)  # 64 ops, then 2048: 32x the ops
+def assert_simulate_linear(student, pm, small, large, what: str, makespan: float, advice: str) -> None:
+    """simulate runs at most 2x more lines per op on `large` (32x the ops of `small`) than on `small`."""
+    n_small, n_large = sum(map(len, small)), sum(map(len, large))
     _, lines_small = student.lines_executed(pm.simulate, small)
     result, lines_large = student.lines_executed(pm.simulate, large)
-    assert close(result.makespan, (32 + 31) * 3.0), "simulate(1F1B p=32, m=32) gave a wrong makespan"
-    growth = lines_large / lines_small
-    assert growth <= 2 * 32, (
-        f"simulate ran {lines_small} lines of your code for 64 ops and {lines_large} for 2048 ops "
-        f"({growth:.1f}x for 32x the ops): the work should grow linearly. Do not rescan every stage (or every "
-        "finished op) to find what can run next: keep finish times in a dict, and wake a stage only when the "
-        "op it waits for finishes."
+    assert close(result.makespan, makespan), f"simulate({what}) gave makespan {result.makespan:g}, expected {makespan:g}"
+    growth, ops_growth = lines_large / lines_small, n_large / n_small
+    assert growth <= 2 * ops_growth, (
+        f"simulate ran {lines_small} lines of your code for {n_small} ops and {lines_large} for {n_large} ops of "
+        f"{what} ({growth:.1f}x for {ops_growth:.0f}x the ops): the work should grow linearly. {advice}"
+    )
+
+
+@pytest.mark.check("simulate_linear")
+def test_simulate_is_linear_in_the_number_of_ops(student, pm):
+    assert_simulate_linear(
+        student, pm, expected_1f1b(4, 8), expected_1f1b(32, 32), "1F1B p=32, m=32", (32 + 31) * 3.0,
+        "Do not rescan every stage (or every finished op) to find what can run next: keep finish times in a "
+        "dict, and wake a stage only when the op it waits for finishes.",
     )
 
 
 @pytest.mark.check("simulate_linear")
 def test_simulate_is_linear_for_interleaved_schedules(student, pm):
-    small, large = expected_interleaved(4, 8, 2), expected_interleaved(16, 64, 2)  # 128 ops, then 4096: 32x
-    _, lines_small = student.lines_executed(pm.simulate, small)
-    result, lines_large = student.lines_executed(pm.simulate, large)
-    assert close(result.makespan, (64 + 15 / 2) * 3.0), "simulate(interleaved p=16, m=64, v=2) gave a wrong makespan"
-    growth = lines_large / lines_small
-    assert growth <= 2 * 32, (
-        f"simulate ran {lines_small} lines of your code for an interleaved schedule of 128 ops and {lines_large} "
-        f"for 4096 ops ({growth:.1f}x for 32x the ops): the work should grow linearly in p * m * v. Find v and "
-        "each op's dependencies from the op itself (chunk c - 1 or c + 1), not by searching the schedule."
+    assert_simulate_linear(
+        student, pm, expected_interleaved(4, 8, 2), expected_interleaved(16, 64, 2), "interleaved p=16, m=64, v=2",
+        (64 + 15 / 2) * 3.0,
+        "Find v and each op's dependencies from the op itself (chunk c - 1 or c + 1), not by searching the schedule.",
     )
 
 
