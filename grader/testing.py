@@ -1,8 +1,197 @@
 """Helpers for the course's tests (public and hidden): inputs that enforce a contract, tolerances.
 
 Import from here in test files; this module ships with the student release.
+
+Every tensor comparison in a test goes through `assert_close` (within a tolerance) or `assert_equal`
+(exactly). Both are NaN- and inf-aware: `err.max() > tol` is False when `err` holds a NaN, so a
+hand-rolled comparison passes exactly the values that are most wrong. Here a NaN or an inf where
+the expected value is finite always fails, with a message that counts them and names the first.
 """
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+import torch
 
 from grader.harness.wire import OnceIterable
 
-__all__ = ["OnceIterable"]
+__all__ = ["OnceIterable", "assert_close", "assert_equal"]
+
+
+def assert_close(actual: Any, expected: Any, *, atol: float, rtol: float = 0.0, what: str, hint: str = "") -> None:
+    """Fail unless `actual` matches `expected` elementwise: |actual - expected| <= atol + rtol * |expected|.
+
+    `actual` must be a tensor (any device, any real dtype), a numpy array or a real number (a 0-d
+    value), with the shape of `expected` (a tensor, array, number or nested list). Values are compared in float64. Where
+    `expected` is finite, `actual` must be finite; where it is +inf or -inf, `actual` must be the same
+    infinity; where it is NaN, `actual` must be NaN. `what` names the value for the message ("o for
+    causal attention"); `hint` is appended to it, to say what the usual mistake is.
+    """
+    _check_tolerance(atol, "atol")
+    _check_tolerance(rtol, "rtol")
+    got, want = _as_tensors(actual, expected, what, hint)
+    problem = _special_values(got, want) or _outside_tolerance(got, want, atol, rtol)
+    if problem:
+        raise AssertionError(_with_hint(f"{what}: {problem}", hint))
+
+
+def assert_equal(actual: Any, expected: Any, *, what: str, hint: str = "") -> None:
+    """Fail unless `actual` equals `expected` exactly, elementwise, with the rules of `assert_close`.
+
+    Integer and boolean tensors are compared as integers (no rounding through float64); anything
+    else as float64, where NaN must meet NaN and an infinity the same infinity.
+    """
+    got, want = _as_tensors(actual, expected, what, hint)
+    if _is_integral(got) and _is_integral(want):
+        problem = _differences(got.to(torch.int64), want.to(torch.int64), ("differs", "differ"))
+    else:
+        got, want = got.to(torch.float64), want.to(torch.float64)
+        problem = _special_values(got, want) or _outside_tolerance(got, want, 0.0, 0.0)
+    if problem:
+        raise AssertionError(_with_hint(f"{what}: {problem}", hint))
+
+
+# --------------------------------------------------------------------------------------------------
+# The pieces
+
+
+def _check_tolerance(value: float, name: str) -> None:
+    value = float(value)
+    if not (value >= 0.0 and value != float("inf")):  # also rejects NaN: a test bug, not the student's
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+def _as_tensors(actual: Any, expected: Any, what: str, hint: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both values as CPU tensors (actual's dtype kept for now), after checking actual's type and shape."""
+    want = _to_cpu(expected if isinstance(expected, (torch.Tensor, np.ndarray)) else torch.as_tensor(expected))
+    if isinstance(actual, numbers.Real) and not isinstance(actual, np.ndarray):
+        actual = torch.tensor(actual)  # a Python or numpy scalar: a 0-d value
+    if not isinstance(actual, (torch.Tensor, np.ndarray)):
+        raise AssertionError(_with_hint(
+            f"{what}: expected a tensor of shape {_shape(want.shape)}, found {type(actual).__name__} {_short(actual)}",
+            hint,
+        ))
+    got = _to_cpu(actual)
+    if got.shape != want.shape:
+        raise AssertionError(_with_hint(
+            f"{what}: shape is {_shape(got.shape)}, expected {_shape(want.shape)}", hint
+        ))
+    return got, want
+
+
+def _to_cpu(value: torch.Tensor | np.ndarray) -> torch.Tensor:
+    tensor = torch.as_tensor(np.asarray(value)) if isinstance(value, np.ndarray) else value
+    tensor = tensor.detach()
+    if tensor.layout != torch.strided:
+        tensor = tensor.to_dense()
+    if tensor.is_complex():
+        raise TypeError("assert_close compares real values; got a complex tensor")
+    return tensor.cpu()
+
+
+def _is_integral(tensor: torch.Tensor) -> bool:
+    return tensor.dtype == torch.bool or not tensor.is_floating_point()
+
+
+def _special_values(got: torch.Tensor, want: torch.Tensor) -> str | None:
+    """A message for the first rule on NaN and inf that `got` breaks, or None."""
+    got, want = got.to(torch.float64), want.to(torch.float64)
+    finite = torch.isfinite(want)
+    bad = finite & ~torch.isfinite(got)
+    if bad.any():
+        nan, inf = int((bad & got.isnan()).sum()), int((bad & got.isinf()).sum())
+        kind = "NaN" if not inf else "infinite" if not nan else f"NaN or infinite ({nan} NaN, {inf} inf)"
+        first = _first(bad)
+        return (
+            f"{_count(nan + inf, got.numel())} {kind} where a finite value is expected{_first_at(first, got.shape)}: "
+            f"found {_value(got, first)}, expected {_value(want, first)}"
+        )
+    bad = ~finite & ~(got.eq(want) | (want.isnan() & got.isnan()))
+    if bad.any():
+        first = _first(bad)
+        return (
+            f"{_count(int(bad.sum()), got.numel())} wrong where the expected value is NaN or infinite"
+            f"{_first_at(first, got.shape)}: found {_value(got, first)}, expected {_value(want, first)}"
+        )
+    return None
+
+
+def _outside_tolerance(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float) -> str | None:
+    """A message for the finite values of `got` that are off by more than atol + rtol * |want|, or None."""
+    got, want = got.to(torch.float64), want.to(torch.float64)
+    finite = torch.isfinite(want)
+    err = torch.where(finite, (got - want).abs(), torch.zeros((), dtype=torch.float64))
+    bad = err > atol + rtol * torch.where(finite, want.abs(), torch.zeros((), dtype=torch.float64))
+    if not bad.any():
+        return None
+    if atol == 0.0 and rtol == 0.0:
+        return _differences(got, want, ("differs", "differ"), bad)
+    first, worst = _first(bad), int(err.flatten().argmax())
+    allowed = f"{atol:.3g}" + (f" + {rtol:.3g} * |expected|" if rtol else "")
+    return (
+        _differences(got, want, (f"is off by more than {allowed}", f"are off by more than {allowed}"), bad)
+        + (f"; the largest error is {float(err.flatten()[worst]):.3g}, at {_index(worst, got.shape)}" if got.numel() > 1 else "")
+    )
+
+
+def _differences(
+    got: torch.Tensor, want: torch.Tensor, verbs: tuple[str, str], bad: torch.Tensor | None = None
+) -> str | None:
+    """"3 of 40 values differ, first at [2]: found 4, expected 5" (verbs: singular, plural), or None."""
+    bad = got.ne(want) if bad is None else bad
+    if not bad.any():
+        return None
+    n, first = int(bad.sum()), _first(bad)
+    subject = "the value" if got.numel() == 1 else f"{n} of {got.numel()} values"
+    return (
+        f"{subject} {verbs[n != 1]}{_first_at(first, got.shape)}: "
+        f"found {_value(got, first)}, expected {_value(want, first)}"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Formatting
+
+
+def _first(mask: torch.Tensor) -> int:
+    """The flat index of the first True in `mask` (row-major order)."""
+    return int(mask.flatten().to(torch.uint8).argmax())
+
+
+def _first_at(flat: int, shape: torch.Size) -> str:
+    return f", first at {_index(flat, shape)}" if len(shape) else ""
+
+
+def _index(flat: int, shape: torch.Size) -> str:
+    index = []
+    for size in reversed(shape):
+        flat, i = divmod(flat, size)
+        index.append(i)
+    return "[" + ", ".join(str(i) for i in reversed(index)) + "]"
+
+
+def _value(tensor: torch.Tensor, flat: int) -> str:
+    value = tensor.flatten()[flat].item()
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _count(n: int, total: int) -> str:
+    if total == 1:
+        return "the value is"
+    return f"{n} of {total} values " + ("is" if n == 1 else "are")
+
+
+def _shape(shape: torch.Size) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _with_hint(message: str, hint: str) -> str:
+    return f"{message}. {hint}" if hint else message
