@@ -66,11 +66,20 @@ def forbidden(names: Iterable[str], why: str = "") -> Iterator[None]:
 
 
 class LineCounter:
-    """Counts 'line' events in frames whose code comes from one file (all threads)."""
+    """Counts 'line' events in frames whose code comes from one file (all threads).
+
+    It runs in the process that runs the student's code, so its count is the student's to forge; the
+    trusted side cross-checks it (grader/structure.py). It does catch the plain ways of switching it
+    off: when the call ends with another trace function installed (``sys.settrace(None)`` inside the
+    call, a debugger's tracer), `count` is -1, which the session reports as tampering.
+    """
+
+    TAMPERED = -1
 
     def __init__(self, filename: str):
         self.filename = filename
         self.count = 0
+        self._tracer = self._global  # one bound method, so that `is` can recognise it later
 
     def _local(self, frame, event, arg):
         if event == "line":
@@ -84,13 +93,16 @@ class LineCounter:
 
     def __enter__(self) -> "LineCounter":
         self._old = sys.gettrace()
-        threading.settrace(self._global)
-        sys.settrace(self._global)
+        threading.settrace(self._tracer)
+        sys.settrace(self._tracer)
         return self
 
     def __exit__(self, *exc) -> None:
+        intact = sys.gettrace() is self._tracer
         sys.settrace(self._old)
         threading.settrace(None)  # type: ignore[arg-type]
+        if not intact:
+            self.count = self.TAMPERED
 
 
 @contextlib.contextmanager

@@ -27,8 +27,9 @@ from grader.harness.client import (
     Sandbox,
     WorkerProcess,
 )
+from grader.harness.client import allowed_mutations
 from grader.harness.worker import _import_driver as import_driver
-from grader.harness.worker import import_file
+from grader.harness.worker import changed_tensors, import_file, snapshot_tensors
 
 
 class LocalModule:
@@ -52,8 +53,9 @@ class LocalModule:
 
 
 class LocalCallable:
-    def __init__(self, fn: Callable, path: str, options: CallOptions):
+    def __init__(self, fn: Callable, path: str, options: CallOptions, qualname: str = ""):
         self._fn, self._path, self._options = fn, path, options
+        self._qualname = qualname or getattr(fn, "__qualname__", "")
         try:
             functools.update_wrapper(self, fn)
         except AttributeError:  # some callables lack __name__ and friends
@@ -63,8 +65,11 @@ class LocalCallable:
         fn = self._fn
         if driver:
             fn, args = import_driver(driver), (fn, *args)
+        snapshots = [] if driver else snapshot_tensors((args, kwargs))
         with probes.around_call(self._path, self._options.forbid, self._options.forbid_why, count_lines) as counter:
             value = fn(*args, **kwargs)
+        if snapshots:  # the same contract on arguments as the sandboxed worker's calls
+            allowed_mutations(self._qualname, changed_tensors(snapshots), self._options)
         return value, (counter.count if counter is not None else None)
 
     def __call__(self, *args, **kwargs):
@@ -75,19 +80,21 @@ class StudentSession:
     """Loads the student's modules for the tests, in the mode the run was started in."""
 
     def __init__(self, mode: str, locate: Callable[[str], Path], sandbox: Sandbox | None = None,
-                 call_timeout: Callable[[str], float] | None = None):
+                 call_timeout: Callable[[str], float] | None = None,
+                 contract: Callable[[str], dict] | None = None):
         if mode not in ("local", "sandbox"):
             raise ValueError(f"mode must be 'local' or 'sandbox', found {mode!r}")
         self.mode = mode
         self._locate = locate
         self._sandbox = sandbox or Sandbox()
         self._call_timeout = call_timeout or (lambda _id: 60.0)
+        self._contract = contract or (lambda _id: {})  # CallOptions fields: mutates, parameters
         self._workers: dict[str, WorkerProcess] = {}
         self._local: dict[str, Any] = {}
 
     def load(self, exercise_id: str, forbid: Iterable[str] = (), forbid_why: str = "") -> Any:
         """The student's module for an exercise. `forbid` names library functions it must not call."""
-        options = CallOptions(tuple(forbid), forbid_why)
+        options = CallOptions(tuple(forbid), forbid_why, **self._contract(exercise_id))
         path = self._locate(exercise_id).resolve()  # code objects carry the absolute filename
         if self.mode == "local":
             return LocalModule(self._import(exercise_id, path), path, options)
@@ -114,15 +121,30 @@ class StudentSession:
         """Call `fn` and count the lines of the student's module it executed.
 
         The structural test for vectorisation: a loop over tokens executes more lines when there are
-        more tokens; vectorised code executes the same lines whatever the size.
+        more tokens; vectorised code executes the same lines whatever the size. The count is taken in
+        the process that runs the student's code, so it is a figure the student can forge: a file that
+        the trusted static scan (grader.structure.scan_source) finds tampering with tracing or the
+        harness fails here, and the tests cross-check a flat count with the grader's own clock
+        (grader.structure.clock).
         """
-        value, lines = self._callable(fn)._invoke(args, kwargs, count_lines=True)
-        if not isinstance(lines, int) or lines <= 0:
-            raise RuntimeError(
-                f"no line of the student's module was counted during the call (found {lines!r}): "
+        target = self._callable(fn)
+        self.assert_untampered(target, "the count of lines your code executed")
+        value, lines = target._invoke(args, kwargs, count_lines=True)
+        if not isinstance(lines, int) or isinstance(lines, bool) or lines <= 0:
+            raise AssertionError(
+                f"no line of your module was counted during the call (found {lines!r}): "
                 "line tracing was disabled or tampered with"
             )
         return value, lines
+
+    def assert_untampered(self, fn: Any, figure: str) -> None:
+        """Fail when the student's file, scanned here as text, tampers with what measures `figure`.
+
+        Tests call it before trusting a figure a driver counted beside the student's code.
+        """
+        from grader import structure
+
+        structure.assert_untampered(_student_file(self._callable(fn)), figure)
 
     def drive(self, driver: str, fn: Any, *args, **kwargs) -> Any:
         """Run a course-provided driver, ``"grader.support.<module>:<function>"``, on the student's `fn`.
@@ -151,8 +173,15 @@ class StudentSession:
 
     def close(self) -> None:
         for worker in self._workers.values():
-            worker.close()
+            worker.shutdown()
         self._workers.clear()
+
+
+def _student_file(target: RemoteCallable | LocalCallable) -> str:
+    """The student's file a proxy's code comes from, as the trusted process knows it."""
+    if isinstance(target, RemoteCallable):
+        return str(target._worker.module_path)
+    return target._path
 
 
 def _source_file(fn: Any) -> str | None:

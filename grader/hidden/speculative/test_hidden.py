@@ -25,6 +25,8 @@ import numpy as np
 import pytest
 import torch
 
+from grader.structure import Scaling, assert_flat_on_the_clock, clock
+
 V, GAMMA, N = 10, 4, 100_000
 FALSE_ALARM = 1e-9
 DRIVER = "grader.support.speculative:generate"
@@ -667,6 +669,55 @@ def accept_inputs(B: int, vocab: int, rng: torch.Generator):
 
 SLACK_LINES = 8  # a data-dependent `if` may add a line or two; a loop over rows adds hundreds
 
+# The grader's own clock at two sizes (grader/structure.py): the line counts above come from the worker,
+# which the submission can forge. V = 4 and gamma = 2 keep the inputs small (about 130 bytes a row), so the
+# vectorised calls are dominated by the round trip and the ~40 torch ops of one call. Measured on the
+# course's shared 2-core machine under load from other jobs, best of 5 runs each, ratio large / small:
+# the reference 1.7-2.4 (batch), 1.3-1.6 (vocabulary), 1.4-2.0 (greedy); a loop over rows for the
+# resample 90-200 and a loop over the rejected rows only 60-120; a per-row greedy loop 60-130.
+CLOCK = {
+    "batch": Scaling(16, 16384, bar=8.0, unit="rows"),
+    "vocabulary": Scaling(16, 16384, bar=8.0, unit="vocabulary entries"),
+    "greedy": Scaling(16, 16384, bar=8.0, unit="rows"),
+}
+CLOCK_GAMMA, CLOCK_V = 2, 4
+
+
+def decided_accept_inputs(B: int, vocab: int, gamma: int, rng: torch.Generator):
+    """Inputs whose outcome is certain, with the answer: row b keeps exactly cut[b] draft tokens.
+
+    Kept positions have p = q = one-hot at the draft token (u * q <= p for every u in [0, 1]); at the cut
+    p(x) = 0 < q(x) = 1 (rejected for every u > 0) and max(0, p - q) is one-hot at `extra`; a row that
+    keeps all gamma tokens draws its bonus from a one-hot p. So the timed calls can be checked exactly.
+    """
+    cut = torch.randint(0, gamma + 1, (B,), generator=rng)
+    draft = torch.randint(0, vocab, (B, gamma), generator=rng)
+    extra = torch.randint(0, vocab, (B,), generator=rng)
+    at_cut = draft.gather(1, cut.clamp(max=gamma - 1)[:, None])[:, 0]
+    extra = torch.where((cut < gamma) & (extra == at_cut), (extra + 1) % vocab, extra)  # the residual's token
+    q = torch.full((B, gamma, vocab), 1.0 / vocab)
+    p = torch.full((B, gamma + 1, vocab), 1.0 / vocab)
+    positions = torch.arange(gamma + 1)
+    one_hot_draft = torch.nn.functional.one_hot(draft, vocab).float()             # [B, gamma, V]
+    kept_or_cut = (positions[:gamma][None, :] <= cut[:, None])[..., None]          # q one-hot at x up to the cut
+    q = torch.where(kept_or_cut, one_hot_draft, q)
+    kept = (positions[:gamma][None, :] < cut[:, None])[..., None]
+    p[:, :gamma] = torch.where(kept, one_hot_draft, p[:, :gamma])
+    one_hot_extra = torch.nn.functional.one_hot(extra, vocab).float()              # [B, V]
+    p[torch.arange(B), cut] = one_hot_extra
+    want = torch.where(positions[None, :] < cut[:, None], torch.cat([draft, draft[:, :1]], 1), -1)
+    want[torch.arange(B), cut] = extra
+    return (draft, q, p), (want, cut)
+
+
+def check_decided(result, draft, q, p, generator, want) -> None:
+    tokens, num_accepted = result
+    B, V = draft.shape[0], q.shape[-1]
+    assert torch.equal(num_accepted.long(), want[1]) and torch.equal(tokens.long(), want[0]), (
+        f"speculative_accept (B={B}, V={V}, timed on the grader's clock) is wrong on inputs whose outcome is certain "
+        "(p = q one-hot at the kept tokens, p(x) = 0 at the first rejection)"
+    )
+
 
 @pytest.mark.check("vectorised")
 @pytest.mark.parametrize("grow", ["batch", "vocabulary"])
@@ -675,11 +726,40 @@ def test_speculative_accept_is_vectorised(student, sm, rng, grow):
     big = accept_inputs(512, 16, rng) if grow == "batch" else accept_inputs(16, 512, rng)
     _, lines_small = student.lines_executed(sm.speculative_accept, *small, fresh_generator(rng))
     _, lines_big = student.lines_executed(sm.speculative_accept, *big, fresh_generator(rng))
+    advice = ("Do it for all rows at once: gather, cumprod, torch.where, one torch.multinomial over [B, V]")
     assert lines_big <= lines_small + SLACK_LINES, (
         f"speculative_accept executed {lines_small} lines of your module for B=16, V=16 but {lines_big} for "
         f"{'B=512' if grow == 'batch' else 'V=512'}: a Python loop over the {'rows' if grow == 'batch' else 'vocabulary'} "
-        "(perhaps only around the resampling draw). Do it for all rows at once: gather, cumprod, torch.where, "
-        "one torch.multinomial over [B, V]"
+        f"(perhaps only around the resampling draw). {advice}"
+    )
+
+    def make(n: int):
+        B, V = (n, CLOCK_V) if grow == "batch" else (4, n)
+        args, want = decided_accept_inputs(B, V, CLOCK_GAMMA, rng)
+        return (*args, fresh_generator(rng), want)
+
+    timing = clock(lambda d, q, p, g, want: sm.speculative_accept(d, q, p, g), make, check_decided, CLOCK[grow])
+    assert_flat_on_the_clock(timing, "speculative_accept", advice, lines=(lines_small, lines_big))
+
+
+def decided_greedy_inputs(B: int, vocab: int, gamma: int, rng: torch.Generator):
+    """Target rows with one clear argmax; row b's draft matches it for exactly cut[b] positions."""
+    best = torch.randint(0, vocab, (B, gamma + 1), generator=rng)
+    target = torch.rand(B, gamma + 1, vocab, generator=rng) + 2 * torch.nn.functional.one_hot(best, vocab)
+    target = target / target.sum(-1, keepdim=True)
+    cut = torch.randint(0, gamma + 1, (B,), generator=rng)
+    positions = torch.arange(gamma + 1)
+    miss = (best[:, :gamma] + torch.randint(1, vocab, (B, gamma), generator=rng)) % vocab
+    draft = torch.where(positions[None, :gamma] < cut[:, None], best[:, :gamma], miss)
+    want = torch.where(positions[None, :] <= cut[:, None], best, -1)
+    return (draft, target), (want, cut)
+
+
+def check_greedy_decided(result, draft, target, want) -> None:
+    tokens, num_accepted = result
+    assert torch.equal(num_accepted.long(), want[1]) and torch.equal(tokens.long(), want[0]), (
+        f"greedy_accept (B={draft.shape[0]}, timed on the grader's clock) is wrong: keep draft tokens while they "
+        "equal the target's argmax, then emit the argmax"
     )
 
 
@@ -693,6 +773,14 @@ def test_greedy_accept_is_vectorised(student, sm, rng):
         f"greedy_accept executed {lines_small} lines for 16 rows and {lines_big} for 512: a loop over rows; "
         "compare with the argmax for all rows at once"
     )
+
+    def make(n: int):
+        args, want = decided_greedy_inputs(n, CLOCK_V, CLOCK_GAMMA, rng)
+        return (*args, want)
+
+    timing = clock(lambda d, t, want: sm.greedy_accept(d, t), make, check_greedy_decided, CLOCK["greedy"])
+    assert_flat_on_the_clock(timing, "greedy_accept", "Compare with the argmax for all rows at once",
+                             lines=(lines_small, lines_big))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,0 +1,183 @@
+"""The trusted side of the structural checks: what the grader's own process observes.
+
+A structural check ("no Python loop over rows", "linear work", "O(1) per operation") first reads a
+figure from the process that runs the student's code: the lines of the student's file a call
+executed (`student.lines_executed`), or what a course driver counted beside the student's code
+(`student.drive`). That process is the student's: their module can switch off line tracing, patch
+the counter or the driver, and the figure then says whatever they like. So no such figure decides
+points on its own. Each check also asks:
+
+* `scan_source`: does the student's file tamper with what measured the figure (tracing, dispatch
+  modes, the harness, frame introspection, dynamic code)? The static scan of grader/harness/tamper.py
+  runs here, on the file's text, in the trusted process; any finding fails the check
+  (`assert_untampered`).
+* `clock`: what does the grader's own wall clock say? The remote call is timed here, around the proxy
+  call (the round trip to the worker included), at a small size and at a size hundreds of times
+  larger, alternating, keeping the best of several runs at each. The sizes are chosen so that
+  vectorised code costs about the same at both (fixed per-call costs dominate) while a Python loop
+  over rows costs hundreds of times more. Every timed call gets fresh inputs and its output is
+  checked by the test's oracle, so a submission can neither replay a cached answer nor take a fast,
+  wrong path when it is not being traced. When the ratio passes the bar, more runs are taken before
+  failing (a busy machine can slow a few runs; it cannot make a loop look flat or a flat call loop).
+
+`Scaling` holds one check's sizes and bar as data; the tests keep a table of them beside themselves.
+What each check can and cannot prove is written down in grader/AUTHORING.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+
+# --------------------------------------------------------------------------------------------------
+# The grader's own clock at two sizes
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """Two sizes far apart and the largest time ratio (large / small) that honest code may show.
+
+    `unit` names what grows ("rows", "tokens", "ops"). `bar` is set from measurements of the
+    reference and of looping submissions on the course's shared machine (see the table's comments).
+    `runs` calls at each size decide a pass; a ratio above the bar takes up to `max_runs` before it fails.
+    """
+
+    small: int
+    large: int
+    bar: float
+    unit: str = "rows"
+    runs: int = 5
+    max_runs: int = 15
+
+    @property
+    def factor(self) -> float:
+        return self.large / self.small
+
+
+@dataclass
+class Timing:
+    """The best (minimum) time of the calls at each size, on the grader's clock."""
+
+    scaling: Scaling
+    small_s: list[float] = field(default_factory=list)
+    large_s: list[float] = field(default_factory=list)
+
+    @property
+    def best_small(self) -> float:
+        return min(self.small_s)
+
+    @property
+    def best_large(self) -> float:
+        return min(self.large_s)
+
+    @property
+    def ratio(self) -> float:
+        return self.best_large / max(self.best_small, 1e-9)
+
+    @property
+    def flat(self) -> bool:
+        return self.ratio <= self.scaling.bar
+
+    def metrics(self, prefix: str = "clock") -> dict[str, float]:
+        """Figures for `score.metrics`: best times in ms and their ratio."""
+        return {f"{prefix}_small_ms": round(self.best_small * 1e3, 3), f"{prefix}_large_ms": round(self.best_large * 1e3, 3),
+                f"{prefix}_ratio": round(self.ratio, 2)}
+
+    def describe(self) -> str:
+        s = self.scaling
+        return (f"the call at {s.factor:g}x the {s.unit} ({s.large} against {s.small}) took {self.ratio:.1f}x as long on "
+                f"the grader's own clock ({self.best_small * 1e3:.2f} ms against {self.best_large * 1e3:.2f} ms, best of "
+                f"{len(self.large_s)} runs each; honest vectorised code stays under {s.bar:g}x)")
+
+
+def clock(call: Callable[..., Any], make: Callable[[int], Sequence[Any]], check: Callable[..., None],
+          scaling: Scaling) -> Timing:
+    """Time ``call(*make(n))`` on this process's clock at ``n = scaling.small`` and ``scaling.large``.
+
+    `make(n)` builds fresh arguments for one call at size n (fresh every run: a cached answer gains
+    nothing); `check(result, *args)` asserts that the result is right (the test's oracle), so the timed
+    calls are the real computation. One untimed call at each size first (imports, first-call caches),
+    then runs alternate between the sizes; `runs` decide a pass, up to `max_runs` when the ratio is
+    above the bar, so a busy machine does not fail honest code.
+    """
+    timing = Timing(scaling)
+    for n in (scaling.small, scaling.large):  # warm-up, checked too
+        args = tuple(make(n))
+        check(call(*args), *args)
+    for run in range(scaling.max_runs):
+        for n, times in ((scaling.small, timing.small_s), (scaling.large, timing.large_s)):
+            args = tuple(make(n))
+            start = time.perf_counter()
+            result = call(*args)
+            times.append(time.perf_counter() - start)
+            check(result, *args)
+        if run + 1 >= scaling.runs and timing.flat:
+            break
+    return timing
+
+
+def assert_flat_on_the_clock(timing: Timing, what: str, advice: str, lines: tuple[int, int] | None = None,
+                             loop: str | None = None) -> None:
+    """Fail when the grader's clock shows the cost growing with the size.
+
+    `lines`: the worker's line counts at the two sizes, when the test read them (and found them
+    flat): the message then says that the two disagree.
+    """
+    if timing.flat:
+        return
+    loop = loop or f"a loop over {timing.scaling.unit}"
+    told = (f"the worker counted {lines[0]} and {lines[1]} lines of your module at the two sizes it traced, but "
+            if lines is not None else "")
+    raise AssertionError(f"{what}: {told}{timing.describe()}: {loop}. {advice}".strip())
+
+
+def assert_worker_agrees(worker_ratio: float, timing: Timing, what: str, worker_says: str) -> None:
+    """Fail when the worker reported a flat ratio but the grader's clock measured a growing one."""
+    if timing.flat or worker_ratio > timing.scaling.bar:
+        return
+    raise AssertionError(
+        f"{what}: the worker's figures ({worker_says}) disagree with the grader's own clock: {timing.describe()}. "
+        "The worker's figures are not trusted when the grader's clock contradicts them"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# The trusted static scan of the student's source
+
+_scanned: dict[tuple[str, float, int], list] = {}
+
+
+def scan_source(path: str | Path) -> list:
+    """The tamper findings (grader.harness.tamper.scan) for the student's file, read here as text."""
+    path = Path(path)
+    stat = path.stat()
+    key = (str(path), stat.st_mtime, stat.st_size)
+    if key not in _scanned:
+        try:
+            tamper = importlib.import_module("grader.harness.tamper")
+        except ModuleNotFoundError as exc:  # TODO(lead): remove once grader/harness/tamper.py has landed
+            if exc.name != "grader.harness.tamper":
+                raise
+            return []
+        _scanned[key] = list(tamper.scan(path.read_text(encoding="utf-8", errors="replace")))
+    return _scanned[key]
+
+
+def describe_findings(findings: Sequence[Any], limit: int = 5) -> str:
+    shown = "; ".join(str(f) for f in findings[:limit])
+    more = f" (and {len(findings) - limit} more)" if len(findings) > limit else ""
+    return shown + more
+
+
+def assert_untampered(path: str | Path, figure: str) -> None:
+    """Fail when the student's file tampers with what measures `figure` (a worker-side count)."""
+    findings = scan_source(path)
+    if findings:
+        raise AssertionError(
+            f"{figure} comes from the process that runs your code, and your file tampers with what measures it, "
+            f"so it cannot be trusted: {describe_findings(findings)}. Remove that code; this check needs none of it"
+        )
