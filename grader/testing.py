@@ -11,7 +11,7 @@ the expected value is finite always fails, with a message that counts them and n
 from __future__ import annotations
 
 import numbers
-from typing import Any
+from typing import Any, Callable, Union
 
 import numpy as np
 import torch
@@ -20,25 +20,32 @@ from grader.harness.wire import OnceIterable
 
 __all__ = ["OnceIterable", "assert_close", "assert_equal"]
 
+Hint = Union[str, Callable[[tuple[int, ...]], str]]  # a hint, or one built from the first bad index
 
-def assert_close(actual: Any, expected: Any, *, atol: float, rtol: float = 0.0, what: str, hint: str = "") -> None:
+
+def assert_close(actual: Any, expected: Any, *, atol: float, rtol: float = 0.0, what: str, hint: Hint = "") -> None:
     """Fail unless `actual` matches `expected` elementwise: |actual - expected| <= atol + rtol * |expected|.
 
     `actual` must be a tensor (any device, any real dtype), a numpy array or a real number (a 0-d
-    value), with the shape of `expected` (a tensor, array, number or nested list). Values are compared in float64. Where
-    `expected` is finite, `actual` must be finite; where it is +inf or -inf, `actual` must be the same
-    infinity; where it is NaN, `actual` must be NaN. `what` names the value for the message ("o for
-    causal attention"); `hint` is appended to it, to say what the usual mistake is.
+    value), with the shape of `expected` (a tensor, array, number or nested list). Values are
+    compared in float64. Where `expected` is finite, `actual` must be finite; where it is +inf or
+    -inf, `actual` must be the same infinity; where it is NaN, `actual` must be NaN (so `expected`
+    should come from an oracle: check a student-derived one is finite first).
+
+    `what` names the value for the message ("o for causal attention"); `hint` is appended to it, to
+    say what the usual mistake is. A hint that depends on where the values differ can be a function
+    of the first bad index (a tuple of ints), called only when the check fails.
     """
     _check_tolerance(atol, "atol")
     _check_tolerance(rtol, "rtol")
     got, want = _as_tensors(actual, expected, what, hint)
     problem = _special_values(got, want) or _outside_tolerance(got, want, atol, rtol)
     if problem:
-        raise AssertionError(_with_hint(f"{what}: {problem}", hint))
+        message, first = problem
+        raise AssertionError(_with_hint(f"{what}: {message}", hint, _unravel(first, got.shape)))
 
 
-def assert_equal(actual: Any, expected: Any, *, what: str, hint: str = "") -> None:
+def assert_equal(actual: Any, expected: Any, *, what: str, hint: Hint = "") -> None:
     """Fail unless `actual` equals `expected` exactly, elementwise, with the rules of `assert_close`.
 
     Integer and boolean tensors are compared as integers (no rounding through float64); anything
@@ -51,7 +58,8 @@ def assert_equal(actual: Any, expected: Any, *, what: str, hint: str = "") -> No
         got, want = got.to(torch.float64), want.to(torch.float64)
         problem = _special_values(got, want) or _outside_tolerance(got, want, 0.0, 0.0)
     if problem:
-        raise AssertionError(_with_hint(f"{what}: {problem}", hint))
+        message, first = problem
+        raise AssertionError(_with_hint(f"{what}: {message}", hint, _unravel(first, got.shape)))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -64,7 +72,7 @@ def _check_tolerance(value: float, name: str) -> None:
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
 
-def _as_tensors(actual: Any, expected: Any, what: str, hint: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _as_tensors(actual: Any, expected: Any, what: str, hint: Hint) -> tuple[torch.Tensor, torch.Tensor]:
     """Both values as CPU tensors (actual's dtype kept for now), after checking actual's type and shape."""
     want = _to_cpu(expected if isinstance(expected, (torch.Tensor, np.ndarray)) else torch.as_tensor(expected))
     if isinstance(actual, numbers.Real) and not isinstance(actual, np.ndarray):
@@ -96,8 +104,8 @@ def _is_integral(tensor: torch.Tensor) -> bool:
     return tensor.dtype == torch.bool or not tensor.is_floating_point()
 
 
-def _special_values(got: torch.Tensor, want: torch.Tensor) -> str | None:
-    """A message for the first rule on NaN and inf that `got` breaks, or None."""
+def _special_values(got: torch.Tensor, want: torch.Tensor) -> tuple[str, int] | None:
+    """A message for the first rule on NaN and inf that `got` breaks, and the flat index it names; or None."""
     got, want = got.to(torch.float64), want.to(torch.float64)
     finite = torch.isfinite(want)
     bad = finite & ~torch.isfinite(got)
@@ -108,18 +116,18 @@ def _special_values(got: torch.Tensor, want: torch.Tensor) -> str | None:
         return (
             f"{_count(nan + inf, got.numel())} {kind} where a finite value is expected{_first_at(first, got.shape)}: "
             f"found {_value(got, first)}, expected {_value(want, first)}"
-        )
+        ), first
     bad = ~finite & ~(got.eq(want) | (want.isnan() & got.isnan()))
     if bad.any():
         first = _first(bad)
         return (
             f"{_count(int(bad.sum()), got.numel())} wrong where the expected value is NaN or infinite"
             f"{_first_at(first, got.shape)}: found {_value(got, first)}, expected {_value(want, first)}"
-        )
+        ), first
     return None
 
 
-def _outside_tolerance(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float) -> str | None:
+def _outside_tolerance(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float) -> tuple[str, int] | None:
     """A message for the finite values of `got` that are off by more than atol + rtol * |want|, or None."""
     got, want = got.to(torch.float64), want.to(torch.float64)
     finite = torch.isfinite(want)
@@ -129,18 +137,19 @@ def _outside_tolerance(got: torch.Tensor, want: torch.Tensor, atol: float, rtol:
         return None
     if atol == 0.0 and rtol == 0.0:
         return _differences(got, want, ("differs", "differ"), bad)
-    first, worst = _first(bad), int(err.flatten().argmax())
+    worst = int(err.flatten().argmax())
     allowed = f"{atol:.3g}" + (f" + {rtol:.3g} * |expected|" if rtol else "")
-    return (
-        _differences(got, want, (f"is off by more than {allowed}", f"are off by more than {allowed}"), bad)
-        + (f"; the largest error is {float(err.flatten()[worst]):.3g}, at {_index(worst, got.shape)}" if got.numel() > 1 else "")
-    )
+    message, first = _differences(got, want, (f"is off by more than {allowed}", f"are off by more than {allowed}"), bad)
+    if got.numel() > 1:
+        message += f"; the largest error is {float(err.flatten()[worst]):.3g}, at {_index(worst, got.shape)}"
+    return message, first
 
 
 def _differences(
     got: torch.Tensor, want: torch.Tensor, verbs: tuple[str, str], bad: torch.Tensor | None = None
-) -> str | None:
-    """"3 of 40 values differ, first at [2]: found 4, expected 5" (verbs: singular, plural), or None."""
+) -> tuple[str, int] | None:
+    """"3 of 40 values differ, first at [2]: found 4, expected 5" (verbs: singular, plural) and the
+    first index, flat; or None."""
     bad = got.ne(want) if bad is None else bad
     if not bad.any():
         return None
@@ -149,7 +158,7 @@ def _differences(
     return (
         f"{subject} {verbs[n != 1]}{_first_at(first, got.shape)}: "
         f"found {_value(got, first)}, expected {_value(want, first)}"
-    )
+    ), first
 
 
 # --------------------------------------------------------------------------------------------------
@@ -165,12 +174,16 @@ def _first_at(flat: int, shape: torch.Size) -> str:
     return f", first at {_index(flat, shape)}" if len(shape) else ""
 
 
-def _index(flat: int, shape: torch.Size) -> str:
+def _unravel(flat: int, shape: torch.Size) -> tuple[int, ...]:
     index = []
     for size in reversed(shape):
         flat, i = divmod(flat, size)
         index.append(i)
-    return "[" + ", ".join(str(i) for i in reversed(index)) + "]"
+    return tuple(reversed(index))
+
+
+def _index(flat: int, shape: torch.Size) -> str:
+    return "[" + ", ".join(str(i) for i in _unravel(flat, shape)) + "]"
 
 
 def _value(tensor: torch.Tensor, flat: int) -> str:
@@ -193,5 +206,8 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _with_hint(message: str, hint: str) -> str:
+def _with_hint(message: str, hint: Hint, index: tuple[int, ...] | None = None) -> str:
+    """The message, then the hint; a callable hint is built from `index` (and left out without one)."""
+    if callable(hint):
+        hint = hint(index) if index is not None else ""
     return f"{message}. {hint}" if hint else message

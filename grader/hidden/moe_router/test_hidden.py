@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from grader.support.moe_router import Routing, as_routing
+from grader.testing import assert_close
 
 DRIVER = "grader.support.moe_router:"
 HUGE = 1000.0
@@ -149,17 +150,14 @@ def assert_routing_matches(r, o: dict, logits: torch.Tensor, where: str, policy:
                "promise any order among equal values." if tie else
                "Experts must be listed in descending router probability.")
         )
-    err = (r.combine_weight.double() - o["combine_weight"]).abs()
-    if err.max() > 1e-5:
-        t, j = divmod(int(err.argmax()), k)
-        kept = bool(o["kept"][t, j])
-        hint = ("it was dropped by capacity: its weight must be 0" if not kept else
-                "kept assignments keep the weight they had before any drop (renormalise over the k chosen "
+    def weight_hint(at: tuple[int, ...]) -> str:
+        t, j = at
+        return (f"Token {t}'s choice {j} was dropped by capacity: its weight must be 0" if not bool(o["kept"][t, j]) else
+                "Kept assignments keep the weight they had before any drop (renormalise over the k chosen "
                 "when renormalize is on, never over the kept ones only)")
-        raise AssertionError(
-            f"{where}: combine_weight[{t}, {j}] is {float(r.combine_weight[t, j]):.6g}, expected "
-            f"{float(o['combine_weight'][t, j]):.6g}: {hint}"
-        )
+
+    assert_close(r.combine_weight, o["combine_weight"], atol=1e-5, what=f"{where}: combine_weight [token, choice]",
+                 hint=weight_hint)
     at = first_mismatch(r.slot, o["slot"])
     if at is not None:
         t, j = at
@@ -296,11 +294,9 @@ def test_probs_are_fp32_softmax(sm, rng):
     p = sm.router_probs(logits)
     assert p.dtype == torch.float32, f"router_probs must return fp32 for bf16 logits, found {p.dtype}"
     want = torch.softmax(logits.double(), -1)
-    err = float((p.double() - want).abs().max())
-    assert err < 1e-6, (
-        f"router_probs is off by {err:.3g} from softmax of the bf16 logits in fp64: cast to fp32 BEFORE the "
-        "softmax (a bf16 softmax has only 8 bits of mantissa)"
-    )
+    assert_close(p, want, atol=1e-6, what="router_probs of bf16 logits (against their softmax in fp64)", hint=(
+        "Cast to fp32 BEFORE the softmax (a bf16 softmax has only 8 bits of mantissa)"
+    ))
     o = oracle_route(logits, 2, HUGE)
     r = sm.route(logits, 2, HUGE)
     assert r.combine_weight.dtype == torch.float32, f"combine_weight must be fp32, found {r.combine_weight.dtype}"
@@ -315,11 +311,11 @@ def test_renormalize_defaults_and_overrides(sm, rng):
         r = sm.route(logits, k, HUGE, renormalize=renorm)
         default = " (the default for this k)" if renorm is None else ""
         sums = r.combine_weight.sum(-1)
-        assert torch.allclose(r.combine_weight.double(), o["combine_weight"], atol=1e-5), (
-            f"k={k}, renormalize={renorm}{default}: combine_weight row 0 is {r.combine_weight[0].tolist()}, "
-            f"expected {o['combine_weight'][0].tolist()}. renormalize=None means True for k > 1 (Mixtral) and "
+        assert_close(r.combine_weight, o["combine_weight"], atol=1e-5, rtol=1e-5,
+                     what=f"k={k}, renormalize={renorm}{default}: combine_weight", hint=(
+            "renormalize=None means True for k > 1 (Mixtral) and "
             f"False for k = 1 (Switch); row sums found {sums[:4].tolist()}"
-        )
+        ))
 
 
 @pytest.mark.check("topk")
@@ -335,13 +331,10 @@ def test_combine_weight_gradient(student, sm, rng, k):
     if k > 1:
         w = w / w.sum(-1, keepdim=True)
     (w * g.double()).sum().backward()
-    err = float((grad.double() - x.grad).abs().max())
-    assert err < 1e-5, (
-        f"k={k}: the gradient of sum(g * combine_weight) with respect to the logits is off by {err:.3g}. "
-        + ("With k = 1 the weight is the raw probability, so the router still learns: do not renormalise it. "
-           if k == 1 else "The renormalised weight p_i / sum(p_chosen) depends on every chosen logit. ")
-        + "Keep the weights on the autograd graph (no .detach(), no index math through .tolist())."
-    )
+    assert_close(grad, x.grad, atol=1e-5, what=f"k={k}: the gradient of sum(g * combine_weight) with respect to the logits",
+                 hint=("With k = 1 the weight is the raw probability, so the router still learns: do not renormalise it. "
+                       if k == 1 else "The renormalised weight p_i / sum(p_chosen) depends on every chosen logit. ")
+                 + "Keep the weights on the autograd graph (no .detach(), no index math through .tolist()).")
 
 
 @pytest.mark.check("topk")
@@ -434,9 +427,11 @@ def test_probs_policy_crafted(sm):
         "probability of expert 0 for each token (0.60 > 0.45 > 0.40), not by the renormalised weight "
         "(which would favour token 0) nor by position; slot 0 goes to the highest."
     )
-    assert float(r.combine_weight[0, 0]) == 0.0 and abs(float(r.combine_weight[1, 1]) - 0.45 / 0.95) < 1e-5, (
-        f"kept weights stay renormalised over the k chosen, before the drop: found {r.combine_weight.tolist()}"
+    assert float(r.combine_weight[0, 0]) == 0.0, (
+        f"token 0's first choice is dropped: its weight must be 0, found combine_weight {r.combine_weight.tolist()}"
     )
+    assert_close(float(r.combine_weight[1, 1]), 0.45 / 0.95, atol=1e-5, what="combine_weight[1, 1]",
+                 hint=f"kept weights stay renormalised over the k chosen, before the drop: found {r.combine_weight.tolist()}")
 
 
 @pytest.mark.check("priority")
@@ -474,17 +469,16 @@ def test_aux_loss_balanced_is_one_and_collapse_is_E(sm, E):
     balanced = torch.zeros(T, E)
     balanced[torch.arange(T), torch.arange(T) % E] = 4.0  # token t prefers expert t % E
     r = sm.route(balanced, 1, 1.0)
-    assert abs(float(r.aux_loss) - 1.0) < 1e-5, (
-        f"perfectly balanced routing (E={E}, every expert gets 1/E of the tokens and 1/E of the probability mass) "
-        f"gives aux_loss {float(r.aux_loss):.6g}, expected 1.0 = E * sum_e (1/E)(1/E)"
-    )
+    assert_close(float(r.aux_loss), 1.0, atol=1e-5, what=f"aux_loss of perfectly balanced routing (E={E})", hint=(
+        f"Every expert gets 1/E of the tokens and 1/E of the probability mass: "
+        f"aux_loss = E * sum_e (1/E)(1/E) = 1"
+    ))
     collapsed = torch.zeros(T, E)
     collapsed[:, 0] = 20.0
     r = sm.route(collapsed, 1, 1.0)
-    assert abs(float(r.aux_loss) - E) < 1e-3, (
-        f"every token on expert 0 (E={E}): aux_loss is {float(r.aux_loss):.6g}, expected about {E}: f_0 = 1 counts "
-        "the choices BEFORE capacity drops, P_0 is about 1"
-    )
+    assert_close(float(r.aux_loss), E, atol=1e-3, what=f"aux_loss with every token on expert 0 (E={E})", hint=(
+        "f_0 = 1 counts the choices BEFORE capacity drops, P_0 is about 1"
+    ))
 
 
 @pytest.mark.check("aux")
@@ -496,19 +490,17 @@ def test_aux_loss_value_and_gradient_with_drops(student, sm, rng, k):
     cf = 0.5
     r, grad = student.drive(DRIVER + "route_backward", sm.route, logits, [k, cf], {}, None, 1.0, 0.0)
     o = oracle_route(logits, k, cf)
-    assert abs(float(r.aux_loss) - o["aux_loss"]) < 1e-5, (
-        f"k={k}, capacity_factor={cf} (some assignments dropped): aux_loss is {float(r.aux_loss):.6g}, expected "
-        f"{o['aux_loss']:.6g} = E * sum_e f_e P_e with f_e the fraction of all T*k choices that picked e BEFORE "
+    assert_close(float(r.aux_loss), o["aux_loss"], atol=1e-5,
+                 what=f"k={k}, capacity_factor={cf} (some assignments dropped): aux_loss", hint=(
+        "aux_loss = E * sum_e f_e P_e with f_e the fraction of all T*k choices that picked e BEFORE "
         "drops (the router is penalised for what it wanted, not for what fitted) and P_e the mean probability"
-    )
+    ))
     x = logits.double().requires_grad_(True)
     aux = E * (o["f"] * torch.softmax(x, -1).mean(0)).sum()
     aux.backward()
-    err = float((grad.double() - x.grad).abs().max())
-    assert err < 1e-6, (
-        f"k={k}: d aux_loss / d logits is off by {err:.3g}: f_e is a count (no gradient); the gradient flows "
-        "through P_e, the mean router probability"
-    )
+    assert_close(grad, x.grad, atol=1e-6, what=f"k={k}: d aux_loss / d logits", hint=(
+        "f_e is a count (no gradient); the gradient flows through P_e, the mean router probability"
+    ))
 
 
 @pytest.mark.check("aux")
@@ -519,16 +511,12 @@ def test_z_loss_value_and_gradient(student, sm, rng):
     z = torch.logsumexp(x, -1).square().mean()
     z.backward()
     z = z.detach()
-    assert abs(float(r.z_loss) - float(z)) < 1e-4 * max(1.0, float(z)), (
-        f"z_loss is {float(r.z_loss):.6g}, expected {float(z):.6g} = mean over tokens of logsumexp(logits)^2"
-    )
-    err = float((grad.double() - x.grad).abs().max())
-    assert err < 1e-5, f"d z_loss / d logits is off by {err:.3g}: compute it with differentiable torch ops"
+    assert_close(float(r.z_loss), float(z), atol=1e-4 * max(1.0, float(z)), what="z_loss",
+                 hint="z_loss is the mean over tokens of logsumexp(logits)^2")
+    assert_close(grad, x.grad, atol=1e-5, what="d z_loss / d logits", hint="compute it with differentiable torch ops")
     r = sm.route(logits.bfloat16(), 2, 1.0)
     zb = torch.logsumexp(logits.bfloat16().double(), -1).square().mean()
-    assert abs(float(r.z_loss) - float(zb)) < 1e-4 * float(zb), (
-        f"z_loss for bf16 logits is {float(r.z_loss):.6g}, expected {float(zb):.6g}: compute it in fp32"
-    )
+    assert_close(float(r.z_loss), float(zb), atol=0.0, rtol=1e-4, what="z_loss for bf16 logits", hint="compute it in fp32")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -583,10 +571,10 @@ def test_dispatch_against_the_loop(student, sm, rng, k, cf):
         for j in range(k):
             if int(o["slot"][t, j]) >= 0:
                 want_dx[t] += g[int(o["expert_index"][t, j]), int(o["slot"][t, j])]
-    assert torch.allclose(dx, want_dx, atol=1e-6), (
-        "the gradient of dispatch with respect to x is wrong: each token should receive the sum of the buffer "
+    assert_close(dx, want_dx, atol=1e-6, rtol=1e-5, what="the gradient of dispatch with respect to x", hint=(
+        "Each token should receive the sum of the buffer "
         "gradients at its kept slots (use differentiable indexing such as index_copy / index_add, not .tolist())"
-    )
+    ))
 
 
 @pytest.mark.check("dispatch_combine")
@@ -602,11 +590,13 @@ def test_combine_against_the_loop(student, sm, rng, k, cf):
     y, d_out, d_w = student.drive(DRIVER + "combine_backward", sm.combine, expert_out, oracle_routing(o), g)
     want = oracle_combine(expert_out, o)
     assert tuple(y.shape) == (T, d), f"combine should return [T, d] = {(T, d)}, found {tuple(y.shape)}"
-    err = (y.double() - want).abs().amax(-1)
-    t = int(err.argmax())
-    dropped = "all of its assignments were dropped, so it must be zeros" if not bool(o["kept"][t].any()) else (
-        f"its kept choices are {[(int(o['expert_index'][t, j]), int(o['slot'][t, j])) for j in range(k) if o['kept'][t, j]]}")
-    assert float(err[t]) < 1e-5, f"k={k}, capacity {cap}: combine row {t} is off by {float(err[t]):.3g}; {dropped}"
+    def dropped(at: tuple[int, ...]) -> str:
+        t = at[0]
+        return f"Token {t}: all of its assignments were dropped, so it must be zeros" if not bool(o["kept"][t].any()) else (
+            f"Token {t}'s kept (expert, slot) choices are "
+            f"{[(int(o['expert_index'][t, j]), int(o['slot'][t, j])) for j in range(k) if o['kept'][t, j]]}")
+
+    assert_close(y, want, atol=1e-5, what=f"k={k}, capacity {cap}: combine [token, feature]", hint=dropped)
     want_dout = torch.zeros(E, cap, d, dtype=torch.float64)
     want_dw = torch.zeros(T, k, dtype=torch.float64)
     for t in range(T):
@@ -615,14 +605,14 @@ def test_combine_against_the_loop(student, sm, rng, k, cf):
             if s >= 0:
                 want_dout[e, s] += float(o["combine_weight"][t, j]) * g[t].double()
                 want_dw[t, j] = float((expert_out[e, s].double() * g[t].double()).sum())
-    assert torch.allclose(d_out.double(), want_dout, atol=1e-5), (
-        "the gradient of combine with respect to expert_out is wrong: each kept slot receives its token's "
+    assert_close(d_out, want_dout, atol=1e-5, rtol=1e-5, what="the gradient of combine with respect to expert_out", hint=(
+        "Each kept slot receives its token's "
         "output gradient times the combine weight; slots no kept assignment uses receive 0"
-    )
-    assert torch.allclose(d_w.double(), want_dw, atol=1e-4), (
-        "the gradient of combine with respect to combine_weight is wrong: for a kept choice it is "
+    ))
+    assert_close(d_w, want_dw, atol=1e-4, rtol=1e-5, what="the gradient of combine with respect to combine_weight", hint=(
+        "For a kept choice it is "
         "<expert output, grad of y>; for a dropped one 0. This is the path by which the router learns."
-    )
+    ))
 
 
 @pytest.mark.check("dispatch_combine")
@@ -643,7 +633,7 @@ def test_combine_never_reads_dropped_or_empty_slots(sm, rng):
         "reads by its weight 0 is not enough (0 * inf is NaN). Mask with torch.where."
     )
     want = oracle_combine(torch.where(expert_out.isinf(), 0.0, expert_out), o)
-    assert torch.allclose(y.double(), want, atol=1e-5), "combine with ones in every used slot gives the wrong sums"
+    assert_close(y, want, atol=1e-5, rtol=1e-5, what="combine with ones in every used slot")
 
 
 @pytest.mark.check("dispatch_combine")
@@ -657,13 +647,10 @@ def test_round_trip_with_identity_experts(sm, rng, k):
     r = as_routing(sm.route(logits, k, cf))
     cap = capacity_formula(T, E, k, cf)
     y = sm.combine(sm.dispatch(x, r, cap), r)
+    assert bool(torch.isfinite(r.combine_weight).all()), "route gave combine weights that are not finite"
     want = r.combine_weight.sum(-1, keepdim=True) * x
-    err = (y - want).abs().amax(-1)
-    t = int(err.argmax())
-    assert float(err[t]) < 1e-5, (
-        f"combine(dispatch(x)) with identity experts should give (sum of token t's kept weights) * x[t]; "
-        f"token {t} is off by {float(err[t]):.3g}"
-    )
+    assert_close(y, want, atol=1e-5, what="combine(dispatch(x)) with identity experts [token, feature]",
+                 hint="It should give (sum of token t's kept weights) * x[t]")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -707,27 +694,20 @@ def test_layer_output_and_gradients(student, sm, rng, seed, k, cf):
     want = torch.stack(rows)
     (want * gy.double()).sum().backward()
 
-    err = (y.double() - want.detach()).abs().amax(-1)
-    t = int(err.argmax())
-    assert float(err[t]) < 1e-4, (
-        f"moe_layer output row {t} is off by {float(err[t]):.3g} from the per-token reference "
-        f"(y[t] = sum over kept choices of weight * expert(x[t]))"
-    )
+    assert_close(y, want.detach(), atol=1e-4, what="moe_layer output against the per-token reference [token, feature]",
+                 hint="y[t] = sum over kept choices of weight * expert(x[t])")
     for name, got, want_g in (("x", dx, x64.grad), ("gate_weight", dgate, g64.grad)):
-        e = float((got.double() - want_g).abs().max())
-        assert e < 1e-4 * max(1.0, float(want_g.abs().max())), (
-            f"moe_layer: d loss / d {name} is off by {e:.3g}"
-            + (": the router learns through combine_weight; keep it on the graph from the logits" if name == "gate_weight" else
-               ": x reaches y through dispatch (each expert) and through the router")
-        )
+        assert_close(got, want_g, atol=1e-4 * max(1.0, float(want_g.abs().max())), what=f"moe_layer: d loss / d {name}",
+                     hint=("The router learns through combine_weight; keep it on the graph from the logits" if name == "gate_weight" else
+                           "x reaches y through dispatch (each expert) and through the router"))
     for e_idx, (got_list, module) in enumerate(zip(dparams, ref)):
         for (pname, param), got in zip(module.named_parameters(), got_list):
             want_g = param.grad if param.grad is not None else torch.zeros_like(param)
-            e = float((got.double() - want_g).abs().max())
-            assert e < 1e-4 * max(1.0, float(want_g.abs().max())), (
-                f"moe_layer: the gradient of expert {e_idx}'s parameter {pname} is off by {e:.3g}; only kept "
+            assert_close(got, want_g, atol=1e-4 * max(1.0, float(want_g.abs().max())),
+                         what=f"moe_layer: the gradient of expert {e_idx}'s parameter {pname}", hint=(
+                "Only kept "
                 "assignments reach an expert (empty buffer rows must not add to the bias gradient through combine)"
-            )
+            ))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -791,9 +771,7 @@ def test_dispatch_and_combine_are_vectorised(student, sm, rng):
 
     def check_combine(y, expert_out, routing):
         want = oracle_combine(expert_out, oracles[routing.slot.shape[0]])
-        assert y.shape == want.shape and torch.allclose(y.double(), want, atol=1e-5), (
-            f"combine is wrong for T={routing.slot.shape[0]}"
-        )
+        assert_close(y, want, atol=1e-5, rtol=1e-5, what=f"combine for T={routing.slot.shape[0]}")
 
     assert_flat(student, sm.combine, combine_args, check_combine, "combine")
 
@@ -810,9 +788,7 @@ def test_moe_layer_is_vectorised(student, sm, rng):
         with torch.no_grad():
             want = oracle_combine(torch.stack([m(x) for m in experts]), {
                 **o, "slot": torch.where(o["kept"], torch.arange(x.shape[0])[:, None].expand(-1, k), -1)})
-        assert y.shape == want.shape and torch.allclose(y.double(), want, atol=1e-5), (
-            f"moe_layer's output is wrong for T={x.shape[0]}"
-        )
+        assert_close(y, want, atol=1e-5, rtol=1e-5, what=f"moe_layer's output for T={x.shape[0]}")
 
     assert_flat(student, sm.moe_layer, lambda T: (torch.randn(T, d, generator=rng), gate, experts, k, cf), check,
                 "moe_layer (a loop over the experts is fine; one over tokens is not)")
