@@ -28,11 +28,13 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.text import Text
 
 from grader import __version__, report, results, selfstudy
 from grader.container import ContainerError, add_backend_options, backend_from_args
 from grader.course import CourseError, find_root, load_course
 from grader.runner import GradeOptions, grade, run_exercise
+from grader.text import inert
 
 console = Console(stderr=False)
 err = Console(stderr=True)
@@ -70,7 +72,7 @@ def cmd_grade(args: argparse.Namespace) -> int:
     else:
         report.print_result(result, console, detail=not args.summary)
         if out:
-            console.print(f"result written to {out}")
+            console.print(f"result written to {out}", markup=False, highlight=False)
     return 0
 
 
@@ -86,7 +88,7 @@ def grade_in_container(course, root: Path, source: Path, out: Path | None, opts:
         if out is not None:
             results.write_atomic(out, result)
     if error is not None:
-        err.print(f"[red]the grade did not finish:[/] {error}", highlight=False)
+        err.print(Text.assemble(("the grade did not finish:", "red"), " ", inert(error)))
     return result
 
 
@@ -143,10 +145,11 @@ def cmd_check(args: argparse.Namespace) -> int:
                 if t["status"] not in ("passed", "not_graded") and "NotImplementedError" not in t["message"]), None)
     if bad is not None:
         ex, check, test = bad
-        console.print(f"[bold]first failure[/] ({ex['id']}, check {check['id']}: {check['title']}): {test['name']}")
-        console.print(test["message"], markup=False, highlight=False)
+        console.print(Text.assemble(("first failure", "bold"),
+                                    inert(f" ({ex['id']}, check {check['id']}: {check['title']}): {test['name']}")))
+        console.print(inert(test["message"]), markup=False, highlight=False)
         if test["traceback"]:
-            console.print(test["traceback"], markup=False, highlight=False)
+            console.print(inert(test["traceback"]), markup=False, highlight=False)
         console.print(f"read: exercises/{ex['id']}/README.md, section 'The contract' (and 'Hints'); "
                       f"`make hint EX={ex['id']}` for the next hint")
     skipped = [f"{ex['id']}/{c['id']}" for ex in result["exercises"] for c in ex["checks"] if c["status"] == "not_graded"]
@@ -287,7 +290,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--tests", choices=("all", "public"), default="all")
     g.add_argument("--summary", action="store_true", help="one line per exercise")
     g.add_argument("--no-isolate", action="store_true", help="run workers without namespaces (debugging)")
-    g.add_argument("--user", default="nobody", help="unprivileged user for the worker when run as root")
+    g.add_argument("--user", default="auto",
+                   help="as root, the worker's identity: 'auto' (a uid of its own per grade) or an account's name")
     g.add_argument("--log-dir", help="keep each exercise's pytest output in this folder")
     add_backend_options(g)
     g.set_defaults(fn=cmd_grade)
@@ -350,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except (UsageError, CourseError, KeyError, ContainerError) as exc:
-        err.print(f"[red]error:[/] {str(exc).strip(chr(39)).strip(chr(34))}")
+        err.print(Text.assemble(("error:", "red"), " ", inert(str(exc).strip(chr(39)).strip(chr(34)))))
         return 2
 
 

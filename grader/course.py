@@ -99,6 +99,11 @@ class Exercise(_Model):
     checks: list[Check] = Field(min_length=1)
     hints: list[str] = Field(default_factory=list)
     parts: list[Part] = Field(default_factory=list, description="smaller practice rounds within the exercise")
+    mutates: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="functions whose contract lets them change tensor arguments in place: "
+                    "'function' or 'Class.method' -> parameter names; any other change to an argument fails the call",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> "Exercise":
@@ -151,6 +156,9 @@ class WorkerLimits(_Model):
     file_size_mb: int = Field(256, gt=0)
     processes: int = Field(256, gt=0)
     max_result_mb: int = Field(1024, gt=0)
+    scratch_mb: int = Field(1024, gt=0, description="the worker's private tmpfs (its /tmp and the view's root)")
+    uid_first: int = Field(1_900_000_000, gt=0, description="first uid of the range leased one per grade (as root)")
+    uid_count: int = Field(1000, gt=0, description="how many uids the range holds: grades that can run at once")
 
 
 class ContainerLimits(_Model):

@@ -38,7 +38,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--grader-seed", type=int, default=None, help="seed for the hidden tests' inputs")
     group.addoption("--grader-hide", default="", help="os.pathsep-separated folders the worker must not read")
     group.addoption("--grader-no-isolate", action="store_true", help="run workers without namespaces")
-    group.addoption("--grader-user", default="nobody", help="unprivileged user for workers when root")
+    group.addoption("--grader-user", default="auto",
+                    help="as root: 'auto' runs each worker as a uid of its own; or an account's name (shared)")
     group.addoption("--grader-checks", default="", help="comma-separated check ids: run only their tests")
     group.addoption("--grader-prestart", default=None, help="start this exercise's worker before collection")
     group.addoption("--grader-call-timeout", type=float, default=None, help="override course.yaml's call_timeout_s")
@@ -135,10 +136,12 @@ def _make_session(config: pytest.Config):
         isolate=not config.getoption("--grader-no-isolate"),
         user=config.getoption("--grader-user"),
         hide=[p for p in config.getoption("--grader-hide").split(os.pathsep) if p],
+        course_root=str(root),
         cuda=_cuda_available(),
         **({} if limits is None else {
             "memory_mb": limits.memory_mb, "cpu_s": limits.cpu_s, "file_size_mb": limits.file_size_mb,
-            "processes": limits.processes, "max_result_mb": limits.max_result_mb,
+            "processes": limits.processes, "max_result_mb": limits.max_result_mb, "scratch_mb": limits.scratch_mb,
+            "uid_first": limits.uid_first, "uid_count": limits.uid_count,
         }),
     )
 
@@ -148,7 +151,42 @@ def _make_session(config: pytest.Config):
             return override
         return course.exercise(exercise_id).call_timeout_s if course else 60.0
 
-    return StudentSession(mode, locate, sandbox, call_timeout)
+    def contract(exercise_id: str) -> dict:
+        if course is None:
+            return {}
+        exercise = course.exercise(exercise_id)
+        stub = Path(root) / "exercises" / exercise_id / exercise.file  # the course's own copy, never the student's
+        return {"mutates": {name: tuple(params) for name, params in exercise.mutates.items()},
+                "parameters": parameter_names(stub)}
+
+    return StudentSession(mode, locate, sandbox, call_timeout, contract)
+
+
+def parameter_names(path: Path) -> dict[str, tuple[str, ...]]:
+    """{"function": (names...), "Class.method": (names without self...)} from a Python file's AST
+    (the course's stub: read as text, never imported)."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError, ValueError):
+        return {}
+
+    def names(fn: ast.FunctionDef | ast.AsyncFunctionDef, drop_self: bool) -> tuple[str, ...]:
+        args = [a.arg for a in [*fn.args.posonlyargs, *fn.args.args]]
+        return tuple(args[1:] if drop_self and args else args)
+
+    out: dict[str, tuple[str, ...]] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out[node.name] = names(node, False)
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    out[f"{node.name}.{item.name}"] = names(item, True)
+                    if item.name == "__init__":
+                        out[node.name] = names(item, True)
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -36,7 +36,7 @@ class GradeOptions:
     mode: str = "sandbox"  # or "local" (in-process, for make check)
     tests: str = "all"  # "all" or "public"
     isolate: bool = True
-    user: str = "nobody"
+    user: str = "auto"  # as root: each worker a uid of its own (grader/harness/identity.py); or an account
     hide: tuple[str, ...] = ()  # extra folders the worker must not read
     log_dir: Path | None = None  # keep each exercise's pytest output here
     call_timeout_s: float | None = None  # override course.yaml's per-call limit

@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grader.harness import wire
+from grader.harness import identity, wire
 from grader.harness.worker import MODULE
+from grader.text import inert
 
 
 class StudentError(Exception):
@@ -85,33 +86,55 @@ def remote_exception_class(name: str, mro: list[str]) -> type:
 # Sandbox settings and the worker process
 
 
+class SandboxError(RuntimeError):
+    """The sandbox could not be set up: a failure of the grading machine, never the student's."""
+
+
 @dataclass
 class Sandbox:
-    """How to isolate workers. `hide` lists folders the worker must not be able to read."""
+    """How to isolate workers.
+
+    `user`: "auto" runs each worker as a uid of its own when root (identity.py), or as an account
+    named here (a shared identity). `course_root` and `hide` name what the worker must never see;
+    its view of the file system is an allow-list (view.py), so these only matter where an
+    allow-listed folder contains them."""
 
     isolate: bool = True
-    user: str | None = "nobody"
+    user: str | None = "auto"
     hide: list[str] = field(default_factory=list)
+    course_root: str | None = None
     memory_mb: int = 8192
     cpu_s: int = 900
     file_size_mb: int = 256
     processes: int = 256
     max_result_mb: int = 1024
+    scratch_mb: int = 1024
+    shm_mb: int = 256
+    uid_first: int = identity.DEFAULT_UID_FIRST
+    uid_count: int = identity.DEFAULT_UID_COUNT
     threads: int = 1
     cuda: bool = False
 
-    def uid_gid(self) -> tuple[int | None, int | None]:
-        if os.geteuid() != 0 or not self.user:
-            return None, None
+    def account(self) -> tuple[int, int] | None:
+        """(uid, gid) of the named account when root and one is named (not "auto"); else None."""
+        if os.geteuid() != 0 or not self.user or self.user == "auto":
+            return None
         entry = pwd.getpwnam(self.user)
         return entry.pw_uid, entry.pw_gid
 
 
 _PASS_ENV = ("CUDA_VISIBLE_DEVICES", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "LD_LIBRARY_PATH", "GRADER_IN_CONTAINER")
+LOG_TAIL_BYTES = 4000
 
 
 class WorkerProcess:
-    """One sandboxed worker serving one student module; restarted on demand after a failure."""
+    """One sandboxed worker serving one student module; restarted on demand after a failure.
+
+    The worker's identity (a leased uid when root) is held for the life of this object, across
+    restarts, and given back by `shutdown`. Nothing of the worker lives on this machine's disk
+    under a name: its log is an unlinked file this process holds open, its files are in its own
+    mount namespace, and a scratch folder (only without namespaces) sits in a folder only this
+    process can write."""
 
     def __init__(self, module_path: Path, sandbox: Sandbox, call_timeout: float):
         self.module_path = Path(module_path)
@@ -120,10 +143,29 @@ class WorkerProcess:
         self.generation = 0
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
-        self.workdir: Path | None = None
+        self.log = None  # the worker's stdout and stderr: an unlinked temporary file
+        self.status_fd: int | None = None
+        self.scratch_parent: str | None = None
+        self.lease: identity.UidLease | None = None
         self.warnings: list[str] = []
         self.starts = 0
         self._starting = False
+
+    # -- identity -----------------------------------------------------------------------------
+
+    def identity(self) -> tuple[int | None, int | None]:
+        """(uid, gid) the worker runs as; (None, None) when it keeps this process's own (not root)."""
+        account = self.sandbox.account()
+        if account is not None:
+            return account
+        if os.geteuid() != 0:
+            return None, None
+        if self.lease is None:
+            try:
+                self.lease = identity.lease(self.sandbox.uid_first, self.sandbox.uid_count)
+            except identity.IdentityError as exc:
+                raise SandboxError(f"no identity for the worker: {exc}") from None
+        return self.lease.uid, self.lease.gid
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -136,73 +178,116 @@ class WorkerProcess:
         if not self._starting:
             return
         self._starting = False
-        self._request({"op": "ping"}, timeout=max(60.0, self.call_timeout))
-        self.warnings = [
-            line.split(":", 1)[1].strip()
-            for line in self.log_tail(8000).splitlines()
-            if line.startswith("grader-sandbox-warning:")
-        ]
+        deadline = time.monotonic() + max(60.0, self.call_timeout)
+        status = self._read_status(deadline)
+        if "error" in status:
+            self.close()
+            raise SandboxError(f"the sandbox for your code could not start: {status['error']}")
+        self.warnings = [str(w) for w in status.get("warnings", [])]
+        self._request({"op": "ping"}, deadline - time.monotonic())
+
+    def _read_status(self, deadline: float) -> dict:
+        """The launcher's one status line (warnings, or the error that stopped it), read with a deadline."""
+        assert self.status_fd is not None
+        data = b""
+        try:
+            while len(data) < 65536:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                ready, _, _ = select.select([self.status_fd], [], [], min(left, 0.5))
+                if not ready:
+                    if self.proc is not None and self.proc.poll() is not None and not data:
+                        break
+                    continue
+                chunk = os.read(self.status_fd, 65536)
+                if not chunk:
+                    break
+                data += chunk
+        finally:
+            os.close(self.status_fd)
+            self.status_fd = None
+        try:
+            status = json.loads(data.split(b"\n", 1)[0] or b"null")
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            status = None
+        if not isinstance(status, dict):
+            code = self.proc.poll() if self.proc is not None else None
+            tail = self.log_tail()
+            return {"error": f"the launcher ended before reporting ({describe_exit(code)})"
+                             + (f": {tail.strip().splitlines()[-1]}" if tail.strip() else "")}
+        return status
 
     def spawn(self) -> None:
         """Start a fresh worker without waiting for it (it imports torch meanwhile)."""
         self.close()
-        self.workdir = Path(tempfile.mkdtemp(prefix="grader-worker-"))
-        target = self.workdir / self.module_path.name
-        shutil.copyfile(self.module_path, target)
-        uid, gid = self.sandbox.uid_gid()
-        if uid is not None:
-            os.chown(self.workdir, uid, gid)
-            os.chown(target, uid, gid)
+        uid, gid = self.identity()
+        self.scratch_parent = tempfile.mkdtemp(prefix="grader-worker-")  # 0700, ours: used without namespaces
+        self.log = tempfile.TemporaryFile(prefix="grader-worker-log-")  # unlinked: no name anyone can reach
         parent_sock, child_sock = socket.socketpair()
+        status_r, status_w = os.pipe()
+        module_fd = os.open(self.module_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        root = self.sandbox.course_root or ""
         config = {
             "isolate": self.sandbox.isolate,
-            "hide": [str(Path(p).resolve()) for p in self.sandbox.hide],
             "uid": uid,
             "gid": gid,
-            "workdir": str(self.workdir),
-            "log": str(self.workdir / "output.log"),
+            "course_root": root,
+            "masks": [str(Path(p).resolve()) for p in self.sandbox.hide],
+            "module_fd": module_fd,
+            "module_name": self.module_path.name,
+            "status_fd": status_w,
+            "sock_fd": child_sock.fileno(),
+            "scratch_parent": self.scratch_parent,
+            "scratch_mb": self.sandbox.scratch_mb,
+            "shm_mb": self.sandbox.shm_mb,
+            "cuda": self.sandbox.cuda,
             "limits": {
                 "cpu_s": self.sandbox.cpu_s,
                 "file_size_mb": self.sandbox.file_size_mb,
                 "memory_mb": 0 if self.sandbox.cuda else self.sandbox.memory_mb,
                 "processes": self.sandbox.processes,
             },
-            "argv": [str(child_sock.fileno()), str(target)],
         }
         env = {k: os.environ[k] for k in _PASS_ENV if k in os.environ}
         threads = str(self.sandbox.threads)
+        home = "/tmp" if self.sandbox.isolate else tempfile.gettempdir()
         env.update(
             PATH="/usr/local/bin:/usr/bin:/bin",
-            HOME=str(self.workdir),
-            TMPDIR=str(self.workdir),
+            HOME=home,
+            TMPDIR=home,
+            USER="student",
+            LOGNAME="student",
             LANG="C.UTF-8",
             OMP_NUM_THREADS=threads,
             MKL_NUM_THREADS=threads,
-            TRITON_CACHE_DIR=str(self.workdir / ".triton"),
+            TRITON_CACHE_DIR=os.path.join(home, ".triton"),
         )
         if not self.sandbox.cuda:
             env["TRITON_INTERPRET"] = "1"
-        launch_err = open(self.workdir / "launch.log", "wb")
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-I", "-m", "grader.harness.launch", json.dumps(config)],
-                pass_fds=[child_sock.fileno()],
+                pass_fds=[child_sock.fileno(), status_w, module_fd],
                 start_new_session=True,
                 env=env,
-                cwd=str(self.workdir),
+                cwd="/",
                 stdin=subprocess.DEVNULL,
-                stdout=launch_err,
-                stderr=launch_err,
+                stdout=self.log,
+                stderr=self.log,
             )
         finally:
-            launch_err.close()
             child_sock.close()
+            os.close(status_w)
+            os.close(module_fd)
+        self.status_fd = status_r
         self.sock = parent_sock
         self.generation += 1
         self.starts += 1
         self._starting = True
 
     def close(self) -> None:
+        """Stop the worker and everything it started; keep the identity for the next start."""
         self._starting = False
         if self.proc is not None:
             try:
@@ -214,26 +299,36 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:  # pragma: no cover - a process SIGKILL cannot stop
                 pass
             self.proc = None
+        if self.lease is not None:
+            self.lease.sweep()  # without a PID namespace, whatever the worker left behind
         if self.sock is not None:
             self.sock.close()
             self.sock = None
-        if self.workdir is not None:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-            self.workdir = None
+        if self.status_fd is not None:
+            os.close(self.status_fd)
+            self.status_fd = None
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+        if self.scratch_parent is not None:
+            shutil.rmtree(self.scratch_parent, ignore_errors=True)
+            self.scratch_parent = None
 
-    def log_tail(self, limit: int = 2000) -> str:
-        if self.workdir is None:
+    def shutdown(self) -> None:
+        """Stop the worker for good and give its identity back."""
+        self.close()
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
+
+    def log_tail(self, limit: int = LOG_TAIL_BYTES) -> str:
+        """The end of the worker's output, at most `limit` bytes, decoded and made inert."""
+        if self.log is None:
             return ""
-        texts = []
-        for name in ("launch.log", "output.log"):
-            path = self.workdir / name
-            try:
-                with open(path, "rb") as f:
-                    f.seek(max(0, path.stat().st_size - limit))
-                    texts.append(f.read().decode("utf-8", "replace"))
-            except OSError:
-                continue
-        return "".join(texts)[-limit:]
+        fd = self.log.fileno()
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, limit, max(0, size - limit))
+        return inert(data.decode("utf-8", "replace"))
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -243,27 +338,36 @@ class WorkerProcess:
         self.wait_ready()
         return self._request(message, timeout if timeout is not None else self.call_timeout)
 
+    def _timeout(self, timeout: float, what: str = "") -> StudentTimeout:
+        self.close()
+        return StudentTimeout(
+            f"your code ran for more than {timeout:g} s (the time limit for one call) and was stopped{what}"
+        )
+
     def _request(self, message: dict, timeout: float) -> dict:
+        """Send one request and read its reply. Every read and write has the call's deadline: a silent
+        worker, or one that sends half a reply and stops, is a timeout, never a hang."""
         assert self.sock is not None
+        deadline = time.monotonic() + timeout
         try:
-            wire.send_frame(self.sock, wire.encode_request(message))
+            wire.send_frame(self.sock, wire.encode_request(message), deadline)
+        except wire.FrameTimeout:
+            raise self._timeout(timeout, " (it stopped reading requests)") from None
         except OSError:
             self._crashed("the worker stopped accepting requests")
-        deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                self.close()
-                raise StudentTimeout(
-                    f"your code ran for more than {timeout:g} s (the time limit for one call) and was stopped"
-                )
+                raise self._timeout(timeout)
             ready, _, _ = select.select([self.sock], [], [], min(left, 0.5))
             if ready:
                 break
             if self.proc is not None and self.proc.poll() is not None:
                 self._crashed()
         try:
-            payload = wire.recv_frame(self.sock, self.sandbox.max_result_mb << 20)
+            payload = wire.recv_frame(self.sock, self.sandbox.max_result_mb << 20, deadline)
+        except wire.FrameTimeout:
+            raise self._timeout(timeout, " (its reply stopped part-way)") from None
         except (EOFError, OSError):
             self._crashed()
         except wire.MalformedReply as exc:
@@ -285,8 +389,8 @@ class WorkerProcess:
         if not isinstance(error, dict):
             return StudentCrash("the worker reported an error in an unreadable form")
         cls = remote_exception_class(str(error.get("type", "Exception")), [str(n) for n in error.get("mro", [])])
-        exc = cls(str(error.get("message", "")))
-        exc.student_traceback = str(error.get("traceback", ""))
+        exc = cls(inert(str(error.get("message", ""))))
+        exc.student_traceback = inert(str(error.get("traceback", "")))
         return exc
 
     def _crashed(self, why: str | None = None) -> None:
@@ -296,7 +400,7 @@ class WorkerProcess:
                 code = self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 code = None
-        tail = self.log_tail()
+        tail = self.log_tail(2000)
         self.close()
         if why is None:
             why = describe_exit(code)
@@ -335,6 +439,49 @@ def describe_exit(code: int | None) -> str:
 class CallOptions:
     forbid: tuple[str, ...] = ()
     forbid_why: str = ""
+    # The contract on arguments: "function" or "Class.method" -> the parameter names it may change in
+    # place, and -> its parameter names in order (from the course's own stub), to name positions.
+    mutates: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    parameters: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+class InputModified(AssertionError):
+    """A call changed a tensor argument that its contract says it only reads."""
+
+
+def argument_name(path: list, parameters: tuple[str, ...]) -> str:
+    """A mutated tensor's place in (args, kwargs) as the student would name it: "x", "H[2]"."""
+    where, key, *rest = path
+    if where == 1:
+        name = str(key)
+    elif isinstance(key, int) and key < len(parameters):
+        name = parameters[key]
+    else:
+        name = f"argument {key + 1 if isinstance(key, int) else key}"
+    return name + "".join(f"[{k!r}]" for k in rest)
+
+
+def allowed_mutations(qualname: str, mutated: list, options: CallOptions) -> list:
+    """The entries of `mutated` (paths into (args, kwargs)) the contract allows. Raises InputModified,
+    naming the argument, for a change it does not allow."""
+    parameters = options.parameters.get(qualname, ())
+    allowed = set(options.mutates.get(qualname, ()))
+    ok = []
+    for entry in mutated:
+        path = list(entry[0]) if isinstance(entry, (list, tuple)) and entry else []
+        if len(path) < 2 or path[0] not in (0, 1):
+            continue
+        name = argument_name(path, parameters)
+        if name.split("[", 1)[0] in allowed:
+            ok.append(entry)
+            continue
+        may = f" (it may change only {', '.join(sorted(allowed))})" if allowed else ""
+        raise InputModified(
+            f"{qualname or 'the call'} changed its argument {name} in place{may}; the contract says it only "
+            "reads it. Build the result in a new tensor (e.g. work on x.clone()); the tests' oracle is "
+            "computed from the argument as it was before the call"
+        )
+    return ok
 
 
 def _outgoing(value: Any, worker: WorkerProcess) -> Any:
@@ -377,14 +524,18 @@ def _copy_back(args: Any, mutated: list) -> None:
     """Apply in-place changes the student made to tensor arguments, as an in-process call would."""
     import torch
 
-    for path, new in mutated:
+    for entry in mutated:
+        try:
+            path, new = entry
+        except (TypeError, ValueError):
+            continue
         target = args
         try:
             for key in path:
                 target = target[key]
         except (KeyError, IndexError, TypeError):
             continue
-        if isinstance(target, torch.Tensor) and target.shape == new.shape:
+        if isinstance(target, torch.Tensor) and isinstance(new, torch.Tensor) and target.shape == new.shape:
             with torch.no_grad():
                 target.copy_(new.to(target.device))
 
@@ -392,9 +543,11 @@ def _copy_back(args: Any, mutated: list) -> None:
 class RemoteCallable:
     """A function, class or method that lives in the worker."""
 
-    def __init__(self, worker: WorkerProcess, target: Any, path: list[str], options: CallOptions, generation: int):
+    def __init__(self, worker: WorkerProcess, target: Any, path: list[str], options: CallOptions, generation: int,
+                 owner: str = ""):
         self._worker, self._target, self._path = worker, target, path
         self._options, self._generation = options, generation
+        self._qualname = ".".join([owner, *path] if owner else path)
 
     def _invoke(self, args: tuple, kwargs: dict, count_lines: bool = False, driver: str | None = None) -> tuple[Any, int | None]:
         worker = self._worker
@@ -414,7 +567,11 @@ class RemoteCallable:
             },
         }
         reply = worker.request(request)
-        _copy_back((args, kwargs), reply.get("mutated", []))
+        mutated = reply.get("mutated", [])
+        if not driver and isinstance(mutated, list) and mutated:
+            # This process's own tensors were never touched: only changes the contract allows are
+            # copied in, as an in-process call would have made them. A driver owns its arguments.
+            _copy_back((args, kwargs), allowed_mutations(self._qualname, mutated, self._options))
         value = _attach_options(reply.get("value"), self._options)
         return value, reply.get("lines")
 
@@ -448,13 +605,13 @@ class RemoteHandle:
         if self._generation != worker.generation:
             raise StudentCrash("this object lived in a worker that has since been restarted")
         reply = worker.request({"op": "getattr", "target": self._id, "name": name})
-        return _attribute(reply, worker, self._id, [name], self._options)
+        return _attribute(reply, worker, self._id, [name], self._options, self._type)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("attributes of a remote object are read-only from the tests")
 
     def _method(self, name: str, *args, **kwargs):
-        return RemoteCallable(self._worker, self._id, [name], self._options, self._generation)(*args, **kwargs)
+        return RemoteCallable(self._worker, self._id, [name], self._options, self._generation, self._type)(*args, **kwargs)
 
     def __len__(self) -> int:
         return self._method("__len__")
@@ -463,19 +620,20 @@ class RemoteHandle:
         return self._method("__getitem__", key)
 
     def __call__(self, *args, **kwargs):
-        return RemoteCallable(self._worker, self._id, [], self._options, self._generation)(*args, **kwargs)
+        return RemoteCallable(self._worker, self._id, [], self._options, self._generation, self._type)(*args, **kwargs)
 
     def __repr__(self) -> str:
         return f"<remote {self._type} object #{self._id}>"
 
 
-def _attribute(reply: dict, worker: WorkerProcess, target: Any, path: list[str], options: CallOptions) -> Any:
+def _attribute(reply: dict, worker: WorkerProcess, target: Any, path: list[str], options: CallOptions,
+               owner: str = "") -> Any:
     kind = reply.get("kind")
     if kind == "exception":
         mro = [str(n) for n in reply.get("mro", [])]
         return remote_exception_class(mro[0] if mro else "Exception", mro)
     if kind in ("class", "callable"):
-        return RemoteCallable(worker, target, path, options, worker.generation)
+        return RemoteCallable(worker, target, path, options, worker.generation, owner)
     if kind == "value":
         return _attach_options(reply.get("value"), options)
     raise StudentCrash(f"the worker described attribute {path[-1]!r} in an unreadable form")

@@ -1,20 +1,28 @@
 """Start the worker inside its sandbox. Runs as a fresh, single-threaded Python (no torch imported).
 
-``python -I -m grader.harness.launch CONFIG_JSON`` does, in order:
+``python -I -m grader.harness.launch CONFIG_JSON`` is started by the trusted test process
+(client.py) with four descriptors: the request socket, the student's file (opened there), a status
+pipe, and the log (stdout and stderr, an unlinked file only the trusted side can name). In order:
 
 1. Namespaces (Linux). As root: new mount, network, PID and IPC namespaces. Otherwise: the same
    inside a new user namespace, where the kernel allows it. Where neither works, it goes on without
-   and says so on stderr (the grader turns that into a warning in the result). In the course's
-   grading container (GRADER_IN_CONTAINER=1) the container is the sandbox: steps 1-3 are skipped.
+   and says so (the grader turns that into a warning in the result). In the course's grading
+   container (GRADER_IN_CONTAINER=1) the container is the sandbox: steps 1-3 are skipped.
 2. Forks, so the worker is PID 1 of its PID namespace: when it dies, the kernel kills every process
    it left behind, including ones that called setsid() to escape the process group.
-3. In the mount namespace, hides the folders the student must not read (hidden tests, solutions,
-   other submissions) under empty read-only tmpfs mounts.
+3. Builds the worker's file system, an allow-list view on a private tmpfs (view.py): system
+   folders, the Python environment and the grader package read-only, the student's file copied in,
+   a private scratch /tmp; nothing else of the machine. Without namespaces, a scratch folder of its
+   own instead, inside a folder only the trusted side can write.
 4. Resource limits: CPU seconds, file size, number of processes, address space (CPU-only hosts;
    CUDA reserves huge virtual ranges), no core dumps.
-5. As root: drops to the unprivileged user (default ``nobody``), with no supplementary groups.
-6. Sends stdout/stderr to a capped log file in the worker's private folder and execs the worker,
-   which the kernel kills if the process that started it dies (PR_SET_PDEATHSIG).
+5. As root: drops to the grade's own unprivileged uid (identity.py), with no supplementary groups
+   and no way back (PR_SET_NO_NEW_PRIVS: no setuid binary can raise it again).
+6. Reports its warnings on the status pipe, closes it, and execs the worker, which the kernel kills
+   if the process that started it dies (PR_SET_PDEATHSIG).
+
+Root never opens, creates or changes a path inside a folder a worker can write: the log and the
+student's file travel as descriptors, and the scratch folder is created before it is handed over.
 """
 
 from __future__ import annotations
@@ -31,11 +39,8 @@ CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
-MS_RDONLY = 1
-MS_NOSUID = 2
-MS_NODEV = 4
-MS_REC = 16384
-MS_PRIVATE = 1 << 18
+PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -52,14 +57,15 @@ def _write(path: str, text: str) -> None:
 
 
 def enter_namespaces(as_root: bool) -> list[str]:
-    """Returns warnings for isolation that could not be had."""
+    """Returns warnings for isolation that could not be had (an empty list: fully isolated)."""
     flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC
     if as_root:
         try:
             _check(_libc.unshare(flags), "unshare")
             return []
         except OSError as exc:
-            return [f"no namespaces for the worker ({exc}); it shares this machine's network and process table"]
+            return [f"no namespaces for the worker ({exc}); it shares this machine's file system, network "
+                    "and process table, and runs as its grade's own uid"]
     uid, gid = os.getuid(), os.getgid()
     try:
         _check(_libc.unshare(flags | CLONE_NEWUSER), "unshare")
@@ -68,30 +74,8 @@ def enter_namespaces(as_root: bool) -> list[str]:
         _write("/proc/self/gid_map", f"{gid} {gid} 1")
         return []
     except OSError as exc:
-        return [f"no user namespace for the worker ({exc}); it has network access and can see other processes"]
-
-
-def hide_paths(paths: list[str]) -> list[str]:
-    warnings = []
-    try:
-        _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
-    except OSError as exc:
-        return [f"cannot hide grader files from the worker ({exc})"]
-    for path in paths:
-        if not os.path.isdir(path):
-            continue
-        try:
-            _check(
-                _libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, b"size=4k,mode=0555"),
-                f"mount tmpfs on {path}",
-            )
-        except OSError as exc:
-            warnings.append(f"cannot hide {path} from the worker ({exc})")
-    try:  # a /proc of the new PID namespace: the worker sees its own processes only
-        _check(_libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV, None), "mount /proc")
-    except OSError as exc:
-        warnings.append(f"cannot mount a private /proc ({exc})")
-    return warnings
+        return [f"no user namespace for the worker ({exc}); it runs as the grader's own user, can read what "
+                "that user can read, has network access and can see other processes"]
 
 
 def loopback_up() -> list[str]:
@@ -144,11 +128,8 @@ def drop_privileges(uid: int, gid: int) -> None:
     os.setgroups([])
     os.setgid(gid)
     os.setuid(uid)
-    if os.getuid() == 0 or os.geteuid() == 0:  # paranoia: setuid must have taken effect
+    if os.getuid() == 0 or os.geteuid() == 0 or os.getgid() == 0:  # paranoia: setuid must have taken effect
         raise OSError("could not drop root privileges")
-
-
-PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> None:
@@ -157,16 +138,60 @@ def die_with_parent() -> None:
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
+def no_new_privileges() -> None:
+    """From here on, no exec can gain privileges (setuid-root binaries run as the caller)."""
+    _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+
+
+def scratch_folder(parent: str, module_fd: int, module_name: str, uid: int | None, gid: int | None) -> str:
+    """Without a mount namespace: a fresh folder for the worker, made inside `parent` (a folder only the
+    trusted side can write), holding a copy of the student's file; handed to `uid` only once complete."""
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="worker-", dir=parent)
+    fd = os.open(os.path.join(folder, module_name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444)
+    try:
+        while chunk := os.read(module_fd, 1 << 20):
+            os.write(fd, chunk)
+    finally:
+        os.close(fd)
+        os.close(module_fd)
+    if uid is not None:
+        os.chmod(parent, 0o711)  # the worker may pass through to its own folder, list nothing
+        dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            os.fchown(dfd, uid, gid)
+        finally:
+            os.close(dfd)
+    return folder
+
+
 def main() -> None:
     die_with_parent()
     config = json.loads(sys.argv[1])
+    status = os.fdopen(config["status_fd"], "w")
+    try:
+        start(config, status)
+    except BaseException as exc:  # noqa: BLE001 - reported to the trusted side, which fails the grade
+        try:
+            status.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
+            status.close()
+        except OSError:
+            pass
+        os._exit(70)
+
+
+def start(config: dict, status) -> None:
     as_root = os.geteuid() == 0
+    uid, gid = config.get("uid"), config.get("gid")
+    drop = as_root and uid is not None
     # In the course image's container, the container is the sandbox (no network, its own process
     # table and file system, limits from outside); its seccomp profile forbids new namespaces, and
     # file modes keep the grader's files from the unprivileged user this process drops to below.
     in_container = os.environ.get("GRADER_IN_CONTAINER") == "1"
     if not config["isolate"]:
-        warnings = ["isolation disabled by the grader"]
+        warnings = ["isolation disabled by the grader: the worker shares this machine's file system, network "
+                    "and process table"]
     else:
         warnings = [] if in_container else enter_namespaces(as_root)
     isolated = config["isolate"] and not in_container and not warnings
@@ -174,43 +199,47 @@ def main() -> None:
     pid = os.fork() if isolated else 0
     if pid:
         # The launcher outside the PID namespace: wait for the worker and report its fate.
+        status.close()
         signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
-        _, status = os.waitpid(pid, 0)
-        if os.WIFSIGNALED(status):
-            os.kill(os.getpid(), os.WTERMSIG(status))
-        os._exit(os.waitstatus_to_exitcode(status))
+        _, wait_status = os.waitpid(pid, 0)
+        if os.WIFSIGNALED(wait_status):
+            os.kill(os.getpid(), os.WTERMSIG(wait_status))
+        os._exit(os.waitstatus_to_exitcode(wait_status))
 
+    die_with_parent()  # fork cleared it
+    module_name = os.path.basename(config["module_name"])
     if isolated:
-        warnings += hide_paths(config["hide"])
+        from grader.harness import view
+
+        warnings += view.build(uid=uid if drop else os.getuid(), gid=gid if drop else os.getgid(),
+                               course_root=config["course_root"], masks=config["masks"],
+                               module_fd=config["module_fd"], module_name=module_name,
+                               scratch_mb=config["scratch_mb"], shm_mb=config["shm_mb"], cuda=config["cuda"])
         warnings += loopback_up()
-    drop = as_root and config.get("uid") is not None
+        module_path = f"{view.SUBMISSION_DIR}/{module_name}"
+        workdir = view.SCRATCH_DIR
+    else:
+        workdir = scratch_folder(config["scratch_parent"], config["module_fd"], module_name,
+                                 uid if drop else None, gid if drop else None)
+        module_path = os.path.join(workdir, module_name)
     if drop:
-        blocked = python_usable_by(config["uid"], config["gid"])
+        blocked = python_usable_by(uid, gid)
         if blocked:
-            drop = False
-            warnings.append(
-                f"the worker runs as root: user {config['uid']} cannot reach {blocked} "
-                "(make the virtual environment from a Python outside /root, e.g. /usr/bin/python3)"
-            )
-    # The log file takes stdout and stderr; stdin is empty.
-    log = os.open(config["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            raise OSError(f"the worker's user {uid} cannot reach {blocked} (make the virtual environment "
+                          "from a Python outside /root, e.g. /usr/bin/python3)")
+    limits = dict(config["limits"])
+    if in_container:
+        limits["processes"] = 0  # RLIMIT_NPROC counts per uid across containers: --pids-limit bounds it there
+    set_limits(limits)
     if drop:
-        os.chown(config["log"], config["uid"], config["gid"])
-    for message in warnings:
-        os.write(log, f"grader-sandbox-warning: {message}\n".encode())
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(null)
-    os.close(log)
-    set_limits(config["limits"])
-    if drop:
-        drop_privileges(config["uid"], config["gid"])
+        drop_privileges(uid, gid)
+    no_new_privileges()
     die_with_parent()  # the launcher, or for an unisolated worker the grader's pytest
-    os.chdir(config["workdir"])
+    os.chdir(workdir)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an over-long write fails with EFBIG, not a kill
-    os.execv(sys.executable, [sys.executable, "-I", "-m", "grader.harness.worker", *config["argv"]])
+    status.write(json.dumps({"warnings": warnings, "workdir": workdir}) + "\n")
+    status.close()
+    os.execv(sys.executable, [sys.executable, "-I", "-m", "grader.harness.worker", str(config["sock_fd"]), module_path])
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import keyword
 import pickle
 import socket
 import struct
+import time
 from typing import Any, Callable
 
 TAG = "__wire__"
@@ -70,14 +71,43 @@ class HandleRef:
 # Framing
 
 
-def send_frame(sock: socket.socket, payload: bytes) -> None:
-    sock.sendall(_HEADER.pack(len(payload)) + payload)
+class FrameTimeout(Exception):
+    """A frame did not arrive (or could not be sent) whole before its deadline."""
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _settimeout(sock: socket.socket, deadline: float | None) -> None:
+    if deadline is None:
+        sock.settimeout(None)
+        return
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise FrameTimeout("the deadline passed")
+    sock.settimeout(left)
+
+
+def send_frame(sock: socket.socket, payload: bytes, deadline: float | None = None) -> None:
+    """Send one frame; with a `deadline` (time.monotonic()), raise FrameTimeout if the peer stops reading."""
+    data = memoryview(_HEADER.pack(len(payload)) + payload)
+    try:
+        while data:
+            _settimeout(sock, deadline)
+            sent = sock.send(data[: 1 << 20])
+            data = data[sent:]
+    except socket.timeout:
+        raise FrameTimeout("the peer stopped reading") from None
+    finally:
+        if deadline is not None:
+            sock.settimeout(None)
+
+
+def _recv_exact(sock: socket.socket, n: int, deadline: float | None) -> bytes:
     chunks, got = [], 0
     while got < n:
-        chunk = sock.recv(min(n - got, 1 << 20))
+        _settimeout(sock, deadline)
+        try:
+            chunk = sock.recv(min(n - got, 1 << 20))
+        except socket.timeout:
+            raise FrameTimeout(f"{got} of {n} bytes arrived before the deadline") from None
         if not chunk:
             raise EOFError("the connection closed mid-frame")
         chunks.append(chunk)
@@ -85,11 +115,17 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def recv_frame(sock: socket.socket, max_bytes: int) -> bytes:
-    (n,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
-    if n > max_bytes:
-        raise MalformedReply(f"reply of {n} bytes exceeds the limit of {max_bytes} bytes")
-    return _recv_exact(sock, n)
+def recv_frame(sock: socket.socket, max_bytes: int, deadline: float | None = None) -> bytes:
+    """Read one frame. With a `deadline` (time.monotonic()), the whole frame must arrive by then or
+    FrameTimeout is raised: a peer that sends a header and then stalls cannot hang the reader."""
+    try:
+        (n,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size, deadline))
+        if n > max_bytes:
+            raise MalformedReply(f"reply of {n} bytes exceeds the limit of {max_bytes} bytes")
+        return _recv_exact(sock, n, deadline)
+    finally:
+        if deadline is not None:
+            sock.settimeout(None)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -98,7 +98,7 @@ class Worker:
         driver = options.get("driver")
         if driver:  # a course-provided function that runs the student's fn (a ring, an autograd pass)
             fn, args = _import_driver(driver), (fn, *args)
-        snapshots = _snapshot_tensors((args, kwargs))
+        snapshots = snapshot_tensors((args, kwargs))
         with probes.around_call(
             self.module_path,
             forbid=options.get("forbid", ()),
@@ -106,7 +106,7 @@ class Worker:
             count_lines=options.get("count_lines", False),
         ) as counter:
             value = fn(*args, **kwargs)
-        reply = {"value": value, "mutated": _mutated(snapshots)}
+        reply = {"value": value, "mutated": changed_tensors(snapshots)}
         if counter is not None:
             reply["lines"] = counter.count
         return reply
@@ -214,8 +214,8 @@ def _tensors(tree: Any, path: tuple = ()):
 _SNAPSHOT_LIMIT = 256 << 20
 
 
-def _snapshot_tensors(tree: Any) -> list:
-    """Copies of the tensor arguments, so in-place changes can be sent back to the caller."""
+def snapshot_tensors(tree: Any) -> list:
+    """Copies of the tensor arguments, to tell afterwards which ones the call changed."""
     snaps = []
     for path, t in _tensors(tree):
         if t.numel() * t.element_size() <= _SNAPSHOT_LIMIT:
@@ -223,14 +223,20 @@ def _snapshot_tensors(tree: Any) -> list:
     return snaps
 
 
-def _mutated(snapshots: list) -> list:
+def same_tensor(a: Any, b: Any) -> bool:
+    """Same shape, dtype and values, where NaN equals NaN: an input holding NaN is not "changed"."""
     import torch
 
-    changed = []
-    for path, t, before in snapshots:
-        if t.shape != before.shape or t.dtype != before.dtype or not torch.equal(t.detach(), before):
-            changed.append((list(path), t.detach()))
-    return changed
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+    return torch.equal(a, b)
+
+
+def changed_tensors(snapshots: list) -> list:
+    """[(path, tensor)] for each snapshotted argument the call changed (values, shape or dtype)."""
+    return [(list(path), t.detach()) for path, t, before in snapshots if not same_tensor(t.detach(), before)]
 
 
 def main(argv: list[str]) -> None:
