@@ -7,7 +7,7 @@ The oracle everywhere is the textbook formula in float64, never a clever impleme
 import pytest
 import torch
 
-from grader.testing import OnceIterable
+from grader.testing import OnceIterable, assert_close
 
 INF = float("inf")
 
@@ -27,12 +27,6 @@ def textbook_softmax(x: torch.Tensor) -> torch.Tensor:
     return torch.where(s > 0, e / s, torch.zeros_like(e))
 
 
-def first_bad_row(got: torch.Tensor, want: torch.Tensor, atol: float) -> str:
-    err = (got.double() - want.double()).abs().reshape(-1, got.shape[-1]).amax(-1)
-    row = int(err.argmax())
-    return f"row {row}: max error {float(err[row]):.3g} (tolerance {atol:g})"
-
-
 @pytest.mark.check("normalizer_public")
 def test_normalizer_one_chunk_is_max_and_sum(sm):
     x = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]])
@@ -49,10 +43,10 @@ def test_normalizer_rescales_when_the_max_grows(sm):
     m, l = sm.online_normalizer(OnceIterable([x[:, :2], x[:, 2:4], x[:, 4:]], "the chunks"))
     want = torch.exp(x.double() - 9.0).sum()
     assert float(m) == 9.0, f"m should be 9 (the row max), found {float(m)}"
-    assert abs(float(l) - float(want)) < 1e-5, (
-        f"l is {float(l):.6f} but should be {float(want):.6f}. When a later chunk raises the max, "
+    assert_close(float(l), float(want), atol=1e-5, what="l", hint=(
+        "When a later chunk raises the max, "
         "the sum so far must be multiplied by exp(old_max - new_max)."
-    )
+    ))
 
 
 @pytest.mark.check("normalizer_public")
@@ -100,9 +94,8 @@ def test_softmax_matches_the_textbook(sm, block_size):
     out = sm.online_softmax(x, block_size=block_size)
     assert out.shape == x.shape and out.dtype == x.dtype, f"expected {tuple(x.shape)} {x.dtype}, found {tuple(out.shape)} {out.dtype}"
     want = textbook_softmax(x)
-    assert torch.allclose(out.double(), want, atol=1e-6), first_bad_row(out, want, 1e-6) + (
-        f" with block_size={block_size}: is the last, partial block included?"
-    )
+    assert_close(out, want, atol=1e-6, rtol=1e-5, what=f"online_softmax with block_size={block_size}",
+                 hint="Is the last, partial block included?")
 
 
 @pytest.mark.check("softmax_public")
@@ -127,7 +120,7 @@ def test_triton_small_rows(sm):
     x = torch.randn(3, 5, generator=torch.Generator().manual_seed(3)) * 3
     out = sm.softmax_triton(x)
     assert out.shape == x.shape and out.dtype == x.dtype
-    assert torch.allclose(out.double(), textbook_softmax(x), atol=1e-6), first_bad_row(out, textbook_softmax(x), 1e-6)
+    assert_close(out, textbook_softmax(x), atol=1e-6, rtol=1e-5, what="softmax_triton [row, column]")
 
 
 @pytest.mark.check("triton_public")
@@ -135,6 +128,5 @@ def test_triton_transposed_input(sm):
     x = torch.randn(6, 4, generator=torch.Generator().manual_seed(4)).t()  # shape [4, 6], strides (1, 4)
     out = sm.softmax_triton(x)
     assert out.is_contiguous(), "the output must be a new contiguous tensor"
-    assert torch.allclose(out.double(), textbook_softmax(x), atol=1e-6), (
-        first_bad_row(out, textbook_softmax(x), 1e-6) + ": use x.stride(0) and x.stride(1), not the shape, to address x"
-    )
+    assert_close(out, textbook_softmax(x), atol=1e-6, rtol=1e-5, what="softmax_triton of a transposed x [row, column]",
+                 hint="Use x.stride(0) and x.stride(1), not the shape, to address x")
