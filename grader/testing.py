@@ -18,7 +18,7 @@ import torch
 
 from grader.harness.wire import OnceIterable
 
-__all__ = ["OnceIterable", "assert_close", "assert_equal"]
+__all__ = ["OnceIterable", "assert_close", "assert_equal", "is_close"]
 
 Hint = Union[str, Callable[[tuple[int, ...]], str]]  # a hint, or one built from the first bad index
 
@@ -60,6 +60,16 @@ def assert_equal(actual: Any, expected: Any, *, what: str, hint: Hint = "") -> N
     if problem:
         message, first = problem
         raise AssertionError(_with_hint(f"{what}: {message}", hint, _unravel(first, got.shape)))
+
+
+def is_close(actual: Any, expected: Any, *, atol: float, rtol: float = 0.0) -> bool:
+    """Whether `assert_close` would pass: for a test that must tell two answers apart ("is this the
+    top-left causal mask?") before it asserts the right one. A NaN is close to nothing finite."""
+    try:
+        assert_close(actual, expected, atol=atol, rtol=rtol, what="value")
+    except AssertionError:
+        return False
+    return True
 
 
 # --------------------------------------------------------------------------------------------------

@@ -10,7 +10,10 @@ import math
 import pytest
 import torch
 
+from grader.testing import assert_close, is_close
+
 INF = float("inf")
+O_AXES = "o [batch, head, query, feature]"
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +53,6 @@ def qkv(b, hq, hkv, n_q, n_k, d, dtype=torch.float32, seed=0):
     return q, k, v
 
 
-def worst_row(got, want, what):
-    err = (got.double() - want.double()).abs().amax(-1)  # [B, H, Nq]
-    b, h, i = (int(x) for x in torch.nonzero(err == err.max())[0])
-    return f"{what}: worst at batch {b}, head {h}, query row {i}: max error {float(err.max()):.3g}"
-
-
 @pytest.mark.check("forward_public")
 def test_forward_one_tile(fa):
     q, k, v = qkv(1, 2, 2, 16, 16, 32)
@@ -65,11 +62,11 @@ def test_forward_one_tile(fa):
     assert lse.shape == q.shape[:3] and lse.dtype == torch.float32, (
         f"lse should be float32 {tuple(q.shape[:3])}, found {lse.dtype} {tuple(lse.shape)}"
     )
-    assert torch.allclose(o.double(), want_o, atol=1e-5), worst_row(o, want_o, "o")
-    assert torch.allclose(lse.double(), want_lse, atol=1e-5), (
-        f"lse is off by up to {float((lse.double() - want_lse).abs().max()):.3g}: it is the natural-log logsumexp "
+    assert_close(o, want_o, atol=1e-5, rtol=1e-5, what=O_AXES)
+    assert_close(lse, want_lse, atol=1e-5, rtol=1e-5, what="lse [batch, head, query]", hint=(
+        "It is the natural-log logsumexp "
         "of the SCALED scores, m + log(l) (if you worked in base 2, convert back)"
-    )
+    ))
 
 
 @pytest.mark.check("forward_public")
@@ -78,11 +75,12 @@ def test_forward_many_key_tiles_with_a_ragged_tail(fa, n_k):
     q, k, v = qkv(1, 2, 2, 33, n_k, 64, seed=n_k)
     o, lse = fa.flash_attention_forward(q, k, v)
     want_o, want_lse = textbook_attention(q, k, v)
-    assert torch.allclose(o.double(), want_o, atol=1e-5), worst_row(o, want_o, f"o with Nk = {n_k}") + (
-        ". Two usual causes: the accumulator is not multiplied by exp(m_old - m_new) when the running max grows, "
+    assert_close(o, want_o, atol=1e-5, rtol=1e-5, what=f"{O_AXES} with Nk = {n_k}", hint=(
+        "Two usual causes: the accumulator is not multiplied by exp(m_old - m_new) when the running max grows, "
         "or keys past Nk in the last tile are not masked to -inf (a zero score still adds exp(0 - m) to l)"
-    )
-    assert torch.allclose(lse.double(), want_lse, atol=1e-5), "lse is off: is the sum l rescaled when the max grows?"
+    ))
+    assert_close(lse, want_lse, atol=1e-5, rtol=1e-5, what=f"lse with Nk = {n_k}",
+                 hint="Is the sum l rescaled when the max grows?")
 
 
 @pytest.mark.check("forward_public")
@@ -91,9 +89,8 @@ def test_forward_fp16(fa):
     o, _ = fa.flash_attention_forward(q, k, v)
     want, _ = textbook_attention(q, k, v)
     assert o.dtype == torch.float16, f"o should be float16 for float16 inputs, found {o.dtype}"
-    assert torch.allclose(o.double(), want, atol=2e-3), worst_row(o, want, "fp16 o") + (
-        ": keep m, l and the accumulator in float32 and cast only the final o"
-    )
+    assert_close(o, want, atol=2e-3, rtol=1e-5, what=f"fp16 {O_AXES}",
+                 hint="Keep m, l and the accumulator in float32 and cast only the final o")
 
 
 @pytest.mark.check("forward_public")
@@ -108,10 +105,8 @@ def test_causal_square(fa):
     q, k, v = qkv(1, 2, 2, 50, 50, 32, seed=5)
     o, lse = fa.flash_attention_forward(q, k, v, causal=True)
     want_o, want_lse = textbook_attention(q, k, v, causal=True)
-    assert torch.allclose(o.double(), want_o, atol=1e-5), worst_row(o, want_o, "causal o") + (
-        ": query i may attend keys 0..i only"
-    )
-    assert torch.allclose(lse.double(), want_lse, atol=1e-5), "causal lse is off"
+    assert_close(o, want_o, atol=1e-5, rtol=1e-5, what=f"causal {O_AXES}", hint="Query i may attend keys 0..i only")
+    assert_close(lse, want_lse, atol=1e-5, rtol=1e-5, what="causal lse [batch, head, query]")
 
 
 @pytest.mark.check("causal_public")
@@ -120,14 +115,14 @@ def test_causal_is_aligned_bottom_right(fa):
     o, _ = fa.flash_attention_forward(q, k, v, causal=True)
     want, _ = textbook_attention(q, k, v, causal=True)
     top_left, _ = textbook_attention(q, k[:, :, :2], v[:, :, :2], causal=True)  # what j <= i would give
-    assert not torch.allclose(o.double(), top_left, atol=1e-5), (
+    assert not is_close(o, top_left, atol=1e-5, rtol=1e-5), (
         "your causal mask is aligned top-left (key j <= query i), as in scaled_dot_product_attention(is_causal=True). "
         "This exercise aligns it bottom-right, as flash-attn does: j <= i + Nk - Nq, so the last query sees every key"
     )
-    assert torch.allclose(o.double(), want, atol=1e-5), (
-        "with Nq = 2 and Nk = 5, query 0 sees keys 0..3 and query 1 sees keys 0..4 (the mask is aligned to the "
-        "bottom-right corner: j <= i + Nk - Nq). " + worst_row(o, want, "o")
-    )
+    assert_close(o, want, atol=1e-5, rtol=1e-5, what=f"causal {O_AXES}", hint=(
+        "With Nq = 2 and Nk = 5, query 0 sees keys 0..3 and query 1 sees keys 0..4 (the mask is aligned to the "
+        "bottom-right corner: j <= i + Nk - Nq)"
+    ))
 
 
 @pytest.mark.check("causal_public")
@@ -140,7 +135,7 @@ def test_causal_rows_that_see_no_key(fa):
     )
     assert lse[0, 0, :3].tolist() == [INF] * 3, f"rows 0..2 see no key: lse must be +inf, found {lse[0, 0, :3].tolist()}"
     want_o, want_lse = textbook_attention(q, k, v, causal=True)
-    assert torch.allclose(o.double(), want_o, atol=1e-5), worst_row(o, want_o, "o")
+    assert_close(o, want_o, atol=1e-5, rtol=1e-5, what=f"causal {O_AXES} with Nq = 5, Nk = 2")
 
 
 @pytest.mark.check("backward_public")
@@ -155,8 +150,7 @@ def test_gradients(student, fa, causal):
     for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), (r.grad for r in ref)):
         assert got is not None, f"{name} is None: FlashAttention.backward must return (dq, dk, dv, None, None)"
         assert got.dtype == torch.float32, f"{name} should have its input's dtype float32, found {got.dtype}"
-        err = float((got.double() - want).abs().max())
-        assert err < 1e-4, (
-            f"{name} is off by up to {err:.3g} (causal={causal}). dV = P^T dO; dS = P * (dO V^T - delta) with "
+        assert_close(got, want, atol=1e-4, what=f"{name} (causal={causal})", hint=(
+            "dV = P^T dO; dS = P * (dO V^T - delta) with "
             "delta = rowsum(dO * O); dQ = scale * dS K; dK = scale * dS^T Q, with P = exp(scale * q k^T - lse)"
-        )
+        ))
