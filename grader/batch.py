@@ -62,7 +62,8 @@ from rich.text import Text
 from grader import results
 from grader.course import Course, CourseError, Exercise, find_root, load_course
 from grader.runner import GradeOptions, selected_exercises, suite_sha256
-from grader.submission import SubmissionError, locate
+from grader.submission import SubmissionError, locate, raw_digest
+from grader.text import inert
 
 STATE_FILE = ".batch-state.json"
 STATE_SCHEMA = "llm-efficiency-lab/batch-state/v1"
@@ -127,18 +128,16 @@ def content_fingerprint(course: Course, entry: Entry, exercise_ids: list[str]) -
     A readable submission: its hash, exactly as the runner computes it. An unreadable one records
     an empty hash, so the key holds the hash of the archive's bytes: replacing a bad archive with
     another bad archive is noticed. (None, None) if even that fails: grade it and see.
+
+    Bounded like the grade itself: `locate` refuses any archive within its limits (count, sizes,
+    ratio, headers) without unpacking more than they allow, and the raw hash reads at most
+    `submission.RAW_HASH_BYTES` of a plain file (never a FIFO or a link).
     """
     try:
         sub = locate(course, entry.path, exercise_ids, entry.id)
     except SubmissionError:
-        try:
-            digest = hashlib.sha256()
-            with open(entry.path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    digest.update(block)
-            return "", "raw:" + digest.hexdigest()
-        except OSError:
-            return None, None
+        raw = raw_digest(entry.path)
+        return ("", "raw:" + raw) if raw is not None else (None, None)
     except OSError:
         return None, None
     sub.cleanup()
@@ -629,8 +628,9 @@ def run_batch(course: Course, root: Path, opts: BatchOptions, backend: Backend |
 
     lanes = min(opts.jobs, len(opts.gpus)) if opts.gpus else opts.jobs
     lanes = max(1, min(lanes, len(todo) or 1))
-    console.print(f"{len(entries)} submissions in {opts.submissions}: {len(todo)} to grade, {len(skipped)} current "
-                  f"(kept); {lanes} in parallel" + (f" on GPUs {','.join(opts.gpus[:lanes])}" if opts.gpus else ""))
+    console.print(inert(f"{len(entries)} submissions in {opts.submissions}: {len(todo)} to grade, {len(skipped)} current "
+                        f"(kept); {lanes} in parallel" + (f" on GPUs {','.join(opts.gpus[:lanes])}" if opts.gpus else "")),
+                  markup=False, highlight=False)
 
     jobs: queue.Queue = queue.Queue()
     for item in todo:
@@ -679,7 +679,7 @@ def run_batch(course: Course, root: Path, opts: BatchOptions, backend: Backend |
                         break  # every lane failed to start: the rest of the jobs cannot run
                     continue
                 if item[0] == "lane":
-                    progress.console.print(f"[red]a grading lane failed:[/] {item[1]}")
+                    progress.console.print(Text.assemble(("a grading lane failed:", "red"), " ", inert(item[1])))
                     continue
                 _, job_id, sha, key, result, error = item
                 finished += 1
@@ -777,12 +777,14 @@ def grade_submission(course: Course, root: Path, entry: Entry, out_dir: Path, gr
 
 
 def _one_line(job_id: str, result: dict | None, error: str | None) -> str:
+    """One line per graded submission, inert (ids and reasons can hold anything): print it without markup."""
+    job_id = inert(job_id)[:200].replace("\n", " ")
     if error is not None:
         last = error.strip().splitlines()[-1] if error.strip() else error
-        return f"{job_id}: {INTERNAL_ERROR}: {last[:200]}"
+        return f"{job_id}: {INTERNAL_ERROR}: {inert(last)[:200]}"
     kind, reason = classify(result)
     if kind != "graded":
-        return f"{job_id}: {kind.replace('_', ' ')}: {reason[:200]}"
+        return f"{job_id}: {kind.replace('_', ' ')}: " + inert(reason)[:200].replace("\n", " ")
     return f"{job_id}: {result['score']:g}/{result['gradable_max_score']:g}"
 
 
@@ -947,7 +949,8 @@ def print_summary(summary: dict, console: Console) -> None:
         for col in ("check", "failed", "most common message"):
             fails.add_column(col, overflow="fold")
         for f in e["most_failed"]:
-            fails.add_row(f["check"], f"{f['failed']}/{e['graded'] - e['not_submitted']}", Text(f["message"][:160]))
+            fails.add_row(Text(inert(f["check"])), f"{f['failed']}/{e['graded'] - e['not_submitted']}",
+                          Text(inert(f["message"])[:160]))
         console.print(fails)
     labels = {"not_gradable": "not gradable", "internal_error": INTERNAL_ERROR + " (retried on the next run)",
               "unfinished": "unfinished (retried on the next run)", "no_result": "no result yet"}
@@ -957,10 +960,10 @@ def print_summary(summary: dict, console: Console) -> None:
         for col in ("submission", "kind", "reason"):
             problems.add_column(col, overflow="fold")
         for row in rows:
-            problems.add_row(Text(row[0]), row[1], Text(row[2][:200]))
+            problems.add_row(Text(inert(row[0])), row[1], Text(inert(row[2])[:200]))
         console.print(problems)
     png = f" and {summary['histogram_png']}" if summary.get("histogram_png") else f" ({summary.get('histogram_note')})"
-    console.print(f"summary written to {SUMMARY_FILE}{png}")
+    console.print(f"summary written to {SUMMARY_FILE}{png}", markup=False, highlight=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -986,7 +989,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         backend = backend_from_args(args, root)
         report = run_batch(course, root, opts, backend=backend)
     except (BatchError, CourseError, ContainerError) as exc:
-        err.print(f"[red]error:[/] {exc}", markup=True, highlight=False)
+        err.print(Text.assemble(("error:", "red"), " ", inert(str(exc))))
         return 2
     if report.interrupted:
         return 130
