@@ -8,14 +8,12 @@ float64, never by a clever implementation.
 import pytest
 import torch
 
+from grader.testing import assert_close
+
 
 @pytest.fixture(scope="module")
 def gq(student):
     return student.load("gptq")
-
-
-def close(a, b, tol=1e-5) -> bool:
-    return torch.allclose(torch.as_tensor(a).double(), torch.as_tensor(b).double(), atol=tol, rtol=tol)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -31,11 +29,12 @@ def test_fit_quantizer_asymmetric_by_hand(gq):
     # row 2: all zero -> xmin = -1, xmax = 1 -> scale 2/3, zero = round(1.5) = 2 (half to even)
     assert scale.shape == (3,) and zero.shape == (3,), f"expected scale and zero of shape [3], found {tuple(scale.shape)}, {tuple(zero.shape)}"
     assert scale.dtype == torch.float32 and zero.dtype == torch.float32, f"expected fp32, found {scale.dtype}, {zero.dtype}"
-    assert close(scale[:2], [1.0, 1.0]), (
-        f"scale {scale.tolist()}, expected [1, 1, 0.667]: scale = (xmax - xmin) / maxq with xmin = min(row.min(), 0) "
+    assert_close(scale[:2], [1.0, 1.0], atol=1e-5, rtol=1e-5, what="scale of rows 0 and 1", hint=(
+        "Expected [1, 1, 0.667]: scale = (xmax - xmin) / maxq with xmin = min(row.min(), 0) "
         "and xmax = max(row.max(), 0), so the grid always contains 0"
-    )
-    assert close(scale[2], 2 / 3), f"an all-zero row should use xmin = -1, xmax = 1 (scale 2/3), found scale {float(scale[2])}"
+    ))
+    assert_close(scale[2], 2 / 3, atol=1e-5, rtol=1e-5, what="scale of the all-zero row 2",
+                 hint="An all-zero row should use xmin = -1, xmax = 1 (scale 2/3)")
     assert zero.tolist() == [1.0, 0.0, 2.0], f"zero {zero.tolist()}, expected [1, 0, 2]: zero = round(-xmin / scale), a whole number"
 
 
@@ -45,10 +44,10 @@ def test_fit_quantizer_symmetric_uses_the_full_range(gq):
     scale, zero = gq.fit_quantizer(w, bits=3, sym=True)  # maxq = 7
     # row 0 has no negative value, yet symmetric means xmin = -xmax = -2: scale 4/7, zero (7 + 1) / 2 = 4
     # row 1: xmax = max(|-4|, 3) = 4 -> scale 8/7, zero 4
-    assert close(scale, [4 / 7, 8 / 7]), (
-        f"scale {scale.tolist()}, expected [{4 / 7:.4f}, {8 / 7:.4f}]: symmetric grids span [-xmax, xmax] with "
+    assert_close(scale, [4 / 7, 8 / 7], atol=1e-5, rtol=1e-5, what="symmetric scale", hint=(
+        "Symmetric grids span [-xmax, xmax] with "
         "xmax = max(|xmin|, xmax), for every row, also rows with no negative value"
-    )
+    ))
     assert zero.tolist() == [4.0, 4.0], f"zero {zero.tolist()}, expected [4, 4] = (maxq + 1) / 2"
 
 
@@ -66,7 +65,8 @@ def test_rtn_with_a_partial_last_group(gq):
     # row 1: group {0.9, 2}: scale 2/3, zero 0 -> 0.9 / (2/3) = 1.35 rounds to 1 -> [2/3, 2]; group {0, 0}:
     #        flat -> [0, 0]; group {-0.8}: scale 0.8/3, zero 3 -> [-0.8]
     want = torch.tensor([[0.0, 3.0, -2.0, 1.0, 0.4], [2 / 3, 2.0, 0.0, 0.0, -0.8]])
-    assert close(res.Q, want), f"Q is\n{res.Q}\nexpected\n{want}\n(each group of columns has its own grid per row)"
+    assert_close(res.Q, want, atol=1e-5, rtol=1e-5, what="Q [row, column]",
+                 hint=f"Expected\n{want}\n(each group of columns has its own grid per row)")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -79,7 +79,7 @@ def test_hessian_of_one_batch(gq):
     H, n = gq.accumulate_hessian(torch.zeros(3, 3), 0, x)
     want = 2 / 4 * x.double().T @ x.double()
     assert n == 4, f"n should count the rows seen (4), found {n}"
-    assert close(H, want), f"H is\n{H}\nexpected 2/n * X^T X =\n{want}"
+    assert_close(H, want, atol=1e-5, rtol=1e-5, what="H", hint=f"Expected 2/n * X^T X =\n{want}")
 
 
 @pytest.mark.check("hessian_public")
@@ -89,10 +89,9 @@ def test_hessian_streams_batches_of_rows(gq):
     H, n = gq.accumulate_hessian(H, n, x[2:].reshape(1, 5, 5))  # leading dims are flattened: 5 rows
     want = 2 / 7 * x.double().T @ x.double()
     assert n == 7, f"after 2 rows then 5 rows n should be 7 (rows, not calls), found {n}"
-    assert close(H, want), (
-        "H after batches of 2 then 5 rows differs from one batch of 7: before adding a batch of m rows, "
-        "rescale the mean so far by n / (n + m)"
-    )
+    assert_close(H, want, atol=1e-5, rtol=1e-5, what="H after batches of 2 then 5 rows, against one batch of 7", hint=(
+        "Before adding a batch of m rows, rescale the mean so far by n / (n + m)"
+    ))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -114,7 +113,7 @@ def test_gptq_with_a_diagonal_hessian_is_rtn(gq):
     # d = U[i, i] = 1 / sqrt(h_i), so each weight's loss is (w - q)^2 * h_i / 2
     want = float(((W.double() - rtn.Q.double()) ** 2 * h.double()).sum() / 2)
     assert isinstance(res.loss, float), f"loss should be a Python float, found {type(res.loss).__name__}"
-    assert abs(res.loss - want) <= 1e-4 * want, f"loss {res.loss:.6g}, expected sum((w - q)^2 / d^2 / 2) = {want:.6g}"
+    assert_close(res.loss, want, atol=0.0, rtol=1e-4, what="loss", hint="It is sum((w - q)^2 / d^2 / 2)")
 
 
 @pytest.mark.check("gptq_public")
@@ -137,15 +136,15 @@ def test_gptq_on_two_columns_by_hand(gq):
     q0 = qz(Wd[:, 0])
     w1 = Wd[:, 1] + (Wd[:, 0] - q0) * b / c
     q1 = qz(w1)
-    assert close(res.Q[:, 0], q0), f"column 0 is {res.Q[:, 0].tolist()}, expected plain rounding {q0.tolist()}"
-    assert close(res.Q[:, 1], q1), (
-        f"column 1 is {res.Q[:, 1].tolist()}, expected {q1.tolist()}: before rounding it, column 1 should have moved "
+    assert_close(res.Q[:, 0], q0, atol=1e-5, rtol=1e-5, what="column 0 of Q", hint="Column 0 is plain rounding")
+    assert_close(res.Q[:, 1], q1, atol=1e-5, rtol=1e-5, what="column 1 of Q", hint=(
+        f"Before rounding it, column 1 should have moved "
         f"by (w0 - q0) * H01 / H11 to {w1.tolist()}. Is the feedback err * U[0, 1] with err = (w0 - q0) / U[0, 0] and "
         "U the UPPER Cholesky factor of H^-1?"
-    )
+    ))
     # loss: column 0 has d^2 = (H^-1)[0, 0] = c / (ac - b^2); column 1 then has d^2 = 1 / c
     want_loss = float(((Wd[:, 0] - q0) ** 2 * (a * c - b * b) / c).sum() / 2 + ((w1 - q1) ** 2 * c).sum() / 2)
-    assert abs(res.loss - want_loss) <= 1e-4 * want_loss, f"loss {res.loss:.6g}, expected {want_loss:.6g}"
+    assert_close(res.loss, want_loss, atol=0.0, rtol=1e-4, what="loss")
     assert torch.equal(W, torch.tensor([[0.30, 0.70], [-0.45, 0.10], [0.80, -0.20]])), "gptq_quantize must not modify W"
 
 

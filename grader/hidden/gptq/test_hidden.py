@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from grader import speed
+from grader.testing import assert_close, mismatches
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +126,7 @@ def output_error(W: torch.Tensor, Q: torch.Tensor, H: torch.Tensor) -> float:
 
 def differing_rows(got: torch.Tensor, want: torch.Tensor, step: torch.Tensor) -> list[int]:
     """Rows where some value differs from the oracle's by more than 1e-3 of a grid step."""
-    bad = (got.double() - want.double()).abs() > 1e-3 * step.double() + 1e-6
+    bad = mismatches(got, want, atol=1e-3 * step.double() + 1e-6)
     return [int(r) for r in torch.nonzero(bad.any(1)).flatten()]
 
 
@@ -136,7 +137,7 @@ def assert_same_q(got, want, step, what: str, order=None, allowed_rows: int = 1)
     if len(rows) <= allowed_rows:
         return
     r = rows[0]
-    bad = ((got[r].double() - want[r].double()).abs() > 1e-3 * step[r].double() + 1e-6).tolist()
+    bad = mismatches(got[r], want[r], atol=1e-3 * step[r].double() + 1e-6).tolist()
     columns = order if order is not None else list(range(got.shape[1]))
     first = next(k for k, j in enumerate(columns) if bad[j])
     j = columns[first]
@@ -159,14 +160,12 @@ def assert_on_grid(res, bits: int, what: str) -> None:
     assert g_idx.dtype == torch.int64, f"{what}: g_idx should be int64, found {g_idx.dtype}"
     assert (scale > 0).all(), f"{what}: every scale must be positive, found min {float(scale.min()):.3g}"
     assert torch.equal(zero, zero.round()), f"{what}: zero must hold whole numbers (round(-xmin / scale)), found {zero.flatten()[:6].tolist()}"
+    assert bool(torch.isfinite(res.Q).all()), f"{what}: Q holds NaN or inf"
     k = res.Q.double() / scale[:, g_idx] + zero[:, g_idx]
-    off = (k - k.round()).abs()
-    assert float(off.max()) < 2e-3, (
-        f"{what}: Q[{int(off.argmax()) // k.shape[1]}, {int(off.argmax()) % k.shape[1]}] is not on its grid: "
-        f"Q / scale + zero = {float(k.flatten()[off.argmax()]):.4f}, not a whole number. Use the scale and zero of "
-        "the column's own row and group, and return them in QuantResult."
-    )
-    assert float(k.round().min()) >= 0 and float(k.round().max()) <= maxq, (
+    assert_close(k, k.round(), atol=2e-3, what=f"{what}: Q / scale + zero, the integer code of each weight [row, column]",
+                 hint="It is not a whole number there: Q is not on its grid. Use the scale and zero of "
+                      "the column's own row and group, and return them in QuantResult.")
+    assert int(k.round().min()) >= 0 and int(k.round().max()) <= maxq, (
         f"{what}: integer codes must lie in 0..{maxq}, found {float(k.round().min()):g}..{float(k.round().max()):g}"
     )
 
@@ -179,11 +178,11 @@ def assert_grid_matches(res, scale, zero, what: str, skip_rows=()) -> None:
     keep = [r for r in range(scale.shape[0]) if r not in skip_rows]
     got_s, got_z = res.scale.double()[keep], res.zero.double()[keep]
     assert tuple(res.scale.shape) == tuple(scale.shape), f"{what}: scale should be [rows, n_groups] = {tuple(scale.shape)}, found {tuple(res.scale.shape)}"
-    assert torch.allclose(got_s, scale[keep], rtol=1e-4, atol=0), (
-        f"{what}: scale differs from the contract's rule; max relative error "
-        f"{float(((got_s - scale[keep]).abs() / scale[keep]).max()):.3g}"
-    )
-    assert (got_z - zero[keep]).abs().max() <= 1, f"{what}: zero differs from round(-xmin / scale) (or (maxq + 1) / 2 when symmetric)"
+    assert_close(got_s, scale[keep], atol=0.0, rtol=1e-4, what=f"{what}: scale",
+                 hint=lambda at: f"Row {keep[at[0]]}, group {at[1]}: scale differs from the contract's rule")
+    assert_close(got_z, zero[keep], atol=1.0, what=f"{what}: zero", hint=lambda at: (
+        f"Row {keep[at[0]]}, group {at[1]}: zero differs from round(-xmin / scale) (or (maxq + 1) / 2 when symmetric)"
+    ))
     differ = int(((got_z - zero[keep]) != 0).sum())
     assert differ <= max(1, got_z.numel() // 50), (
         f"{what}: zero differs from round(-xmin / scale) (or (maxq + 1) / 2 when symmetric) in {differ} of {got_z.numel()} grids"
@@ -208,13 +207,12 @@ def test_fit_quantizer_follows_the_rules(gq, rng, bits, sym):
     want_s, want_z = fit_rule(w, bits, sym)
     assert scale.dtype == torch.float32 and zero.dtype == torch.float32, f"scale and zero should be fp32, found {scale.dtype}, {zero.dtype}"
     assert tuple(scale.shape) == (12,), f"one scale per row: expected shape [12], found {tuple(scale.shape)}"
-    bad = [r for r in range(12) if abs(float(scale[r]) - float(want_s[r])) > 1e-6 * float(want_s[r])]
     names = {1: "(a row with no negative value)", 2: "(a row with no positive value)", 3: "(an all-zero row)", 4: "(a row with one nonzero value)"}
-    assert not bad, (
-        f"bits={bits}, sym={sym}: row {bad[0]} {names.get(bad[0], '')} has scale {float(scale[bad[0]]):.6g}, expected "
-        f"{float(want_s[bad[0]]):.6g}. xmin = min(row.min(), 0), xmax = max(row.max(), 0); symmetric uses xmax = max(|xmin|, xmax), "
+    assert_close(scale, want_s, atol=0.0, rtol=1e-6, what=f"bits={bits}, sym={sym}: scale [row]", hint=lambda at: (
+        f"Row {at[0]} is {names.get(at[0], 'a random row')}. "
+        "xmin = min(row.min(), 0), xmax = max(row.max(), 0); symmetric uses xmax = max(|xmin|, xmax), "
         "xmin = -xmax for every row; all-zero rows use [-1, 1]"
-    )
+    ))
     badz = [r for r in range(12) if float(zero[r]) != float(want_z[r])]
     assert not badz, (
         f"bits={bits}, sym={sym}: row {badz[0]} {names.get(badz[0], '')} has zero {float(zero[badz[0]])}, expected "
@@ -247,9 +245,8 @@ def test_rtn_keeps_the_dtype(gq, rng, dtype):
     assert res.Q.dtype == dtype and res.Q.shape == W.shape, f"Q should keep W's dtype {dtype} and shape, found {res.Q.dtype} {tuple(res.Q.shape)}"
     assert res.scale.dtype == torch.float32, f"scale should be fp32 whatever W's dtype, found {res.scale.dtype}"
     Q, scale, _, _ = rtn_rule(W.float(), 4, 8)
-    assert torch.allclose(res.Q.double(), Q.to(dtype).double(), atol=float(scale.max()) * 1e-2), (
-        f"Q for a {dtype} W differs from rounding W.float() and casting back"
-    )
+    assert_close(res.Q, Q.to(dtype), atol=float(scale.max()) * 1e-2, rtol=1e-5, what=f"Q for a {dtype} W",
+                 hint="It should be W.float() rounded, cast back")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -268,10 +265,9 @@ def test_hessian_streams_random_batches(gq, rng):
         start += m
     want = 2 / 40 * X.double().T @ X.double()
     assert n == 40, f"after batches of {sizes} rows, n should be 40, found {n}"
-    assert torch.allclose(H.double(), want, rtol=1e-5, atol=1e-4), (
-        f"H after batches of {sizes} rows differs from 2/n X^T X by up to {float((H.double() - want).abs().max()):.3g}: "
-        "keep H the MEAN so far (scale it by n / (n + m) before adding 2/(n + m) x^T x); a batch of 0 rows changes nothing"
-    )
+    assert_close(H, want, atol=1e-4, rtol=1e-5, what=f"H after batches of {sizes} rows, against 2/n X^T X", hint=(
+        "Keep H the MEAN so far (scale it by n / (n + m) before adding 2/(n + m) x^T x); a batch of 0 rows changes nothing"
+    ))
 
 
 @pytest.mark.check("hessian")
@@ -280,7 +276,8 @@ def test_hessian_flattens_leading_dims_and_counts_rows(gq, rng):
     H, n = gq.accumulate_hessian(torch.zeros(6, 6), 0, x)
     flat = x.reshape(12, 6).double()
     assert n == 12, f"x of shape [3, 4, 6] holds 12 rows of 6 features; n should be 12, found {n}"
-    assert torch.allclose(H.double(), 2 / 12 * flat.T @ flat, rtol=1e-5, atol=1e-5), "H should be 2/12 x^T x with x flattened to [12, 6]"
+    assert_close(H, 2 / 12 * flat.T @ flat, atol=1e-5, rtol=1e-5, what="H of x of shape [3, 4, 6]",
+                 hint="H should be 2/12 x^T x with x flattened to [12, 6]")
 
 
 @pytest.mark.check("hessian")
@@ -289,10 +286,10 @@ def test_hessian_accumulates_fp16_inputs_in_fp32(gq, rng):
     H, _ = gq.accumulate_hessian(torch.zeros(8, 8), 0, x)
     assert H.dtype == torch.float32, f"H should stay fp32, found {H.dtype}"
     want = 2 / 64 * x.double().T @ x.double()
-    assert torch.isfinite(H).all() and torch.allclose(H.double(), want, rtol=1e-4, atol=1e-5 * float(want.abs().max())), (
-        "H from fp16 inputs is off: convert x to fp32 before the product (x^T x of fp16 values of magnitude 20 "
+    assert_close(H, want, atol=1e-5 * float(want.abs().max()), rtol=1e-4, what="H from fp16 inputs", hint=(
+        "Convert x to fp32 before the product (x^T x of fp16 values of magnitude 20 "
         "loses precision or overflows in fp16)"
-    )
+    ))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -368,10 +365,10 @@ def test_matches_the_textbook_loop(gq, rng, rows, cols, bits, group_size, block_
     assert_grid_matches(res, scale, zero, what + " (groups are fit from the weights as updated so far)", skip_rows=skip)
     assert isinstance(res.loss, float), f"{what}: loss should be a Python float, found {type(res.loss).__name__}"
     if not skip:
-        assert abs(res.loss - loss) <= 1e-3 * loss, (
-            f"{what}: loss {res.loss:.6g}, expected {loss:.6g}: the sum over all weights of (w - q)^2 / d^2 / 2 with "
+        assert_close(res.loss, loss, atol=0.0, rtol=1e-3, what=f"{what}: loss", hint=(
+            "It is the sum over all weights of (w - q)^2 / d^2 / 2 with "
             "d = U[i, i], w the column as updated just before rounding"
-        )
+        ))
 
 
 @pytest.mark.check("obq_oracle")
@@ -410,9 +407,9 @@ def test_diagonal_hessian_is_rtn(gq, rng, bits, group_size, sym, act_order):
     assert_same_q(res.Q, Q, scale[:, g_idx], what + " vs the contract's rounding", allowed_rows=0)
     damp = 0.01 * float(h.double().mean())
     want = float(((W.double() - Q) ** 2 * (h.double() + damp)).sum() / 2)
-    assert abs(res.loss - want) <= 1e-4 * want, (
-        f"{what}: loss {res.loss:.6g}, expected {want:.6g} = sum((w - q)^2 * (h_i + damp) / 2), since d = U[i, i] = 1 / sqrt(h_i + damp)"
-    )
+    assert_close(res.loss, want, atol=0.0, rtol=1e-4, what=f"{what}: loss", hint=(
+        "It is sum((w - q)^2 * (h_i + damp) / 2), since d = U[i, i] = 1 / sqrt(h_i + damp)"
+    ))
 
 
 # --------------------------------------------------------------------------------------------------
