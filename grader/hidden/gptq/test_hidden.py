@@ -209,7 +209,7 @@ def test_fit_quantizer_follows_the_rules(gq, rng, bits, sym):
     assert tuple(scale.shape) == (12,), f"one scale per row: expected shape [12], found {tuple(scale.shape)}"
     names = {1: "(a row with no negative value)", 2: "(a row with no positive value)", 3: "(an all-zero row)", 4: "(a row with one nonzero value)"}
     assert_close(scale, want_s, atol=0.0, rtol=1e-6, what=f"bits={bits}, sym={sym}: scale [row]", hint=lambda at: (
-        f"Row {at[0]} is {names.get(at[0], 'a random row')}. "
+        f"Row {at[0]} {names.get(at[0], '(a random row)')}. "
         "xmin = min(row.min(), 0), xmax = max(row.max(), 0); symmetric uses xmax = max(|xmin|, xmax), "
         "xmin = -xmax for every row; all-zero rows use [-1, 1]"
     ))
