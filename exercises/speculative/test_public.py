@@ -10,6 +10,8 @@ import math
 import pytest
 import torch
 
+from grader.testing import assert_close
+
 DRIVER = "grader.support.speculative:generate"
 
 
@@ -44,10 +46,10 @@ def test_acceptance_rate_is_the_overlap(sm):
 @pytest.mark.check("formulas_public")
 def test_expected_tokens_per_step(sm):
     got = float(sm.expected_tokens_per_step(0.6, 3))
-    assert abs(got - 2.176) < 1e-9, (
-        f"alpha = 0.6, gamma = 3: (1 - 0.6^4) / (1 - 0.6) = 2.176 tokens per target pass, found {got}. "
+    assert_close(got, 2.176, atol=1e-9, what="expected_tokens_per_step(0.6, 3)", hint=(
+        "alpha = 0.6, gamma = 3: (1 - 0.6^4) / (1 - 0.6) = 2.176 tokens per target pass. "
         "Remember the bonus token: the sum runs from alpha^0 to alpha^gamma"
-    )
+    ))
     assert float(sm.expected_tokens_per_step(0.0, 5)) == 1.0, "alpha = 0: every draft rejected, still 1 token per pass"
     at_one = float(sm.expected_tokens_per_step(1.0, 4))
     assert at_one == 5.0, f"alpha = 1: all gamma drafts plus the bonus, 5 tokens; found {at_one} (0/0 in the closed form?)"
@@ -60,10 +62,10 @@ def test_expected_tokens_per_step(sm):
 def test_expected_speedup(sm):
     got = float(sm.expected_speedup(0.8, 4, 0.05))
     want = (1 - 0.8**5) / (1 - 0.8) / (4 * 0.05 + 1)
-    assert abs(got - want) < 1e-9, (
-        f"alpha = 0.8, gamma = 4, c = 0.05: {want:.4f}x, found {got:.4f}. A step costs 4 draft passes "
+    assert_close(got, want, atol=1e-9, what="expected_speedup(0.8, 4, 0.05)", hint=(
+        "A step costs 4 draft passes "
         "(0.05 each) and one target pass: divide the tokens per step by gamma * c + 1"
-    )
+    ))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -130,11 +132,11 @@ def test_one_position_histogram_matches_the_target(sm):
     for k in range(4):
         half = bernstein_halfwidth(n, float(p[0, k]), delta / 4)
         got = int(counts[k])
-        assert abs(got - n * float(p[0, k])) <= half, (
-            f"position 0: token {k} came out {got / n:.4f} of the time, the target says {float(p[0, k]):.2f} "
+        assert_close(got, n * float(p[0, k]), atol=half, what=f"position 0: how often token {k} came out in {n} draws", hint=(
+            f"That is {got / n:.4f} of the time; the target says {float(p[0, k]):.2f} "
             f"(+-{half / n:.4f}). Accept x with probability min(1, p(x)/q(x)); after a rejection sample "
             "norm(max(0, p - q)) = [0, 0, 1/3, 2/3] here, not p or q"
-        )
+        ))
     alpha = 0.1 + 0.2 + 0.2 + 0.1
     accepted = int((num_accepted == 1).sum())
     half = bernstein_halfwidth(n, alpha, delta)
