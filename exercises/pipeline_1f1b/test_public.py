@@ -10,6 +10,8 @@ import copy
 import pytest
 import torch
 
+from grader.testing import assert_close
+
 
 @pytest.fixture(scope="module")
 def pm(student):
@@ -172,10 +174,9 @@ def test_run_pipeline_two_stages(pm):
     )
     for c, piece in enumerate(whole):
         for i, w in enumerate(piece.parameters()):
-            got = run.grads[c][i].double()
-            assert torch.allclose(got, w.grad, atol=1e-5), (
-                f"stage {c} parameter {i}: gradient off by {float((got - w.grad).abs().max()):.3g} from the "
-                "full-batch one. Stage 1 must backpropagate loss / m; stage 0 must backpropagate the gradient "
+            assert_close(run.grads[c][i], w.grad, atol=1e-5, rtol=1e-5,
+                         what=f"stage {c} parameter {i}: gradient, against the full-batch one", hint=(
+                "Stage 1 must backpropagate loss / m; stage 0 must backpropagate the gradient "
                 "stage 1 computed for its input"
-            )
+            ))
     assert list(run.peak_activations) == [2, 1], f"peak_activations {list(run.peak_activations)}, expected [2, 1]"

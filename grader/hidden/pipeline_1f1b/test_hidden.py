@@ -15,6 +15,8 @@ from collections import Counter
 import pytest
 import torch
 
+from grader.testing import assert_close, is_close
+
 DRIVER = "grader.support.pipeline_1f1b:census"
 GRID = [(p, m) for p in range(1, 9) for m in range(1, 17)]
 INTERLEAVED_GRID = [(p, m, v) for p in range(1, 9) for m in range(p, 17, p) for v in (2, 3, 4)]
@@ -638,14 +640,11 @@ def check_run(run, stages, xs, ys, what: str) -> None:
         assert len(got_c) == len(want_c), f"{what}: piece {c} has {len(want_c)} parameters, found {len(got_c)} gradients"
         for i, (g, w) in enumerate(zip(got_c, want_c)):
             assert tuple(g.shape) == tuple(w.shape), f"{what}: piece {c} grad {i} has shape {tuple(g.shape)}, expected {tuple(w.shape)}"
-            if m > 1 and torch.allclose(g.double(), w * m, rtol=1e-4, atol=1e-6) and not torch.allclose(g.double(), w, rtol=1e-4, atol=1e-6):
+            if m > 1 and is_close(g, w * m, atol=1e-6, rtol=1e-4) and not is_close(g, w, atol=1e-6, rtol=1e-4):
                 pytest.fail(f"{what}: piece {c} grad {i} is m = {m} times too large: divide each microbatch's loss by m before its backward")
-            err = float((g.double() - w).abs().max())
-            assert torch.allclose(g.double(), w, rtol=1e-4, atol=1e-5), (
-                f"{what}: piece {c} parameter {i} gradient is off by up to {err:.3g} from the full-batch gradient. "
-                "Did you zero the gradients first, send each piece the detached output of the one before, and "
-                "backpropagate the gradient the next piece sent back?"
-            )
+            assert_close(g, w, atol=1e-5, rtol=1e-4, what=f"{what}: piece {c} parameter {i} gradient, against the full-batch one",
+                         hint="Did you zero the gradients first, send each piece the detached output of the one before, and "
+                              "backpropagate the gradient the next piece sent back?")
 
 
 def drive(student, pm, stages, xs, ys, sched):
@@ -679,11 +678,10 @@ def test_run_pipeline_zeroes_the_gradients_first(student, pm, rng, seed):
     xs, ys = batch(rng, 4)
     run, _, _ = student.drive(DRIVER, pm.run_pipeline, stages, xs, ys, expected_1f1b(4, 4), torch.nn.MSELoss(), dirty_grads=True)
     _, want_grads = full_batch_oracle(stages, xs, ys)
-    g, w = run.grads[0][0].double(), want_grads[0][0]
-    assert torch.allclose(g, w, rtol=1e-4, atol=1e-5), (
-        "run_pipeline was called on pieces that already held gradients (from an earlier step); the result "
-        f"is off by up to {float((g - w).abs().max()):.3g}: zero the pieces' gradients first"
-    )
+    assert_close(run.grads[0][0], want_grads[0][0], atol=1e-5, rtol=1e-4, what="piece 0's first gradient", hint=(
+        "run_pipeline was called on pieces that already held gradients (from an earlier step): "
+        "zero the pieces' gradients first"
+    ))
     check_run(run, stages, xs, ys, "run_pipeline on pieces with stale gradients")
 
 
