@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from grader.support.ring_allreduce import forbidden_collectives
+from grader.testing import is_close
 
 SIMULATED = "grader.support.ring_allreduce:run_simulated"
 DISTRIBUTED = "grader.support.ring_allreduce:run_distributed_cases"
@@ -115,12 +116,12 @@ def explain_float(got: torch.Tensor, want: torch.Tensor, exact: torch.Tensor, ra
     got, want = got.reshape(-1), want.reshape(-1)
     bad = (got != want).nonzero().flatten()
     k = int(bad[0])
-    err = (got.double() - exact).abs().max().item()
     scale = exact.abs().max().item() or 1.0
     hint = (
         "The result is close to the true sum but not bit-identical to the ring order: accumulate in the "
         "tensor's own dtype (no float32/float64 accumulator), one hop at a time, chunk c starting at rank c."
-        if err <= 0.05 * scale else "The result is far from the sum: check the chunk indices and the peers."
+        if is_close(got, exact.reshape(-1), atol=0.05 * scale) else
+        "The result is far from the sum: check the chunk indices and the peers."
     )
     return (
         f"{label}: rank {rank}, position {k} (chunk {chunk_of(k, n, world)}): found {float(got[k])!r}, the ring "
