@@ -18,28 +18,34 @@ import torch
 
 from grader.harness.wire import OnceIterable
 
-__all__ = ["OnceIterable", "assert_close", "assert_equal", "is_close"]
+__all__ = ["OnceIterable", "assert_close", "assert_equal", "is_close", "mismatches"]
 
 Hint = Union[str, Callable[[tuple[int, ...]], str]]  # a hint, or one built from the first bad index
 
 
-def assert_close(actual: Any, expected: Any, *, atol: float, rtol: float = 0.0, what: str, hint: Hint = "") -> None:
+Tolerance = Union[float, torch.Tensor]  # a number, or one per element (broadcast to expected's shape)
+
+
+def assert_close(
+    actual: Any, expected: Any, *, atol: Tolerance, rtol: float = 0.0, what: str, hint: Hint = ""
+) -> None:
     """Fail unless `actual` matches `expected` elementwise: |actual - expected| <= atol + rtol * |expected|.
 
     `actual` must be a tensor (any device, any real dtype), a numpy array or a real number (a 0-d
     value), with the shape of `expected` (a tensor, array, number or nested list). Values are
     compared in float64. Where `expected` is finite, `actual` must be finite; where it is +inf or
     -inf, `actual` must be the same infinity; where it is NaN, `actual` must be NaN (so `expected`
-    should come from an oracle: check a student-derived one is finite first).
+    should come from an oracle: check a student-derived one is finite first). `atol` may be a tensor
+    that broadcasts to `expected`'s shape: a tolerance per element.
 
     `what` names the value for the message ("o for causal attention"); `hint` is appended to it, to
     say what the usual mistake is. A hint that depends on where the values differ can be a function
     of the first bad index (a tuple of ints), called only when the check fails.
     """
-    _check_tolerance(atol, "atol")
-    _check_tolerance(rtol, "rtol")
     got, want = _as_tensors(actual, expected, what, hint)
-    problem = _special_values(got, want) or _outside_tolerance(got, want, atol, rtol)
+    atol_t = _tolerance(atol, "atol", want.shape)
+    _tolerance(rtol, "rtol", want.shape)
+    problem = _special_values(got, want) or _outside_tolerance(got, want, atol_t, float(rtol))
     if problem:
         message, first = problem
         raise AssertionError(_with_hint(f"{what}: {message}", hint, _unravel(first, got.shape)))
@@ -53,16 +59,29 @@ def assert_equal(actual: Any, expected: Any, *, what: str, hint: Hint = "") -> N
     """
     got, want = _as_tensors(actual, expected, what, hint)
     if _is_integral(got) and _is_integral(want):
-        problem = _differences(got.to(torch.int64), want.to(torch.int64), ("differs", "differ"))
+        got, want = got.to(torch.int64), want.to(torch.int64)
+        problem = _differences(got, want, ("differs", "differ"), got.ne(want))
     else:
-        got, want = got.to(torch.float64), want.to(torch.float64)
-        problem = _special_values(got, want) or _outside_tolerance(got, want, 0.0, 0.0)
+        zero = torch.zeros(want.shape, dtype=torch.float64)
+        problem = _special_values(got, want) or _outside_tolerance(got, want, zero, 0.0)
     if problem:
         message, first = problem
         raise AssertionError(_with_hint(f"{what}: {message}", hint, _unravel(first, got.shape)))
 
 
-def is_close(actual: Any, expected: Any, *, atol: float, rtol: float = 0.0) -> bool:
+def mismatches(actual: Any, expected: Any, *, atol: Tolerance, rtol: float = 0.0) -> torch.Tensor:
+    """A boolean CPU tensor of `expected`'s shape, True where `assert_close` would reject the value
+    (NaN or inf where a finite value is expected, a different infinity, or off by more than the
+    tolerance). For a test that counts or locates the bad entries itself ("at most one row may
+    differ"). Raises AssertionError, as `assert_close` does, when `actual` has the wrong type or shape."""
+    got, want = _as_tensors(actual, expected, "value", "")
+    atol_t = _tolerance(atol, "atol", want.shape)
+    _tolerance(rtol, "rtol", want.shape)
+    got, want = got.to(torch.float64), want.to(torch.float64)
+    return _nonfinite_mask(got, want)[0] | _tolerance_mask(got, want, atol_t, float(rtol))[0]
+
+
+def is_close(actual: Any, expected: Any, *, atol: Tolerance, rtol: float = 0.0) -> bool:
     """Whether `assert_close` would pass: for a test that must tell two answers apart ("is this the
     top-left causal mask?") before it asserts the right one. A NaN is close to nothing finite."""
     try:
@@ -73,13 +92,15 @@ def is_close(actual: Any, expected: Any, *, atol: float, rtol: float = 0.0) -> b
 
 
 # --------------------------------------------------------------------------------------------------
-# The pieces
+# The rules
 
 
-def _check_tolerance(value: float, name: str) -> None:
-    value = float(value)
-    if not (value >= 0.0 and value != float("inf")):  # also rejects NaN: a test bug, not the student's
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+def _tolerance(value: Tolerance, name: str, shape: torch.Size) -> torch.Tensor:
+    """The tolerance as a float64 tensor of `shape`; a NaN, negative or infinite one is the test's bug."""
+    tol = torch.as_tensor(value.detach().cpu() if isinstance(value, torch.Tensor) else value, dtype=torch.float64)
+    if not bool(((tol >= 0) & (tol < float("inf"))).all()):  # also rejects NaN
+        raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+    return torch.broadcast_to(tol, shape)
 
 
 def _as_tensors(actual: Any, expected: Any, what: str, hint: Hint) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,10 +109,8 @@ def _as_tensors(actual: Any, expected: Any, what: str, hint: Hint) -> tuple[torc
     if isinstance(actual, numbers.Real) and not isinstance(actual, np.ndarray):
         actual = torch.tensor(actual)  # a Python or numpy scalar: a 0-d value
     if not isinstance(actual, (torch.Tensor, np.ndarray)):
-        raise AssertionError(_with_hint(
-            f"{what}: expected a tensor of shape {_shape(want.shape)}, found {type(actual).__name__} {_short(actual)}",
-            hint,
-        ))
+        wanted = "a number (or a 0-d tensor)" if want.dim() == 0 else f"a tensor of shape {_shape(want.shape)}"
+        raise AssertionError(_with_hint(f"{what}: expected {wanted}, found {type(actual).__name__} {_short(actual)}", hint))
     got = _to_cpu(actual)
     if got.shape != want.shape:
         raise AssertionError(_with_hint(
@@ -114,20 +133,35 @@ def _is_integral(tensor: torch.Tensor) -> bool:
     return tensor.dtype == torch.bool or not tensor.is_floating_point()
 
 
+def _nonfinite_mask(got: torch.Tensor, want: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(bad, unexpected): where the special-value rules fail; `unexpected` marks NaN or inf in `got`
+    where `want` is finite (the rest of `bad`: where `want` is NaN or inf and `got` does not match it)."""
+    finite = torch.isfinite(want)
+    unexpected = finite & ~torch.isfinite(got)
+    mismatched = ~finite & ~(got.eq(want) | (want.isnan() & got.isnan()))
+    return unexpected | mismatched, unexpected
+
+
+def _tolerance_mask(got: torch.Tensor, want: torch.Tensor, atol: torch.Tensor, rtol: float):
+    """(bad, err): where both are finite and |got - want| > atol + rtol * |want|, and that error (0 elsewhere)."""
+    both = torch.isfinite(want) & torch.isfinite(got)
+    zero = torch.zeros((), dtype=torch.float64)
+    err = torch.where(both, (got - want).abs(), zero)
+    return err > atol + rtol * torch.where(both, want.abs(), zero), err
+
+
 def _special_values(got: torch.Tensor, want: torch.Tensor) -> tuple[str, int] | None:
     """A message for the first rule on NaN and inf that `got` breaks, and the flat index it names; or None."""
     got, want = got.to(torch.float64), want.to(torch.float64)
-    finite = torch.isfinite(want)
-    bad = finite & ~torch.isfinite(got)
-    if bad.any():
-        nan, inf = int((bad & got.isnan()).sum()), int((bad & got.isinf()).sum())
+    bad, unexpected = _nonfinite_mask(got, want)
+    if unexpected.any():
+        nan, inf = int((unexpected & got.isnan()).sum()), int((unexpected & got.isinf()).sum())
         kind = "NaN" if not inf else "infinite" if not nan else f"NaN or infinite ({nan} NaN, {inf} inf)"
-        first = _first(bad)
+        first = _first(unexpected)
         return (
             f"{_count(nan + inf, got.numel())} {kind} where a finite value is expected{_first_at(first, got.shape)}: "
             f"found {_value(got, first)}, expected {_value(want, first)}"
         ), first
-    bad = ~finite & ~(got.eq(want) | (want.isnan() & got.isnan()))
     if bad.any():
         first = _first(bad)
         return (
@@ -137,30 +171,32 @@ def _special_values(got: torch.Tensor, want: torch.Tensor) -> tuple[str, int] | 
     return None
 
 
-def _outside_tolerance(got: torch.Tensor, want: torch.Tensor, atol: float, rtol: float) -> tuple[str, int] | None:
+def _outside_tolerance(got: torch.Tensor, want: torch.Tensor, atol: torch.Tensor, rtol: float) -> tuple[str, int] | None:
     """A message for the finite values of `got` that are off by more than atol + rtol * |want|, or None."""
     got, want = got.to(torch.float64), want.to(torch.float64)
-    finite = torch.isfinite(want)
-    err = torch.where(finite, (got - want).abs(), torch.zeros((), dtype=torch.float64))
-    bad = err > atol + rtol * torch.where(finite, want.abs(), torch.zeros((), dtype=torch.float64))
+    bad, err = _tolerance_mask(got, want, atol, rtol)
     if not bad.any():
         return None
-    if atol == 0.0 and rtol == 0.0:
+    if not bool(atol.any()) and rtol == 0.0:
         return _differences(got, want, ("differs", "differ"), bad)
-    worst = int(err.flatten().argmax())
-    allowed = f"{atol:.3g}" + (f" + {rtol:.3g} * |expected|" if rtol else "")
-    message, first = _differences(got, want, (f"is off by more than {allowed}", f"are off by more than {allowed}"), bad)
+    uniform = atol.numel() == 0 or bool((atol == atol.flatten()[0]).all())
+    if uniform:
+        allowed = f"{float(atol.flatten()[0]) if atol.numel() else 0.0:.3g}" + (f" + {rtol:.3g} * |expected|" if rtol else "")
+        verbs = (f"is off by more than {allowed}", f"are off by more than {allowed}")
+    else:
+        verbs = ("is off by more than its tolerance", "are off by more than their tolerance")
+    message, first = _differences(got, want, verbs, bad)
+    if not uniform:
+        message += f" (tolerance there {float(atol.flatten()[first]):.3g}" + (f" + {rtol:.3g} * |expected|)" if rtol else ")")
     if got.numel() > 1:
+        worst = int(err.flatten().argmax())
         message += f"; the largest error is {float(err.flatten()[worst]):.3g}, at {_index(worst, got.shape)}"
     return message, first
 
 
-def _differences(
-    got: torch.Tensor, want: torch.Tensor, verbs: tuple[str, str], bad: torch.Tensor | None = None
-) -> tuple[str, int] | None:
+def _differences(got: torch.Tensor, want: torch.Tensor, verbs: tuple[str, str], bad: torch.Tensor) -> tuple[str, int] | None:
     """"3 of 40 values differ, first at [2]: found 4, expected 5" (verbs: singular, plural) and the
     first index, flat; or None."""
-    bad = got.ne(want) if bad is None else bad
     if not bad.any():
         return None
     n, first = int(bad.sum()), _first(bad)
