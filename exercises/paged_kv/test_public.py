@@ -9,6 +9,8 @@ import math
 import pytest
 import torch
 
+from grader.structure import Scaling, assert_flat_on_the_clock, clock
+
 from grader.testing import assert_close
 
 
@@ -172,16 +174,39 @@ def test_slot_mapping_small(pk):
     )
 
 
+# The clock at two sizes (grader/structure.py): the call at 512x the tokens must not take much longer. A
+# vectorised slot_mapping costs about 1.5x (its fixed cost dominates); one torch call per token, 50x and more.
+SLOTS_CLOCK = Scaling(16, 8192, bar=8.0, large_in_process=2048, unit="tokens")
+
+
+def identity_tables(n: int):
+    """n // 4 sequences of 4 tokens, sequence b in block b (block size 4): slot b * 4 + position."""
+    B = max(1, n // 4)
+    tables = torch.arange(B, dtype=torch.int32)[:, None]
+    positions = torch.arange(4).repeat(B, 1)
+    positions[::3, 3] = -1  # some padding
+    return tables, positions
+
+
+def check_identity_slots(got, tables, positions) -> None:
+    want = torch.where(positions >= 0, tables.long() * 4 + positions, -1)
+    assert torch.equal(got, want), f"slot_mapping is wrong for {tables.shape[0]} sequences of one block each"
+
+
 @pytest.mark.check("slots_public")
 def test_slot_mapping_has_no_loop_over_tokens(pk, student):
     small = (table_tensor([[1], [0]], 2), torch.tensor([[0, 1], [1, -1]]), 4)
     big = (table_tensor([[i, i + 8] for i in range(8)], 2), torch.arange(64).remainder(8).repeat(8, 1), 4)
     _, lines_small = student.lines_executed(pk.slot_mapping, *small)
     _, lines_big = student.lines_executed(pk.slot_mapping, *big)
+    advice = "Compute every slot at once with tensor ops (torch.gather, //, %, torch.where)."
     assert lines_big <= lines_small + 2, (
         f"slot_mapping ran {lines_small} lines of your code for 4 positions and {lines_big} for 512: a Python "
-        "loop over tokens. Compute every slot at once with tensor ops (torch.gather, //, %, torch.where)."
+        f"loop over tokens. {advice}"
     )
+    timing = clock(student.mode, lambda t, p: pk.slot_mapping(t, p, 4), identity_tables, check_identity_slots,
+                   SLOTS_CLOCK)
+    assert_flat_on_the_clock(timing, "slot_mapping", advice, lines=(lines_small, lines_big), loop="a loop over tokens")
 
 
 # --------------------------------------------------------------------------------------------------
