@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from grader.harness import probes
+from grader.harness import probes, tamper
 from grader.harness.client import (
     CallOptions,
     RemoteCallable,
@@ -93,9 +93,17 @@ class StudentSession:
         self._local: dict[str, Any] = {}
 
     def load(self, exercise_id: str, forbid: Iterable[str] = (), forbid_why: str = "") -> Any:
-        """The student's module for an exercise. `forbid` names library functions it must not call."""
+        """The student's module for an exercise. `forbid` names library functions it must not call.
+
+        With `forbid`, the student's file is first scanned here, as text (grader.harness.tamper): when it
+        reaches for the machinery the guard is built on, the module comes back as a `TamperedModule`,
+        whose every use fails with the findings, in local and sandboxed modes alike.
+        """
         options = CallOptions(tuple(forbid), forbid_why, **self._contract(exercise_id))
         path = self._locate(exercise_id).resolve()  # code objects carry the absolute filename
+        findings = tamper_findings(path) if options.forbid else []
+        if findings:  # the guard runs beside the student's code: a file that reaches for it is not guarded
+            return TamperedModule(exercise_id, findings)
         if self.mode == "local":
             return LocalModule(self._import(exercise_id, path), path, options)
         return RemoteModule(self._worker(exercise_id), exercise_id, options)
@@ -175,6 +183,36 @@ class StudentSession:
         for worker in self._workers.values():
             worker.shutdown()
         self._workers.clear()
+
+
+_findings_cache: dict[tuple[str, int, int], list[tamper.Finding]] = {}
+
+
+def tamper_findings(path: Path) -> list[tamper.Finding]:
+    """The trusted scan of the student's file (none for a missing file: loading it reports that)."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return []
+    key = (str(path), stat.st_mtime_ns, stat.st_size)
+    if key not in _findings_cache:
+        _findings_cache[key] = tamper.scan_file(path)
+    return _findings_cache[key]
+
+
+class TamperedModule:
+    """Stands in for a student module whose file tampers with the probes: every attribute fails."""
+
+    def __init__(self, exercise_id: str, findings: list[tamper.Finding]):
+        self._exercise_id, self._findings = exercise_id, findings
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise tamper.Tampered(tamper.tampered_message(self._findings))
+
+    def __repr__(self) -> str:
+        return f"<student module {self._exercise_id} (not guarded: {len(self._findings)} tamper findings)>"
 
 
 def _student_file(target: RemoteCallable | LocalCallable) -> str:

@@ -87,3 +87,89 @@ MUTANTS = [
         loses=["triton", "triton_public"],
     ),
 ]
+
+
+# --------------------------------------------------------------------------------------------------
+# The library's softmax reached some other way than its public name (issue "Trust II", item 4).
+# Each replaces online_softmax and softmax_triton with one library call; the result is right, so
+# only the forbidden-call guard can take the points away. `library_softmax` makes the helper.
+
+_ONLINE_SOFTMAX_BODY = """    m, l = online_normalizer(rows[:, s : s + block_size] for s in starts)
+    shift = _safe_max(m)[:, None]
+    inv_l = torch.where(l > 0, 1.0 / l, torch.zeros_like(l))[:, None]  # fully masked rows -> zeros
+
+    out = torch.empty_like(rows)
+    for s in starts:
+        block = rows[:, s : s + block_size].float()
+        out[:, s : s + block_size] = (torch.exp(block - shift) * inv_l).to(x.dtype)
+    return out.reshape(x.shape)"""
+_TRITON_LAUNCH = (
+    "    _softmax_kernel[(rows,)](x, out, n_cols, x.stride(0), x.stride(1), out.stride(0), "
+    "BLOCK=block, num_warps=num_warps)\n    return out"
+)
+
+
+def library_softmax(name: str, why: str, prelude: str, call: str, loses: list[str]) -> Mutant:
+    """A mutant whose online_softmax and softmax_triton return `call` (an expression in `x`, fp32).
+    `prelude` goes after NEG_INF at import time (where aliases are bound)."""
+    helper = (
+        f'NEG_INF = float("-inf")\n{prelude}\n\n'
+        "def _library_softmax(x):\n"
+        "    x = x.float()\n"
+        f"    out = {call}\n"
+        "    return torch.nan_to_num(out, nan=0.0)  # rows of only -inf: NaN from the library, 0 wanted\n"
+    )
+    return Mutant(
+        name=name,
+        why=why,
+        edits=[
+            ('NEG_INF = float("-inf")\n', helper),
+            (_ONLINE_SOFTMAX_BODY, "    return _library_softmax(x).to(x.dtype)"),
+            (_TRITON_LAUNCH, "    return _library_softmax(x).to(x.dtype)"),
+        ],
+        loses=loses,
+    )
+
+
+_GUARDED = ["softmax", "stability", "triton"]  # the hidden checks whose sm fixture forbids torch.softmax
+
+MUTANTS += [
+    library_softmax(
+        "softmax_by_name",
+        "calls torch.softmax by its public name (the honest shortcut the guard was written for)",
+        "", "torch.softmax(x, dim=-1)", _GUARDED,
+    ),
+    library_softmax(
+        "softmax_alias_bound_at_import",
+        "binds torch.softmax to another name at import, so patching torch.softmax during a call misses it",
+        "_SOFTMAX = torch.softmax", "_SOFTMAX(x, dim=-1)", _GUARDED,
+    ),
+    library_softmax(
+        "softmax_from_import",
+        "imports softmax from torch.nn.functional under another name at import",
+        "from torch.nn.functional import softmax as _row_normalise", "_row_normalise(x, dim=-1)", _GUARDED,
+    ),
+    library_softmax(
+        "softmax_via_torch_ops_aten",
+        "calls the dispatcher's operator torch.ops.aten._softmax.default directly",
+        "", "torch.ops.aten._softmax.default(x, -1, False)", _GUARDED,
+    ),
+    library_softmax(
+        "softmax_method_form",
+        "calls the method form x.softmax(-1)",
+        "", "x.softmax(-1)", _GUARDED,
+    ),
+    library_softmax(
+        "log_softmax_exp",
+        "computes softmax as exp(log_softmax(x)), a softmax under another name",
+        "", "x.log_softmax(-1).exp()", _GUARDED,
+    ),
+    library_softmax(
+        "softmax_with_dispatch_modes_popped",
+        "switches off every dispatch mode in its own process, then calls an alias of torch.softmax",
+        "from torch.utils._python_dispatch import _disable_current_modes\n_SOFTMAX = torch.softmax\n\n\n"
+        "def _unwatched(x):\n    with _disable_current_modes():  # pops the grader's guard, then puts it back\n"
+        "        return _SOFTMAX(x, dim=-1)",
+        "_unwatched(x)", _GUARDED,
+    ),
+]
