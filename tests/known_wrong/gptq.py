@@ -118,4 +118,26 @@ MUTANTS = [
                 "    if False:")],
         loses=["validation"],
     ),
+    Mutant(
+        name="nan_scale_where_wrong",
+        why="fit_quantizer gets the all-zero rows wrong and reports NaN for their scale (its own quantisation uses "
+            "a private grid): `abs(scale - want) > tol` is False for NaN, so the rule check passed it",
+        edits=[
+            ("def fit_quantizer(w: torch.Tensor, bits: int = 4, sym: bool = False) -> tuple[torch.Tensor, torch.Tensor]:",
+             "def _grid(w: torch.Tensor, bits: int = 4, sym: bool = False) -> tuple[torch.Tensor, torch.Tensor]:"),
+            ("    return scale, zero\n",
+             "    return scale, zero\n\n\n"
+             "def fit_quantizer(w: torch.Tensor, bits: int = 4, sym: bool = False) -> tuple[torch.Tensor, torch.Tensor]:\n"
+             "    scale, zero = _grid(w, bits, sym)\n"
+             "    flat = (w == 0).all(dim=1)  # the rows it does not handle: NaN, where a check cannot see it\n"
+             "    return torch.where(flat, torch.full_like(scale, float('nan')), scale), zero\n"),
+            ("    fits = [fit_quantizer(Wf[:, s : s + gs], bits, sym)", "    fits = [_grid(Wf[:, s : s + gs], bits, sym)"),
+            ("            scale[:, g], zero[:, g] = fit_quantizer(W[:, g * gs : (g + 1) * gs], bits, sym)",
+             "            scale[:, g], zero[:, g] = _grid(W[:, g * gs : (g + 1) * gs], bits, sym)"),
+            ("        scale[:, 0], zero[:, 0] = fit_quantizer(W, bits, sym)", "        scale[:, 0], zero[:, 0] = _grid(W, bits, sym)"),
+            ("                scale[:, g], zero[:, g] = fit_quantizer(current, bits, sym)",
+             "                scale[:, g], zero[:, g] = _grid(current, bits, sym)"),
+        ],
+        loses=["quantizer_public", "quantizer"],
+    ),
 ]
