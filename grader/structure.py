@@ -27,7 +27,7 @@ What each check can and cannot prove is written down in grader/AUTHORING.md.
 from __future__ import annotations
 
 import importlib
-import time
+from time import perf_counter  # bound at import, before any student module can replace time.perf_counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -100,7 +100,7 @@ class Timing:
         s = self.scaling
         return (f"the call at {self.large / self.small:g}x the {s.unit} ({self.large} against {self.small}) took "
                 f"{self.ratio:.1f}x as long on the grader's own clock ({self.best_small * 1e3:.2f} ms against "
-                f"{self.best_large * 1e3:.2f} ms, best of {len(self.large_s)} runs each; vectorised code stays under {s.bar:g}x)")
+                f"{self.best_large * 1e3:.2f} ms, best of {len(self.large_s)} runs each; a cost that does not grow stays under {s.bar:g}x)")
 
 
 def clock(mode: str, call: Callable[..., Any], make: Callable[[int], Sequence[Any]], check: Callable[..., None],
@@ -127,9 +127,9 @@ def clock(mode: str, call: Callable[..., Any], make: Callable[[int], Sequence[An
         for run in range(scaling.max_runs):
             for n, times in ((small, timing.small_s), (large, timing.large_s)):
                 args = tuple(make(n))
-                start = time.perf_counter()
+                start = perf_counter()
                 result = call(*args)
-                times.append(time.perf_counter() - start)
+                times.append(perf_counter() - start)
                 check(result, *args)
             if run + 1 >= scaling.runs and timing.flat:
                 break
@@ -166,36 +166,36 @@ def assert_worker_agrees(worker_ratio: float, timing: Timing, what: str, worker_
 # --------------------------------------------------------------------------------------------------
 # The trusted static scan of the student's source
 
-_scanned: dict[tuple[str, float, int], list] = {}
+_scanned: dict[tuple[str, int, int], list] = {}
+
+
+def _tamper():
+    return importlib.import_module("grader.harness.tamper")
 
 
 def scan_source(path: str | Path) -> list:
-    """The tamper findings (grader.harness.tamper.scan) for the student's file, read here as text."""
+    """The tamper findings (grader.harness.tamper) for the student's file, read here as bytes, never imported."""
     path = Path(path)
     stat = path.stat()
-    key = (str(path), stat.st_mtime, stat.st_size)
+    key = (str(path), stat.st_mtime_ns, stat.st_size)
     if key not in _scanned:
         try:
-            tamper = importlib.import_module("grader.harness.tamper")
-        except ModuleNotFoundError as exc:  # TODO(lead): remove once grader/harness/tamper.py has landed
+            tamper = _tamper()
+        except ModuleNotFoundError as exc:  # TODO(lead): drop once grader/harness/tamper.py is committed
             if exc.name != "grader.harness.tamper":
                 raise
             return []
-        _scanned[key] = list(tamper.scan(path.read_text(encoding="utf-8", errors="replace")))
+        _scanned[key] = list(tamper.scan_file(path))
     return _scanned[key]
-
-
-def describe_findings(findings: Sequence[Any], limit: int = 5) -> str:
-    shown = "; ".join(str(f) for f in findings[:limit])
-    more = f" (and {len(findings) - limit} more)" if len(findings) > limit else ""
-    return shown + more
 
 
 def assert_untampered(path: str | Path, figure: str) -> None:
     """Fail when the student's file tampers with what measures `figure` (a worker-side count)."""
     findings = scan_source(path)
     if findings:
-        raise AssertionError(
-            f"{figure} comes from the process that runs your code, and your file tampers with what measures it, "
-            f"so it cannot be trusted: {describe_findings(findings)}. Remove that code; this check needs none of it"
+        tamper = _tamper()
+        raise tamper.Tampered(
+            f"{figure} comes from the process that runs your code, and your file reaches for what measures it "
+            f"({tamper.describe(findings)}), so it cannot be trusted and the check fails. Remove that code: this "
+            "exercise needs none of it"
         )
