@@ -33,7 +33,7 @@ from rich.text import Text
 from grader import __version__, report, results, selfstudy
 from grader.container import ContainerError, add_backend_options, backend_from_args
 from grader.course import CourseError, find_root, load_course
-from grader.runner import GradeOptions, grade, run_exercise
+from grader.runner import GradeOptions, grade, grade_exercise
 from grader.text import inert
 
 console = Console(stderr=False)
@@ -128,14 +128,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     for ex in exercises:
         def on_event(event: dict, _id=ex.id) -> None:
             if event.get("event") == "test" and event.get("exercise") == _id:
-                results.record_test(result, event)
                 mark = {"passed": "[green].[/]", "not_graded": "[dim]s[/]"}.get(event["status"], "[red]F[/]")
                 console.print(mark, end="")
         console.print(f"{ex.id} ", end="")
         files = Path(args.source).resolve() / ex.id if args.source else None
-        reason = run_exercise(root, ex, files, 0, opts, on_event)
+        grade_exercise(root, ex, files, 0, opts, result, on_event)
         console.print()
-        results.close_exercise(result, ex.id, reason)
         if not args.source:
             tests = [t for c in results.find_exercise(result, ex.id)["checks"] for t in c["tests"]]
             selfstudy.record_check(root, ex.id, bool(tests) and all(t["status"] in ("passed", "not_graded") for t in tests))
@@ -224,9 +222,7 @@ def cmd_interview(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     ex, wanted = round_.exercise, set(round_.checks)
     result = results.new_result(course, "practice", "", "", 0, "local", [ex])
-    reason = run_exercise(root, ex, root / state["folder"], 0, GradeOptions(mode="local", tests="public"),
-                          lambda e: results.record_test(result, e) if e.get("event") == "test" else None)
-    results.close_exercise(result, ex.id, reason)
+    grade_exercise(root, ex, root / state["folder"], 0, GradeOptions(mode="local", tests="public"), result)
     tests = [t for c in result["exercises"][0]["checks"] if c["id"] in wanted for t in c["tests"]]
     passed = sum(t["status"] == "passed" for t in tests)
     used = (time.time() - state["started"]) / 60

@@ -17,11 +17,14 @@ from typing import Any
 
 from grader import __version__
 from grader.course import Course, Exercise
+from grader.text import inert
 
 SCHEMA_ID = "llm-efficiency-lab/result/v1"
 STATUSES = ("passed", "failed", "error", "timeout", "not_graded", "pending")
 # When tests of one check disagree, the check shows the most serious status.
 _SEVERITY = {"timeout": 5, "error": 4, "failed": 3, "not_graded": 1, "passed": 0, "pending": 6}
+MAX_MESSAGE_CHARS = 8000  # per test (the plugin cuts its own messages shorter)
+MAX_TRACEBACK_CHARS = 20000
 
 
 def now() -> str:
@@ -138,12 +141,43 @@ def record_test(result: dict, event: dict) -> None:
         "name": str(event.get("test", "")),
         "status": status,
         "fraction": min(1.0, max(0.0, float(fraction))),
-        "message": str(event.get("message", "")),
-        "traceback": str(event.get("traceback", "")),
+        "message": inert(event.get("message", ""), MAX_MESSAGE_CHARS),  # student text: no escapes, no controls
+        "traceback": inert(event.get("traceback", ""), MAX_TRACEBACK_CHARS),
         "duration_s": float(event.get("duration", 0.0)),
         "metrics": {k: v for k, v in (event.get("metrics") or {}).items() if isinstance(v, (int, float))},
     })
     rescore_check(check)
+
+
+def fill_unrun(result: dict, exercise_id: str, collected: dict | None, reason: str | None,
+               status: str | None = None) -> None:
+    """Fail closed: every collected test (`collected`: the plugin's "collected" event) that never
+    reported scores zero, with the reason, so a check's points are split over all of its tests. A
+    CUDA test on a machine without CUDA stays "not graded", as its own skip would have reported it."""
+    if not collected:
+        return
+    ex = find_exercise(result, exercise_id)
+    checks = {c["id"]: c for c in ex["checks"]}
+    cuda = bool(collected.get("cuda_available"))
+    why = f"not run: {reason}" if reason else "not run: the test never reported an outcome"
+    touched = []
+    for test in collected.get("tests") or []:
+        check = checks.get(test.get("check")) if isinstance(test, dict) else None
+        if check is None or any(t["name"] == test.get("test") for t in check["tests"]):
+            continue
+        not_here = bool(test.get("cuda")) and not cuda
+        check["tests"].append({
+            "name": str(test.get("test", "")),
+            "status": "not_graded" if not_here else (status or "error"),
+            "fraction": 0.0,
+            "message": "not graded: no CUDA device" if not_here else why,
+            "traceback": "",
+            "duration_s": 0.0,
+            "metrics": {},
+        })
+        touched.append(check)
+    for check in touched:
+        rescore_check(check)
 
 
 def rescore_check(check: dict) -> None:
@@ -168,8 +202,11 @@ def rescore_check(check: dict) -> None:
         check["message"] = f"{first_bad['name']}: {first_bad['message']}"
 
 
-def close_exercise(result: dict, exercise_id: str, reason: str | None = None, status: str | None = None) -> None:
-    """Fail closed: every check that never recorded a test scores zero, with the reason."""
+def close_exercise(result: dict, exercise_id: str, reason: str | None = None, status: str | None = None,
+                   collected: dict | None = None) -> None:
+    """Fail closed: every collected test that never reported, and every check that never recorded a
+    test, scores zero with the reason."""
+    fill_unrun(result, exercise_id, collected, reason, status)
     ex = find_exercise(result, exercise_id)
     for check in ex["checks"]:
         if not check["tests"] and check["status"] == "pending":

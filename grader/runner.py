@@ -16,9 +16,11 @@ import json
 import os
 import secrets
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,7 +75,7 @@ def hidden_folders(root: Path) -> list[str]:
 
 
 def run_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed: int, opts: GradeOptions,
-                 on_event: Callable[[dict], None]) -> str | None:
+                 on_event: Callable[[dict], None], tmp_dir: str | None = None) -> str | None:
     """Run one exercise's tests; call `on_event` per event. Returns a reason if it ended abnormally."""
     paths = test_paths(root, exercise, opts.tests)
     if not paths:
@@ -99,6 +101,8 @@ def run_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed: i
     # the command line, which any process on the machine (or in the grading container) can.
     env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", PYTHONDONTWRITEBYTECODE="1", GRADER_SEED=str(seed))
     env.pop("PYTEST_ADDOPTS", None)
+    if tmp_dir is not None:
+        env["TMPDIR"] = tmp_dir
     log_path = (opts.log_dir / f"{exercise.id}.log") if opts.log_dir else None
     log = open(log_path, "wb") if log_path else subprocess.DEVNULL
     try:
@@ -114,6 +118,35 @@ def run_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed: i
         _kill(proc)  # whatever happened here, no pytest (and no worker under it) outlives this call
 
 
+def grade_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed: int, opts: GradeOptions,
+                   result: dict, on_event: Callable[[dict], None] | None = None, tmp_dir: str | None = None) -> None:
+    """Run one exercise's tests and record every outcome in `result` (one loop for grade, check and
+    interview): each test as it reports, then, fail closed, every collected test that did not report
+    and every check with no test at all, with the reason."""
+    entry = results.find_exercise(result, exercise.id)
+    collected: dict = {}
+    started = time.perf_counter()
+
+    def record(event: dict) -> None:
+        if event.get("exercise") == exercise.id and event.get("event") == "collected":
+            collected.update(event)
+        elif event.get("exercise") == exercise.id and event.get("event") == "test":
+            results.record_test(result, event)
+            results.update_totals(result)
+        if on_event is not None:
+            on_event(event)
+
+    reason = run_exercise(root, exercise, files_dir, seed, opts, record, tmp_dir=tmp_dir)
+    entry["duration_s"] = time.perf_counter() - started
+    entry["status"] = "graded"
+    if opts.checks:
+        for check in entry["checks"]:
+            if check["id"] not in opts.checks and not check["tests"]:
+                check.update(status="not_graded", message="not run: only some checks were selected")
+    results.close_exercise(result, exercise.id, reason, status="timeout" if reason and "time limit" in reason else None,
+                           collected=collected)
+
+
 def _follow(proc: subprocess.Popen, read_fd: int, exercise: Exercise, opts: GradeOptions,
             on_event: Callable[[dict], None]) -> str | None:
     """Read the events of a running pytest until it ends or runs out of time."""
@@ -126,7 +159,7 @@ def _follow(proc: subprocess.Popen, read_fd: int, exercise: Exercise, opts: Grad
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                reason = f"the exercise's time limit of {time_limit:g} s ran out before this check ran"
+                reason = f"the exercise's time limit of {time_limit:g} s ended the run before this test"
                 _kill(proc)
                 break
             ready, _, _ = select.select([pipe], [], [], min(left, 1.0))
@@ -150,7 +183,7 @@ def _follow(proc: subprocess.Popen, read_fd: int, exercise: Exercise, opts: Grad
         _kill(proc)
         code = proc.wait()
     if reason is None and not saw_session_end:
-        reason = f"grading stopped early (pytest exited with code {code})"
+        reason = f"grading stopped early: pytest exited with code {code} before this test"
     if reason is None and code not in (0, 1):
         reason = f"pytest exited with code {code}; see the grading log"
     return reason
@@ -202,6 +235,12 @@ def grade(course: Course, root: Path, source: Path, out: Path | None = None, opt
             f"no file to grade: expected one of {sorted(e.file for e in exercises)} (flat, in <id>/ or in exercises/<id>/)"
         ]
     save(result)
+    # Everything the grade's processes put in a temporary folder goes in one of its own (the workers'
+    # scratch folders where there are no namespaces, the pytest processes' files), removed however
+    # pytest ends. Only this process can list it (mode 0711: a worker may pass through to its own).
+    private = tempfile.mkdtemp(prefix="grader-grade-")
+    os.chmod(private, 0o711)
+    collected: dict[str, dict] = {}
     try:
         for ex in exercises:
             entry = results.find_exercise(result, ex.id)
@@ -211,29 +250,20 @@ def grade(course: Course, root: Path, source: Path, out: Path | None = None, opt
                 save(result)
                 continue
             entry["status"] = "running"
-            started = time.perf_counter()
 
-            def on_event(event: dict, _ex=ex, _entry=entry) -> None:
-                if event.get("event") == "test" and event.get("exercise") == _ex.id:
-                    results.record_test(result, event)
-                    results.update_totals(result)
+            def on_event(event: dict) -> None:
+                if event.get("event") == "test":
                     save(result)
                 elif event.get("event") == "session":
                     for warning in event.get("warnings", []):
                         if warning not in result["warnings"]:
                             result["warnings"].append(warning)
 
-            reason = run_exercise(root, ex, sub.folder / "files", seed, opts, on_event)
-            entry["duration_s"] = time.perf_counter() - started
-            entry["status"] = "graded"
-            if opts.checks:
-                for check in entry["checks"]:
-                    if check["id"] not in opts.checks and not check["tests"]:
-                        check.update(status="not_graded", message="not run: only some checks were selected")
-            results.close_exercise(result, ex.id, reason, status="timeout" if reason and "time limit" in reason else None)
+            grade_exercise(root, ex, sub.folder / "files", seed, opts, result, on_event, tmp_dir=private)
             save(result)
     finally:
         sub.cleanup()
+        shutil.rmtree(private, ignore_errors=True)
     results.finish(result)
     save(result)
     return result

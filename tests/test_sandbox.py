@@ -1,0 +1,221 @@
+"""The sandbox against hostile submissions (README, threat model; issue "Trust I").
+
+Each test hands in a submission that tries one class of attack on the worker's sandbox and proves it
+ends honestly: its score, a clear message, nothing outside its own scratch changed, nothing left
+behind. Graded as root where the property needs root (a uid of its own, the allow-list view).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from grader.harness import identity
+from grader.harness.client import Sandbox, StudentTimeout
+from grader.harness.session import StudentSession
+from tests.conftest import checks_of, grade_folder
+from tests.test_hostile import EXERCISE, grade_hostile, hand_in, messages
+
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="uids of their own and the allow-list view need root here")
+
+
+def digest(*paths: Path) -> str:
+    """A hash of each file (name, bytes, mode, owner): proof that the attack changed none of them."""
+    h = hashlib.sha256()
+    for path in paths:
+        info = path.lstat()
+        h.update(f"{path}\0{info.st_mode}\0{info.st_uid}\0".encode() + path.read_bytes())
+    return h.hexdigest()
+
+
+def targets(root: Path) -> list[Path]:
+    """The files the hostile submissions aim at."""
+    paths = [root / "solutions" / EXERCISE / f"{EXERCISE}.py", root / "grader" / "hidden" / EXERCISE / "test_hidden.py",
+             root / "grader" / "__init__.py", root / "grader" / "harness" / "worker.py"]
+    return paths + [p for p in (Path("/etc/shadow"), Path("/etc/passwd")) if p.exists()]
+
+
+@as_root
+def test_the_worker_sees_nothing_of_the_course_but_its_allow_list(tmp_path, root):
+    before = digest(*targets(root))
+    result = grade_hostile(hand_in(tmp_path, "reads_course", {'os.environ.get("COURSE_ROOT", "/work/main")': repr(str(root))}))
+    text = messages(result)
+    assert "READ" not in text, f"the worker read something it must not: {text[:600]}"
+    for rel in (".git/HEAD", "solutions/online_softmax/online_softmax.py", "grader/hidden/online_softmax/test_hidden.py",
+                "tests/test_hostile.py"):
+        assert f"cannot read {rel}" in text, f"expected {rel} to be out of the worker's view: {text[:600]}"
+    assert "git show failed" in text
+    uid = int(text.split("| uid ")[1].split()[0])
+    assert uid != 0 and identity.DEFAULT_UID_FIRST <= uid < identity.DEFAULT_UID_FIRST + identity.DEFAULT_UID_COUNT, (
+        f"the worker ran as uid {uid}, expected a leased uid of its own"
+    )
+    assert result["score"] == 0
+    assert digest(*targets(root)) == before, "a file the submission aimed at changed during the grade"
+
+
+@as_root
+def test_a_log_swapped_for_a_symlink_leaks_nothing_when_the_worker_crashes(tmp_path, root):
+    shadow = Path("/etc/shadow")
+    secret = (root / "solutions" / EXERCISE / f"{EXERCISE}.py").read_text().splitlines()[0]
+    before = digest(*targets(root))
+    source = hand_in(tmp_path, "log_symlink_crash", {'os.environ.get("COURSE_ROOT", "/work/main")': repr(str(root))})
+    result = grade_hostile(source)
+    text = messages(result)
+    assert "exited with code 3" in text, f"the crash must be reported as the worker's exit: {text[:400]}"
+    assert "planted" in text, "the worker's own output belongs in the crash message"
+    assert secret not in text, "the crash message holds the reference solution"
+    if shadow.exists():
+        assert "root:" not in text, "the crash message holds /etc/shadow"
+    assert digest(*targets(root)) == before, "a file the submission aimed at changed during the grade"
+
+
+def test_a_reply_that_stops_part_way_is_a_timeout_not_a_hang(tmp_path):
+    started = time.monotonic()
+    result = grade_hostile(hand_in(tmp_path, "half_frame"), call_timeout_s=3, time_limit_s=90)
+    tests = [t for c in checks_of(result, EXERCISE).values() for t in c["tests"]]
+    first = next(t for t in tests if t["name"].startswith("test_normalizer_one_chunk"))
+    assert first["status"] == "timeout" and "part-way" in first["message"], first
+    assert first["duration_s"] < 30, f"the half-sent reply held the call for {first['duration_s']:.1f} s"
+    assert result["score"] == 0
+    assert time.monotonic() - started < 90 + 60
+
+
+def test_stalling_until_the_time_limit_keeps_no_points(tmp_path):
+    """Checks are scored over every test collected: the ones the run never reached score zero."""
+    result = grade_hostile(hand_in(tmp_path, "stalls"), call_timeout_s=25, time_limit_s=40)
+    check = checks_of(result, EXERCISE)["normalizer_public"]
+    passed = [t for t in check["tests"] if t["status"] == "passed"]
+    unrun = [t for t in check["tests"] if t["message"].startswith("not run:")]
+    assert len(passed) == 2, f"the stalling submission answers its first two calls correctly: {check['tests']}"
+    assert unrun and all("time limit" in t["message"] for t in unrun), check["tests"]
+    assert check["points"] == pytest.approx(check["max_points"] * len(passed) / len(check["tests"]))
+    assert check["points"] < check["max_points"], "stalling kept full marks on a check whose tests did not all run"
+
+
+def test_nothing_of_a_killed_grade_is_left_in_the_temporary_folder(tmp_path, monkeypatch):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    grade_hostile(hand_in(tmp_path, "infinite_loop"), call_timeout_s=30, time_limit_s=8)  # pytest is killed
+    assert sorted(p.name for p in tmp.iterdir()) == [], "the grade left files behind"
+
+
+# --------------------------------------------------------------------------------------------------
+# One identity per grade: two workers at once, one hostile
+
+
+HOG = '''
+import os, signal, time
+
+def hog(n):
+    """Hold as many processes as the cap allows, write wherever it can, signal whatever it can see."""
+    kids = []
+    for _ in range(n):
+        try:
+            pid = os.fork()
+        except OSError:
+            break
+        if pid == 0:
+            time.sleep(3600)
+            os._exit(0)
+        kids.append(pid)
+    wrote = []
+    for folder, dirs, files in os.walk("/"):
+        if folder.startswith(("/proc", "/sys", "/dev")) or os.statvfs(folder).f_flag & os.ST_RDONLY:
+            dirs.clear()  # a read-only mount, or devices: nothing of anyone else below
+            continue
+        for name in files:
+            path = os.path.join(folder, name)
+            try:
+                with open(path, "a") as f:
+                    f.write("pwned")
+                wrote.append(path)
+            except OSError:
+                pass
+    killed = 0
+    for pid in range(2, 4 << 15):
+        if pid not in kids and pid != os.getpid():
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+    return len(kids), wrote, killed
+'''
+
+THREADS = '''
+import threading
+
+def threads(n):
+    done = []
+    ts = [threading.Thread(target=done.append, args=(i,)) for i in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return len(done)
+'''
+
+
+@as_root
+@pytest.mark.slow
+def test_concurrent_workers_cannot_reach_each_other(tmp_path):
+    (tmp_path / "hog.py").write_text(HOG)
+    (tmp_path / "threads.py").write_text(THREADS)
+    sandbox = Sandbox(processes=48)
+    hostile = StudentSession("sandbox", lambda _id: tmp_path / "hog.py", sandbox, lambda _id: 120.0)
+    honest = StudentSession("sandbox", lambda _id: tmp_path / "threads.py", sandbox, lambda _id: 60.0)
+    try:
+        assert honest.load("threads").threads(4) == 4
+        kids, wrote, killed = hostile.load("hog").hog(200)
+        assert kids >= 40, f"the hostile worker should hold (almost) its whole process cap, held {kids}"
+        assert all(p.startswith("/tmp/") for p in wrote), f"the worker wrote outside its scratch: {wrote[:5]}"
+        assert killed == 0, f"the worker could signal {killed} processes outside its own"
+        a, b = hostile._workers["hog"].lease, honest._workers["threads"].lease
+        assert a.uid != b.uid, "two grades at once ran as the same uid"
+        assert honest.load("threads").threads(24) == 24, (
+            "the honest worker could not start threads while another grade held its own process cap"
+        )
+        # The race of the old design, repeated: the honest worker restarts (its sandbox is built
+        # again by root) while the hostile one keeps trying to plant links wherever it can write.
+        stop = threading.Event()
+        planted = []
+
+        def plant():
+            while not stop.is_set():
+                planted.append(hostile.load("hog").hog(0)[1])
+
+        attacker = threading.Thread(target=plant)
+        attacker.start()
+        try:
+            for _ in range(20):
+                honest._workers["threads"].close()
+                assert honest.load("threads").threads(2) == 2
+        finally:
+            stop.set()
+            attacker.join()
+        assert all(p.startswith("/tmp/") for paths in planted for p in paths)
+    finally:
+        hostile.close()
+        honest.close()
+    assert not identity.processes_of(a.uid), "processes of the hostile grade outlived it"
+
+
+@as_root
+def test_a_uid_lease_is_exclusive_and_sweeps_what_was_left():
+    first = identity.lease()
+    try:
+        second = identity.lease()
+        try:
+            assert second.uid != first.uid
+        finally:
+            second.release()
+    finally:
+        first.release()
+    assert not identity.processes_of(first.uid)
