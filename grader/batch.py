@@ -61,6 +61,7 @@ from rich.text import Text
 
 from grader import results
 from grader.course import Course, CourseError, Exercise, find_root, load_course
+from grader.harness import identity
 from grader.runner import GradeOptions, selected_exercises, suite_sha256
 from grader.submission import SubmissionError, locate, raw_digest
 from grader.text import inert
@@ -507,6 +508,7 @@ class BatchOptions:
     only: list[str] | None = None
     grade: GradeOptions = field(default_factory=GradeOptions)
     job_timeout_s: float | None = None  # default: the exercises' time limits plus slack
+    allow_shared_identity: bool = False  # --jobs > 1 even where workers of different grades share an identity
 
 
 @dataclass
@@ -595,6 +597,14 @@ def run_batch(course: Course, root: Path, opts: BatchOptions, backend: Backend |
     out_dir.mkdir(parents=True, exist_ok=True)
     backend = backend or LocalBackend(root)
     grade_opts = _grade_options_for(opts, root)
+    lanes_wanted = min(opts.jobs, len(opts.gpus)) if opts.gpus else opts.jobs
+    if backend.name == "local" and lanes_wanted > 1 and not opts.allow_shared_identity:
+        problem = identity.shared_identity_problem(grade_opts.user, grade_opts.isolate)
+        if problem:
+            raise BatchError(f"--jobs {opts.jobs} would grade submissions at once while {problem}: one student's code "
+                             "could read, change or starve a classmate's grade. Run as root (each worker then runs as "
+                             "a uid of its own), use --jobs 1 or --backend docker, or pass --allow-shared-identity "
+                             "to accept the risk")
     suite = suite_sha256(root, exercises)
     state = load_state(out_dir)
     budget = opts.job_timeout_s or submission_budget(exercises, grade_opts)
@@ -982,7 +992,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
             raise BatchError(f"expected --gpus as a comma-separated list of device numbers, found {args.gpus!r}")
         opts = BatchOptions(
             submissions=Path(args.submissions), out=Path(args.out), jobs=args.jobs or (len(gpus) if gpus else 1),
-            gpus=gpus, regrade=args.regrade, only=args.only or None,
+            gpus=gpus, regrade=args.regrade, only=args.only or None, allow_shared_identity=args.allow_shared_identity,
             grade=GradeOptions(exercises=args.exercise or None, seed=args.seed, tests=args.tests, checks=args.check or None,
                                call_timeout_s=args.call_timeout, time_limit_s=args.time_limit),
         )
@@ -1006,6 +1016,9 @@ def add_commands(subparsers) -> None:
     b.add_argument("--jobs", "-j", type=int, help="submissions graded at once (default 1, or one per GPU)")
     b.add_argument("--gpus", help="comma-separated GPU numbers; each parallel job owns one (CUDA_VISIBLE_DEVICES)")
     b.add_argument("--regrade", action="store_true", help="grade every submission again, current results or not")
+    b.add_argument("--allow-shared-identity", action="store_true",
+                   help="allow --jobs > 1 where workers of different grades would share an identity (not root, "
+                        "no user namespaces, --user NAME or --no-isolate); the batch refuses otherwise")
     b.add_argument("--only", nargs="+", metavar="ID", help="grade only these submissions (again); keep the others")
     b.add_argument("--seed", type=int, help="seed for the hidden tests' inputs (default: a fresh secret one each)")
     b.add_argument("--exercise", "-e", action="append", help="grade only this exercise (repeatable)")

@@ -522,3 +522,16 @@ def test_a_killed_batch_takes_every_grading_process_with_it(tmp_path):
     assert left == [], "grading processes outlived the batch that was SIGKILLed"
     result = batch.read_result(out / "slow.json")
     assert result is None or result["state"] != "complete", "a killed grade must not end with a verdict"
+
+
+def test_parallel_jobs_refuse_a_shared_identity_unless_accepted(tmp_path):
+    """--jobs > 1 grades classmates at once: refused where their workers would share an identity."""
+    subs = tmp_path / "subs"
+    (subs / "a").mkdir(parents=True)
+    (subs / "a" / f"{EXERCISE}.py").write_text("x = 1\n")
+    shared = fast_options(user="nobody") if os.geteuid() == 0 else fast_options(isolate=False)
+    with pytest.raises(BatchError, match=r"--jobs 2 would grade submissions at once while .*--allow-shared-identity"):
+        batch_run(subs, tmp_path / "out", grade=shared)
+    assert not (tmp_path / "out" / "a.json").exists(), "nothing is graded when the batch refuses"
+    report = batch_run(subs, tmp_path / "out2", grade=shared, allow_shared_identity=True)
+    assert report.graded == ["a"]

@@ -144,3 +144,32 @@ def lease(first: int = DEFAULT_UID_FIRST, count: int = DEFAULT_UID_COUNT) -> Uid
         return UidLease(uid, uid, fd)
     raise IdentityError(f"all {count} worker uids from {first} are leased by grades running now; "
                         "widen course.yaml's worker.uid_count or run fewer grades at once")
+
+
+def user_namespaces_available() -> bool:
+    """Can this (unprivileged) process make a user namespace? Asked of a throwaway child."""
+    probe = ("import ctypes, sys; libc = ctypes.CDLL(None, use_errno=True); "
+             "sys.exit(0 if libc.unshare(0x10000000 | 0x00020000 | 0x20000000) == 0 else 1)")
+    try:
+        return subprocess.run([sys.executable, "-I", "-S", "-c", probe], timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def shared_identity_problem(user: str | None, isolate: bool) -> str | None:
+    """Why workers of grades running at once on this host would share an identity (files, signals,
+    the per-user process cap), or None when each grade's worker is walled off from the others."""
+    if not isolate:
+        return "isolation is off, so every worker shares this machine's processes and files"
+    if os.geteuid() == 0:
+        if user and user != "auto":
+            return f"every worker runs as the account {user!r}"
+        try:
+            lock_dir()
+        except IdentityError as exc:
+            return f"no uid of its own for each worker ({exc})"
+        return None
+    if os.environ.get("GRADER_IN_CONTAINER") == "1" or not user_namespaces_available():
+        return (f"not root and without user namespaces, every worker runs as this user (uid {os.getuid()}), "
+                "sees what it can read and shares its process cap")
+    return None
