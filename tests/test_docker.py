@@ -150,6 +150,8 @@ SUBMISSIONS = {
     "reference": REFERENCE,
     "stub": STUB,
     "reads_hidden": hostile("reads_hidden", {'os.environ.get("COURSE_ROOT", "/work/main")': repr(IN_IMAGE)}),
+    "reads_course": hostile("reads_course", {'os.environ.get("COURSE_ROOT", "/work/main")': repr(IN_IMAGE)}),
+    "log_symlink_crash": hostile("log_symlink_crash", {'os.environ.get("COURSE_ROOT", "/work/main")': repr(IN_IMAGE)}),
     "network": hostile("network"),
     "outlives_grade": hostile("outlives_grade", {'"4242"': f'"{ORPHAN}"'}),
     "memory_bomb": hostile("memory_bomb"),
@@ -235,6 +237,21 @@ def test_hidden_checks_and_solutions_are_unreadable_in_the_container(graded):
     assert "READ " not in text, f"the worker read grader files: {text[:400]}"
     assert "cannot read grader/hidden/online_softmax/test_hidden.py: Permission denied" in text, text[:400]
     assert "cannot read solutions/online_softmax/online_softmax.py: Permission denied" in text, text[:400]
+
+
+def test_nothing_private_of_the_course_or_the_grader_is_reachable_in_the_container(graded):
+    text = messages(result_of(graded, "reads_course"))
+    found = [part.strip() for part in text.split("|") if part.strip().startswith("READ")]
+    # The container holds only the course's public files besides the private ones closed by modes.
+    assert all(part.startswith("READ course.yaml") for part in found), f"the worker read: {found}"
+    assert "cannot read solutions/online_softmax/online_softmax.py: Permission denied" in text, text[:400]
+    assert "uid 0" not in text and "euid 0 " not in text, "the worker ran as root in the container"
+
+
+def test_a_crash_through_a_symlinked_log_leaks_nothing_in_the_container(graded):
+    text = messages(result_of(graded, "log_symlink_crash"))
+    assert "exited with code 3" in text and "planted" in text, text[:400]
+    assert "root:" not in text and REFERENCE.splitlines()[0] not in text, "the crash message leaked a file"
 
 
 def test_the_network_is_unreachable_from_the_container(graded):
