@@ -1,0 +1,70 @@
+"""Verdicts that rest on the trusted side's own copies (issue "Trust II"): a call may change its
+arguments only where the contract says so, in the sandbox and in-process alike."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grader.harness.client import CallOptions, InputModified, Sandbox, allowed_mutations
+from grader.harness.session import StudentSession
+from tests.conftest import checks_of
+from tests.test_hostile import EXERCISE, grade_hostile, hand_in
+
+
+def test_a_submission_that_zeroes_its_inputs_earns_nothing(tmp_path):
+    result = grade_hostile(hand_in(tmp_path, "mutates_input"))
+    checks = checks_of(result, EXERCISE)
+    tensor_checks = ["normalizer_public", "merge_public", "softmax_public"]
+    for cid in tensor_checks:
+        assert checks[cid]["points"] < checks[cid]["max_points"] / 2, (cid, checks[cid]["tests"])
+    text = "\n".join(t["message"] for c in checks.values() for t in c["tests"])
+    assert "changed its argument x in place" in text, text[:600]
+    assert "merge_states changed its argument m_a in place" in text, text[:600]
+
+
+MODULE = '''
+import torch
+
+def scale(x, factor):
+    x.mul_(factor)
+    return x
+
+def accumulate(H, x):
+    H.add_(x)
+    return H
+
+def reads(x):
+    return x * 2
+'''
+
+
+@pytest.mark.parametrize("mode", ["sandbox", "local"])
+def test_the_contract_on_arguments_holds_in_both_modes(tmp_path, mode):
+    path = tmp_path / "contract.py"
+    path.write_text(MODULE)
+    contract = {"mutates": {"accumulate": ("H",)}, "parameters": {"scale": ("x", "factor"), "accumulate": ("H", "x")}}
+    student = StudentSession(mode, lambda _id: path, Sandbox(), lambda _id: 30.0, lambda _id: contract)
+    try:
+        mod = student.load("contract")
+        x = torch.ones(3)
+        with pytest.raises(InputModified, match=r"scale changed its argument x in place; the contract says it only reads it"):
+            mod.scale(x, 2.0)
+        if mode == "sandbox":
+            assert torch.equal(x, torch.ones(3)), "the grader's own tensor must stay as it was before the call"
+        H = torch.zeros(3)
+        mod.accumulate(H, torch.ones(3))
+        assert torch.equal(H, torch.ones(3)), "an argument the contract lets the call update is updated"
+        nan = torch.tensor([float("nan"), 1.0])
+        assert torch.equal(mod.reads(nan)[1:], torch.tensor([2.0])), "an input holding NaN is not 'changed'"
+    finally:
+        student.close()
+
+
+def test_the_message_names_the_argument_by_keyword_and_by_position():
+    options = CallOptions(mutates={"f": ("out",)}, parameters={"f": ("x", "out")})
+    with pytest.raises(InputModified, match="f changed its argument x in place"):
+        allowed_mutations("f", [([0, 0], None)], options)
+    with pytest.raises(InputModified, match=r"f changed its argument blocks\[2\] in place \(it may change only out\)"):
+        allowed_mutations("f", [([1, "blocks", 2], None)], options)
+    assert allowed_mutations("f", [([0, 1], None), ([1, "out"], None)], options) == [([0, 1], None), ([1, "out"], None)]
