@@ -42,7 +42,7 @@ def worker_costs(reps: int) -> dict[str, float]:
                 for _ in range(20):
                     echo(arg)
                 sink.append((time.perf_counter() - t0) / 20)
-            worker.close()
+            worker.shutdown()
     return {"worker start": min(starts), "call, tiny argument": min(tiny), "call, 1 MiB tensor": min(big)}
 
 
