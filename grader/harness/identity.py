@@ -18,6 +18,7 @@ import fcntl
 import os
 import pwd
 import random
+import signal
 import stat
 import subprocess
 import sys
@@ -86,12 +87,25 @@ def sweep(uid: int, timeout_s: float = 10.0) -> None:
     there reaches exactly the processes of that uid (and not itself), wherever they hid."""
     deadline = time.monotonic() + timeout_s
     while processes_of(uid):
-        subprocess.run([sys.executable, "-I", "-S", "-c", "import os, signal; os.kill(-1, signal.SIGKILL)"],
-                       user=uid, group=uid, extra_groups=[], stdin=subprocess.DEVNULL,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True, check=False, timeout=30)
+        _kill_all_as(uid)
         if time.monotonic() > deadline:
             raise IdentityError(f"processes of uid {uid} survived SIGKILL for {timeout_s:g} s: {processes_of(uid)}")
         time.sleep(0.02)
+
+
+def _kill_all_as(uid: int) -> None:
+    """Fork a child that becomes `uid` and sends SIGKILL to every process it may signal."""
+    pid = os.fork()
+    if pid == 0:  # only system calls from here on: this process may have had other threads
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            os.kill(-1, signal.SIGKILL)
+        except BaseException:  # noqa: BLE001
+            os._exit(1)
+        os._exit(0)
+    os.waitpid(pid, 0)
 
 
 @dataclass

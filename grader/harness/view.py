@@ -73,6 +73,18 @@ def _locked_flags(path: str) -> int:
     return sum(ms for st, ms in pairs if f & st)
 
 
+def _mounts_below(target: str) -> list[str]:
+    """Mount points strictly below `target`, from this mount namespace's mountinfo."""
+    prefix = target.rstrip("/") + "/"
+    points = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4].encode().decode("unicode_escape")  # octal escapes such as \040
+            if point.startswith(prefix):
+                points.append(point)
+    return points
+
+
 def _inside(path: str, folder: str) -> bool:
     """True if `path` is `folder` or lies below it (both absolute and normalised)."""
     return path == folder or path.startswith(folder.rstrip("/") + "/")
@@ -134,7 +146,8 @@ class ViewBuilder:
                 os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o444))
         flags = MS_BIND | (MS_REC if recursive else 0)
         _mount(source, target, None, flags)
-        _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | _locked_flags(target))
+        for point in [target, *_mounts_below(target)]:  # a recursive bind brings submounts: all read-only
+            _mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | _locked_flags(point))
         self.bound.append(host_path)
 
     def mask(self, path: str) -> None:
@@ -281,9 +294,9 @@ def build(*, uid: int, gid: int, course_root: str, masks: list[str], module_fd: 
     _dev(builder, cuda, shm_mb)
     builder.makedirs("/proc")
     builder.makedirs("/sys")
-    try:
-        _mount("/sys", builder.at("/sys"), None, MS_BIND | MS_REC)
-        _mount(None, builder.at("/sys"), None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
+    try:  # sysfs alone (devices, for CUDA and CPU topology), without what is mounted below it
+        _mount("/sys", builder.at("/sys"), None, MS_BIND)
+        _mount(None, builder.at("/sys"), None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
                | _locked_flags(builder.at("/sys")))
     except OSError as exc:
         builder.warnings.append(f"no /sys for the worker ({exc})")
