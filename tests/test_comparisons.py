@@ -5,13 +5,16 @@ values that are most wrong. The public and hidden tests compare tensors with `gr
 (or `assert_equal`, or `torch.testing.assert_close`, whose default `equal_nan=False` is kept). The scan
 below reads every exercises/*/test_public.py and grader/hidden/*/test_hidden.py and fails on:
 
-1. an ordering comparison (<, <=, >, >=) one of whose sides is a measured error: a call of
-   `.abs()`, `.max()`, `.amax()`, `.min()`, `.amin()` or `.norm()`; the builtins `abs`, `max`, `min`
-   of a measured error or of a tensor value brought to Python (`float(...)`, `.item()`); a name assigned from a measured error (in the same function, an enclosing one, or at module
-   level); or a measured error seen through arithmetic, indexing, `float()` or a conversion method
-   (`.item()`, `.double()`, `.float()`, `.cpu()`, `.detach()`, `.to()`, `.flatten()`, `.reshape()`,
-   `.view()`). Anything else stops it, `int()` and `len()` in particular: a count or an index cannot
-   be NaN, and `int()` of a NaN raises;
+1. an ordering comparison (<, <=, >, >=) one of whose sides is a measured error:
+   - a call of `.abs()`, `.max()`, `.amax()`, `.min()`, `.amin()` or `.norm()`;
+   - the builtins `abs`, `max`, `min` of a measured error or of a tensor value brought to Python
+     (`float(...)`, `.item()`); `max(p - s - 1, m)` of plain numbers is not one;
+   - a name assigned from a measured error (in the same function, an enclosing one, or at module
+     level; a parameter of the same name shadows it);
+   - a measured error seen through arithmetic, indexing, `float()` or a conversion method (`.item()`,
+     `.double()`, `.float()`, `.cpu()`, `.detach()`, `.to()`, `.flatten()`, `.reshape()`, `.view()`).
+   Anything else stops it, `int()` and `len()` in particular: a count or an index cannot be NaN, and
+   `int()` of a NaN raises;
 2. a call of `torch.allclose`, `torch.isclose`, `numpy.allclose` or `numpy.isclose` (NaN-safe but
    mute: the helper says what differs and where);
 3. any call with `equal_nan=True`.
