@@ -33,6 +33,7 @@ replaces them at import time does not change what the guard does.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import sys
 import threading
@@ -204,6 +205,11 @@ def banned_operators(names: Iterable[str]) -> dict[str, tuple[str, OpFamily]]:
     """Operator name -> (the forbidden public name it stands for, its family), for the names in the table.
 
     The first name that reaches an operator is the one the message names."""
+    return dict(_banned(tuple(names)))
+
+
+@functools.lru_cache(maxsize=64)
+def _banned(names: tuple[str, ...]) -> dict[str, tuple[str, OpFamily]]:
     banned: dict[str, tuple[str, OpFamily]] = {}
     for name in names:
         for family in FORBIDDEN_OPS.get(name, ()):
@@ -220,11 +226,11 @@ def operator_name(func: Any) -> str:
     name = _OP_NAMES.get(func)
     if name is None:
         try:
-            name = func.name()
-        except Exception:  # noqa: BLE001 - not an OpOverload: a higher-order operator, say
+            name = func._schema.name  # without the overload: "aten::_softmax" for _softmax.out too
+        except AttributeError:  # not an OpOverload: a higher-order operator, say
             name = ""
         if "::" not in name:
-            name = f"{getattr(func, 'namespace', '?')}::{name or func}"
+            name = f"{getattr(func, 'namespace', '?')}::{getattr(func, '__name__', func)}"
         _OP_NAMES[func] = name
     return name
 
@@ -288,7 +294,7 @@ def operator_guard(names: Iterable[str], why: str = "") -> Iterator[OperatorGuar
     """Layer 2: the operator guard around a call, in this thread and in the threads the call starts.
 
     Yields None (and guards nothing) when no name is in `FORBIDDEN_OPS`."""
-    banned = banned_operators(names)
+    banned = _banned(tuple(names))  # shared, read-only
     if not banned:
         yield None
         return

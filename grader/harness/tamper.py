@@ -330,6 +330,13 @@ class _Scanner(ast.NodeVisitor):
         elif not _is_self(target):
             self.flag(node, f"{call} with a computed name", DYNAMIC)
 
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        if node.name in NAMES:  # defining __torch_dispatch__ makes an object the dispatcher calls into
+            self.flag(node, node.name, NAMES[node.name])
+        self.generic_visit(node)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
     def visit_Constant(self, node: ast.Constant) -> None:
         text = node.value
         if isinstance(text, str) and len(text) <= 200 and _IDENTIFIER.match(text):
