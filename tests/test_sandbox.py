@@ -219,3 +219,80 @@ def test_a_uid_lease_is_exclusive_and_sweeps_what_was_left():
     finally:
         first.release()
     assert not identity.processes_of(first.uid)
+
+
+VIEW_PROBE = '''
+import os
+
+def probe(root):
+    seen = {}
+    for rel in (".git", "solutions", "tests", "grader/hidden", "grader/harness"):
+        path = os.path.join(root, rel)
+        seen[rel] = sorted(os.listdir(path)) if os.path.isdir(path) else None
+    seen["pids"] = sorted(p for p in os.listdir("/proc") if p.isdigit())
+    seen["uid"] = os.getuid()
+    return seen
+'''
+
+AS_USER = '''
+import json, sys
+from pathlib import Path
+from grader.harness.client import Sandbox
+from grader.harness.session import StudentSession
+path, root = Path(sys.argv[1]), sys.argv[2]
+session = StudentSession("sandbox", lambda _id: path, Sandbox(course_root=root), lambda _id: 60.0)
+try:
+    print(json.dumps({"seen": session.load("probe").probe(root), "warnings": session.warnings()}))
+finally:
+    session.close()
+'''
+
+
+@as_root
+def test_without_root_the_worker_gets_the_same_view_in_a_user_namespace(root):
+    """An instructor's laptop or a Slurm node: the grader is not root, the user namespace walls it off."""
+    import json
+    import pwd
+    import subprocess
+    import sys
+
+    nobody = pwd.getpwnam("nobody")
+    blocked = [p for p in (sys.executable, str(root / "grader")) if not _reachable_by(p, nobody.pw_uid, nobody.pw_gid)]
+    if blocked or not _user_namespaces_for(nobody.pw_uid, nobody.pw_gid):
+        pytest.skip(f"nobody cannot run this checkout's Python here ({blocked}) or make a user namespace")
+    folder = Path(tempfile.mkdtemp(prefix="sandbox-as-nobody-"))  # pytest's own tmp_path is root's only
+    try:
+        os.chown(folder, nobody.pw_uid, nobody.pw_gid)
+        (folder / "probe.py").write_text(VIEW_PROBE)
+        (folder / "probe.py").chmod(0o644)
+        proc = subprocess.run([sys.executable, "-c", AS_USER, str(folder / "probe.py"), str(root)], cwd=root,
+                              user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[], capture_output=True, text=True,
+                              timeout=300, env={"PATH": "/usr/bin:/bin", "TMPDIR": str(folder)})
+    finally:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    seen = report["seen"]
+    assert report["warnings"] == [], report["warnings"]
+    assert seen[".git"] is None and seen["solutions"] is None and seen["tests"] is None, seen
+    assert seen["grader/hidden"] == [] and "worker.py" in seen["grader/harness"], seen
+    assert seen["pids"] == ["1"], f"the worker sees processes other than its own: {seen['pids']}"
+
+
+def _reachable_by(path: str, uid: int, gid: int) -> bool:
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-I", "-S", "-c", f"import os; os.listdir({path!r}) if os.path.isdir({path!r}) "
+                           "else None"], user=uid, group=gid, extra_groups=[], capture_output=True).returncode == 0
+
+
+def _user_namespaces_for(uid: int, gid: int) -> bool:
+    import subprocess
+    import sys
+
+    probe = "from grader.harness.identity import user_namespaces_available as a; raise SystemExit(0 if a() else 1)"
+    return subprocess.run([sys.executable, "-c", probe], user=uid, group=gid, extra_groups=[],
+                          capture_output=True).returncode == 0

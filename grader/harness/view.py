@@ -294,10 +294,13 @@ def build(*, uid: int, gid: int, course_root: str, masks: list[str], module_fd: 
     _dev(builder, cuda, shm_mb)
     builder.makedirs("/proc")
     builder.makedirs("/sys")
-    try:  # sysfs alone (devices, for CUDA and CPU topology), without what is mounted below it
-        _mount("/sys", builder.at("/sys"), None, MS_BIND)
-        _mount(None, builder.at("/sys"), None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
-               | _locked_flags(builder.at("/sys")))
+    try:  # sysfs (devices, for CUDA and the CPU topology), read-only; alone where the kernel allows
+        try:
+            _mount("/sys", builder.at("/sys"), None, MS_BIND)
+        except OSError:  # inside a user namespace, sysfs's submounts are locked to it
+            _mount("/sys", builder.at("/sys"), None, MS_BIND | MS_REC)
+        for point in [builder.at("/sys"), *_mounts_below(builder.at("/sys"))]:
+            _mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | _locked_flags(point))
     except OSError as exc:
         builder.warnings.append(f"no /sys for the worker ({exc})")
     builder.write(f"{SUBMISSION_DIR}/{module_name}", module[:max_module_bytes])
@@ -305,12 +308,14 @@ def build(*, uid: int, gid: int, course_root: str, masks: list[str], module_fd: 
     builder.makedirs(SCRATCH_DIR)  # may exist already: a virtual environment under /tmp is bound there
     os.chown(builder.at(SCRATCH_DIR), uid, gid)
     os.chmod(builder.at(SCRATCH_DIR), 0o700)
-    builder.seal()
-    _pivot(new_root)
-    try:  # a /proc of the worker's own PID namespace: it sees its own processes only
-        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    # A /proc of the worker's own PID namespace (it sees its own processes only), mounted while the
+    # host's /proc is still in view: inside a user namespace the kernel allows a new proc only then.
+    try:
+        _mount("proc", builder.at("/proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     except OSError as exc:
         builder.warnings.append(f"no private /proc for the worker ({exc}); it runs without /proc")
+    builder.seal()
+    _pivot(new_root)
     os.chdir(SCRATCH_DIR)
     return builder.warnings
 
