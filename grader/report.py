@@ -1,4 +1,8 @@
-"""Terminal rendering of results with rich: the score table, per-check detail, the progress table."""
+"""Terminal rendering of results with rich: the score table, per-check detail, the progress table.
+
+Student text (messages, ids, warnings) is never rich markup here: every such cell is a `rich.text.Text`
+of the text made inert (grader/text.py), so ``[/]`` shows as ``[/]`` and an escape sequence is gone.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from grader.text import inert
 
 STYLE = {"passed": "green", "failed": "red", "error": "red", "timeout": "magenta", "not_graded": "dim",
          "pending": "yellow", "missing": "red", "ungradable": "red"}
@@ -16,12 +22,18 @@ def _points(earned: float, possible: float) -> str:
 
 
 def _first_line(text: str, width: int = 110) -> str:
-    line = text.strip().splitlines()[0] if text.strip() else ""
+    text = inert(text, 4 * width).strip()
+    line = text.splitlines()[0] if text else ""
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
+def plain(text: object, style: str = "") -> Text:
+    """Student text as a rich cell: inert, never markup."""
+    return Text(inert(text), style=style)
+
+
 def score_table(result: dict, detail: bool = True) -> Table:
-    title = f"{result['course']} · submission {result['submission']['id']} · seed {result['seed']}"
+    title = plain(f"{result['course']} · submission {result['submission']['id']} · seed {result['seed']}")
     table = Table(title=title, box=box.SIMPLE_HEAVY, show_lines=False, title_justify="left")
     table.add_column("exercise / check")
     table.add_column("points", justify="right")
@@ -30,12 +42,12 @@ def score_table(result: dict, detail: bool = True) -> Table:
     for ex in result["exercises"]:
         ungraded = sum(c["max_points"] for c in ex["checks"] if c["status"] == "not_graded")
         note = f" ({ungraded:g} not graded here)" if ungraded else ""
-        table.add_row(Text(ex["id"], style="bold"), Text(_points(ex["score"], ex["max_score"]), style="bold"),
-                      Text(ex["status"], style=STYLE.get(ex["status"], "")), _first_line(ex["message"]) + note)
+        table.add_row(plain(ex["id"], style="bold"), Text(_points(ex["score"], ex["max_score"]), style="bold"),
+                      plain(ex["status"], style=STYLE.get(ex["status"], "")), Text(_first_line(ex["message"]) + note))
         if detail:
             for c in ex["checks"]:
-                table.add_row(f"  {c['id']}", _points(c["points"], c["max_points"]),
-                              Text(c["status"], style=STYLE.get(c["status"], "")), _first_line(c["message"]))
+                table.add_row(plain(f"  {c['id']}"), _points(c["points"], c["max_points"]),
+                              plain(c["status"], style=STYLE.get(c["status"], "")), Text(_first_line(c["message"])))
     total = Text(f"{result['score']:g}/{result['max_score']:g}", style="bold")
     table.add_row(Text("total", style="bold"), total, "",
                   f"{result['gradable_max_score']:g} of {result['max_score']:g} points gradable on this machine")
@@ -47,12 +59,12 @@ def comparison_table(results: list[dict]) -> Table:
     table = Table(title="score table", box=box.SIMPLE_HEAVY, title_justify="left")
     table.add_column("exercise")
     for r in results:
-        table.add_column(r["submission"]["id"], justify="right")
+        table.add_column(plain(r["submission"]["id"]), justify="right")
     table.add_column("not graded here (no CUDA)", justify="right")
     for i, ex in enumerate(results[0]["exercises"]):
         ungraded = sum(c["max_points"] for c in ex["checks"] if c["status"] == "not_graded")
         cells = [_points(r["exercises"][i]["score"], r["exercises"][i]["max_score"]) for r in results]
-        table.add_row(ex["id"], *cells, f"{ungraded:g}" if ungraded else "")
+        table.add_row(plain(ex["id"]), *cells, f"{ungraded:g}" if ungraded else "")
     table.add_row(Text("total", style="bold"), *[Text(_points(r["score"], r["max_score"]), style="bold") for r in results],
                   f"{results[0]['max_score'] - results[0]['gradable_max_score']:g}")
     return table
@@ -79,8 +91,8 @@ def progress_table(result: dict) -> Table:
         elif all(t["status"] != "passed" for t in tests) and "NotImplementedError" in bad["message"]:
             nxt = Text(f"start here: read exercises/{ex['id']}/README.md, then fill in {ex['id']}.py", style="yellow")
         else:
-            nxt = Text(f"{bad['name']}: {_first_line(bad['message'], 90)}", style="red")
-        table.add_row(ex["id"], f"{passed}/{len(tests)}", _points(earned, possible), nxt)
+            nxt = Text(f"{_first_line(bad['name'])}: {_first_line(bad['message'], 90)}", style="red")
+        table.add_row(plain(ex["id"]), f"{passed}/{len(tests)}", _points(earned, possible), nxt)
     return table
 
 
@@ -88,4 +100,4 @@ def print_result(result: dict, console: Console | None = None, detail: bool = Tr
     console = console or Console()
     console.print(score_table(result, detail))
     for warning in result.get("warnings", []):
-        console.print(f"[yellow]warning:[/] {warning}")
+        console.print(Text.assemble(("warning:", "yellow"), " ", inert(warning)))

@@ -47,6 +47,7 @@ from grader import batch, results
 from grader.batch import BatchError, BatchOptions, Entry
 from grader.course import Course, CourseError, find_root, load_course
 from grader.runner import GradeOptions, selected_exercises, suite_sha256
+from grader.text import inert
 
 MANIFEST_DIR = ".slurm"
 MANIFEST_FILE = "manifest.json"
@@ -241,7 +242,7 @@ def submit_array(manifest: dict, indices: list[int], opts: SlurmOptions, console
     results.write_atomic(manifest_path(out_dir), manifest)
     console.print(f"submitted job array {record['job_id']} ({len(indices)} task{'s' * (len(indices) != 1)}, "
                   f"--array={array_spec(indices, opts.max_parallel)}); follow it with "
-                  f"`grader slurm --status {out_dir}`", highlight=False, soft_wrap=True)
+                  f"`grader slurm --status {out_dir}`", markup=False, highlight=False, soft_wrap=True)
     return record["job_id"]
 
 
@@ -297,7 +298,8 @@ def submit(course: Course, root: Path, submissions: Path, out_dir: Path, grade: 
         for sub_id, paths in conflicts.items():
             batch.write_conflict_result(course, exercises, out_dir / f"{sub_id}.json", sub_id, paths, grade_opts,
                                         suite, then="resubmit")
-            console.print(f"{sub_id}: not gradable: {len(paths)} entries claim this id", highlight=False)
+            console.print(inert(f"{sub_id}: not gradable: {len(paths)} entries claim this id"), markup=False,
+                          highlight=False)
     if indices:
         submit_array(manifest, indices, opts, console)
     else:
@@ -524,7 +526,8 @@ def print_rows(rows: list[Row], console: Console, title: str) -> dict[str, int]:
     for col in ("#", "submission", "state", "slurm task", "detail"):
         table.add_column(col, overflow="fold", justify="right" if col == "#" else "left")
     for r in rows:
-        table.add_row(str(r.index), Text(r.id), Text(r.state, style=STYLE[r.state]), r.slurm, Text(r.detail[:200]))
+        table.add_row(str(r.index), Text(inert(r.id)), Text(r.state, style=STYLE[r.state]), Text(inert(r.slurm)),
+                      Text(inert(r.detail)[:200]))
     console.print(table)
     console.print("  ".join(f"{k} {v}" for k, v in counts.items()) + f"  (of {len(rows)})", highlight=False)
     return counts
@@ -569,7 +572,7 @@ def resubmit_failed(course: Course, root: Path, out_dir: Path, overrides: SlurmO
     manifest["slurm"] = _slurm_opts_json(opts)
     for r in rows:
         if r.state == "failed":
-            console.print(f"{r.id}: {r.detail}", highlight=False)
+            console.print(inert(f"{r.id}: {r.detail}"), markup=False, highlight=False)
     return submit_array(manifest, failed, opts, console)
 
 
@@ -605,7 +608,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
         submit(course, root, Path(args.submissions), Path(args.out), grade, opts, runtime=args.runtime,
                image=args.image, dry_run=args.dry_run, console=err if args.dry_run else console)
     except (BatchError, CourseError) as exc:
-        err.print(f"[red]error:[/] {exc}", markup=True, highlight=False, soft_wrap=True)  # paths stay whole
+        err.print(Text.assemble(("error:", "red"), " ", inert(str(exc))), soft_wrap=True)  # paths stay whole
         return 2
     return 0
 

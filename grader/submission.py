@@ -60,6 +60,7 @@ MAX_META_BYTES = 64 << 10  # one pax header or GNU long name
 MAX_META_RUN = 8  # such headers in a row before one member
 TAR_OVERHEAD_BYTES = 8 << 10  # headers and padding a tar stream may carry per member, beyond its files
 MAX_CENTRAL_DIRECTORY_BYTES = MAX_MEMBERS * 2048  # a zip's table of contents
+MAX_GZIP_MEMBERS = 4096  # gzip streams one after another in one file (bgzip writes one per 64 KiB)
 RAW_HASH_BYTES = MAX_ARCHIVE_BYTES  # what `raw_digest` reads of an unreadable submission
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
@@ -281,7 +282,7 @@ class _Unpacker:
         rel = _member_path(name)
         if not rel.parts:
             raise SubmissionError(f"archive member {name!r} has no name; refused")
-        if size > MAX_FILE_BYTES:
+        if not 0 <= size <= MAX_FILE_BYTES:
             raise SubmissionError(f"archive member {name!r} is {size} bytes; expected at most "
                                   f"{MAX_FILE_BYTES >> 20} MiB per file; refused")
         self.add_bytes(size)
@@ -349,6 +350,7 @@ class _TarStream:
         self.pending = head
         self.gzip = head == b"\x1f\x8b"
         self.z = zlib.decompressobj(16 + zlib.MAX_WBITS) if self.gzip else None
+        self.gzip_members = 1
         self.count = 0
         self.size_cap = MAX_TOTAL_BYTES + (MAX_MEMBERS + 1) * TAR_OVERHEAD_BYTES
         self.ratio_cap = max(RATIO_FLOOR_BYTES, MAX_RATIO * archive_bytes)
@@ -387,6 +389,10 @@ class _TarStream:
                 self.pending = self.pending.lstrip(b"\0")
                 if not self.pending:
                     continue
+                self.gzip_members += 1
+                if self.gzip_members > MAX_GZIP_MEMBERS:
+                    raise SubmissionError(f"archive is more than {MAX_GZIP_MEMBERS} gzip streams one after another; "
+                                          f"expected one (or a few); refused")
                 self.z = zlib.decompressobj(16 + zlib.MAX_WBITS)
             data = self.z.decompress(self.pending, n)
             self.pending = self.z.unused_data if self.z.eof else self.z.unconsumed_tail

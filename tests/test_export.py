@@ -200,6 +200,21 @@ def test_csv_cli_writes_a_file_and_reads_submission_times(tmp_path, capsys):
     assert "expected columns 'student' and 'submitted_at', found ['who', 'when']" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("student,cell", [
+    ("=HYPERLINK(\"http://evil\",\"x\")", "'=HYPERLINK(\"http://evil\",\"x\")"),
+    ("+1+1", "'+1+1"), ("-2+3", "'-2+3"), ("@SUM(A1)", "'@SUM(A1)"), ("\tx", "'\tx"),
+    ("\r=1", "' =1"), (" =1", "' =1"), ("a\nb", "a b"),  # one line; a formula start after blanks counts too
+    ("\x1b[2Jeve", "eve"), ("\x1b[2J=1", "'=1"), ("mal\u202elory", "mallory"), ("bob", "bob"),
+])
+def test_csv_cells_are_inert_and_never_formulas(student, cell):
+    """CSV injection: a text cell starting with = + - @ tab or CR gets an apostrophe, also once its escape
+    sequences and control characters (which a spreadsheet or a terminal would act on) are stripped."""
+    result = make_result("x")
+    result["submission"]["id"] = student
+    rows = list(csv.reader(io.StringIO(to_csv([Loaded(student, Path("x.json"), result)], COURSE))))
+    assert rows[1][:2] == [cell, cell], f"expected {cell!r} for {student!r}, found {rows[1][:2]}"
+
+
 # --------------------------------------------------------------------------------------------------
 # Gradescope
 
@@ -377,6 +392,20 @@ def test_cli_writes_one_results_json_per_student(tmp_path):
 # nbgrader, through its own API
 
 
+def test_nbgrader_refuses_student_ids_with_control_characters_before_writing(tmp_path):
+    """Stripping them would file one student under a name another's id may also become: refused instead,
+    before nbgrader is even imported, naming the file."""
+    from grader.export.load import ExportError
+    from grader.export.nbgrader_gradebook import to_nbgrader
+
+    db = tmp_path / "gradebook.db"
+    loaded = [Loaded("alice", Path("alice.json"), make_result("alice")),
+              Loaded("eve\x1b[2J", Path("eve\x1b[2J.json"), make_result("eve"))]
+    with pytest.raises(ExportError, match=r"control characters or escape sequences in 'eve\\x1b\[2J.json'"):
+        to_nbgrader(loaded, f"sqlite:///{db}", COURSE)
+    assert not db.exists()
+
+
 def test_nbgrader_gradebook_holds_the_scores_and_a_regrade_replaces_them(tmp_path):
     api = pytest.importorskip("nbgrader.api", reason="nbgrader is an optional extra: pip install '.[nbgrader]'")
     from grader.export.nbgrader_gradebook import to_nbgrader
@@ -426,6 +455,25 @@ def test_feedback_page_escapes_student_text_and_shows_every_check():
     assert 'id="seed">1234<' in page and "ZeroDivisionError: division by zero" in page
     assert 'src="data:image/png;base64,' in page and "scored on fraction_of_copy_bandwidth" in page
     assert "http://" not in page and "https://" not in page  # self-contained
+
+
+def test_exports_strip_escape_sequences_and_controls_from_student_text():
+    """Defence in depth: each export strips what record_test would have, even from a result that holds it."""
+    result = make_result("alice")
+    evil = "[/] \x1b[2J\x1b]0;title\x07\x9b2J\u202eabc\u202c\rok\x00"
+    test = next(t for c in result["exercises"][0]["checks"] for t in c["tests"] if t["status"] == "failed")
+    test["message"], test["traceback"] = evil, evil
+    result["warnings"], result["submission"]["id"] = [evil], "alice" + evil
+    R.rescore_check(next(c for c in result["exercises"][0]["checks"] if test in c["tests"]))
+    outputs = {"feedback": render_feedback(result, COURSE, plots=False),
+               "gradescope": json.dumps(to_gradescope(result, ExportSettings(), COURSE), ensure_ascii=False),
+               "prairielearn": json.dumps(to_prairielearn(result, images=False), ensure_ascii=False),
+               "csv": to_csv([Loaded("alice", Path("alice.json"), result)], COURSE)}
+    for name, text in outputs.items():
+        found = sorted({repr(c) for c in re.findall("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]", text)})
+        assert not found, f"{name} holds control characters {found}"
+        if name != "csv":
+            assert "[/] abc\nok" in text.replace("\\n", "\n"), f"{name} lost the student's text"
 
 
 def test_feedback_drops_frames_of_hidden_tests_from_a_traceback():

@@ -156,7 +156,8 @@ def test_compression_bombs_are_refused_before_they_unpack(tmp_path, build):
     (H.long_name_tar, ["has a name part of 300 bytes; expected at most 255"]),
     (H.long_path_tar, ["has a name of 1229 bytes; expected at most 1024"]),
     (H.linked_member_zip, ["'online_softmax.py' is a link or special file"]),
-], ids=["pax-bomb", "pax-run", "sparse-map", "deep", "long-part", "long-path", "zip-symlink"])
+    (H.many_gzip_members, ["more than 4096 gzip streams one after another"]),
+], ids=["pax-bomb", "pax-run", "sparse-map", "deep", "long-part", "long-path", "zip-symlink", "gzip-members"])
 def test_hostile_archive_members_are_refused(tmp_path, build, fragments):
     path = build(tmp_path)
     refuse(path, *fragments)

@@ -106,3 +106,73 @@ def test_a_bad_archive_is_graded_as_ungradable_with_the_reason(tmp_path):
     results.validate(result)
     assert result["gradable"] is False and result["score"] == 0
     assert "not a readable archive" in result["format_errors"][0]
+
+
+def test_an_oversize_file_in_a_folder_is_refused_without_reading_it(tmp_path, course):
+    from grader.submission import MAX_FILE_BYTES
+
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    with open(sub / "online_softmax.py", "wb") as f:
+        f.truncate(MAX_FILE_BYTES + 1)  # sparse: no time spent writing it
+    with pytest.raises(SubmissionError, match=r"'online_softmax.py' in the submission is 16777217 bytes; "
+                                              r"expected at most 16 MiB per file; refused"):
+        locate(course, sub, ["online_softmax"])
+
+
+def test_a_folder_where_a_layout_wants_a_file_is_no_match_and_the_next_layout_is_used(tmp_path, course):
+    sub = tmp_path / "sub"
+    (sub / "exercises" / "online_softmax" / "online_softmax.py").mkdir(parents=True)
+    (sub / "online_softmax.py").write_bytes(SOURCE)
+    staged = locate(course, sub, ["online_softmax"])
+    try:
+        assert staged.files["online_softmax"].read_bytes() == SOURCE
+    finally:
+        staged.cleanup()
+
+
+def test_a_member_that_appears_twice_is_refused(tmp_path, course):
+    archive = tmp_path / "twice.tar"
+    with tarfile.open(archive, "w") as tf:
+        for data in (SOURCE, b"x = 1\n"):
+            info = tarfile.TarInfo("online_softmax.py")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    with pytest.raises(SubmissionError, match="'online_softmax.py' appears more than once"):
+        locate(course, archive)
+
+
+def test_a_truncated_tar_gz_is_not_a_readable_archive(tmp_path, course):
+    whole = tmp_path / "whole.tar.gz"
+    with tarfile.open(whole, "w:gz") as tf:
+        info = tarfile.TarInfo("online_softmax.py")
+        info.size = len(SOURCE) * 200
+        tf.addfile(info, io.BytesIO(SOURCE * 200))
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    with pytest.raises(SubmissionError, match="not a readable archive"):
+        locate(course, cut)
+
+
+def test_archive_members_that_are_never_graded_are_checked_but_not_written(tmp_path, course):
+    from grader.submission import unpack
+
+    archive = tmp_path / "many.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("hw/online_softmax.py", SOURCE)
+        for i in range(50):
+            zf.writestr(f"hw/notes/{i}.txt", "x")
+        zf.writestr("hw/notes/../../escape.txt", "x")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with pytest.raises(SubmissionError, match="points outside the archive"):
+        unpack(archive, dest, {"online_softmax.py"})  # an unwanted member is still checked
+    archive.unlink()
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("hw/online_softmax.py", SOURCE)
+        for i in range(50):
+            zf.writestr(f"hw/notes/{i}.txt", "x")
+    dest = tmp_path / "dest2"
+    dest.mkdir()
+    assert unpack(archive, dest, {"online_softmax.py"}) == dest / "hw"
+    assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*")) == ["hw", "hw/online_softmax.py"]

@@ -6,6 +6,8 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+from grader.text import inert
+
 MAX_CHECK_OUTPUT = 8000  # characters of detail per check: a flood of output must not bury the rest
 NOT_GRADED = "not graded here: this check needs a CUDA device"
 
@@ -94,7 +96,8 @@ def counts_toward(check: dict, count_ungraded_cuda: bool) -> float:
 
 
 def check_output(check: dict) -> str:
-    """Plain-text detail of one check: outcome, message, each test that did not pass, speed figures."""
+    """Plain-text detail of one check: outcome, message, each test that did not pass, speed figures
+    (inert: no escape sequence or control character but newline and tab)."""
     lines = [f"{check['status']}: {pts(check['points'])}/{pts(check['max_points'])} points"]
     if check["status"] == "not_graded" and not check["message"]:
         lines.append(NOT_GRADED)
@@ -114,17 +117,18 @@ def check_output(check: dict) -> str:
         if test["metrics"]:
             figures = ", ".join(f"{k} = {v:.4g}" for k, v in test["metrics"].items())
             lines.append(f"- {test['name']}: {figures}")
-    return truncate("\n".join(lines))
+    return truncate(inert("\n".join(lines)))
 
 
 def summary(result: dict, count_ungraded_cuda: bool, where: str) -> list[str]:
-    """The submission's headline: score, what was not graded here and whether it counts, seed, warnings."""
+    """The submission's headline: score, what was not graded here and whether it counts, seed, warnings
+    (each line inert)."""
     lines = [(f"{result['course']} {result['course_version']} · submission {result['submission']['id']} · "
               f"grader {result['grader_version']}")]
     if result.get("gradable") is False:
         lines.append("This submission could not be graded:")
         lines.extend(f"  {e}" for e in result.get("format_errors") or ["(no reason recorded)"])
-        return lines
+        return [inert(line) for line in lines]
     ungraded = result["max_score"] - result["gradable_max_score"]
     out_of = result["max_score"] if count_ungraded_cuda else result["gradable_max_score"]
     lines.append(f"Score: {pts(result['score'])}/{pts(out_of)}")
@@ -136,4 +140,4 @@ def summary(result: dict, count_ungraded_cuda: bool, where: str) -> list[str]:
         lines.append("Grading did not finish: checks without a result scored 0 (see each check's message).")
     lines.append(f"Seed: {result['seed']} (an instructor reproduces this run with `grader grade --seed {result['seed']}`).")
     lines.extend(f"warning: {w}" for w in result["warnings"])
-    return lines
+    return [inert(line) for line in lines]

@@ -19,12 +19,13 @@ from typing import Any
 from grader import results
 from grader.course import CourseError
 from grader.export.load import ExportError, Loaded, Skipped, load_results, read_result
+from grader.text import inert
 
 FORMATS = ("csv", "gradescope", "prairielearn", "nbgrader")
 
 
 def _say(message: str) -> None:
-    print(message, file=sys.stderr)
+    print(inert(message), file=sys.stderr)  # file names and messages can hold anything
 
 
 def _course() -> tuple[Path | None, Any]:

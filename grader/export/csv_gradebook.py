@@ -6,6 +6,10 @@ exercise (its points; empty if that result did not grade the exercise), ``total`
 ``ungradable`` (yes when the submission could not be read at all), ``incomplete`` (yes when the grade
 stopped half-way), ``late`` (yes/no when a due date and the student's submission time are known, else
 empty), ``seed`` and ``graded_at``. Rows are sorted by student.
+
+Text cells are made inert (grader/text.py: no escape sequence or control character) and kept on one
+line, and a cell that starts (after any spaces) with ``=``, ``+``, ``-``, ``@``, a tab or a carriage
+return gets a leading apostrophe, so a spreadsheet never reads it as a formula (CSV injection).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 
 from grader.export.checks import pts
 from grader.export.load import ExportError, Loaded
+from grader.text import inert
 
 FIXED_BEFORE = ["student", "submission"]
 FIXED_AFTER = ["total", "max_score", "gradable_max_score", "ungradable", "incomplete", "late", "seed", "graded_at"]
@@ -52,9 +57,14 @@ def read_submission_times(path: Path) -> dict[str, dt.datetime]:
     return times
 
 
-def _text(value: str) -> str:
-    """Keep a spreadsheet from reading a name as a formula (CSV injection)."""
-    return "'" + value if value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _text(value: Any) -> str:
+    """A text cell: inert, on one line, and never read by a spreadsheet as a formula (CSV injection),
+    even after leading blanks."""
+    value = inert(value).replace("\n", " ")
+    return "'" + value if value.lstrip(" ").startswith(FORMULA_STARTS) else value
 
 
 def _aware(moment: dt.datetime) -> dt.datetime:
@@ -66,7 +76,7 @@ def to_csv(loaded: list[Loaded], course: Any = None, due: dt.datetime | None = N
     exercises = exercise_columns(loaded, course)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(FIXED_BEFORE + exercises + FIXED_AFTER)
+    writer.writerow(FIXED_BEFORE + [_text(e) for e in exercises] + FIXED_AFTER)
     for item in sorted(loaded, key=lambda x: x.student):
         r = item.result
         scores = {ex["id"]: pts(ex["score"]) for ex in r["exercises"]}
@@ -76,5 +86,5 @@ def to_csv(loaded: list[Loaded], course: Any = None, due: dt.datetime | None = N
                          pts(r["score"]), pts(r["max_score"]), pts(r["gradable_max_score"]),
                          "yes" if r.get("gradable") is False else "no",
                          "no" if r["state"] == "complete" else "yes",
-                         late, r["seed"], r.get("finished_at") or ""])
+                         late, r["seed"], _text(r.get("finished_at") or "")])
     return buffer.getvalue()

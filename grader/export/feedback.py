@@ -5,8 +5,8 @@ student's traceback; per speed check that measured something: a PNG of the achie
 measured ceilings (grader/export/roofline.py), embedded as a data URL, and the figures as a table; the seed
 that reproduces the run. No script, no external resource: the page opens from a file, offline.
 
-Every string from the result is HTML-escaped (a message can hold anything a student's code printed). The
-harness already trims tracebacks to the student's own frames; as a second guard, frames from the course's
+Every string from the result is made inert (grader/text.py: no escape sequence or control character) and
+HTML-escaped (a message can hold anything a student's code printed). The harness already trims tracebacks to the student's own frames; as a second guard, frames from the course's
 hidden tests are dropped here too.
 """
 
@@ -18,6 +18,7 @@ from collections import Counter
 from typing import Any
 
 from grader.export.checks import NOT_GRADED, pts, speed_metric
+from grader.text import inert
 
 STYLE = """
 body { font: 15px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 70em; padding: 0 1em; color: #1d2430; }
@@ -52,7 +53,7 @@ def student_traceback(text: str) -> str:
 
 
 def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
+    return html.escape(inert(value), quote=True)
 
 
 def _status(status: str) -> str:

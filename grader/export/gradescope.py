@@ -17,6 +17,10 @@ Mapping (schema: grader/schemas/gradescope_results.schema.json):
   fraction of the ceiling measured in the same run (copy bandwidth or bf16 matmul), the mean over its
   tests, higher is better; a check that measures no ceiling (timed against a library call only) shows
   its scored ratio instead, named "<metric> (no ceiling measured)".
+
+Student text: ``output_format`` and ``test_output_format`` are "text", which Gradescope shows as plain
+preformatted text (no Markdown, no HTML, so nothing to escape for it), and every string of the payload is
+made inert (grader/text.py: no escape sequence or control character but newline and tab).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from grader.export.checks import (
     summary,
 )
 from grader.export.settings import ExportSettings
+from grader.text import inert_all
 
 
 def execution_time(result: dict) -> float:
@@ -88,4 +93,4 @@ def to_gradescope(result: dict, settings: ExportSettings | None = None, course: 
                                     "order": "desc"})
     if gs.leaderboard:
         out["leaderboard"] = leaderboard
-    return out
+    return inert_all(out)

@@ -15,7 +15,9 @@ The mapping (so that nbgrader's formgrader and ``nbgrader export`` show the cour
   submission, with every check at 0, so the gradebook shows the zero rather than a gap.
 
 Exporting again updates the same rows (students, submissions and grades are found or created), so a
-regrade replaces the old scores. nbgrader is an optional dependency: ``pip install .[nbgrader]``.
+regrade replaces the old scores. Only ids and numbers are written; a student id (a result file's name)
+holding an escape sequence or a control character is refused before anything is written, rather than
+stored under another name that a second student's id could also become. nbgrader is an optional dependency: ``pip install .[nbgrader]``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grader.export.load import ExportError, Loaded
+from grader.text import inert
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,10 @@ def _gradebook():
 def to_nbgrader(loaded: list[Loaded], db_url: str, course: Any = None, course_id: str = "default_course",
                 submitted: dict[str, dt.datetime] | None = None) -> NbgraderSummary:
     """Write every result into the gradebook at `db_url` (e.g. ``sqlite:////path/gradebook.db``)."""
+    bad = [item.path.name for item in loaded if inert(item.student) != item.student]
+    if bad:
+        raise ExportError(f"expected student ids (result file names) of plain text, found control characters or "
+                          f"escape sequences in {', '.join(repr(name) for name in bad[:5])}; rename those files")
     api = _gradebook()
     cells = _grade_cells(loaded, course)
     grades = manual = 0

@@ -12,6 +12,8 @@ Mapping (schema: grader/schemas/prairielearn_results.schema.json):
   ``points``/``max_points``, ``message`` the check's message (or its status), ``output`` each failing
   test's message and traceback; a speed check with measured figures gets its roofline plot in ``images``.
 * The file stays under PrairieLearn's 1 MB: plots go first, then each test's message and output are shortened.
+* Every string is made inert (grader/text.py: no escape sequence or control character but newline and tab);
+  PrairieLearn shows these fields as text.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from grader.export.checks import (
     truncate,
 )
 from grader.export.settings import ExportSettings
+from grader.text import inert_all
 
 MAX_BYTES = 1_000_000  # PrairieLearn's limit on results.json
 
@@ -37,7 +40,7 @@ def to_prairielearn(result: dict, settings: ExportSettings | None = None, images
     lines = summary(result, pl.count_ungraded_cuda, "by this grader")
     if result.get("gradable") is False:
         errors = [str(e) for e in result.get("format_errors") or []] or ["the submission could not be read"]
-        return {"gradable": False, "format_errors": errors, "message": "\n".join(lines)}
+        return inert_all({"gradable": False, "format_errors": errors, "message": "\n".join(lines)})
     possible = result["max_score"] if pl.count_ungraded_cuda else result["gradable_max_score"]
     score = result["score"] / possible if possible > 0 else 0.0
     tests = []
@@ -61,7 +64,7 @@ def to_prairielearn(result: dict, settings: ExportSettings | None = None, images
                       + (f": {ex['message']}" if ex["message"] else "") for ex in result["exercises"])
     payload = {"gradable": True, "score": round(min(1.0, max(0.0, score)), 6), "message": "\n".join(lines),
                "output": table, "tests": tests}
-    return fit(payload)
+    return fit(inert_all(payload))
 
 
 def fit(payload: dict, limit: int = MAX_BYTES) -> dict:

@@ -129,6 +129,13 @@ def gzip_bomb_tar_gz(at: Path, members: int = 5, size: int = 16 << 20) -> Path:
     return path
 
 
+def many_gzip_members(at: Path, members: int = 1_000_000) -> Path:
+    """A .tar.gz of `members` empty gzip streams one after another (20 MB): each one costs a decompressor."""
+    path = _folder(at) / "many-gzip-members.tar.gz"
+    path.write_bytes(zlib.compress(b"", 9, wbits=16 + zlib.MAX_WBITS) * members)
+    return path
+
+
 def tar_with(at: Path, name: str, members: list[tuple[bytes, bytes]]) -> Path:
     """A plain .tar of raw (header, data) pairs, then the end-of-archive blocks."""
     path = _folder(at) / name
