@@ -4,15 +4,35 @@ Absolute times mean nothing across GPUs, so every speed check is a ratio to a ce
 measured just before, on the same device, in the trusted grader process:
 
 * memory-bound work: bytes that must move / time, as a fraction of the device-to-device copy
-  bandwidth (`ceilings().copy_bytes_per_s`);
+  bandwidth (``ceil.copy_fraction(bytes, t.mean_s)``);
 * compute-bound work: FLOPs / time, as a fraction of a large bf16 matmul's throughput
-  (`ceilings().matmul_flops_per_s`), and/or a ratio to the library baseline timed with `time_here`.
+  (``ceil.matmul_fraction(flops, t.mean_s)``), and/or a ratio to the library baseline timed with
+  `time_here` in this process.
 
-The student's code is timed in its worker (grader.support.timing.bench: warm-up, fresh inputs per
-rep, L2 flushed, CUDA events, median). Those figures come from an untrusted process, so
-`time_student` bounds them with the grader's own wall clock: it also times the same loop around a
-function that does nothing, and rejects a report whose total is impossible (more than the wall
-clock) or implausible (well under the wall clock minus the loop's own overhead).
+How `time_student` times the student's function (grader/support/timing.py holds the loop):
+
+1. Warm-up: one request to the worker, outside the grader's clock, with inputs of its own.
+2. The timed request: the loop of `reps` reps on fresh inputs made from recipes (`Randn`) and a
+   nonce drawn here for this request (so nothing can be computed before it starts), timed by the
+   worker per rep, and by this process's wall clock as a whole. The reply is small: the rep times,
+   one fingerprint (norms) of every rep's output, and a handle to the outputs, which stay in the worker.
+3. This process picks one rep at random, after the timing, and takes that rep's output (untimed). Its
+   fingerprint must be the one the worker sent during the timing, and the test's `check` judges it
+   against inputs this process makes itself from the recipes and the nonce: "fast garbage on every
+   rep but the last", a cached output and an output computed only when asked all fail here.
+4. The same loop, around a function that does nothing (returning zeros shaped like that output), runs
+   in this process on the same device: the loop's own cost.
+5. The bound (`check_wall_clock`): the reported times must add up to no more than the timed request
+   took, and to no less than that wall time minus the loop's own cost minus a small slack
+   (`SLACK_S` + `SLACK_FRACTION` of the wall time, for the request's round trip and noise). The
+   check scores their mean, ``t.mean_s``: their sum is what the wall clock bounds, so a worker that
+   moves time between reps gains nothing, and one that understates them all is rejected.
+
+What remains open, by construction: a worker that reimplements the loop's own work (fuses the
+fingerprints into its kernel, captures the loop in a CUDA graph, materialises inputs just in time)
+can hide up to that work's cost, which this process measures (``t.overhead_s``), and up to the slack.
+Speed checks therefore run enough reps that the function's own time dominates both (see each check's
+`reps`, and grader/AUTHORING.md, "Speed checks").
 
 A typical check::
 
@@ -20,11 +40,11 @@ A typical check::
     @pytest.mark.check("triton_speed")
     def test_bandwidth(student, sm, score):
         ceil = speed.ceilings()
-        t = speed.time_student(student, sm.softmax_triton, [Randn((4096, 8192), torch.float16)])
-        assert torch.allclose(t.out.float(), naive(t.args[0]), atol=2e-3), "the timed output is wrong"
-        achieved = 2 * 4096 * 8192 * 2 / t.median_s / ceil.copy_bytes_per_s
-        score.metrics(gbps=2 * 4096 * 8192 * 2 / t.median_s / 1e9, **ceil.figures())
-        score.speed(achieved)
+        t = speed.time_student(student, sm.softmax_triton, [speed.Randn((4096, 8192), torch.float16)],
+                               check=lambda args, out: assert_softmax(out, args[0]), reps=2000)
+        moved = 2 * 4096 * 8192 * 2
+        score.metrics(gbps=moved / t.mean_s / 1e9, **ceil.figures())
+        score.speed(ceil.copy_fraction(moved, t.mean_s))
 
 `ceil.figures()` records, beside the ceilings, the clocks the GPU ran at when they were measured (a
 throttled or clock-locked GPU explains a low figure); the result's "device" block names the GPU, the
@@ -34,6 +54,9 @@ driver and the torch, CUDA and Triton versions (grader.results.device_info).
 from __future__ import annotations
 
 import functools
+import math
+import random
+import secrets
 import shutil
 import statistics
 import subprocess
@@ -43,13 +66,21 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from grader.support.timing import Randn, bench
+from grader.support.timing import Randn, default_device, fingerprint, fingerprint_values, rep_inputs, timed_loop, warm_up
 
-__all__ = ["Randn", "Ceilings", "Timing", "TimingRejected", "ceilings", "time_here", "time_student", "check_wall_clock"]
+__all__ = ["Randn", "Ceilings", "Timing", "TimingRejected", "WrongTimedOutput", "ceilings", "time_here",
+           "time_student", "check_wall_clock", "loop_overhead", "SLACK_S", "SLACK_FRACTION"]
+
+SLACK_S = 5e-3  # the timed request's round trip (pickling, the socket, the reply) and scheduling noise
+SLACK_FRACTION = 0.03  # of the wall time: the GPU's clocks and the host's noise between the two loops
 
 
 class TimingRejected(AssertionError):
-    """The worker's reported times contradict the grader's wall clock."""
+    """The worker's figures contradict the grader's: its wall clock, or the output it fingerprinted."""
+
+
+class WrongTimedOutput(AssertionError):
+    """The output of the rep the grader checked is wrong."""
 
 
 @dataclass(frozen=True)
@@ -65,29 +96,42 @@ class Ceilings:
         out.update({f"{name}_clock_mhz": mhz for name, mhz in self.clocks_mhz.items()})
         return out
 
+    def copy_fraction(self, bytes_moved: float, seconds: float) -> float:
+        """Bytes per second achieved, as a fraction of the copy bandwidth."""
+        return bytes_moved / seconds / self.copy_bytes_per_s
+
+    def matmul_fraction(self, flops: float, seconds: float) -> float:
+        """FLOPs per second achieved, as a fraction of the bf16 matmul throughput."""
+        return flops / seconds / self.matmul_flops_per_s
+
 
 @dataclass
 class Timing:
+    mean_s: float  # sum of the rep times / reps: what the wall clock bounds, and what checks score
     median_s: float
     min_s: float
     times_s: list[float]
-    wall_s: float
-    args: list[Any] = field(default_factory=list)
-    out: Any = None
+    wall_s: float  # the timed reps as this process's clock saw them (the whole timed request)
+    overhead_s: float = 0.0  # the same loop around a function that does nothing, in this process
+    rep: int | None = None  # the rep whose output was checked (0-based)
+    args: list[Any] = field(default_factory=list)  # that rep's inputs, made in this process
+    out: Any = None  # that rep's output, as the worker returned it
+    nonce: int | None = None  # the timed request's nonce: rep_inputs(specs, device, nonce, rep) rebuilds any rep
 
-
-def _median(times: Sequence[float]) -> float:
-    return statistics.median(times)
+    @classmethod
+    def of(cls, times: Sequence[float], wall_s: float, **rest: Any) -> "Timing":
+        times = list(times)
+        return cls(sum(times) / len(times), statistics.median(times), min(times), times, wall_s, **rest)
 
 
 def time_here(fn: Callable, specs: Sequence[Any], kwargs: dict | None = None, reps: int = 30,
-              warmup: int = 3, seed: int = 0) -> Timing:
-    """Time a trusted function (a library baseline) in this process with the same loop."""
+              warmup: int = 3, seed: int | None = None) -> Timing:
+    """Time a trusted function (a library baseline, a ceiling) in this process with the same loop."""
+    nonce = secrets.randbits(62) if seed is None else 2 * seed
+    warm_up(fn, specs, kwargs, warmup, nonce + 1)
     start = time.perf_counter()
-    result = bench(fn, specs, kwargs, reps=reps, warmup=warmup, seed=seed)
-    wall = time.perf_counter() - start
-    times = result["times_s"]
-    return Timing(_median(times), min(times), times, wall, result["args"], result["out"])
+    result = timed_loop(fn, specs, kwargs, reps, nonce, keep_bytes=0)
+    return Timing.of(result["times_s"], time.perf_counter() - start)
 
 
 @functools.lru_cache(maxsize=None)
@@ -138,42 +182,139 @@ def parse_clocks(line: str) -> tuple[dict[str, float], str | None]:
     return clocks, (fields[3] if len(fields) > 3 and fields[3] else None)
 
 
-def check_wall_clock(reported: Sequence[float], wall_s: float, overhead_wall_s: float, slack_s: float = 0.05) -> None:
-    """Reject reported per-rep times that the grader's wall clock contradicts.
+def check_wall_clock(reported: Sequence[float], wall_s: float, overhead_s: float, slack_s: float = SLACK_S,
+                     slack_fraction: float = SLACK_FRACTION) -> None:
+    """Reject per-rep times that the grader's wall clock contradicts.
 
-    `wall_s` is the wall time of the whole timed call; `overhead_wall_s` that of the same loop around a
-    function that does nothing. The student's reps account for the difference: their reported total
-    may not exceed `wall_s`, nor fall below half of `wall_s - overhead_wall_s` (minus `slack_s`).
+    `wall_s` is the wall time of the timed request; `overhead_s` that of the same loop around a
+    function that does nothing, run in this process. The reported times must add up to no more than
+    `wall_s`, and to no less than ``wall_s - overhead_s - slack_s - slack_fraction * wall_s``.
     """
+    n = len(reported)
+    if any(not math.isfinite(t) or t < 0 for t in reported):
+        raise TimingRejected("the worker's figures and the grader's clock disagree: the reported rep times "
+                             "include negative, infinite or NaN values")
     total = sum(reported)
-    if any(t != t or t < 0 for t in reported):
-        raise TimingRejected("the reported times include negative or NaN values")
-    if total > wall_s * 1.01 + 1e-3:
+    if total > wall_s * (1 + 1e-6) + 1e-6:
         raise TimingRejected(
-            f"the reported times add up to {total:.4f} s, more than the {wall_s:.4f} s the whole call took"
+            f"the worker's figures and the grader's clock disagree: its {n} rep times add up to {total:.6f} s, "
+            f"more than the {wall_s:.6f} s the whole timed call took on the grader's clock"
         )
-    floor = 0.5 * (wall_s - overhead_wall_s) - slack_s
+    slack = slack_s + slack_fraction * wall_s
+    floor = wall_s - overhead_s - slack
     if total < floor:
         raise TimingRejected(
-            f"the reported times add up to {total:.4f} s, but the call took {wall_s:.4f} s against "
-            f"{overhead_wall_s:.4f} s for the same loop doing nothing: the timing was not honest"
+            f"the worker's figures and the grader's clock disagree: its {n} rep times add up to {total:.6f} s, "
+            f"but the timed call took {wall_s:.6f} s on the grader's clock, of which the loop's own work "
+            f"(measured by the grader around a function that does nothing) accounts for {overhead_s:.6f} s: at "
+            f"least {floor:.6f} s must be the function's (slack {slack:.6f} s)"
         )
 
 
-def time_student(student: Any, fn: Any, specs: Sequence[Any], kwargs: dict | None = None, reps: int = 30,
-                 warmup: int = 3, seed: int = 0) -> Timing:
-    """Time the student's `fn` in its worker, bounded by this process's wall clock."""
-    # Warm up (compile kernels, fill caches) outside the wall clock, then time the reps alone.
-    student.drive("grader.support.timing:bench", fn, specs, kwargs, reps=0, warmup=warmup, seed=seed, return_last=False)
-    options = dict(reps=reps, warmup=0, seed=seed)
+def zeros_like_output(value: Any) -> Any:
+    """Zeros of the same shapes, dtypes and devices as the tensors in `value` (the rest as it is)."""
+    if isinstance(value, torch.Tensor):
+        return torch.zeros_like(value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(zeros_like_output(v) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(zeros_like_output(v) for v in value)
+    if isinstance(value, dict):
+        return {k: zeros_like_output(v) for k, v in value.items()}
+    return value
+
+
+def loop_overhead(specs: Sequence[Any], reps: int, like: Any, stride: int = 1) -> float:
+    """Wall seconds of the timed loop, in this process, around a function that does nothing but return
+    zeros shaped like `like` (the student's output): the loop's own cost, fingerprints included."""
+    template = zeros_like_output(like)
+
+    def nothing(*args: Any, **kwargs: Any) -> Any:
+        return template
+
+    nonce = secrets.randbits(62)
+    warm_up(nothing, specs, None, 1, nonce + 1)
     start = time.perf_counter()
-    result = student.drive("grader.support.timing:bench", fn, specs, kwargs, **options)
+    timed_loop(nothing, specs, None, reps, nonce, keep_bytes=0, stride=stride)
+    return time.perf_counter() - start
+
+
+def same_fingerprint(a: Sequence[float], b: Sequence[float], rel: float = 1e-3) -> bool:
+    """Equal lengths and values within `rel` (NaN matches NaN: the output's own check reports it)."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if math.isnan(x) and math.isnan(y):
+            continue
+        if not (x == y or math.isclose(x, y, rel_tol=rel, abs_tol=1e-6)):
+            return False
+    return True
+
+
+def _floats(value: Any, what: str) -> list[float]:
+    if not isinstance(value, (list, tuple)):
+        raise TimingRejected(f"the timing loop returned {type(value).__name__} for {what}, expected a list of numbers")
+    try:
+        return [float(v) for v in value]
+    except (TypeError, ValueError, RuntimeError):
+        raise TimingRejected(f"the timing loop returned something other than numbers for {what}") from None
+
+
+def time_student(student: Any, fn: Any, specs: Sequence[Any], kwargs: dict | None = None, *,
+                 check: Callable[[list[Any], Any], None], reps: int = 30, warmup: int = 3, stride: int = 1,
+                 keep_bytes: int | None = None, slack_s: float = SLACK_S, slack_fraction: float = SLACK_FRACTION,
+                 rng: random.Random | None = None, seed: int | None = None) -> Timing:
+    """Time the student's `fn` in its worker over `reps` fresh inputs, bounded by this process's clock.
+
+    `check(args, out)` judges one rep's output (raise AssertionError with a message when it is wrong);
+    the rep is picked with `rng` (default: the system's randomness) after the timing, and `args` are
+    its inputs as this process makes them. `stride` thins each output's fingerprint to every
+    `stride`-th element of its rows (see grader.support.timing.fingerprint). `seed` fixes the nonces
+    (and, without `rng`, the pick) to reproduce a run; by default they are fresh and secret.
+    Raises TimingRejected when the worker's figures and the grader's disagree, WrongTimedOutput when
+    the checked output is wrong.
+    """
+    device = default_device()
+    timed_nonce, warm_nonce = (secrets.randbits(62), secrets.randbits(62)) if seed is None else (2 * seed, 2 * seed + 1)
+    rng = rng or (random.Random(seed) if seed is not None else random.SystemRandom())
+    options = {"nonce": timed_nonce, "keep_bytes": keep_bytes, "stride": stride}
+    # Warm up (compile kernels, fill caches) outside the wall clock, on inputs of its own.
+    student.drive("grader.support.timing:bench", fn, specs, kwargs, reps=0, warmup=warmup, nonce=warm_nonce)
+    start = time.perf_counter()
+    result = student.drive("grader.support.timing:bench", fn, specs, kwargs, reps=reps, warmup=0, **options)
     wall = time.perf_counter() - start
-    start = time.perf_counter()
-    student.drive("grader.support.timing:bench_overhead", fn, specs, kwargs, **options)
-    overhead = time.perf_counter() - start
-    if not isinstance(result, dict) or not isinstance(result.get("times_s"), list) or len(result["times_s"]) != reps:
-        raise TimingRejected("the timing loop did not return one time per rep")
-    times = [float(t) for t in result["times_s"]]
-    check_wall_clock(times, wall, overhead)
-    return Timing(_median(times), min(times), times, wall, list(result.get("args") or []), result.get("out"))
+
+    if not isinstance(result, dict):
+        raise TimingRejected(f"the timing loop returned {type(result).__name__}, expected its dict of figures")
+    times = _floats(result.get("times_s"), "the rep times")
+    prints = result.get("fingerprints")
+    if len(times) != reps or not isinstance(prints, (list, tuple)) or len(prints) != reps:
+        raise TimingRejected(f"the timing loop did not return one time and one fingerprint per rep (of {reps})")
+    if result.get("device") != device:
+        raise TimingRejected(f"the timing loop ran on {result.get('device')!r}, but the grader's device is {device!r}")
+
+    # One rep, picked now that the timing is over; its inputs made here, its output taken from the worker.
+    rep = rng.randrange(reps)
+    committed = _floats(prints[rep], f"the fingerprint of rep {rep + 1}")
+    runs = result.get("runs")
+    if runs is None or isinstance(runs, (bool, int, float, str, bytes, list, tuple, dict, torch.Tensor)):
+        raise TimingRejected("the timing loop returned no handle to the outputs it kept")
+    out = runs.take(rep)
+    args = rep_inputs(specs, device, timed_nonce, rep)
+    here = fingerprint_values(fingerprint(out, stride))
+    if not same_fingerprint(committed, here):
+        raise TimingRejected(
+            f"the worker's figures and the grader's disagree: the output of rep {rep + 1} of {reps}, taken after the "
+            f"timing, is not the one the worker fingerprinted during it (norms {committed[:4]} then {here[:4]}). "
+            "Each call must return a result of its own, computed during the call: not a buffer a later call "
+            "overwrites, not a value computed only when it is read"
+        )
+
+    overhead = loop_overhead(specs, reps, out, stride)
+    check_wall_clock(times, wall, overhead, slack_s, slack_fraction)
+    try:
+        check(args, out)
+    except AssertionError as exc:
+        raise WrongTimedOutput(f"the output of rep {rep + 1} of {reps} (picked at random after the timing) is wrong: "
+                               f"{exc}") from None
+    return Timing.of(times, wall, overhead_s=overhead, rep=rep, args=args, out=out, nonce=timed_nonce)

@@ -10,11 +10,14 @@ updates that reach far enough do (a handful), whatever the number of columns per
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+from grader.support.timing import Randn
 
 # Operations that create, reinterpret or inspect memory without writing values into it.
 _NO_WRITE = {
@@ -79,8 +82,8 @@ def count_big_writes(fn: Callable, W: torch.Tensor, H: torch.Tensor, fraction: f
 
 
 # --------------------------------------------------------------------------------------------------
-# Timing on CUDA: the Hessian is built where it is used, from a seed, so that the grader and the
-# worker hold the same H without sending hundreds of megabytes each way.
+# Timing on CUDA: the Hessian is a recipe (grader.support.timing), built where it is used from its
+# seed, so the worker and the grader hold the same H without hundreds of megabytes crossing over.
 
 
 def calibration_hessian(cols: int, device: str = "cuda", seed: int = 0) -> torch.Tensor:
@@ -91,26 +94,16 @@ def calibration_hessian(cols: int, device: str = "cuda", seed: int = 0) -> torch
     return 2 * X.T @ X / X.shape[0]
 
 
-def bench_gptq(fn: Callable, rows: int, cols: int, seed: int = 0, overhead: bool = False, check_rows: int = 256,
-               **options: Any) -> dict:
-    """grader.support.timing.bench of ``fn(W, H)`` over fresh W [rows, cols] (H from `calibration_hessian`).
+@dataclass(frozen=True)
+class Hessian(Randn):
+    """The recipe of `calibration_hessian(cols, device, seed)` for a timed loop, with shape (cols, cols):
+    made once per loop (not per rep) and shared by the reps, in the worker and again in the grader."""
 
-    With `overhead`, the same loop around a function that does nothing; with reps=0, only the warm-up
-    runs (the grader warms up outside its wall clock). Of the last timed call, the
-    first `check_rows` rows of W and of Q come back (rows are quantised independently given H), so
-    the grader can check the timed output without hundreds of megabytes crossing back.
-    """
-    from grader.support.timing import Randn, bench, bench_overhead
+    seed: int = 0
+    fresh: ClassVar[bool] = False
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    specs = [Randn((rows, cols)), calibration_hessian(cols, device, seed)]
-    if overhead:
-        return bench_overhead(fn, specs, None, seed=seed, **options)
-    result = bench(fn, specs, None, seed=seed, **options)
-    if result.get("args") is None:  # a warm-up call (reps=0): nothing was timed, nothing comes back
-        result["args"], result["out"] = [], None
-        return result
-    out = result["out"]
-    result["args"] = [result["args"][0][:check_rows].clone()]
-    result["out"] = (out[0] if isinstance(out, tuple) else out)[:check_rows].clone()
-    return result
+    def make(self, device: str, generator: torch.Generator) -> torch.Tensor:
+        cols = self.shape[0]
+        if tuple(self.shape) != (cols, cols):
+            raise ValueError(f"a Hessian is square, found shape {tuple(self.shape)}")
+        return calibration_hessian(cols, device, self.seed)

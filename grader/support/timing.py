@@ -1,17 +1,42 @@
-"""The timed loop, run where the student's code runs (the worker). Its figures are untrusted: the
-grader bounds them with its own wall clock (grader/speed.py).
+"""The timed loop of a speed check. It runs where the student's code runs (the worker), and the
+grader runs the very same loop in its own process around a function that does nothing, to learn
+what the loop itself costs. Nothing the worker reports is trusted: grader/speed.py bounds its times
+with the grader's own wall clock and checks one rep's output, chosen after the timing, against
+inputs the grader makes itself.
 
-Inputs are described by recipes (`Randn`), materialised fresh for every rep, so an output cached
-from an earlier call cannot pass; the L2 cache is flushed between reps by writing a buffer larger
-than it; each rep is timed with CUDA events around the call alone.
+One rep of `timed_loop`:
+
+* Inputs are made fresh from recipes (`Randn`), with a generator seeded from the request's nonce and
+  the rep's index (`rep_generator`): the grader can rebuild the inputs of any rep, and an output
+  cached from an earlier call is wrong for this one. A recipe with ``fresh = False`` (a calibration
+  Hessian) is made once per loop. Each recipe is one kernel (``normal_`` straight into the tensor's
+  dtype), because the loop's own work is what the grader subtracts: a wasteful loop would leave a
+  student room to do the same work faster and hide the difference.
+* The call alone is timed: CUDA events around it, recorded for every rep and read after one
+  synchronize at the end, so the GPU never waits for the host between reps; `perf_counter` on the CPU.
+* Its output is fingerprinted on the device (`fingerprint`: one norm per tensor). The fingerprints
+  travel back with the times: the worker commits to every rep's output before the grader says which
+  one it will check, so computing the real output only when asked does not pass.
+* L2: the next rep's inputs are made before this rep's call. By the time a rep runs, its inputs were
+  written two kernels and one call earlier and (at the sizes the speed checks use) have left the
+  L2 cache, with no flush buffer a worker could skip writing: every byte the loop writes is input
+  that some rep uses.
+
+The outputs stay in the worker, in a `TimedRuns` (up to `keep_bytes`; past that, a rep's output is
+made again from its inputs when asked). The grader takes one of them with ``runs.take(rep)``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
+
+SHARED = -1  # the "rep" whose generator makes the recipes with fresh = False, once per loop
+KEEP_BYTES = {"cuda": 2 << 30, "cpu": 256 << 20}  # outputs kept per loop, by device
 
 
 @dataclass(frozen=True)
@@ -23,62 +48,194 @@ class Randn:
     scale: float = 1.0
     shift: float = 0.0
     transpose: bool = False  # materialise as the transpose of a contiguous tensor (a strided view)
+    fresh: ClassVar[bool] = True  # made anew for every rep (False: once per loop, shared by the reps)
 
     def make(self, device: str, generator: torch.Generator) -> torch.Tensor:
         shape = tuple(reversed(self.shape)) if self.transpose else self.shape
-        t = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
-        t = (t * self.scale + self.shift).to(self.dtype)
+        t = torch.empty(shape, dtype=self.dtype, device=device).normal_(self.shift, self.scale, generator=generator)
         return t.t() if self.transpose else t
 
 
-def materialise(specs: Sequence[Any], device: str, generator: torch.Generator) -> list[Any]:
-    return [s.make(device, generator) if isinstance(s, Randn) else s for s in specs]
+def rep_seed(nonce: int, rep: int) -> int:
+    """The seed of rep `rep`'s inputs in a loop whose request carried `nonce`."""
+    digest = hashlib.blake2b(f"{nonce}:{rep}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
-def _flush_buffer(device: str, nbytes: int) -> torch.Tensor | None:
-    return torch.empty(nbytes // 4, dtype=torch.int32, device=device) if device == "cuda" else None
+def rep_generator(device: str, nonce: int, rep: int, generator: torch.Generator | None = None) -> torch.Generator:
+    """A generator on `device` in the state that makes rep `rep`'s inputs (reseeds `generator` if given)."""
+    generator = generator if generator is not None else torch.Generator(device=device)
+    return generator.manual_seed(rep_seed(nonce, rep))
 
 
-def bench(fn: Callable, specs: Sequence[Any], kwargs: dict | None = None, reps: int = 30, warmup: int = 3,
-          seed: int = 0, flush_bytes: int = 256 << 20, return_last: bool = True) -> dict:
-    """Time ``fn(*materialise(specs))`` over `reps` fresh inputs. Returns per-rep seconds and, with
-    `return_last`, the last inputs and output for the grader to re-check."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    generator = torch.Generator(device=device).manual_seed(seed)
+def make_shared(specs: Sequence[Any], device: str, nonce: int) -> dict[int, Any]:
+    """The recipes with ``fresh = False``, made once for a loop: {position in specs: value}."""
+    generator = rep_generator(device, nonce, SHARED)
+    return {i: s.make(device, generator) for i, s in enumerate(specs) if isinstance(s, Randn) and not s.fresh}
+
+
+def materialise(specs: Sequence[Any], device: str, generator: torch.Generator,
+                shared: dict[int, Any] | None = None) -> list[Any]:
+    """The arguments of one rep: each recipe made with `generator` (in order), others as given."""
+    shared = shared or {}
+    return [shared[i] if i in shared else s.make(device, generator) if isinstance(s, Randn) else s
+            for i, s in enumerate(specs)]
+
+
+def rep_inputs(specs: Sequence[Any], device: str, nonce: int, rep: int, shared: dict[int, Any] | None = None,
+               generator: torch.Generator | None = None) -> list[Any]:
+    """The inputs of rep `rep` (the grader calls this to rebuild the inputs of the rep it checks)."""
+    if shared is None:
+        shared = make_shared(specs, device, nonce)
+    return materialise(specs, device, rep_generator(device, nonce, rep, generator), shared)
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# --------------------------------------------------------------------------------------------------
+# Fingerprints: the worker's commitment to each rep's output
+
+
+def _leaves(value: Any):
+    if isinstance(value, (torch.Tensor, bool, int, float)):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _leaves(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _leaves(v)
+    # None, strings and anything else carry no figures
+
+
+def _norm(t: torch.Tensor, stride: int) -> torch.Tensor:
+    t = t.detach()
+    if stride > 1 and t.dim() >= 1:
+        t = t[..., ::stride]
+    if t.is_complex():
+        t = t.abs()
+    if not t.is_floating_point():
+        t = t.to(torch.float32)
+    if t.dtype == torch.float64:
+        return torch.linalg.vector_norm(t).to(torch.float32)
+    return torch.linalg.vector_norm(t, dtype=torch.float32)  # one pass, whatever the tensor's dtype
+
+
+def fingerprint(value: Any, stride: int = 1) -> tuple[torch.Tensor | None, list[float]]:
+    """(the 2-norms of the tensors in `value`, stacked on their device; its plain numbers).
+
+    `stride` > 1 reads every `stride`-th element of each row (the last dim) instead of all of them:
+    for an output whose every element needs its whole row of input (a softmax), it still covers every
+    row, and it costs far less than the output did to write.
+    """
+    norms, numbers = [], []
+    for leaf in _leaves(value):
+        if isinstance(leaf, torch.Tensor):
+            norms.append(_norm(leaf, stride))
+        else:
+            numbers.append(float(leaf))
+    devices = {n.device for n in norms}
+    if len(devices) > 1:
+        norms = [n.cpu() for n in norms]
+    return (torch.stack(norms) if norms else None), numbers
+
+
+def fingerprint_values(fp: tuple[torch.Tensor | None, list[float]]) -> list[float]:
+    norms, numbers = fp
+    return ([float(v) for v in norms.tolist()] if norms is not None else []) + list(numbers)
+
+
+def _all_fingerprint_values(fps: list[tuple[torch.Tensor | None, list[float]]]) -> list[list[float]]:
+    norms = [n for n, _ in fps]
+    if norms and all(n is not None for n in norms) and len({(n.shape, n.device) for n in norms}) == 1:
+        table = torch.stack(norms).tolist()  # one copy to the host for the whole loop
+        return [[float(v) for v in row] + list(nums) for row, (_, nums) in zip(table, fps)]
+    return [fingerprint_values(fp) for fp in fps]
+
+
+def _nbytes(value: Any) -> int:
+    return sum(leaf.numel() * leaf.element_size() for leaf in _leaves(value) if isinstance(leaf, torch.Tensor))
+
+
+# --------------------------------------------------------------------------------------------------
+# The loop
+
+
+class TimedRuns:
+    """The outputs of one timed loop, kept where they were made, for the grader to take one of."""
+
+    def __init__(self, fn: Callable, specs: Sequence[Any], kwargs: dict, device: str, nonce: int,
+                 shared: dict[int, Any], keep_bytes: int):
+        self.fn, self.specs, self.kwargs, self.device, self.nonce = fn, list(specs), kwargs, device, nonce
+        self.shared, self.keep_bytes = shared, keep_bytes
+        self.kept: dict[int, Any] = {}
+        self.kept_bytes = 0
+
+    def keep(self, rep: int, out: Any) -> None:
+        size = _nbytes(out)
+        if self.kept_bytes + size <= self.keep_bytes:
+            self.kept[rep] = out
+            self.kept_bytes += size
+
+    def take(self, rep: int) -> Any:
+        """The output of rep `rep` (made again from the rep's inputs if it was not kept); forgets the rest."""
+        rep = int(rep)
+        kept, self.kept, self.kept_bytes = self.kept, {}, 0
+        if rep in kept:
+            return kept[rep]
+        return self.fn(*rep_inputs(self.specs, self.device, self.nonce, rep, self.shared), **self.kwargs)
+
+
+def warm_up(fn: Callable, specs: Sequence[Any], kwargs: dict | None = None, calls: int = 3, nonce: int = 0) -> None:
+    """`calls` reps of the timed loop on inputs of their own (compile kernels, fill caches, load every
+    operation the loop uses); nothing is kept."""
+    if calls > 0:
+        timed_loop(fn, specs, kwargs, calls, nonce, keep_bytes=0)
+
+
+def timed_loop(fn: Callable, specs: Sequence[Any], kwargs: dict | None = None, reps: int = 30, nonce: int = 0,
+               keep_bytes: int | None = None, stride: int = 1) -> dict:
+    """Time ``fn(*inputs of rep i)`` for i in range(reps). Returns {"times_s": per-rep seconds,
+    "fingerprints": per-rep list of floats, "device": ..., "runs": the TimedRuns}."""
+    device = default_device()
     kwargs = kwargs or {}
-    flush = _flush_buffer(device, flush_bytes)
-    for _ in range(warmup):
-        fn(*materialise(specs, device, generator), **kwargs)
-    times, args, out = [], None, None
-    for _ in range(reps):
-        args = materialise(specs, device, generator)
-        if flush is not None:
-            flush.zero_()
-        if device == "cuda":
+    keep_bytes = KEEP_BYTES[device] if keep_bytes is None else keep_bytes
+    shared = make_shared(specs, device, nonce)
+    runs = TimedRuns(fn, specs, kwargs, device, nonce, shared, keep_bytes)
+    generator = torch.Generator(device=device)
+    cuda = device == "cuda"
+    times, events, fps = [], [], []
+    upcoming = rep_inputs(specs, device, nonce, 0, shared, generator) if reps > 0 else None
+    for rep in range(reps):
+        args = upcoming
+        upcoming = rep_inputs(specs, device, nonce, rep + 1, shared, generator) if rep + 1 < reps else None
+        if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             out = fn(*args, **kwargs)
             end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
+            events.append((start, end))
         else:
-            import time
-
             t0 = time.perf_counter()
             out = fn(*args, **kwargs)
             times.append(time.perf_counter() - t0)
-    result = {"times_s": times, "device": device}
-    if return_last:
-        result["args"], result["out"] = args, out
-    return result
+        fps.append(fingerprint(out, stride))
+        runs.keep(rep, out)
+        del args, out
+    if cuda:
+        torch.cuda.synchronize()
+        times = [start.elapsed_time(end) / 1e3 for start, end in events]
+    return {"times_s": times, "fingerprints": _all_fingerprint_values(fps), "device": device, "runs": runs}
 
 
-def identity(*args, **kwargs):  # noqa: D401
-    """The do-nothing function the grader times to learn the loop's own overhead."""
-    return args[0] if args else None
-
-
-def bench_overhead(fn: Callable, specs: Sequence[Any], kwargs: dict | None = None, **options) -> dict:
-    """The same loop around a function that does nothing: what the loop costs without the student."""
-    options["return_last"] = False
-    return bench(identity, specs, kwargs, **options)
+def bench(fn: Callable, specs: Sequence[Any], kwargs: dict | None = None, reps: int = 30, warmup: int = 0,
+          nonce: int = 0, keep_bytes: int | None = None, stride: int = 1) -> dict:
+    """The driver the grader runs in the worker: `warm_up`, then `timed_loop` (reps=0: warm-up only,
+    and nothing comes back)."""
+    if warmup:
+        warm_up(fn, specs, kwargs, warmup, nonce)
+    if reps <= 0:
+        return {"times_s": [], "fingerprints": [], "device": default_device(), "runs": None}
+    return timed_loop(fn, specs, kwargs, reps, nonce, keep_bytes, stride)

@@ -798,6 +798,32 @@ def test_moe_layer_is_vectorised(student, sm, rng):
 # route_speed (CUDA): against one torch.topk plus one softmax over the same logits
 
 
+def assert_timed_route(r, logits, k, cf):
+    """One route() of the speed check against the contract, on the GPU: the k best experts (stable
+    sort of the fp32 probabilities), the position policy's slots (every first choice before any
+    second, in token order: an assignment's slot is how many earlier assignments chose its expert,
+    -1 from the capacity on), the kept counts, and the renormalised gate weights of the kept ones."""
+    T, E = logits.shape
+    probs = torch.softmax(logits.float(), -1)
+    order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    want_index = order.indices[:, :k]
+    assert torch.equal(r.expert_index.to(want_index.device), want_index), "route chose the wrong experts"
+    cap = capacity_formula(T, E, k, cf)
+    flat = want_index.t().reshape(-1)  # assignments in priority order: (choice j, token t)
+    earlier = torch.nn.functional.one_hot(flat, E).cumsum(0).gather(1, flat[:, None]).squeeze(1) - 1
+    want_slot = torch.where(earlier < cap, earlier, torch.full_like(earlier, -1)).view(k, T).t()
+    assert torch.equal(r.slot.to(want_slot.device), want_slot), (
+        "route's slots differ from the position policy's: every first choice before any second choice, tokens in "
+        f"order, slot = assignments the expert already holds, -1 once it holds capacity = {cap}"
+    )
+    kept = want_slot >= 0
+    want_tokens = torch.bincount(want_index[kept], minlength=E)
+    assert torch.equal(r.tokens_per_expert.to(want_tokens.device), want_tokens), "route's tokens_per_expert is wrong"
+    top = order.values[:, :k].double()
+    want_weight = torch.where(kept, top / top.sum(-1, keepdim=True), torch.zeros_like(top))
+    assert_close(r.combine_weight, want_weight, atol=1e-5, what="route's combine_weight [token, choice]")
+
+
 @pytest.mark.cuda
 @pytest.mark.check("route_speed")
 def test_route_speed(student, sm, score):
@@ -805,16 +831,12 @@ def test_route_speed(student, sm, score):
 
     T, E, k, cf = 65536, 64, 2, 1.25
     spec = speed.Randn((T, E), torch.bfloat16)
-    t = speed.time_student(student, sm.route, [spec, k, cf], reps=30)
-    base = speed.time_here(lambda lg: (torch.topk(lg, k, dim=-1), torch.softmax(lg.float(), dim=-1)), [spec], reps=30)
-    logits = t.args[0]
-    r = t.out
-    probs = torch.softmax(logits.float(), -1)
-    want = torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :k]
-    assert torch.equal(r.expert_index.to(want.device), want), "the timed route chose the wrong experts"
-    cap = capacity_formula(T, E, k, cf)
-    assert int(r.tokens_per_expert.max()) <= cap and int(r.slot.max()) < cap, "the timed route exceeded the capacity"
-    ratio = base.median_s / t.median_s
-    score.metrics(route_us=t.median_s * 1e6, topk_softmax_us=base.median_s * 1e6)
-    score.speed(ratio, f"route takes {t.median_s * 1e6:.0f} us, one topk + softmax {base.median_s * 1e6:.0f} us: "
+    # At the bar a route may take 25 times one topk + softmax (tens of us), up to about 0.75 ms: 300 reps
+    # are some 0.2 s there, well above the wall-clock bound's slack (5 ms + 3%, grader/speed.py).
+    t = speed.time_student(student, sm.route, [spec, k, cf], reps=300,
+                           check=lambda args, out: assert_timed_route(out, args[0], k, cf))
+    base = speed.time_here(lambda lg: (torch.topk(lg, k, dim=-1), torch.softmax(lg.float(), dim=-1)), [spec], reps=300)
+    ratio = base.mean_s / t.mean_s
+    score.metrics(route_us=t.mean_s * 1e6, topk_softmax_us=base.mean_s * 1e6)
+    score.speed(ratio, f"route takes {t.mean_s * 1e6:.0f} us, one topk + softmax {base.mean_s * 1e6:.0f} us: "
                        f"ratio {ratio:.3f}")

@@ -314,16 +314,23 @@ def test_triton_rejects_non_2d(sm):
 def test_triton_bandwidth(student, sm, score, rows, cols):
     dtype = torch.float16
     ceil = speed.ceilings()
-    t = speed.time_student(student, sm.softmax_triton, [speed.Randn((rows, cols), dtype, scale=3.0)])
-    x, out = t.args[0], t.out
-    assert_softmax(out.cpu()[:64], x.cpu()[:64], 2e-3, "the output of the last timed rep")
-    moved = 2 * rows * cols * x.element_size()  # read x once, write y once: the least any softmax moves
-    library = speed.time_here(lambda a: torch.softmax(a, dim=-1), [speed.Randn((rows, cols), dtype)])
+    spec = speed.Randn((rows, cols), dtype, scale=3.0)
+
+    def check(args, out):
+        assert_softmax(out, args[0], 2e-3, "softmax_triton's output")
+
+    # Each rep moves 64 or 128 MiB: at the bar (half of a ~4 TB/s copy) 35 or 70 us, so 4000 reps are
+    # 0.13-0.27 s of kernel, against the wall-clock bound's slack of 5 ms + 3% (grader/speed.py).
+    # Every output element needs its whole row of input, so a fingerprint of every 256th column still
+    # covers every row, at 1/16 of the cost of reading the output.
+    t = speed.time_student(student, sm.softmax_triton, [spec], check=check, reps=4000, stride=256)
+    moved = 2 * rows * cols * 2  # read x once, write y once (fp16): the least any softmax moves
+    library = speed.time_here(lambda a: torch.softmax(a, dim=-1), [spec], reps=4000)
     score.metrics(
-        gbps=moved / t.median_s / 1e9,
+        gbps=moved / t.mean_s / 1e9,
         copy_gbps=ceil.copy_bytes_per_s / 1e9,
-        torch_softmax_gbps=moved / library.median_s / 1e9,
-        ratio_to_torch_softmax=library.median_s / t.median_s,
+        torch_softmax_gbps=moved / library.mean_s / 1e9,
+        ratio_to_torch_softmax=library.mean_s / t.mean_s,
     )
-    score.speed(moved / t.median_s / ceil.copy_bytes_per_s)
-    assert math.isfinite(t.median_s)
+    score.speed(ceil.copy_fraction(moved, t.mean_s))
+    assert math.isfinite(t.mean_s)
