@@ -66,7 +66,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from grader.support.timing import Randn, default_device, fingerprint, fingerprint_values, rep_inputs, timed_loop, warm_up
+from grader.support.timing import (Randn, default_device, fingerprint, fingerprint_values, foreign_part, rep_inputs,
+                                   timed_loop, warm_up)
 
 __all__ = ["Randn", "Ceilings", "Timing", "TimingRejected", "WrongTimedOutput", "ceilings", "time_here",
            "time_student", "check_wall_clock", "loop_overhead", "SLACK_S", "SLACK_FRACTION"]
@@ -300,6 +301,12 @@ def time_student(student: Any, fn: Any, specs: Sequence[Any], kwargs: dict | Non
     if runs is None or isinstance(runs, (bool, int, float, str, bytes, list, tuple, dict, torch.Tensor)):
         raise TimingRejected("the timing loop returned no handle to the outputs it kept")
     out = runs.take(rep)
+    foreign = foreign_part(out)
+    if foreign is not None:
+        raise TimingRejected(
+            f"the output of rep {rep + 1} of {reps} holds {foreign}: a timed function must return plain data "
+            "(tensors, numbers, and tuples, lists or dicts of them), which the grader can hold the worker to"
+        )
     args = rep_inputs(specs, device, timed_nonce, rep)
     here = fingerprint_values(fingerprint(out, stride))
     if not same_fingerprint(committed, here):

@@ -135,6 +135,7 @@ def test_one_rep_carrying_the_whole_sum_gains_nothing(tmp_path):
     ("inflates_the_overhead", "the worker's figures and the grader's clock disagree"),
     ("computes_when_asked", "is not the one the worker fingerprinted during it"),
     ("reuses_its_output_buffer", "not a buffer a later call overwrites"),
+    ("returns_a_lazy_result", r"holds the output \(a RemoteHandle\): a timed function must return plain data"),
 ])
 def test_forged_figures_are_rejected(tmp_path, name, match):
     with pytest.raises(speed.TimingRejected, match=match):
@@ -194,14 +195,24 @@ def test_the_loop_keeps_what_fits_and_makes_the_rest_again():
     assert len(result["fingerprints"]) == 5 and all(len(f) == 1 for f in result["fingerprints"])
 
 
-def test_fingerprints_cover_every_tensor_and_number():
+def test_fingerprints_cover_every_tensor_number_and_string():
     x = torch.arange(12.0).reshape(3, 4)
-    norms, numbers = timing.fingerprint((x, {"n": 3, "name": "ignored"}, [torch.tensor([3, 4])]))
-    assert norms.tolist() == pytest.approx([float(x.norm()), 5.0]) and numbers == [3.0]
+    norms, numbers = timing.fingerprint((x, {"n": 3, "name": "a"}, [torch.tensor([3, 4]), None]))
+    assert norms.tolist() == pytest.approx([float(x.norm()), 5.0]) and len(numbers) == 2 and numbers[0] == 3.0
+    assert timing.fingerprint("b")[1] != timing.fingerprint("a")[1], "a string is part of the commitment too"
     strided = timing.fingerprint_values(timing.fingerprint(x, stride=2))
     assert strided == pytest.approx([float(x[:, ::2].norm())]), "a stride thins each row, every row still counts"
     assert speed.same_fingerprint([1.0, float("nan")], [1.0000001, float("nan")])
     assert not speed.same_fingerprint([1.0], [1.01]) and not speed.same_fingerprint([1.0], [1.0, 2.0])
+
+
+def test_only_plain_data_can_be_held_to_its_fingerprint():
+    class Lazy:
+        pass
+
+    assert timing.foreign_part((torch.zeros(2), [1, 2.0, "s", None], {"a": torch.ones(1)})) is None
+    assert timing.foreign_part((torch.zeros(2), {"a": [Lazy()]})) == "the output[1]['a'][0] (a Lazy)"
+    assert timing.foreign_part({1, 2}) == "the output (a set)"
 
 
 @pytest.mark.parametrize("line,clocks,driver", [
