@@ -127,7 +127,6 @@ def first_mismatch(got: torch.Tensor, want: torch.Tensor) -> tuple[int, ...] | N
 
 
 def assert_routing_matches(r, o: dict, logits: torch.Tensor, where: str, policy: str = "position") -> None:
-    T, k = o["expert_index"].shape
     p32 = torch.softmax(logits.float(), -1)
     for name in ("expert_index", "combine_weight", "slot", "tokens_per_expert"):
         got = getattr(r, name)
