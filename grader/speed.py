@@ -132,7 +132,7 @@ def time_here(fn: Callable, specs: Sequence[Any], kwargs: dict | None = None, re
     warm_up(fn, specs, kwargs, warmup, nonce + 1)
     start = time.perf_counter()
     result = timed_loop(fn, specs, kwargs, reps, nonce, keep_bytes=0)
-    return Timing.of(result["times_s"], time.perf_counter() - start)
+    return Timing.of(result["times_s"].tolist(), time.perf_counter() - start)
 
 
 @functools.lru_cache(maxsize=None)
@@ -253,8 +253,11 @@ def same_fingerprint(a: Sequence[float], b: Sequence[float], rel: float = 1e-3) 
 
 
 def _floats(value: Any, what: str) -> list[float]:
+    """A 1-D tensor or a list of numbers, as floats (anything else: rejected)."""
+    if isinstance(value, torch.Tensor) and value.dim() == 1 and not value.is_complex():
+        return [float(v) for v in value.tolist()]
     if not isinstance(value, (list, tuple)):
-        raise TimingRejected(f"the timing loop returned {type(value).__name__} for {what}, expected a list of numbers")
+        raise TimingRejected(f"the timing loop returned {type(value).__name__} for {what}, expected numbers")
     try:
         return [float(v) for v in value]
     except (TypeError, ValueError, RuntimeError):
@@ -275,12 +278,15 @@ def time_student(student: Any, fn: Any, specs: Sequence[Any], kwargs: dict | Non
     Raises TimingRejected when the worker's figures and the grader's disagree, WrongTimedOutput when
     the checked output is wrong.
     """
+    if reps < 1:
+        raise ValueError(f"a speed check times at least one rep, found reps={reps}")
     device = default_device()
     timed_nonce, warm_nonce = (secrets.randbits(62), secrets.randbits(62)) if seed is None else (2 * seed, 2 * seed + 1)
     rng = rng or (random.Random(seed) if seed is not None else random.SystemRandom())
     options = {"nonce": timed_nonce, "keep_bytes": keep_bytes, "stride": stride}
     # Warm up (compile kernels, fill caches) outside the wall clock, on inputs of its own.
-    student.drive("grader.support.timing:bench", fn, specs, kwargs, reps=0, warmup=warmup, nonce=warm_nonce)
+    student.drive("grader.support.timing:bench", fn, specs, kwargs, reps=0, warmup=warmup, nonce=warm_nonce,
+                  keep_bytes=keep_bytes)
     start = time.perf_counter()
     result = student.drive("grader.support.timing:bench", fn, specs, kwargs, reps=reps, warmup=0, **options)
     wall = time.perf_counter() - start
@@ -289,6 +295,8 @@ def time_student(student: Any, fn: Any, specs: Sequence[Any], kwargs: dict | Non
         raise TimingRejected(f"the timing loop returned {type(result).__name__}, expected its dict of figures")
     times = _floats(result.get("times_s"), "the rep times")
     prints = result.get("fingerprints")
+    if isinstance(prints, torch.Tensor) and prints.dim() == 2:
+        prints = list(prints)
     if len(times) != reps or not isinstance(prints, (list, tuple)) or len(prints) != reps:
         raise TimingRejected(f"the timing loop did not return one time and one fingerprint per rep (of {reps})")
     if result.get("device") != device:

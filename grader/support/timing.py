@@ -28,6 +28,7 @@ made again from its inputs when asked). The grader takes one of them with ``runs
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import time
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ import numpy as np
 import torch
 
 SHARED = -1  # the "rep" whose generator makes the recipes with fresh = False, once per loop
-KEEP_BYTES = {"cuda": 2 << 30, "cpu": 256 << 20}  # outputs kept per loop, by device
+KEEP_BYTES = {"cuda": 512 << 20, "cpu": 256 << 20}  # outputs kept per loop, by device (the rest are made again)
 
 
 @dataclass(frozen=True)
@@ -226,17 +227,24 @@ class TimedRuns:
         return self.fn(*rep_inputs(self.specs, self.device, self.nonce, rep, shared), **self.kwargs)
 
 
-def warm_up(fn: Callable, specs: Sequence[Any], kwargs: dict | None = None, calls: int = 3, nonce: int = 0) -> None:
+def warm_up(fn: Callable, specs: Sequence[Any], kwargs: dict | None = None, calls: int = 3, nonce: int = 0,
+            reserve_bytes: int = 0) -> None:
     """`calls` reps of the timed loop on inputs of their own (compile kernels, fill caches, load every
-    operation the loop uses); nothing is kept."""
+    operation the loop uses); nothing is kept. On CUDA, `reserve_bytes` of device memory are then taken
+    and given back to torch's caching allocator, so that keeping outputs during the timed loop never
+    waits for cudaMalloc inside a timed call."""
     if calls > 0:
         timed_loop(fn, specs, kwargs, calls, nonce, keep_bytes=0)
+    if reserve_bytes > 0 and default_device() == "cuda":
+        reserve = torch.empty(reserve_bytes, dtype=torch.uint8, device="cuda")
+        del reserve
+        torch.cuda.synchronize()
 
 
 def timed_loop(fn: Callable, specs: Sequence[Any], kwargs: dict | None = None, reps: int = 30, nonce: int = 0,
                keep_bytes: int | None = None, stride: int = 1) -> dict:
-    """Time ``fn(*inputs of rep i)`` for i in range(reps). Returns {"times_s": per-rep seconds,
-    "fingerprints": per-rep list of floats, "device": ..., "runs": the TimedRuns}."""
+    """Time ``fn(*inputs of rep i)`` for i in range(reps). Returns {"times_s": per-rep seconds [reps],
+    "fingerprints": per-rep floats [reps, n] (float64 tensors), "device": ..., "runs": the TimedRuns}."""
     device = default_device()
     kwargs = kwargs or {}
     keep_bytes = KEEP_BYTES[device] if keep_bytes is None else keep_bytes
@@ -247,25 +255,40 @@ def timed_loop(fn: Callable, specs: Sequence[Any], kwargs: dict | None = None, r
     times, fps = [], []
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)] if cuda else []
     upcoming = rep_inputs(specs, device, nonce, 0, shared, generator) if reps > 0 else None
-    for rep in range(reps):
-        args = upcoming
-        upcoming = rep_inputs(specs, device, nonce, rep + 1, shared, generator) if rep + 1 < reps else None
-        if cuda:
-            start, end = events[rep]
-            start.record()
-            out = fn(*args, **kwargs)
-            end.record()
-        else:
-            t0 = time.perf_counter()
-            out = fn(*args, **kwargs)
-            times.append(time.perf_counter() - t0)
-        fps.append(fingerprint(out, stride))
-        runs.keep(rep, out)
-        del args, out
+    collecting = gc.isenabled()
+    gc.disable()  # no collection pauses among the reps, here or in the grader's copy of the loop
+    try:
+        for rep in range(reps):
+            args = upcoming
+            upcoming = rep_inputs(specs, device, nonce, rep + 1, shared, generator) if rep + 1 < reps else None
+            if cuda:
+                start, end = events[rep]
+                start.record()
+                out = fn(*args, **kwargs)
+                end.record()
+            else:
+                t0 = time.perf_counter()
+                out = fn(*args, **kwargs)
+                times.append(time.perf_counter() - t0)
+            fps.append(fingerprint(out, stride))
+            runs.keep(rep, out)
+            del args, out
+    finally:
+        if collecting:
+            gc.enable()
     if cuda:
         torch.cuda.synchronize()
         times = [start.elapsed_time(end) / 1e3 for start, end in events]
-    return {"times_s": times, "fingerprints": _all_fingerprint_values(fps), "device": device, "runs": runs}
+    return _reply(times, _all_fingerprint_values(fps), device, runs)
+
+
+def _reply(times: list[float], fingerprints: list[list[float]], device: str, runs: TimedRuns | None) -> dict:
+    """The loop's figures as float64 tensors (thousands of reps cross the wire in a millisecond, where
+    lists of floats would take a large part of a second to decode safely)."""
+    widths = {len(f) for f in fingerprints}
+    table: Any = (torch.tensor(fingerprints, dtype=torch.float64).reshape(len(fingerprints), widths.pop() if widths else 0)
+                  if len(widths) <= 1 else fingerprints)
+    return {"times_s": torch.tensor(times, dtype=torch.float64), "fingerprints": table, "device": device, "runs": runs}
 
 
 def bench(fn: Callable, specs: Sequence[Any], kwargs: dict | None = None, reps: int = 30, warmup: int = 0,
@@ -273,7 +296,8 @@ def bench(fn: Callable, specs: Sequence[Any], kwargs: dict | None = None, reps: 
     """The driver the grader runs in the worker: `warm_up`, then `timed_loop` (reps=0: warm-up only,
     and nothing comes back)."""
     if warmup:
-        warm_up(fn, specs, kwargs, warmup, nonce)
-    if reps <= 0:
-        return {"times_s": [], "fingerprints": [], "device": default_device(), "runs": None}
+        device = default_device()
+        warm_up(fn, specs, kwargs, warmup, nonce, KEEP_BYTES[device] if keep_bytes is None else keep_bytes)
+    if reps <= 0:  # the same structure as a timed reply, so that sending one is warmed up too
+        return _reply([], [], default_device(), None)
     return timed_loop(fn, specs, kwargs, reps, nonce, keep_bytes, stride)

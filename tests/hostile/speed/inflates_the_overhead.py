@@ -37,7 +37,7 @@ def _understated(fn, *args, **kwargs):
     if getattr(fn, "__name__", "") in ("identity", "nothing"):
         fn = _slow_nothing
     result = _real_loop(fn, *args, **kwargs)
-    result["times_s"] = [t / 10 for t in result["times_s"]]
+    result["times_s"] = [float(t) / 10 for t in result["times_s"]]
     return result
 
 

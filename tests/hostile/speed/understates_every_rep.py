@@ -19,7 +19,7 @@ _real_loop = timing.timed_loop
 
 def _understated(*args, **kwargs):
     result = _real_loop(*args, **kwargs)
-    result["times_s"] = [t / 1000 for t in result["times_s"]]
+    result["times_s"] = [float(t) / 1000 for t in result["times_s"]]
     return result
 
 
