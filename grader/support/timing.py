@@ -17,10 +17,11 @@ One rep of `timed_loop`:
 * Its output is fingerprinted on the device (`fingerprint`: one norm per tensor). The fingerprints
   travel back with the times: the worker commits to every rep's output before the grader says which
   one it will check, so computing the real output only when asked does not pass.
-* L2: the next rep's inputs are made before this rep's call. By the time a rep runs, its inputs were
-  written two kernels and one call earlier and (at the sizes the speed checks use) have left the
-  L2 cache, with no flush buffer a worker could skip writing: every byte the loop writes is input
-  that some rep uses.
+* L2: the next rep's inputs are made before this rep's call. Between the writing of a rep's inputs
+  and its call, the previous call, its fingerprint and the next rep's inputs pass through memory, so
+  inputs of tens of megabytes or more (most speed checks) have left the L2 cache, and there is no
+  flush buffer that a worker could skip writing: every byte the loop writes is input some rep uses.
+  Smaller inputs stay warm, for the student's function and the library baseline (`time_here`) alike.
 
 The outputs stay in the worker, in a `TimedRuns` (up to `keep_bytes`; past that, a rep's output is
 made again from its inputs when asked). The grader takes one of them with ``runs.take(rep)``.
@@ -126,9 +127,13 @@ def foreign_part(value: Any, where: str = "the output") -> str | None:
     """Where `value` holds something other than plain data (tensors, numpy arrays, numbers, strings,
     None, and lists, tuples and dicts of them): a fingerprint cannot cover such a thing, and an object
     that computes its value only when it is read would pass any check made after the timing."""
-    if isinstance(value, (torch.Tensor, np.ndarray, np.generic)) or isinstance(value, _PLAIN_ATOMS):
-        if isinstance(value, torch.Tensor) and type(value) is not torch.Tensor and not isinstance(value, torch.nn.Parameter):
+    if isinstance(value, torch.Tensor):
+        if type(value) is not torch.Tensor and not isinstance(value, torch.nn.Parameter):
             return f"{where} (a {type(value).__name__}, a subclass of torch.Tensor)"
+        return None
+    if isinstance(value, (np.ndarray, np.generic)):
+        return None if value.dtype.kind in "biuf" else f"{where} (a numpy {value.dtype} value)"
+    if isinstance(value, _PLAIN_ATOMS):
         return None
     if isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
