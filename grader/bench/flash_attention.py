@@ -64,7 +64,7 @@ def cuda_main(sub, ref) -> None:
             f = flops(head_dim, causal)
 
             def tflops(fn):
-                return f / speed.time_here(fn, specs, reps=20).median_s / 1e12
+                return f / speed.time_here(fn, specs, reps=20).mean_s / 1e12
 
             mine = tflops(lambda q, k, v: sub.flash_attention_forward(q, k, v, causal))
             theirs = tflops(lambda q, k, v: ref.flash_attention_forward(q, k, v, causal)) if ref else float("nan")
@@ -83,16 +83,16 @@ def cuda_main(sub, ref) -> None:
 
         def bwd_tflops(module):
             return f / speed.time_here(lambda *a: module.flash_attention_backward(*a, causal=causal), specs,
-                                       reps=20).median_s / 1e12
+                                       reps=20).mean_s / 1e12
 
         def sdpa_step(q, k, v, do):
             q, k, v = (x.requires_grad_(True) for x in (q, k, v))
             F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(do)
 
         qkvdo = [speed.Randn(shape, torch.bfloat16)] * 4
-        sdpa_s = (speed.time_here(sdpa_step, qkvdo, reps=20).median_s
+        sdpa_s = (speed.time_here(sdpa_step, qkvdo, reps=20).mean_s
                   - speed.time_here(lambda q, k, v, do: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-                                    qkvdo, reps=20).median_s)
+                                    qkvdo, reps=20).mean_s)
         mine = bwd_tflops(sub)
         theirs = bwd_tflops(ref) if ref else float("nan")
         sdpa = f / sdpa_s / 1e12

@@ -4,7 +4,7 @@
     python -m grader.bench.speculative path/to/speculative.py
 
 On CUDA: the graded shape (B = 64, gamma = 4, V = 128256, fp32): bytes of both probability tensors over
-the median time, as a fraction of the device copy bandwidth measured just before (what the
+the mean time, as a fraction of the device copy bandwidth measured just before (what the
 `accept_speed` check scores). On the CPU: the same shape scaled down to V = 8192, one thread, fresh
 inputs for every run, the minimum of several runs, as ratios. CPU figures are never a verdict: time on
 a shared machine is too noisy to grade (the graded check for loops is structural; see README.md).
@@ -80,8 +80,8 @@ def cuda_report(contenders: dict) -> None:
         except NotImplementedError as exc:
             print(f"  {name:18s} not implemented yet ({exc})")
             continue
-        print(f"  {name:18s} {t.median_s * 1e6:9.1f} us  {moved / t.median_s / 1e9:8.1f} GB/s  "
-              f"{moved / t.median_s / ceil.copy_bytes_per_s:6.3f} of copy bandwidth")
+        print(f"  {name:18s} {t.mean_s * 1e6:9.1f} us  {moved / t.mean_s / 1e9:8.1f} GB/s  "
+              f"{moved / t.mean_s / ceil.copy_bytes_per_s:6.3f} of copy bandwidth")
 
 
 def main(argv: list[str] | None = None) -> None:
