@@ -242,6 +242,12 @@ class OperatorGuard(TorchDispatchMode):
         super().__init__()
         self.banned, self.why = banned, why
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's handler in torch._dynamo.disable unless told not to: a quarter of the
+        # guard's cost per operator. Nothing is compiled here (torch.compile runs eagerly under a mode).
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = operator_name(func)
         hit = self.banned.get(name)
