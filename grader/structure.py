@@ -56,6 +56,7 @@ class Scaling:
     large: int
     bar: float
     large_in_process: int | None = None
+    bar_in_process: float | None = None
     unit: str = "rows"
     runs: int = 5
     max_runs: int = 15
@@ -63,6 +64,9 @@ class Scaling:
     def sizes(self, mode: str) -> tuple[int, int]:
         large = self.large if mode == "sandbox" or self.large_in_process is None else self.large_in_process
         return self.small, large
+
+    def bar_for(self, mode: str) -> float:
+        return self.bar if mode == "sandbox" or self.bar_in_process is None else self.bar_in_process
 
 
 @dataclass
@@ -72,6 +76,7 @@ class Timing:
     scaling: Scaling
     small: int
     large: int
+    bar: float
     small_s: list[float] = field(default_factory=list)
     large_s: list[float] = field(default_factory=list)
 
@@ -89,7 +94,7 @@ class Timing:
 
     @property
     def flat(self) -> bool:
-        return self.ratio <= self.scaling.bar
+        return self.ratio <= self.bar
 
     def metrics(self, prefix: str = "clock") -> dict[str, float]:
         """Figures for `score.metrics`: best times in ms and their ratio."""
@@ -100,11 +105,11 @@ class Timing:
         s = self.scaling
         return (f"the call at {self.large / self.small:g}x the {s.unit} ({self.large} against {self.small}) took "
                 f"{self.ratio:.1f}x as long on the grader's own clock ({self.best_small * 1e3:.2f} ms against "
-                f"{self.best_large * 1e3:.2f} ms, best of {len(self.large_s)} runs each; a cost that does not grow stays under {s.bar:g}x)")
+                f"{self.best_large * 1e3:.2f} ms, best of {len(self.large_s)} runs each; a cost that does not grow stays under {self.bar:g}x)")
 
 
 def clock(mode: str, call: Callable[..., Any], make: Callable[[int], Sequence[Any]], check: Callable[..., None],
-          scaling: Scaling) -> Timing:
+          scaling: Scaling, work: Callable[..., float] | None = None) -> Timing:
     """Time ``call(*make(n))`` on this process's clock at the two sizes of `scaling` for `mode`
     (``student.mode``: "sandbox" or "local").
 
@@ -113,11 +118,15 @@ def clock(mode: str, call: Callable[..., Any], make: Callable[[int], Sequence[An
     calls are the real computation. One untimed call at each size first (imports, first-call caches),
     then runs alternate between the sizes; `runs` decide a pass, up to `max_runs` when the ratio is
     above the bar, so a busy machine does not fail honest code.
+
+    `work(result, *args)`, when given, is the size of each call as the grader counts it (the ops in a
+    returned schedule): each time is then scaled to exactly n, so that `make` may vary the sizes a
+    little from run to run (no two calls alike) and the ratio still compares like with like.
     """
     import torch
 
     small, large = scaling.sizes(mode)
-    timing = Timing(scaling, small, large)
+    timing = Timing(scaling, small, large, scaling.bar_for(mode))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # in-process (make check) as in the worker: one thread, no waiting on a busy core
     try:
@@ -129,8 +138,9 @@ def clock(mode: str, call: Callable[..., Any], make: Callable[[int], Sequence[An
                 args = tuple(make(n))
                 start = perf_counter()
                 result = call(*args)
-                times.append(perf_counter() - start)
+                elapsed = perf_counter() - start
                 check(result, *args)
+                times.append(elapsed if work is None else elapsed * n / max(work(result, *args), 1e-9))
             if run + 1 >= scaling.runs and timing.flat:
                 break
     finally:
@@ -155,7 +165,7 @@ def assert_flat_on_the_clock(timing: Timing, what: str, advice: str, lines: tupl
 
 def assert_worker_agrees(worker_ratio: float, timing: Timing, what: str, worker_says: str) -> None:
     """Fail when the worker reported a flat ratio but the grader's clock measured a growing one."""
-    if timing.flat or worker_ratio > timing.scaling.bar:
+    if timing.flat or worker_ratio > timing.bar:
         return
     raise AssertionError(
         f"{what}: the worker's figures ({worker_says}) disagree with the grader's own clock: {timing.describe()}. "

@@ -15,6 +15,8 @@ from collections import Counter
 import pytest
 import torch
 
+from grader.structure import Scaling, assert_flat_on_the_clock, clock
+from grader.support import pipeline_1f1b as support
 from grader.testing import assert_close, is_close
 
 DRIVER = "grader.support.pipeline_1f1b:census"
@@ -257,15 +259,71 @@ def assert_linear_work(student, fn, small: tuple, large: tuple, what: str) -> No
     growth, ops_growth = lines_large / lines_small, ops_large / ops_small
     assert growth <= 2 * ops_growth, (
         f"{what}{small} ran {lines_small} lines of your code for {ops_small} ops and {what}{large} ran "
-        f"{lines_large} for {ops_large} ({growth:.1f}x the lines for {ops_growth:.0f}x the ops): generating a "
-        "schedule should cost a constant amount of work per op. Build each stage's list from the formulas "
-        "directly; do not build every stage's ops and filter them per stage, or search a list for each op."
+        f"{lines_large} for {ops_large} ({growth:.1f}x the lines for {ops_growth:.0f}x the ops): {LINEAR_ADVICE}"
     )
+
+
+LINEAR_ADVICE = ("generating a schedule should cost a constant amount of work per op. Build each stage's list from the "
+                 "formulas directly; do not build every stage's ops and filter them per stage, or search a list for each op.")
+
+# The grader's own clock (grader/structure.py) beside the worker's line counts, which the submission can forge:
+# about 128 ops, then 8192 (64x: p from 2 to 128 at m = 32; interleaved, p from 2 to 32 and m from 16 to 64).
+# Linear work takes some 10-60x as long (less through the sandbox, whose round trip is a fixed cost; Python's
+# allocator makes large calls a little superlinear); work per op that grows with p far more. The schedules
+# travel compactly (grader.support.pipeline_1f1b: a generator's result stays in the worker and only its digest
+# comes back; a schedule to simulate goes as one tensor and only its makespan comes back), so the timed calls
+# are the student's work and not the round trip's. m grows at every call (by 1, or by p when interleaved), so no
+# call repeats an earlier one (a cache gains nothing), and each time is scaled to exactly 128 or 8192 ops.
+# Measured on the course's shared 2-core machine under load, best of 5 runs each, ratio large / small,
+# min-max over 3 measurements, sandbox / in-process:
+#   reference          gpipe 8.7-12.5 / 40-43   1f1b 8.7-11.3 / 43-64   interleaved 11.8-24 / 43-54
+#                      simulate 20-33 / 61-136  simulate interleaved 46-107 / 131-191
+#   interleaved_filters_every_stage    interleaved 47-95 / 187-258
+#   walk_rescans_from_stage_0          simulate 284-676 / 1096-1546, simulate interleaved 150-223 / 340-532
+# The bars sit about 2x above the reference's worst; the clock proves only gross superlinear work (a filter
+# over every stage's ops at p = 32 costs the generator just 4x): milder growth is left to the line count.
+LINEAR_CLOCK = {
+    "plain": Scaling(128, 8192, bar=40.0, bar_in_process=130.0, unit="ops"),
+    "interleaved": Scaling(128, 8192, bar=45.0, bar_in_process=120.0, unit="ops"),
+    "simulate": Scaling(128, 8192, bar=120.0, bar_in_process=400.0, unit="ops"),
+    "simulate_interleaved": Scaling(128, 8192, bar=250.0, bar_in_process=500.0, unit="ops"),
+}
+LINEAR_SIZES = {"plain": {128: (2, 32), 8192: (128, 32)}, "interleaved": {128: (2, 16, 2), 8192: (32, 64, 2)}}
+SUPPORT = "grader.support.pipeline_1f1b"
+
+
+def sizes_per_run(kind: str):
+    """make(n) for the clock: the sizes for about n ops, m larger at every call of that size."""
+    calls: Counter = Counter()
+
+    def make(n: int) -> tuple:
+        base = LINEAR_SIZES[kind][n]
+        p, m = base[0], base[1] + calls[n] * (base[0] if len(base) == 3 else 1)
+        calls[n] += 1
+        return (p, m, *base[2:])
+
+    return make
+
+
+def assert_linear_on_the_clock(student, fn, oracle, kind: str, what: str) -> None:
+    """The grader's clock around fn at about 1024 and 8192 ops; each result's digest checked against the oracle's."""
+
+    def check(got, *args) -> None:
+        want = oracle(*args)
+        assert isinstance(got, dict) and got.get("digest") == support.digest(want), (
+            f"{what}{args} (timed on the grader's clock) did not return the schedule it returns when its result "
+            f"is sent back, or a wrong one: expected {sum(map(len, want))} ops"
+        )
+
+    timing = clock(student.mode, lambda *args: student.drive(f"{SUPPORT}:schedule_digest", fn, *args),
+                   sizes_per_run(kind), check, LINEAR_CLOCK[kind], work=lambda got, *args: got["ops"])
+    assert_flat_on_the_clock(timing, what, LINEAR_ADVICE, loop="more work per op when there are more stages")
 
 
 @pytest.mark.check("gpipe")
 def test_gpipe_work_is_linear(student, pm):
     assert_linear_work(student, pm.gpipe_schedule, (4, 8), (32, 32), "gpipe_schedule")
+    assert_linear_on_the_clock(student, pm.gpipe_schedule, expected_gpipe, "plain", "gpipe_schedule")
 
 
 @pytest.mark.check("gpipe")
@@ -340,6 +398,7 @@ def test_1f1b_makespan_and_bubble(pm, times):
 @pytest.mark.check("one_f_one_b")
 def test_1f1b_work_is_linear(student, pm):
     assert_linear_work(student, pm.one_f_one_b_schedule, (4, 8), (32, 32), "one_f_one_b_schedule")
+    assert_linear_on_the_clock(student, pm.one_f_one_b_schedule, expected_1f1b, "plain", "one_f_one_b_schedule")
 
 
 @pytest.mark.check("one_f_one_b")
@@ -414,6 +473,8 @@ def test_interleaved_work_is_linear(student, pm):
     # 128 ops, then 4096 (32x); then v = 4 at the same p and m: twice the ops, so at most 4x the lines.
     assert_linear_work(student, pm.interleaved_schedule, (4, 8, 2), (16, 64, 2), "interleaved_schedule")
     assert_linear_work(student, pm.interleaved_schedule, (16, 64, 2), (16, 64, 4), "interleaved_schedule")
+    assert_linear_on_the_clock(student, pm.interleaved_schedule, expected_interleaved, "interleaved",
+                               "interleaved_schedule")
 
 
 @pytest.mark.check("interleaved")
@@ -562,8 +623,10 @@ def test_simulate_rejects_malformed_schedules(pm, sched, why):
         pytest.fail(f"simulate({sched}) should raise ValueError: {why}")
 
 
-def assert_simulate_linear(student, pm, small, large, what: str, makespan: float, advice: str) -> None:
-    """simulate runs at most 2x more lines per op on `large` (32x the ops of `small`) than on `small`."""
+def assert_simulate_linear(student, pm, small, large, what: str, makespan: float, advice: str,
+                           kind: str = "plain") -> None:
+    """simulate runs at most 2x more lines per op on `large` (32x the ops of `small`) than on `small`; and on
+    the grader's clock, 64x the ops take no more than LINEAR_CLOCK's bar."""
     n_small, n_large = sum(map(len, small)), sum(map(len, large))
     _, lines_small = student.lines_executed(pm.simulate, small)
     result, lines_large = student.lines_executed(pm.simulate, large)
@@ -573,6 +636,27 @@ def assert_simulate_linear(student, pm, small, large, what: str, makespan: float
         f"simulate ran {lines_small} lines of your code for {n_small} ops and {lines_large} for {n_large} ops of "
         f"{what} ({growth:.1f}x for {ops_growth:.0f}x the ops): the work should grow linearly. {advice}"
     )
+    sizes = sizes_per_run(kind)
+
+    def make(n: int) -> tuple:
+        args = sizes(n)
+        if kind == "plain":
+            p, m = args
+            return (*support.pack(expected_1f1b(p, m)), (m + p - 1) * 3.0)
+        p, m, v = args
+        return (*support.pack(expected_interleaved(p, m, v)), (m + (p - 1) / v) * 3.0)
+
+    def check(got, ops, lengths, want: float) -> None:
+        assert close(got["makespan"], want), (
+            f"simulate gave makespan {got['makespan']:g} for a schedule of {len(ops)} ops (timed on the grader's "
+            f"clock), expected {want:g}"
+        )
+
+    timing = clock(student.mode, lambda ops, lengths, want: student.drive(f"{SUPPORT}:simulate_packed", pm.simulate,
+                                                                          ops, lengths),
+                   make, check, LINEAR_CLOCK["simulate" if kind == "plain" else "simulate_interleaved"],
+                   work=lambda got, ops, lengths, want: len(ops))
+    assert_flat_on_the_clock(timing, "simulate", advice, loop="more work per op when there are more stages")
 
 
 @pytest.mark.check("simulate_linear")
@@ -590,6 +674,7 @@ def test_simulate_is_linear_for_interleaved_schedules(student, pm):
         student, pm, expected_interleaved(4, 8, 2), expected_interleaved(16, 64, 2), "interleaved p=16, m=64, v=2",
         (64 + 15 / 2) * 3.0,
         "Find v and each op's dependencies from the op itself (chunk c - 1 or c + 1), not by searching the schedule.",
+        kind="interleaved",
     )
 
 
@@ -732,6 +817,9 @@ def test_run_pipeline_reports_the_schedules_peaks(student, pm, rng, seed, kind):
     else:
         sched = expected_1f1b(p, m) if kind == "1f1b" else expected_gpipe(p, m)
     run, measured, _ = drive(student, pm, stages, xs, ys, sched)
+    # `measured` is the census's count, taken beside the student's code; no trusted cross-check exists for it
+    # (AUTHORING.md, "What each structural check can and cannot prove"), so a file that tampers with it fails.
+    student.assert_untampered(pm.run_pipeline, "the saved activations the census counted")
     want = trusted_simulate(sched)["peaks"]
     assert list(run.peak_activations) == want, (
         f"run_pipeline({kind} schedule, p={p}, m={m}) reported peak_activations {list(run.peak_activations)}; "
@@ -753,6 +841,7 @@ def test_run_pipeline_frees_everything(student, pm, rng, seed):
     stages = mlp_stages(seed)
     xs, ys = batch(rng, 6)
     _, _, left = drive(student, pm, stages, xs, ys, expected_1f1b(4, 6))
+    student.assert_untampered(pm.run_pipeline, "the saved activations the census counted")
     assert left == [0, 0, 0, 0], (
         f"after run_pipeline returned, the saved activations of {left} microbatches per stage were still alive: "
         "a finished step should hold no graph"
