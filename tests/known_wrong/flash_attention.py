@@ -174,3 +174,29 @@ MUTANTS = [
         loses=["structure"],
     ),
 ]
+
+# The library's softmax through a name bound at import (issue "Trust II", item 4): the numbers are
+# right, so only the forbidden-call guard takes the points away. Patching torch.softmax during the
+# call missed the alias; the operator guard sees aten::_softmax.
+_ALIAS_AT_IMPORT = ("LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)\n",
+                    "LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)\n_SOFTMAX = torch.softmax\n")
+_ALIASED_SOFTMAX = """    group = h_q // h_kv
+    kk, vv = k.repeat_interleave(group, 1).float(), v.repeat_interleave(group, 1).float()
+    s = q.float() @ kk.transpose(-1, -2) * scale
+    if causal:
+        rows, cols = torch.arange(n_q)[:, None], torch.arange(n_k)[None, :]
+        s = s.masked_fill(cols > rows + n_k - n_q, float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+    l = torch.exp(s - m).sum(-1, keepdim=True)
+    o.copy_(torch.nan_to_num(_SOFTMAX(s, dim=-1), nan=0.0) @ vv)
+    lse.copy_(torch.where(l > 0, m + torch.log(l), torch.full_like(l, float("inf")))[..., 0])
+    return o, lse
+"""
+
+MUTANTS.append(Mutant(
+    name="softmax_alias_bound_at_import",
+    why="binds torch.softmax to another name at import and computes P with it",
+    edits=[_ALIAS_AT_IMPORT, (_LAUNCH, _ALIASED_SOFTMAX)],
+    loses=["forward", "causal", "gqa", "lse", "stability", "backward", "structure"],
+))
