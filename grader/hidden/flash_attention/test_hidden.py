@@ -450,6 +450,9 @@ def test_backward_function_with_exact_o_and_lse(fa, rng, device, causal, dtype):
 def test_forward_never_builds_the_score_matrix(student, fa, rng, device, causal):
     q, k, v = make_qkv(rng, 1, 2, 2, 96, 160, 32, FP32, device)
     result = student.drive(f"{DRIVERS}:guarded", fa.flash_attention_forward, q, k, v, causal, n_q=96, n_k=160)
+    # The guard runs beside the student's code; no trusted cross-check exists on the CPU (AUTHORING.md, "What
+    # each structural check can and cannot prove"), so a file that tampers with it fails.
+    student.assert_untampered(fa.flash_attention_forward, "the memory guard's verdict")
     o, _ = result["out"]
     ref, _ = naive_attention(q.cpu(), k.cpu(), v.cpu(), causal)
     testing.assert_close(o, ref, atol=1e-5, rtol=1e-5, what="o under the memory guard")
@@ -462,6 +465,7 @@ def test_backward_never_builds_the_score_matrix(student, fa, rng, device, causal
     do = torch.randn(q.shape, generator=rng).to(device)
     _, dq, dk, dv = student.drive(f"{DRIVERS}:training_step", fa.flash_attention, q, k, v, do, causal, None,
                                   guard=True)
+    student.assert_untampered(fa.flash_attention, "the memory guard's verdict")
     ref = naive_grads(q.cpu(), k.cpu(), v.cpu(), do.cpu(), causal)
     for name, got, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
         testing.assert_close(got, r, atol=1e-4, rtol=1e-5, what=f"{name} under the memory guard")
@@ -476,6 +480,7 @@ def test_forward_tile_loop_runs_inside_the_kernel(student, fa, rng, device):
         counts[(n_q, n_k)] = student.drive(f"{DRIVERS}:guarded", fa.flash_attention_forward, q, k, v, True,
                                            n_q=n_q, n_k=n_k)["ops"]
     (small, few), (large, many) = counts.items()
+    student.assert_untampered(fa.flash_attention_forward, "the count of torch operations the guard saw")
     assert many <= few + 2, (
         f"your forward ran {few} torch operations at Nq x Nk = {small[0]} x {small[1]} and {many} at "
         f"{large[0]} x {large[1]}: it loops over tiles in Python. The loop over key tiles belongs inside your "

@@ -573,6 +573,9 @@ def test_the_lazy_batch_is_real(student, gq, rng):
     out = student.drive("grader.support.gptq:count_big_writes", gq.gptq_quantize, W, H, fraction=0.5, bits=4,
                         block_size=block)
     count, ops = out["count"], out["ops"]
+    # The count is taken beside the student's code; no trusted cross-check exists on the CPU (AUTHORING.md,
+    # "What each structural check can and cannot prove"), so a file that tampers with it fails.
+    student.assert_untampered(gq.gptq_quantize, "the count of operations that wrote most of W")
     bar = cols // 8
     assert count <= bar, (
         f"{count} operations each wrote more than half of W ({rows} x {cols}) with block_size={block}; expected at most "

@@ -919,6 +919,9 @@ def test_paged_attention_triton_launches_one_kernel_per_batch(student, pk, rng):
                         "paged_attention_triton")
         launches[len(lengths)] = got["launches"]
     (few, n_few), (many, n_many) = launches.items()
+    # The launches are counted beside the student's code; no trusted cross-check exists under the CPU's
+    # interpreter (AUTHORING.md), so a file that tampers with the count fails.
+    student.assert_untampered(pk.paged_attention_triton, "the count of Triton launches")
     assert n_few >= 1, (
         "paged_attention_triton returned the right answer without launching a Triton kernel: write a "
         "@triton.jit kernel that walks the block tables and launch it as kernel[grid](...); calling "
