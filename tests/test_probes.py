@@ -317,18 +317,31 @@ _COLLECTIVES_SCRIPT = textwrap.dedent(
         dist.barrier()  # not a collective the exercise forbids
     print("BARRIER OK")
     dist.destroy_process_group()
+
+    import os
+    softmax = torch.softmax
+    with probes.forbidden(["torch.softmax"]):
+        pid = os.fork()  # as run_distributed starts its ranks: the child inherits the guard
+        if pid == 0:
+            try:
+                softmax(t, 0)
+                os._exit(3)
+            except probes.ForbiddenCall:
+                os._exit(7)
+        print("FORK CAUGHT" if os.waitpid(pid, 0)[1] >> 8 == 7 else "FORK MISSED")
     """
 )
 
 
-def test_collectives_are_caught_at_their_c10d_operators():
-    """In a fresh process: a process group must not outlive the test."""
+def test_collectives_are_caught_at_their_c10d_operators_and_in_forked_ranks():
+    """In a fresh process: a process group (and a fork) must not outlive the test."""
     done = subprocess.run([sys.executable, "-c", _COLLECTIVES_SCRIPT], capture_output=True, text=True, timeout=300,
                           cwd=ROOT)
     lines = done.stdout.splitlines()
     assert done.returncode == 0 and "BARRIER OK" in lines, f"the script failed:\n{done.stdout}\n{done.stderr[-3000:]}"
     missed = [line for line in lines if line.startswith("MISSED")]
     assert not missed and sum(line.startswith("CAUGHT") for line in lines) == 5, "\n".join(lines)
+    assert "FORK CAUGHT" in lines, "a rank forked during a guarded call must run under the guard:\n" + "\n".join(lines)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -96,6 +96,7 @@ FLAGGED = {
     "torch.load without weights_only": ("import torch\ntorch.load('f', weights_only=False)\n", "weights_only=..."),
     "a string naming torch._C": ("import operator, torch\noperator.attrgetter('_C')(torch)\n", "operator.attrgetter"),
     "a string naming the harness": ("x = 'grader.harness.probes'\n", "'grader.harness.probes'"),
+    "a module's __getattr__": ("import torch\ntorch.__getattr__(name)\n", "torch.__getattr__"),
 }
 
 
@@ -125,6 +126,7 @@ HONEST = {
     "dataclasses and typing": "from dataclasses import dataclass, field\nfrom typing import NamedTuple\n",
     "math and itertools": "import math, itertools, collections, heapq, functools\n",
     "self.__dict__": "class A:\n    def f(self):\n        return self.__dict__\n",
+    "a class with __getattr__": "class A:\n    def __getattr__(self, name):\n        return 1\n",
 }
 
 

@@ -74,6 +74,7 @@ MODULES: dict[str, str] = {
     "ctypes": NATIVE, "_ctypes": NATIVE, "cffi": NATIVE, "torch.utils.cpp_extension": NATIVE,
     "torch.utils._python_dispatch": DISPATCH, "torch.overrides": DISPATCH, "torch.utils._mode_utils": DISPATCH,
     "torch.library": KERNELS, "torch._library": KERNELS, "torch.ops.load_library": KERNELS,
+    "torch.ops.import_module": KERNELS,
     "sys.settrace": TRACING, "sys.setprofile": TRACING, "sys.gettrace": TRACING, "sys.getprofile": TRACING,
     "sys.monitoring": TRACING, "sys.call_tracing": TRACING, "sys.breakpointhook": TRACING,
     "pdb": TRACING, "bdb": TRACING, "trace": TRACING, "cProfile": TRACING, "profile": TRACING,
@@ -115,6 +116,9 @@ NAMES: dict[str, str] = {
     "__builtins__": DYNAMIC, "__import__": DYNAMIC, "__getattribute__": DYNAMIC, "__loader__": DYNAMIC,
     "_start_new_thread": THREADS, "start_new_thread": THREADS, "_start_joinable_thread": THREADS,
 }
+# Names flagged when read as an attribute (x.__getattr__(name) reaches what `x.name` would), but not
+# when a class defines them, as honest classes do.
+ATTRIBUTES_ONLY: dict[str, str] = {"__getattr__": DYNAMIC}
 BUILTINS: dict[str, str] = {"exec": DYNAMIC, "eval": DYNAMIC, "compile": DYNAMIC, "__import__": DYNAMIC}
 # Segments that flag a string constant naming them ("_C", "grader.harness.probes"): the name a
 # dynamic lookup would use. Every name in NAMES counts too.
@@ -150,7 +154,10 @@ def scan(source: str | bytes) -> list[Finding]:
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         line = getattr(exc, "lineno", None) or 1
         return [Finding(line, type(exc).__name__, f"{UNREADABLE} ({getattr(exc, 'msg', exc)})")]
-    _Scanner(findings).run(tree)
+    try:
+        _Scanner(findings).run(tree)
+    except RecursionError:  # nested deeper than this process can walk: fail closed
+        findings.append(Finding(1, "RecursionError", f"{UNREADABLE} (it nests too deeply)"))
     return sorted(set(findings))
 
 
@@ -261,7 +268,8 @@ class _Scanner(ast.NodeVisitor):
 
     def check_path(self, node: ast.AST, path: str) -> bool:
         """Flag a resolved dotted path by the module table, torch's privates, or its last name."""
-        why = _module_rule(path) or NAMES.get(path.rsplit(".", 1)[-1])
+        last = path.rsplit(".", 1)[-1]
+        why = _module_rule(path) or NAMES.get(last) or ATTRIBUTES_ONLY.get(last)
         if why:
             self.flag(node, path, why)
         return why is not None
@@ -290,8 +298,8 @@ class _Scanner(ast.NodeVisitor):
             if node.attr == "__dict__":
                 self.flag(node, path, DYNAMIC)
                 return
-        elif node.attr in NAMES:
-            self.flag(node, f"...{node.attr}", NAMES[node.attr])
+        elif node.attr in NAMES or node.attr in ATTRIBUTES_ONLY:
+            self.flag(node, f"...{node.attr}", NAMES.get(node.attr) or ATTRIBUTES_ONLY[node.attr])
             return
         elif node.attr == "__dict__" and not _is_self(node.value):
             self.flag(node, "...__dict__", DYNAMIC)
