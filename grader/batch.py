@@ -72,7 +72,7 @@ SUMMARY_FILE = "summary.json"
 HISTOGRAM_FILE = "scores.png"
 RESERVED_IDS = {Path(SUMMARY_FILE).stem}
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".zip", ".tar")
-INTERNAL_ERROR = "internal error of the grader"
+INTERNAL_ERROR = results.INTERNAL_ERROR
 # How long after the exercises' own time limits the grade of one submission may take before the batch
 # stops it: the runner waits up to 30 s for each pytest to exit, plus starting and writing.
 SLACK_PER_EXERCISE_S = 30.0
@@ -465,7 +465,7 @@ def staleness(result: dict | None, sub_id: str, expected_sha: str | None, suite:
     if result is None:
         return "no result yet"
     if result.get("state") != "complete":
-        return "the last grade did not finish"
+        return "the last grade failed on the grader's side" if result.get("state") == "error" else "the last grade did not finish"
     if (result.get("submission") or {}).get("id") != sub_id:
         return "the result belongs to another submission id"
     if expected_sha is None:

@@ -73,6 +73,9 @@ def cmd_grade(args: argparse.Namespace) -> int:
         report.print_result(result, console, detail=not args.summary)
         if out:
             console.print(f"result written to {out}", markup=False, highlight=False)
+    if result.get("state") == "error":  # the grading machine failed on it: not a score
+        err.print(Text("error: " + inert("; ".join(result.get("format_errors") or ["the grade failed"]))))
+        return 1
     return 0
 
 

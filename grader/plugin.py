@@ -338,8 +338,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 def classify(exc: BaseException | None, visibility: str, test_name: str, report: Any = None) -> dict:
     """Map a failed test's exception to a graded status and a message fit for the student."""
-    from grader.harness.client import StudentCrash, StudentError, StudentTimeout
+    from grader.harness.client import SandboxError, StudentCrash, StudentError, StudentTimeout
 
+    if isinstance(exc, SandboxError):  # the grading machine's failure, not the student's
+        return {"status": "error", "message": str(exc), "grader_error": True}
     if isinstance(exc, StudentTimeout):
         return {"status": "timeout", "message": str(exc)}
     if isinstance(exc, StudentCrash):
@@ -397,6 +399,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         "fraction": fraction,
         "message": message,
         "traceback": outcome.get("traceback", ""),
+        "grader_error": bool(outcome.get("grader_error")),
         "duration": round(time.perf_counter() - start, 4),
         "metrics": figures,
     }

@@ -20,6 +20,7 @@ from grader.course import Course, Exercise
 from grader.text import inert
 
 SCHEMA_ID = "llm-efficiency-lab/result/v1"
+INTERNAL_ERROR = "internal error of the grader"  # format_errors that start so: regrade, not the student's fault
 STATUSES = ("passed", "failed", "error", "timeout", "not_graded", "pending")
 # When tests of one check disagree, the check shows the most serious status.
 _SEVERITY = {"timeout": 5, "error": 4, "failed": 3, "not_graded": 1, "passed": 0, "pending": 6}
@@ -145,6 +146,7 @@ def record_test(result: dict, event: dict) -> None:
         "traceback": inert(event.get("traceback", ""), MAX_TRACEBACK_CHARS),
         "duration_s": float(event.get("duration", 0.0)),
         "metrics": {k: v for k, v in (event.get("metrics") or {}).items() if isinstance(v, (int, float))},
+        **({"grader_error": True} if event.get("grader_error") is True else {}),
     })
     rescore_check(check)
 
@@ -232,9 +234,25 @@ def update_totals(result: dict) -> None:
 
 
 def finish(result: dict) -> None:
+    """The grade is over: "complete", or "error" when the grading machine failed on it (a regrade)."""
     update_totals(result)
     result["finished_at"] = now()
-    result["state"] = "complete"
+    if result.get("state") != "error":
+        result["state"] = "complete"
+
+
+def grader_failure(result: dict, exercise_id: str, reason: str) -> None:
+    """The grader itself failed on an exercise (its test process died, the sandbox could not start):
+    an error of the grade, never a low score. The result is not gradable and asks for a regrade."""
+    message = f"{INTERNAL_ERROR}, not a fault of the submission: {reason.strip()}; regrade it"
+    result["gradable"] = False
+    errors = result.setdefault("format_errors", [])
+    if message not in errors:
+        errors.append(message)
+    ex = find_exercise(result, exercise_id)
+    ex["status"] = "ungradable"
+    ex["message"] = message
+    result["state"] = "error"
 
 
 def write_atomic(path: Path, data: dict) -> None:

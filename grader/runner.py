@@ -28,7 +28,9 @@ from typing import Callable
 
 from grader import results
 from grader.course import Course, Exercise
+from grader.harness.client import describe_exit
 from grader.submission import Submission, SubmissionError, locate
+from grader.text import inert
 
 
 @dataclass
@@ -137,6 +139,9 @@ def grade_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed:
             on_event(event)
 
     reason = run_exercise(root, exercise, files_dir, seed, opts, record, tmp_dir=tmp_dir)
+    grader_faults = [t["message"] for c in entry["checks"] for t in c["tests"] if t.get("grader_error")]
+    if isinstance(reason, GraderFault):
+        grader_faults.insert(0, str(reason))
     entry["duration_s"] = time.perf_counter() - started
     entry["status"] = "graded"
     if opts.checks:
@@ -145,6 +150,12 @@ def grade_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed:
                 check.update(status="not_graded", message="not run: only some checks were selected")
     results.close_exercise(result, exercise.id, reason, status="timeout" if reason and "time limit" in reason else None,
                            collected=collected)
+    if grader_faults:  # the grading machine failed, not the student: an error of the grade, never a score
+        results.grader_failure(result, exercise.id, grader_faults[0])
+
+
+class GraderFault(str):
+    """Why a run ended that is the grading machine's fault (its pytest died), not the student's."""
 
 
 def _follow(proc: subprocess.Popen, read_fd: int, exercise: Exercise, opts: GradeOptions,
@@ -182,10 +193,12 @@ def _follow(proc: subprocess.Popen, read_fd: int, exercise: Exercise, opts: Grad
     except subprocess.TimeoutExpired:
         _kill(proc)
         code = proc.wait()
-    if reason is None and not saw_session_end:
-        reason = f"grading stopped early: pytest exited with code {code} before this test"
-    if reason is None and code not in (0, 1):
-        reason = f"pytest exited with code {code}; see the grading log"
+    if reason is None and (not saw_session_end or code not in (0, 1)):
+        # pytest is the grader's own process: its dying (out of memory, a crash, a collection error
+        # in the course's tests) is a failure of the grade, never the student's
+        how = describe_exit(code) if code is not None and code < 0 else f"it exited with code {code}"
+        hint = " (out of memory? raise the machine's memory limit)" if code == -signal.SIGKILL else ""
+        reason = GraderFault(f"the grader's test process for {exercise.id} stopped before it finished: {how}{hint}")
     return reason
 
 
@@ -256,6 +269,7 @@ def grade(course: Course, root: Path, source: Path, out: Path | None = None, opt
                     save(result)
                 elif event.get("event") == "session":
                     for warning in event.get("warnings", []):
+                        warning = inert(warning, 2000)
                         if warning not in result["warnings"]:
                             result["warnings"].append(warning)
 

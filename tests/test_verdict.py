@@ -68,3 +68,74 @@ def test_the_message_names_the_argument_by_keyword_and_by_position():
     with pytest.raises(InputModified, match=r"f changed its argument blocks\[2\] in place \(it may change only out\)"):
         allowed_mutations("f", [([1, "blocks", 2], None)], options)
     assert allowed_mutations("f", [([0, 1], None), ([1, "out"], None)], options) == [([0, 1], None), ([1, "out"], None)]
+
+
+# --------------------------------------------------------------------------------------------------
+# A failure of the grading machine is an error of the grade, never a low score
+
+
+def test_a_sandbox_that_cannot_start_is_an_error_of_the_grade(tmp_path, monkeypatch, root):
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("the uid lease (what this test breaks) is taken only as root")
+    planted = tmp_path / "locks"
+    planted.mkdir(mode=0o777)
+    planted.chmod(0o777)  # a lock folder anyone may write: refused, so no worker can get an identity
+    monkeypatch.setenv("GRADER_LOCK_DIR", str(planted))
+    folder = tmp_path / "sub"
+    folder.mkdir()
+    (folder / f"{EXERCISE}.py").write_text((root / "solutions" / EXERCISE / f"{EXERCISE}.py").read_text())
+    result = _grade(folder)
+    assert result["state"] == "error" and result["gradable"] is False, result["state"]
+    assert result["format_errors"][0].startswith("internal error of the grader, not a fault of the submission"), result
+    assert "no identity for the worker" in result["format_errors"][0]
+    assert result["exercises"][0]["status"] == "ungradable"
+
+
+def test_a_test_process_killed_mid_grade_is_an_error_of_the_grade(tmp_path, root):
+    import os
+    import signal
+    import threading
+    import time as clock
+
+    folder = tmp_path / "sub"
+    folder.mkdir()
+    (folder / f"{EXERCISE}.py").write_text(
+        (root / "solutions" / EXERCISE / f"{EXERCISE}.py").read_text()
+        + "\n\nimport time\n\ndef softmax_triton(x):\n    time.sleep(600)\n")
+    killed = []
+
+    def kill_pytest():  # the OOM killer, say: SIGKILL to the grader's own pytest while a test runs
+        deadline = clock.monotonic() + 120
+        while clock.monotonic() < deadline and not killed:
+            for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+                try:  # the grade's pytest is a child of this process
+                    ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+                    cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+                except (OSError, ValueError, IndexError):
+                    continue
+                if ppid == os.getpid() and b"pytest" in cmdline and b"--grader-events" in cmdline:
+                    clock.sleep(3)
+                    os.kill(int(pid), signal.SIGKILL)
+                    killed.append(pid)
+                    break
+            clock.sleep(0.2)
+
+    killer = threading.Thread(target=kill_pytest)
+    killer.start()
+    result = _grade(folder, call_timeout_s=300, time_limit_s=300)
+    killer.join()
+    assert killed, "the test could not find the grade's pytest process"
+    assert result["state"] == "error" and result["gradable"] is False, (result["state"], result.get("format_errors"))
+    assert "the grader's test process for online_softmax stopped before it finished: killed by SIGKILL" in (
+        result["format_errors"][0]), result["format_errors"]
+    unrun = [t for c in checks_of(result, EXERCISE).values() for t in c["tests"] if t["message"].startswith("not run:")]
+    assert unrun, "the tests that never ran are listed, with the reason"
+
+
+def _grade(folder, **options):
+    from tests.conftest import grade_folder
+
+    options.setdefault("call_timeout_s", 20)
+    return grade_folder(folder, [EXERCISE], tests="public", **options)
