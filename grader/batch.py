@@ -104,7 +104,8 @@ def submission_id(path: Path) -> str:
 
 
 def discover(folder: Path) -> tuple[list[Entry], dict[str, list[Path]]]:
-    """The submissions in `folder`, by id; and ids that more than one entry claims (id -> paths)."""
+    """The submissions in `folder`, by id; and the ids that cannot be graded (id -> paths): claimed by
+    more than one entry, or a symbolic link (never followed: it could point at the course's solutions)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise BatchError(f"expected a folder of submissions at {folder}, found "
@@ -119,7 +120,7 @@ def discover(folder: Path) -> tuple[list[Entry], dict[str, list[Path]]]:
         raise BatchError(f"submission id {reserved[0]!r} ({by_id[reserved[0]][0].name}) would overwrite the batch's "
                          f"{SUMMARY_FILE}; expected any other name, rename that submission")
     entries = [Entry(i, paths[0]) for i, paths in sorted(by_id.items())]
-    conflicts = {i: paths for i, paths in by_id.items() if len(paths) > 1}
+    conflicts = {i: paths for i, paths in by_id.items() if len(paths) > 1 or any(p.is_symlink() for p in paths)}
     return entries, conflicts
 
 
@@ -525,12 +526,17 @@ class BatchReport:
 
 def write_conflict_result(course: Course, exercises: list[Exercise], out: Path, sub_id: str, paths: list[Path],
                           grade: GradeOptions, suite: str, then: str = "rerun") -> None:
-    """Two entries claim one id: a complete, not-gradable result that names them."""
+    """Two entries claim one id, or the entry is a symbolic link: a complete, not-gradable result that
+    names them."""
     names = ", ".join(p.name for p in paths)
     result = results.new_result(course, sub_id, "", suite, grade.seed or 0, grade.mode, exercises)
     result["gradable"] = False
-    result["format_errors"] = [f"expected one submission named {sub_id!r}, found {len(paths)}: {names}; "
-                               f"keep one and {then}"]
+    if len(paths) == 1:
+        result["format_errors"] = [f"expected a folder or an archive at {paths[0].name}, found a symbolic link "
+                                   f"(to {os.readlink(paths[0])!r}); links are never followed: hand in a copy"]
+    else:
+        result["format_errors"] = [f"expected one submission named {sub_id!r}, found {len(paths)}: {names}; "
+                                   f"keep one and {then}"]
     for ex in result["exercises"]:
         ex["status"] = "ungradable"
         results.close_exercise(result, ex["id"], result["format_errors"][0])

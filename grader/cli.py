@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -84,7 +85,10 @@ def grade_in_container(course, root: Path, source: Path, out: Path | None, opts:
     from grader.batch import Entry, grade_submission, submission_id
 
     with tempfile.TemporaryDirectory(prefix="grader-grade-") as tmp:
-        entry = Entry(submission_id(source.resolve()), source.resolve())
+        if source.is_symlink():  # a container would mount what it points at
+            raise UsageError(f"expected a folder or an archive at {source}, found a symbolic link (to "
+                             f"{os.readlink(source)!r}); pass the real path")
+        entry = Entry(submission_id(source.absolute()), source.absolute())
         result, error = grade_submission(course, root, entry, Path(tmp), opts, backend)
         if result is None:
             raise RuntimeError(f"the container wrote no result: {error}")

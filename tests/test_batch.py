@@ -535,3 +535,14 @@ def test_parallel_jobs_refuse_a_shared_identity_unless_accepted(tmp_path):
     assert not (tmp_path / "out" / "a.json").exists(), "nothing is graded when the batch refuses"
     report = batch_run(subs, tmp_path / "out2", grade=shared, allow_shared_identity=True)
     assert report.graded == ["a"]
+
+
+def test_a_submission_that_is_a_symbolic_link_is_refused_not_followed(tmp_path):
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    (subs / "mallory").symlink_to(ROOT / "solutions")  # unpacked from an LMS download, say
+    report = batch_run(subs, tmp_path / "out", jobs=1)
+    result = result_of(tmp_path / "out", "mallory")
+    assert result["gradable"] is False and result["score"] == 0, result["score"]
+    assert "found a symbolic link" in result["format_errors"][0] and "never followed" in result["format_errors"][0]
+    assert report.graded == [] or "mallory" not in report.graded
