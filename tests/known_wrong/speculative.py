@@ -106,6 +106,25 @@ MUTANTS = [
         loses=["vectorised"],
     ),
     Mutant(
+        name="one_draw_per_row_through_map",
+        why="I drew the extra token row by row with map() over the rows (no Python line runs per row, so the line "
+            "count stays flat; the grader's clock sees the loop)",
+        edits=[
+            ("from collections.abc import Callable\n", "import functools\nfrom collections.abc import Callable\n"),
+            ("extra = torch.multinomial(residual, 1, generator=generator).squeeze(1)  # normalises internally",
+             "draw = functools.partial(torch.multinomial, num_samples=1, generator=generator)\n"
+             "    extra = torch.cat(list(map(draw, residual.unbind(0))))"),
+        ],
+        loses=["vectorised"],
+    ),
+    Mutant(
+        name="coins_from_a_generator_of_my_own",
+        why="I seeded a generator of my own for the acceptance coins, so every call draws the same coins",
+        edits=[("u = _uniform_open_closed((B, gamma), generator, device)",
+                "u = _uniform_open_closed((B, gamma), torch.Generator(device).manual_seed(0), device)")],
+        loses=["reproducible"],
+    ),
+    Mutant(
         name="one_coin_per_position_for_the_whole_batch",
         why="I drew one u per draft position and shared it across the rows (rows are no longer independent)",
         edits=[("u = _uniform_open_closed((B, gamma), generator, device)",

@@ -1,0 +1,214 @@
+"""The trusted side of the structural checks (grader/structure.py): the grader's own clock at two sizes,
+the tamper gate on the worker's figures, and submissions that forge those figures.
+
+The graded attacks below win the structural checks on main (the worker's figures say "flat") and lose
+them once the grader cross-checks with what it observes itself."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import time
+
+import pytest
+
+from grader.harness import probes, tamper
+from grader.structure import Scaling, Timing, assert_flat_on_the_clock, assert_untampered, assert_worker_agrees, clock
+from tests.conftest import COURSE, ROOT, checks_of, grade_folder
+from tests.known_wrong import Mutant, write_mutant
+from tests.known_wrong.speculative import MUTANTS as SPECULATIVE_MUTANTS
+
+# --------------------------------------------------------------------------------------------------
+# The clock
+
+
+def test_sizes_and_bars_per_mode():
+    s = Scaling(16, 8192, bar=10.0, large_in_process=2048, bar_in_process=12.0)
+    assert s.sizes("sandbox") == (16, 8192) and s.sizes("local") == (16, 2048)
+    assert s.bar_for("sandbox") == 10.0 and s.bar_for("local") == 12.0
+    plain = Scaling(4, 400, bar=3.0)
+    assert plain.sizes("local") == (4, 400) and plain.bar_for("local") == 3.0
+
+
+def sleeping_call(per_item_s: float, fixed_s: float = 0.002):
+    def call(n: int):
+        time.sleep(fixed_s + per_item_s * n)
+        return n
+    return call
+
+
+def test_a_flat_cost_passes_after_the_first_runs_and_every_result_is_checked():
+    made, checked = [], []
+    scaling = Scaling(1, 100, bar=3.0, runs=3, max_runs=9)
+
+    def make(n: int):
+        made.append(n)
+        return (n,)
+
+    timing = clock("sandbox", sleeping_call(0.0), make, lambda got, n: checked.append((got, n)), scaling)
+    assert timing.flat and timing.ratio < 3.0, timing.describe()
+    assert len(timing.small_s) == len(timing.large_s) == 3, "a flat ratio needs only `runs` runs"
+    assert made == [1, 100] + [1, 100] * 3, f"fresh arguments for every call, alternating, found {made}"
+    assert checked == [(n, n) for n in made], "every call's result goes through the check, the warm-up's too"
+
+
+def test_a_growing_cost_fails_only_after_max_runs_and_says_what_the_clock_saw():
+    scaling = Scaling(1, 100, bar=3.0, unit="rows", runs=2, max_runs=4)
+    timing = clock("sandbox", sleeping_call(0.0005), lambda n: (n,), lambda got, n: None, scaling)
+    assert not timing.flat and len(timing.large_s) == 4, f"a ratio above the bar takes max_runs runs: {timing.large_s}"
+    with pytest.raises(AssertionError) as info:
+        assert_flat_on_the_clock(timing, "f", "Do it at once.", lines=(12, 12))
+    message = str(info.value)
+    for part in ("the worker counted 12 and 12 lines", "100x the rows", "grader's own clock", "a loop over rows",
+                 "Do it at once."):
+        assert part in message, f"expected {part!r} in the message, found: {message}"
+
+
+def test_a_wrong_result_under_the_clock_fails_the_check():
+    def check(got, n):
+        assert got == n + 1, f"expected {n + 1}, found {got}"
+
+    with pytest.raises(AssertionError, match="expected 2, found 1"):
+        clock("sandbox", sleeping_call(0.0, 0.0), lambda n: (n,), check, Scaling(1, 10, bar=3.0))
+
+
+def test_work_scales_each_time_to_the_nominal_size():
+    # Calls whose size varies run to run: a cost linear in the work done must read as flat per unit.
+    sizes = iter([1, 10, 2, 20, 3, 30, 4, 40])
+    timing = clock("sandbox", lambda n: time.sleep(0.001 * n) or n, lambda n: (next(sizes),), lambda got, n: None,
+                   Scaling(1, 10, bar=15.0, runs=3, max_runs=3), work=lambda got, n: n)
+    assert 5 < timing.ratio < 15, f"linear work at 10x the size reads about 10x once scaled, found {timing.ratio:.1f}"
+
+
+def test_the_clock_is_the_one_bound_at_import(monkeypatch):
+    """A module that replaces time.perf_counter (in-process, make check) does not change what the clock reads."""
+    monkeypatch.setattr(time, "perf_counter", lambda: 0.0)
+    timing = clock("local", sleeping_call(0.0005), lambda n: (n,), lambda got, n: None,
+                   Scaling(1, 100, bar=3.0, runs=2, max_runs=2))
+    assert timing.best_large > 0.02, f"the clock read {timing.best_large} s for a call that slept 50 ms"
+
+
+def test_a_worker_figure_the_clock_contradicts_fails_saying_so():
+    timing = Timing(Scaling(512, 131072, bar=5.0, unit="blocks"), 512, 131072, 5.0, [0.001], [0.1])
+    with pytest.raises(AssertionError, match="the worker's figures \\(1.0x longer\\) disagree with the grader's own clock"):
+        assert_worker_agrees(timing, "the manager", "1.0x longer")
+    assert_worker_agrees(Timing(timing.scaling, 512, 131072, 5.0, [0.001], [0.002]), "the manager", "1.0x")
+
+
+# --------------------------------------------------------------------------------------------------
+# The tamper gate and the line counter
+
+
+def test_a_file_that_reaches_for_tracing_fails_the_gate(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("import sys\n\ndef f(x):\n    sys.settrace(None)\n    return x\n")
+    with pytest.raises(tamper.Tampered, match="line 4: sys.settrace"):
+        assert_untampered(path, "the count of lines")
+    clean = tmp_path / "clean.py"
+    clean.write_text("import torch\n\ndef f(x):\n    return torch.cumsum(x, 0)\n")
+    assert_untampered(clean, "the count of lines")
+
+
+def test_the_line_counter_reports_a_trace_switched_off_during_the_call(tmp_path):
+    src = tmp_path / "mod.py"
+    src.write_text(textwrap.dedent("""
+        import sys
+        def quiet(n):
+            tracer = sys.gettrace()
+            sys.settrace(None)
+            total = sum(range(n))
+            return total
+        def loud(n):
+            return sum(range(n))
+    """))
+    namespace: dict = {}
+    exec(compile(src.read_text(), str(src), "exec"), namespace)
+    with probes.LineCounter(str(src)) as counter:
+        namespace["quiet"](10)
+    assert counter.count == probes.LineCounter.TAMPERED, f"expected the tampered mark, found {counter.count}"
+    assert sys.gettrace() is None
+    with probes.LineCounter(str(src)) as counter:
+        namespace["loud"](10)
+    assert counter.count > 0
+
+
+def test_lines_executed_fails_a_tampering_file_in_process(tmp_path):
+    from grader.harness.session import StudentSession
+
+    path = tmp_path / "sneaky.py"
+    path.write_text("import sys\n\ndef f(n):\n    sys.settrace(None)\n    return n\n")
+    session = StudentSession("local", lambda _id: path)
+    module = session.load("sneaky")
+    with pytest.raises(tamper.Tampered, match="the count of lines your code executed"):
+        session.lines_executed(module.f, 3)
+
+
+# --------------------------------------------------------------------------------------------------
+# Graded attacks: each wins its structural check on main and loses it after the cross-check
+
+SETTRACE_LOOP = Mutant(
+    name="loop_with_the_trace_switched_off",
+    why="loops over the rows for the extra token with tracing switched off around the loop, restored after",
+    edits=[
+        ("from collections.abc import Callable\n", "import sys\nfrom collections.abc import Callable\n"),
+        ("extra = torch.multinomial(residual, 1, generator=generator).squeeze(1)  # normalises internally",
+         "tracer = sys.gettrace()\n    sys.settrace(None)\n"
+         "    extra = torch.stack([torch.multinomial(residual[b], 1, generator=generator)[0] for b in range(B)])\n"
+         "    sys.settrace(tracer)"),
+    ],
+    loses=["vectorised"],
+)
+
+FREE_LIST = [
+    ("self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))", "self._free = list(range(num_blocks))"),
+    ("                del self._free[b]", "                self._free.remove(b)"),
+    ("                self._free[b] = None  # to the back", "                self._free.append(b)  # to the back"),
+    ("        block, _ = self._free.popitem(last=False)", "        block = self._free.pop(0)"),
+]
+FLAT_CLOCK = '''
+
+# Every clock reading in this process advances by the same step, so whatever is timed here looks flat.
+import itertools
+import time
+
+_ticks = itertools.count()
+time.perf_counter = lambda: next(_ticks) * 1e-3
+'''
+PATCHED_DRIVER = '''
+
+import types
+
+import grader.support.paged_kv as _driver
+
+_driver.time = types.SimpleNamespace(perf_counter=lambda: 0.0)
+'''
+ATTACKS = [
+    ("speculative", SETTRACE_LOOP, "tampered"),
+    ("speculative", next(m for m in SPECULATIVE_MUTANTS if m.name == "one_draw_per_row_through_map"), "clock"),
+    ("paged_kv", Mutant("free_list_behind_a_flat_clock", "a list as the free queue, and time.perf_counter replaced so "
+                        "the worker's timing loop reads the same interval every time", FREE_LIST, ["manager_speed"]),
+     "disagree"),
+    ("paged_kv", Mutant("free_list_behind_a_patched_driver", "a list as the free queue, and the timing driver's clock "
+                        "patched", FREE_LIST, ["manager_speed"]), "tampered"),
+]
+EXTRA_SOURCE = {"free_list_behind_a_flat_clock": FLAT_CLOCK, "free_list_behind_a_patched_driver": PATCHED_DRIVER}
+MESSAGES = {"tampered": "your file reaches for what measures it", "clock": "on the grader's own clock",
+            "disagree": "disagree with the grader's own clock"}
+
+
+@pytest.mark.parametrize("exercise_id,mutant,kind", ATTACKS, ids=[m.name for _, m, _ in ATTACKS])
+def test_a_forged_structural_figure_loses_its_check(tmp_path, exercise_id, mutant, kind):
+    exercise = next(e for e in COURSE.exercises if e.id == exercise_id)
+    folder = write_mutant(ROOT, exercise, mutant, tmp_path / mutant.name)
+    if mutant.name in EXTRA_SOURCE:
+        path = folder / exercise.file
+        path.write_text(path.read_text() + EXTRA_SOURCE[mutant.name])
+    result = grade_folder(folder, [exercise_id], checks=mutant.loses)
+    checks = checks_of(result, exercise_id)
+    for check_id in mutant.loses:
+        check = checks[check_id]
+        assert check["points"] < check["max_points"], (
+            f"{mutant.name} ({mutant.why}) should lose points on {check_id}, kept {check['points']}/{check['max_points']}"
+        )
+        messages = " ".join(t.get("message", "") for t in check["tests"])
+        assert MESSAGES[kind] in messages, f"expected {MESSAGES[kind]!r} in the messages of {check_id}, found: {messages}"
