@@ -349,11 +349,13 @@ def classify(exc: BaseException | None, visibility: str, test_name: str, report:
     if isinstance(exc, StudentError):
         return {"status": "error", "message": f"your code raised {exc}", "traceback": exc.student_traceback}
     if isinstance(exc, AssertionError):
+        # The test's own message, without pytest's introspection of the assert expression (for a
+        # hidden test that would show its source; for a public one it buries the teaching message).
         text = str(exc)
         head = text.split("\nassert ")[0] if "\nassert " in text else text
-        if visibility == "hidden" and (not head or head.startswith("assert ")):
-            head = f"a check in {test_name} failed"
-        return {"status": "failed", "message": _cap(head if visibility == "hidden" else text)}
+        if not head or head.startswith("assert "):
+            head = f"a check in {test_name} failed" if visibility == "hidden" else text
+        return {"status": "failed", "message": _cap(head)}
     if exc is not None and type(exc).__name__ == "Failed":
         return {"status": "failed", "message": _cap(str(exc))}
     if exc is None:

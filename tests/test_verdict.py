@@ -139,3 +139,16 @@ def _grade(folder, **options):
 
     options.setdefault("call_timeout_s", 20)
     return grade_folder(folder, [EXERCISE], tests="public", **options)
+
+
+def test_a_failed_public_test_shows_its_teaching_message_without_pytests_dump():
+    from grader.plugin import classify
+
+    rewritten = AssertionError("row 1: max error 0.0499; check the mask of the last block\nassert False\n"
+                               " +  where False = <built-in method allclose of type object at 0x7f00>(tensor([...]))")
+    for visibility in ("public", "hidden"):
+        verdict = classify(rewritten, visibility, "test_triton_small_rows")
+        assert verdict == {"status": "failed", "message": "row 1: max error 0.0499; check the mask of the last block"}
+    bare = AssertionError("assert 3 == 4\n +  where 3 = len([1, 2, 3])")
+    assert classify(bare, "public", "t")["message"].startswith("assert 3 == 4"), "a bare public assert keeps its detail"
+    assert classify(bare, "hidden", "t")["message"] == "a check in t failed", "a hidden test's source never shows"
