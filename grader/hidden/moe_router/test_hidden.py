@@ -814,9 +814,7 @@ def check_combine_indexing(y, expert_out, routing) -> None:
     kept = (routing.slot >= 0)[..., None]
     rows = expert_out.double()[routing.expert_index, routing.slot.clamp(min=0)]  # [T, k, d]
     want = (routing.combine_weight.double()[..., None] * torch.where(kept, rows, 0.0)).sum(1)
-    assert y.shape == want.shape and torch.allclose(y.double(), want, atol=1e-5), (
-        f"combine is wrong for T={routing.slot.shape[0]} (timed on the grader's clock)"
-    )
+    assert_close(y, want, atol=1e-5, rtol=1e-5, what=f"combine for T={routing.slot.shape[0]} (timed on the grader's clock)")
 
 
 @pytest.mark.check("vectorised")
@@ -845,9 +843,7 @@ def test_dispatch_and_combine_are_vectorised(student, sm, rng):
 
     def check_combine(y, expert_out, routing):
         want = oracle_combine(expert_out, oracles[routing.slot.shape[0]])
-        assert y.shape == want.shape and torch.allclose(y.double(), want, atol=1e-5), (
-            f"combine is wrong for T={routing.slot.shape[0]}"
-        )
+        assert_close(y, want, atol=1e-5, rtol=1e-5, what=f"combine for T={routing.slot.shape[0]}")
 
     def clocked_combine(T):
         _, routing, cap = clocked_routing(T, k, cf, rng)
