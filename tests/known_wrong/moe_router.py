@@ -110,7 +110,7 @@ MUTANTS = [
     Mutant(
         name="nan_where_weights_are_wrong",
         why="gets the weights of tokens that lost a choice wrong and writes NaN exactly there: `err.max() > tol` is "
-            "False for NaN, so the max-error checks passed it (85.3 of 100 on the old tests, 69.7 now)",
+            "False for NaN, so the max-error checks passed it (85.3 of 100 before the tests used grader.testing)",
         edits=[("    combine_weight = weight * kept  # dropped -> 0, no renormalisation after the drop\n",
                 "    combine_weight = weight * kept  # dropped -> 0, no renormalisation after the drop\n"
                 "    lost_one = kept & (~kept).any(dim=-1, keepdim=True)  # kept choices of a token that lost another\n"
