@@ -61,12 +61,15 @@ class ForbiddenCall(RuntimeError):
 # --------------------------------------------------------------------------------------------------
 # What each forbidden public name reaches at the dispatcher
 #
-# Found by experiment on torch 2.13 (tests/test_probes.py re-runs every form): the public forms of
-# softmax (torch.softmax, F.softmax, Tensor.softmax, torch.special.softmax, nn.Softmax, F.softmin,
+# The guard watches the dispatcher rather than Python calls (a TorchFunctionMode) because a function
+# mode sees only the outermost call: F.cross_entropy hides its log_softmax from it, nn.MultiheadAttention
+# its softmax. Found by experiment on torch 2.13 (tests/test_probes.py re-runs every form): the public
+# forms of softmax (torch.softmax, F.softmax, Tensor.softmax, torch.special.softmax, nn.Softmax, F.softmin,
 # F.gumbel_softmax, a TorchScript function) all reach aten::_softmax; aten::softmax.int is
 # decomposed into it above the dispatcher's Python key and is seen only under torch.inference_mode.
 # scaled_dot_product_attention reaches a fused kernel (_scaled_dot_product_flash_attention_for_cpu on
-# the CPU, the flash / efficient / cuDNN kernels on CUDA) or, on its math path, aten::_safe_softmax;
+# the CPU; on CUDA one of the flash / efficient / cuDNN kernels, in the table from torch's operator
+# registry, not run here) or, on its math path, aten::_safe_softmax;
 # nn.TransformerEncoderLayer's fast path hides a softmax in aten::_transformer_encoder_layer_fwd. A
 # torch.distributed collective reaches its c10d operator (dist.all_reduce -> c10d::allreduce_), a
 # functional collective its _c10d_functional operator. Operators are named "namespace::name" and
@@ -94,7 +97,8 @@ _FUSED_ATTENTION = (
     "aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_product_cudnn_attention_backward",
     "aten::_scaled_dot_product_fused_attention_overrideable",
     "aten::_scaled_dot_product_fused_attention_overrideable_backward",
-    "aten::_flash_attention_forward", "aten::_flash_attention_backward", "aten::_flash_attention_forward_no_dropout_inplace",
+    "aten::_flash_attention_forward", "aten::_flash_attention_backward",
+    "aten::_flash_attention_forward_no_dropout_inplace",
     "aten::_efficient_attention_forward", "aten::_efficient_attention_backward",
     "aten::_cudnn_attention_forward", "aten::_cudnn_attention_backward",
     "aten::_native_multi_head_attention", "aten::_transformer_encoder_layer_fwd",
@@ -111,7 +115,7 @@ SOFTMAX = _family(
     *_FUSED_ATTENTION,  # each holds a softmax
 )
 LOGSUMEXP = _family("a logsumexp", "aten::logsumexp", "aten::special_logsumexp")
-ATTENTION = _family("scaled dot-product attention", *_FUSED_ATTENTION, "aten::_safe_softmax")  # + the math path's softmax
+ATTENTION = _family("scaled dot-product attention", *_FUSED_ATTENTION, "aten::_safe_softmax")  # + the math path
 ALL_REDUCE = _family(
     "an all-reduce",
     "c10d::allreduce_", "c10d::allreduce_coalesced_", "_c10d_functional::all_reduce", "_c10d_functional::all_reduce_",
@@ -127,7 +131,8 @@ REDUCE_SCATTER = _family(
 )
 ALL_GATHER = _family(
     "an all-gather",
-    "c10d::allgather_", "c10d::_allgather_base_", "c10d::allgather_coalesced_", "c10d::allgather_into_tensor_coalesced_",
+    "c10d::allgather_", "c10d::_allgather_base_", "c10d::allgather_coalesced_",
+    "c10d::allgather_into_tensor_coalesced_",
     "_c10d_functional::all_gather_into_tensor", "_c10d_functional::all_gather_into_tensor_out",
     "_c10d_functional::all_gather_into_tensor_coalesced", "_c10d_functional_autograd::all_gather_into_tensor",
     "c10d_functional::all_gather_into_tensor", "c10d_functional::all_gather_into_tensor_coalesced",
@@ -144,7 +149,8 @@ GATHER = _family("a gather", "c10d::gather_")
 SCATTER = _family("a scatter", "c10d::scatter_")
 
 
-def _names(prefixes: Iterable[str], attrs: Iterable[str], families: tuple[OpFamily, ...]) -> dict[str, tuple[OpFamily, ...]]:
+def _names(prefixes: Iterable[str], attrs: Iterable[str],
+           families: tuple[OpFamily, ...]) -> dict[str, tuple[OpFamily, ...]]:
     return {f"{p}.{a}": families for p in prefixes for a in attrs}
 
 
@@ -180,8 +186,8 @@ FORBIDDEN_OPS: dict[str, tuple[OpFamily, ...]] = {
     **_names(_FUNCTIONAL, ("all_to_all_single",), (ALL_TO_ALL,)),
     **_names(_FUNCTIONAL, ("broadcast",), (BROADCAST,)),
     **_names(_GROUP, ("allreduce", "allreduce_coalesced"), (ALL_REDUCE,)),
-    **_names(_GROUP, ("reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor_coalesced", "_reduce_scatter_base"),
-             (REDUCE_SCATTER,)),
+    **_names(_GROUP, ("reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor_coalesced",
+                      "_reduce_scatter_base"), (REDUCE_SCATTER,)),
     **_names(_GROUP, ("allgather", "allgather_coalesced", "allgather_into_tensor_coalesced", "all_gather_single",
                       "_allgather_base"), (ALL_GATHER,)),
     **_names(_GROUP, ("alltoall", "alltoall_base", "all_to_all_single"), (ALL_TO_ALL,)),
@@ -191,14 +197,16 @@ FORBIDDEN_OPS: dict[str, tuple[OpFamily, ...]] = {
     **_names(_GROUP, ("scatter",), (SCATTER,)),
 }
 
-# Operator namespaces whose kernels are torch's own compiled code. An operator from any other
-# namespace (torch.library.custom_op("mylib::f")) has a kernel the student wrote, which runs below the
-# guard where the guard cannot see what it calls, so a guarded call may not use one.
+# Operator namespaces whose kernels are torch's own: those of a CPU build of torch 2.13, and whatever
+# this build had registered when this module was imported (before any student code). An operator from
+# any other namespace (torch.library.custom_op("mylib::f")) has a kernel the student wrote, which runs
+# below the guard where the guard cannot see what it calls, so a guarded call may not use one.
 TORCH_NAMESPACES = frozenset({
     "aten", "prims", "prim", "quantized", "_quantized", "quantization", "c10d", "_c10d_functional",
     "_c10d_functional_autograd", "c10d_functional", "symm_mem", "mkldnn", "mkldnn_prepacked", "mkl", "onednn",
-    "sparse", "profiler", "rngprims", "debugprims", "inductor_prims", "_native", "static_runtime", "_dtensor",
-})
+    "sparse", "profiler", "rngprims", "debugprims", "inductor_prims", "inductor", "_native", "static_runtime",
+    "_dtensor", "export",
+} | {name.partition("::")[0] for name in torch._C._dispatch_get_all_op_names()})
 
 
 def banned_operators(names: Iterable[str]) -> dict[str, tuple[str, OpFamily]]:
