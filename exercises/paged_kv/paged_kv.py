@@ -71,7 +71,9 @@ class BlockManager:
         full blocks only, in order from the first block, stopping at the first miss, and never the
         last prompt token, so at most ((len(token_ids) - 1) // block_size) * block_size. A hit block
         is shared (its ref count goes up; if it was free it leaves the free queue). The other blocks
-        come from the front of the free queue; those of them that are full enter the prefix cache.
+        come from the front of the free queue; those of them that are full enter the prefix cache,
+        unless their key is already cached: then the existing entry stays and the new block never
+        enters (not even after the existing one is evicted).
 
         Raises:
             ValueError: seq_id already exists, or token_ids is empty.

@@ -124,6 +124,22 @@ MUTANTS = [
         loses=["prefix_cache"],
     ),
     Mutant(
+        "cache_keeps_duplicates",
+        "like vLLM, I keep every block of a hash in the cache and a lookup returns the first one; when that one "
+        "is evicted the duplicate still answers",
+        [
+            ("self._cached: dict[int, int] = {}  # prefix hash -> the block holding that prefix",
+             "self._cached: dict[int, dict[int, None]] = {}  # prefix hash -> every block holding it, oldest first"),
+            ("                hits.append(self._cached[h])", "                hits.append(next(iter(self._cached[h])))"),
+            ("        if h is not None:\n            del self._cached[h]\n",
+             "        if h is not None:\n            del self._cached[h][block]\n"
+             "            if not self._cached[h]:\n                del self._cached[h]\n"),
+            ("        if h not in self._cached:\n            self._cached[h] = block\n            self._hash_of[block] = h",
+             "        self._cached.setdefault(h, {})[block] = None\n        self._hash_of[block] = h"),
+        ],
+        loses=["prefix_cache"],
+    ),
+    Mutant(
         "free_queue_is_a_list",
         "my free queue is a Python list: pop(0) and remove() move every element behind it",
         [

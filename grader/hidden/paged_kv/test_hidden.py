@@ -645,6 +645,27 @@ def test_the_cache_keeps_the_existing_entry(pk):
     )
 
 
+@pytest.mark.check("prefix_cache")
+def test_a_duplicate_never_enters_the_cache(pk):
+    bm = pk.BlockManager(5, 4, enable_prefix_caching=True)
+    xy = [1, 2, 3, 4, 5, 6, 7, 8]
+    bm.add_sequence("a", xy)  # blocks 0 (x), 1 (x+y): both cached
+    bm.add_sequence("c", xy)  # hits block 0 only (the last-token rule); block 2 holds a duplicate of x+y
+    assert bm.block_table("c") == [0, 2], f"expected c = [0, 2] (one hit, one new block), found {bm.block_table('c')}"
+    bm.free("a")  # releases 1 (0 is still held by c)   -> queue: 3 4 1
+    bm.add_sequence("e", list(range(50, 59)))  # takes 3, 4, 1: the cache entry of x+y goes with block 1
+    assert bm.block_table("e") == [3, 4, 1], f"expected e = [3, 4, 1] from the front of the queue, found {bm.block_table('e')}"
+    bm.free("e")  # -> queue: 1 4 3
+    hit = bm.add_sequence("d", xy + [9])
+    assert hit == 4 and bm.block_table("d") == [0, 1, 4], (
+        f"x+y was cached in block 1 and its entry went when e took block 1; block 2 (still held by c) filled with "
+        f"the same tokens while block 1 held that key, so it never entered the cache. Expected a hit of 4 (block 0) "
+        f"and d = [0, 1, 4], found {hit} and {bm.block_table('d')}. When a newly full block's key is already "
+        "cached, keep the existing entry and do not record the new block under that key at all: vLLM keeps every "
+        "duplicate and answers with the next one, this contract keeps one entry per key"
+    )
+
+
 # --------------------------------------------------------------------------------------------------
 # Slot mapping
 
