@@ -170,6 +170,16 @@ MUTANTS = [
         loses=["attention", "attention_public"],
     ),
     Mutant(
+        "attention_scales_the_cache_in_place",
+        "to save a multiply per score I fold sm_scale into the keys once, with k_cache.mul_(scale); the answer "
+        "is right, but the caller's cache is not the one it passed in any more",
+        [("    k = k_cache.reshape(-1, Hkv, D)[slots].float()  # [B, L, Hkv, D]\n",
+          "    k_cache.mul_(scale)  # fold the scale into the keys once\n"
+          "    k = k_cache.reshape(-1, Hkv, D)[slots].float()  # [B, L, Hkv, D]\n"),
+         ('scores = torch.einsum("bkgd,blkd->bkgl", qg, k) * scale', 'scores = torch.einsum("bkgd,blkd->bkgl", qg, k)')],
+        loses=["attention", "attention_public"],
+    ),
+    Mutant(
         "attention_loops_over_sequences",
         "my paged_attention handles one sequence at a time in a Python loop",
         [('''    # Gather every logical position of every sequence through its table: [B, L] slots.
