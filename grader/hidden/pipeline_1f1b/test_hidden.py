@@ -280,13 +280,16 @@ LINEAR_ADVICE = ("generating a schedule should cost a constant amount of work pe
 #                      simulate 20-33 / 61-136  simulate interleaved 46-107 / 131-191
 #   interleaved_filters_every_stage    interleaved 47-95 / 187-258
 #   walk_rescans_from_stage_0          simulate 284-676 / 1096-1546, simulate interleaved 150-223 / 340-532
-# The bars sit about 2x above the reference's worst; the clock proves only gross superlinear work (a filter
-# over every stage's ops at p = 32 costs the generator just 4x): milder growth is left to the line count.
+# Under heavier load the reference's in-process ratios reached 62 / 63 / 94 / 122 / 161 in a later suite run.
+# The sandbox bars sit 2x or more above the reference's worst there; in-process (make check, where nothing
+# needs to be forged) the bars are loose enough never to fail honest code. So the clock proves only gross
+# superlinear work (rescanning the stages for each op of a 1F1B schedule; a filter over every stage's ops at
+# p = 32 costs the generator just 2-4x and is caught only now and then): milder growth is left to the lines.
 LINEAR_CLOCK = {
-    "plain": Scaling(128, 8192, bar=40.0, bar_in_process=130.0, unit="ops"),
-    "interleaved": Scaling(128, 8192, bar=45.0, bar_in_process=120.0, unit="ops"),
-    "simulate": Scaling(128, 8192, bar=120.0, bar_in_process=400.0, unit="ops"),
-    "simulate_interleaved": Scaling(128, 8192, bar=250.0, bar_in_process=500.0, unit="ops"),
+    "plain": Scaling(128, 8192, bar=40.0, bar_in_process=300.0, unit="ops"),
+    "interleaved": Scaling(128, 8192, bar=60.0, bar_in_process=300.0, unit="ops"),
+    "simulate": Scaling(128, 8192, bar=120.0, bar_in_process=800.0, unit="ops"),
+    "simulate_interleaved": Scaling(128, 8192, bar=250.0, bar_in_process=1000.0, unit="ops"),
 }
 LINEAR_SIZES = {"plain": {128: (2, 32), 8192: (128, 32)}, "interleaved": {128: (2, 16, 2), 8192: (32, 64, 2)}}
 SUPPORT = "grader.support.pipeline_1f1b"
