@@ -83,6 +83,40 @@ MUTANTS = [
         loses=["simulate"],
     ),
     Mutant(
+        name="p2p_between_chunks",
+        why="charges p2p_time when an input comes from another chunk, not another stage: wrong only when one stage "
+            "holds both chunks (p = 1, interleaved)",
+        edits=[("arrival = finish[dep] + (p2p_time if dep[2] % p != s else 0.0)",
+                "arrival = finish[dep] + (p2p_time if dep[2] != op[2] else 0.0)")],
+        loses=["simulate"],
+    ),
+    Mutant(
+        name="count_based_validation",
+        why="checks only that each stage runs 2 m v ops: one op swapped for a copy of another, where nothing waits on "
+            "the missing one, is timed as if valid",
+        edits=[("""        seen = set()
+        for op in row:
+            if op in seen:
+                raise ValueError(f"stage {s} runs {_show(op, arity)} twice")
+            seen.add(op)
+        for c in range(s, num_chunks, p):
+            for mb in range(m):
+                for kind in ("F", "B"):
+                    if (kind, mb, c) not in seen:
+                        raise ValueError(f"stage {s} never runs {_show((kind, mb, c), arity)}")
+""", """        if len(row) != 2 * m * (num_chunks // p):
+            raise ValueError(f"stage {s} runs {len(row)} ops, expected {2 * m * (num_chunks // p)}")
+""")],
+        loses=["simulate"],
+    ),
+    Mutant(
+        name="names_one_stuck_op",
+        why="a deadlock's ValueError names only the last stuck stage's op, not every stuck op",
+        edits=[('''        raise ValueError("the schedule deadlocks; these ops wait forever: " + ", ".join(stuck))''',
+                '''        raise ValueError("the schedule deadlocks; this op waits forever: " + stuck[-1])''')],
+        loses=["simulate"],
+    ),
+    Mutant(
         name="walk_rescans_from_stage_0",
         why="after every op, looks for the next runnable op by scanning the stages from stage 0 again",
         edits=[(

@@ -1,8 +1,10 @@
 """Hidden checks for pipeline_1f1b.
 
-The oracles live here and are naive on purpose: schedules transcribed from the contract's formulas,
-a simulator that sweeps the stages over and over until nothing moves, and gradients of the whole
-batch in float64. None of them comes from the reference solution.
+The oracles live here and are naive on purpose: schedules transcribed from the contract's formulas
+(as lists, and again one op at a time), a simulator that sweeps the stages over and over until nothing
+moves, another that starts one op at a time, earliest first, and gradients of the whole batch in float64.
+None of them comes from the reference solution. Generated cases (random sizes, random valid and broken
+schedules) are drawn from the run's seed; a failure names the first divergence and its usual cause.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import copy
 import math
 import random
 from collections import Counter
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -164,16 +167,115 @@ def as_ops(schedule) -> list[list[tuple]]:
     return [[tuple(op) for op in row] for row in schedule]
 
 
-def first_difference(got, want, what: str) -> str:
+def show_ops(row, start: int = 0, stop: int | None = None) -> str:
+    """Ops as the README draws them: F0 B0 (interleaved F0.2: microbatch 0 on chunk 2); a window [start:stop]."""
+    stop = len(row) if stop is None else min(stop, len(row))
+    text = " ".join(op[0] + ".".join(str(x) for x in op[1:]) for op in row[max(start, 0):stop])
+    return ("... " if start > 0 else "") + text + (" ..." if stop < len(row) else "")
+
+
+def difference_cause(got_row, want_row, i: int, s: int, p: int, warmup_rule: str = "") -> str:
+    """What usually makes op i of stage s differ from the definition (every op before it agrees)."""
+    a, b = tuple(got_row[i]), tuple(want_row[i])
+    nf_got, nf_want = forwards_before_first_backward(got_row), forwards_before_first_backward(want_row)
+    if nf_got != nf_want:
+        return (f"stage {s} runs {nf_got} forwards before its first backward, the definition {nf_want}"
+                + (f" ({warmup_rule})" if warmup_rule else "")
+                + ": check the warm-up count and its cap, and that each steady-state pair is a forward THEN a backward")
+    if len(a) != len(b) or a[0] not in ("F", "B"):
+        return "an op is ('F' or 'B', microbatch) for a plain schedule, ('F' or 'B', microbatch, chunk) for an interleaved one"
+    if a[0] != b[0]:
+        return ("a forward and a backward out of turn: after the warm-up a stage alternates one forward, then one backward "
+                "(of the oldest microbatch in flight), and then drains the backwards it still owes")
+    if len(b) == 3 and a[1] == b[1] and a[2] != b[2]:
+        if a[2] % p != s:
+            return (f"chunk {a[2]} lives on stage {a[2] % p}: stage {s} holds the global chunks {s}, {s + p}, "
+                    f"{s + 2 * p}, ... (local chunk j is global chunk j p + s)")
+        if b[0] == "B":
+            return ("backwards visit a stage's chunks in the reverse order of its forwards: the k-th backward is on "
+                    "local chunk v - 1 - (k % (p v)) // p")
+        return "the k-th forward is on local chunk (k % (p v)) // p: a group of p microbatches goes through one chunk before the next"
+    if a[0] == "B":
+        return f"backwards go oldest first (first in, first out): here the oldest microbatch in flight is {b[1]}"
+    return "forwards run in microbatch order" + (
+        ", in groups of p per chunk: the k-th is microbatch (k // (p v)) p + k % p" if len(b) == 3 else "")
+
+
+def first_difference(got, want, what: str, warmup_rule=None) -> str:
+    """The first op where `got` leaves `want`, with the ops around it and the usual cause ('' if none).
+    `warmup_rule(s)`, if given, spells the definition's warm-up for stage s."""
     if len(got) != len(want):
         return f"{what}: expected {len(want)} stages, found {len(got)}"
+    p = len(want)
     for s, (g, w) in enumerate(zip(got, want)):
+        g = [tuple(op) for op in g]
         for i, (a, b) in enumerate(zip(g, w)):
-            if tuple(a) != tuple(b):
-                return f"{what}: stage {s}, op {i} is {tuple(a)!r}, expected {b!r} (stage {s} should be {w})"
+            if a != b:
+                rule = warmup_rule(s) if warmup_rule else ""
+                return (
+                    f"{what}: stage {s}, op {i} is {a!r}, the definition gives {b!r}. Around it, yours: "
+                    f"{show_ops(g, i - 4, i + 5)}; the definition: {show_ops(w, i - 4, i + 5)}. Usual cause: "
+                    f"{difference_cause(g, w, i, s, p, rule)}"
+                )
         if len(g) != len(w):
-            return f"{what}: stage {s} has {len(g)} ops, expected {len(w)}: {w}"
+            return (f"{what}: stage {s} has {len(g)} ops, expected {len(w)} (every microbatch's F and B once per chunk "
+                    f"the stage holds); the definition ends {show_ops(w, len(w) - 6)}")
     return ""
+
+
+def gpipe_rule(p: int, m: int):
+    return lambda s: f"GPipe runs all m = {m} forwards first"
+
+
+def one_f_one_b_rule(p: int, m: int):
+    def rule(s: int) -> str:
+        w = min(p - s - 1, m)
+        return f"w = min(p - s - 1, m) = {w} warm-up forwards" + (", then the steady state's first forward" if w < m else "")
+    return rule
+
+
+def interleaved_rule(p: int, m: int, v: int):
+    def rule(s: int) -> str:
+        w = min(2 * (p - s - 1) + (v - 1) * p, m * v)
+        return (f"w = min(2(p - s - 1) + (v - 1)p, m v) = {w} warm-up forwards"
+                + (", then the steady state's first forward" if w < m * v else ""))
+    return rule
+
+
+# The definitions again, one op at a time: op i of stage s straight from the contract's formulas (no list
+# is built and sliced), so the generated sizes are checked against a second, independent reading.
+
+
+def gpipe_op(p: int, m: int, s: int, i: int) -> tuple:
+    return ("F", i) if i < m else ("B", i - m)
+
+
+def one_f_one_b_op(p: int, m: int, s: int, i: int) -> tuple:
+    w = min(p - s - 1, m)
+    if i < w:
+        return ("F", i)  # warm-up
+    j = i - w
+    if j < 2 * (m - w):
+        return ("F", w + j // 2) if j % 2 == 0 else ("B", j // 2)  # steady state: F, then the oldest B
+    return ("B", i - m)  # cool-down: the k-th backward sits at i = m + k
+
+
+def interleaved_op(p: int, m: int, v: int, s: int, i: int) -> tuple:
+    n = m * v
+    w = min(2 * (p - s - 1) + (v - 1) * p, n)
+    if i < w:
+        kind, k = "F", i
+    elif i - w < 2 * (n - w):
+        kind, k = ("F", w + (i - w) // 2) if (i - w) % 2 == 0 else ("B", (i - w) // 2)
+    else:
+        kind, k = "B", i - n
+    local = (k % (p * v)) // p
+    return (kind, (k // (p * v)) * p + k % p, (local if kind == "F" else v - 1 - local) * p + s)
+
+
+def defined_schedule(op_at, p: int, m: int, *v: int) -> list[list[tuple]]:
+    per_stage = 2 * m * (v[0] if v else 1)
+    return [[op_at(p, m, *v, s, i) for i in range(per_stage)] for s in range(p)]
 
 
 def forwards_before_first_backward(row) -> int:
@@ -219,7 +321,7 @@ def close(a: float, b: float) -> bool:
 def test_gpipe_lists_every_forward_then_every_backward(pm):
     for p, m in GRID:
         got = as_ops(pm.gpipe_schedule(p, m))
-        diff = first_difference(got, expected_gpipe(p, m), f"gpipe_schedule({p}, {m})")
+        diff = first_difference(got, expected_gpipe(p, m), f"gpipe_schedule({p}, {m})", gpipe_rule(p, m))
         assert not diff, diff
         sim = trusted_simulate(got, 1.0, 2.0)
         assert sim["peaks"] == [m] * p, f"gpipe_schedule({p}, {m}): every stage should hold all {m} microbatches at its peak"
@@ -228,17 +330,24 @@ def test_gpipe_lists_every_forward_then_every_backward(pm):
 FLUSH_TIMES = [(1.0, 2.0), (1.0, 1.0), (0.5, 1.5)]
 
 
-def assert_flush_makespan_and_bubble(schedule, what: str, tf: float, tb: float, sizes) -> None:
-    """GPipe and 1F1B both take (m + p - 1)(t_f + t_b), a bubble of (p - 1)/(m + p - 1)."""
+def assert_flush_makespan_and_bubble(schedule, what: str, tf: float, tb: float, sizes, expected, rule) -> None:
+    """GPipe and 1F1B both take (m + p - 1)(t_f + t_b), a bubble of (p - 1)/(m + p - 1). A failure names the
+    first op where the schedule leaves `expected` (the definition; `rule` spells its warm-up)."""
     for p, m in sizes:
-        sim = trusted_simulate(as_ops(schedule(p, m)), tf, tb)
+        got = as_ops(schedule(p, m))
+        why = first_difference(got, expected(p, m), f"{what}({p}, {m})", rule(p, m)) or "the order is right"
+        try:
+            sim = trusted_simulate(got, tf, tb)
+        except Invalid as exc:
+            pytest.fail(f"{what}({p}, {m}) cannot run: {exc.args[0]}. First difference from the definition: {why}")
         want = (m + p - 1) * (tf + tb)
         assert close(sim["makespan"], want), (
             f"{what}({p}, {m}) takes {sim['makespan']:g} with t_f={tf}, t_b={tb}; GPipe and 1F1B both take "
-            f"(m + p - 1)(t_f + t_b) = {want:g}"
+            f"(m + p - 1)(t_f + t_b) = {want:g}. First difference from the definition: {why}"
         )
         assert close(sim["bubble"], (p - 1) / (m + p - 1)), (
-            f"{what}({p}, {m}): bubble fraction {sim['bubble']:.4f}, expected (p-1)/(m+p-1) = {(p - 1) / (m + p - 1):.4f}"
+            f"{what}({p}, {m}): bubble fraction {sim['bubble']:.4f}, expected (p-1)/(m+p-1) = {(p - 1) / (m + p - 1):.4f}. "
+            f"First difference from the definition: {why}"
         )
 
 
@@ -246,7 +355,7 @@ def assert_flush_makespan_and_bubble(schedule, what: str, tf: float, tb: float, 
 @pytest.mark.parametrize("times", FLUSH_TIMES)
 def test_gpipe_makespan_and_bubble(pm, times):
     assert_flush_makespan_and_bubble(pm.gpipe_schedule, "gpipe_schedule", *times,
-                                     [(1, 1), (2, 5), (4, 8), (4, 3), (8, 16), (8, 2)])
+                                     [(1, 1), (2, 5), (4, 8), (4, 3), (8, 16), (8, 2)], expected_gpipe, gpipe_rule)
 
 
 def assert_linear_work(student, fn, small: tuple, large: tuple, what: str) -> None:
@@ -349,7 +458,9 @@ def test_1f1b_is_valid_for_every_size(pm):
         try:
             trusted_simulate(got)
         except Invalid as exc:
-            pytest.fail(f"one_f_one_b_schedule({p}, {m}) cannot run: {exc.args[0]}. Schedule: {got}")
+            why = first_difference(got, expected_1f1b(p, m), f"one_f_one_b_schedule({p}, {m})", one_f_one_b_rule(p, m))
+            pytest.fail(f"one_f_one_b_schedule({p}, {m}) cannot run: {exc.args[0]}. First difference from the "
+                        f"definition: {why}")
 
 
 @pytest.mark.check("one_f_one_b")
@@ -384,7 +495,7 @@ def test_1f1b_backwards_are_first_in_first_out(pm):
 def test_1f1b_exact_order_and_peak_memory(pm):
     for p, m in GRID:
         got = as_ops(pm.one_f_one_b_schedule(p, m))
-        diff = first_difference(got, expected_1f1b(p, m), f"one_f_one_b_schedule({p}, {m})")
+        diff = first_difference(got, expected_1f1b(p, m), f"one_f_one_b_schedule({p}, {m})", one_f_one_b_rule(p, m))
         assert not diff, diff
         peaks = trusted_simulate(got)["peaks"]
         want = [min(p - s, m) for s in range(p)]
@@ -395,7 +506,8 @@ def test_1f1b_exact_order_and_peak_memory(pm):
 @pytest.mark.parametrize("times", FLUSH_TIMES)
 def test_1f1b_makespan_and_bubble(pm, times):
     assert_flush_makespan_and_bubble(pm.one_f_one_b_schedule, "one_f_one_b_schedule", *times,
-                                     [(1, 1), (2, 5), (4, 8), (4, 3), (8, 16), (8, 2), (6, 7)])
+                                     [(1, 1), (2, 5), (4, 8), (4, 3), (8, 16), (8, 2), (6, 7)], expected_1f1b,
+                                     one_f_one_b_rule)
 
 
 @pytest.mark.check("one_f_one_b")
@@ -438,7 +550,10 @@ def test_interleaved_is_valid(pm):
         try:
             trusted_simulate(got)
         except Invalid as exc:
-            pytest.fail(f"interleaved_schedule({p}, {m}, {v}) cannot run: {exc.args[0]}")
+            why = first_difference(got, expected_interleaved(p, m, v), f"interleaved_schedule({p}, {m}, {v})",
+                                   interleaved_rule(p, m, v))
+            pytest.fail(f"interleaved_schedule({p}, {m}, {v}) cannot run: {exc.args[0]}. First difference from the "
+                        f"definition: {why}")
 
 
 @pytest.mark.check("interleaved")
@@ -452,18 +567,26 @@ def test_interleaved_exact_order(pm):
                 f"interleaved_schedule({p}, {m}, {v}), stage {s}: {got_n} forwards before the first backward, expected "
                 f"{want_n}: w = min(2(p - s - 1) + (v - 1)p, m v) = {w} warm-up forwards, then the steady state's first forward"
             )
-        diff = first_difference(got, expected_interleaved(p, m, v), f"interleaved_schedule({p}, {m}, {v})")
+        diff = first_difference(got, expected_interleaved(p, m, v), f"interleaved_schedule({p}, {m}, {v})",
+                                interleaved_rule(p, m, v))
         assert not diff, diff
 
 
 @pytest.mark.check("interleaved")
 def test_interleaving_shrinks_the_bubble_by_v(pm):
     for p, m, v in [(4, 8, 2), (4, 8, 4), (2, 6, 3), (8, 16, 2), (3, 3, 2)]:
-        sim = trusted_simulate(as_ops(pm.interleaved_schedule(p, m, v)), 1.0, 2.0)
+        got = as_ops(pm.interleaved_schedule(p, m, v))
+        why = first_difference(got, expected_interleaved(p, m, v), f"interleaved_schedule({p}, {m}, {v})",
+                               interleaved_rule(p, m, v)) or "the order is right"
+        try:
+            sim = trusted_simulate(got, 1.0, 2.0)
+        except Invalid as exc:
+            pytest.fail(f"interleaved_schedule({p}, {m}, {v}) cannot run: {exc.args[0]}. First difference: {why}")
         want = (m + (p - 1) / v) * 3.0
         assert close(sim["makespan"], want), (
             f"interleaved_schedule({p}, {m}, {v}) takes {sim['makespan']:g} (t_f=1, t_b=2, each chunk op 1/v of that); "
-            f"the Megatron schedule takes (m + (p-1)/v)(t_f + t_b) = {want:g}: the bubble shrinks by v"
+            f"the Megatron schedule takes (m + (p-1)/v)(t_f + t_b) = {want:g}: the bubble shrinks by v. First "
+            f"difference from the definition: {why}"
         )
         assert close(sim["bubble"], (p - 1) / (v * m + p - 1)), (
             f"interleaved_schedule({p}, {m}, {v}): bubble fraction {sim['bubble']:.4f}, expected (p-1)/(vm+p-1) = "
@@ -489,30 +612,250 @@ def test_interleaved_rejects_bad_sizes(pm, args):
 
 
 # --------------------------------------------------------------------------------------------------
+# Generated sizes: each schedule, op by op, at random (p, m, v) beyond the grids above
+
+
+def seeded(rng: torch.Generator) -> random.Random:
+    return random.Random(int(torch.randint(0, 2**31, (1,), generator=rng)))
+
+
+def plain_sizes(rnd: random.Random) -> list[tuple[int, int]]:
+    """Past the grid (p up to 16, m up to 64), with the edges every schedule has: m < p, m = p, m = p - 1, p = 1."""
+    p = rnd.randint(9, 16)
+    return [(p, rnd.randint(1, p - 2)), (p, p), (p, p - 1), (1, rnd.randint(17, 64)), (rnd.randint(2, 16), 1),
+            (rnd.randint(2, 16), rnd.randint(17, 48)), (rnd.randint(2, 8), rnd.randint(1, 48))]
+
+
+def interleaved_sizes(rnd: random.Random) -> list[tuple[int, int, int]]:
+    """p up to 12, m = p times 1 to 6 groups, v up to 5, at most about 1500 forwards in all."""
+    sizes = [(1, rnd.randint(1, 12), rnd.randint(2, 5))]
+    while len(sizes) < 6:
+        p, v = rnd.randint(2, 12), rnd.randint(2, 5)
+        groups = rnd.randint(1, max(1, min(6, 1500 // (p * p * v))))
+        sizes.append((p, p * groups, v))
+    return sizes
+
+
+def assert_matches_definition(got, op_at, sizes: tuple, what: str, rule) -> None:
+    want = defined_schedule(op_at, *sizes)
+    diff = first_difference(as_ops(got), want, f"{what}{sizes}", rule(*sizes))
+    assert not diff, diff
+
+
+@pytest.mark.check("gpipe")
+def test_gpipe_generated_sizes_op_by_op(pm, rng):
+    for p, m in plain_sizes(seeded(rng)):
+        assert_matches_definition(pm.gpipe_schedule(p, m), gpipe_op, (p, m), "gpipe_schedule", gpipe_rule)
+
+
+@pytest.mark.check("one_f_one_b")
+def test_1f1b_generated_sizes_op_by_op(pm, rng):
+    for p, m in plain_sizes(seeded(rng)):
+        assert_matches_definition(pm.one_f_one_b_schedule(p, m), one_f_one_b_op, (p, m), "one_f_one_b_schedule",
+                                  one_f_one_b_rule)
+
+
+@pytest.mark.check("interleaved")
+def test_interleaved_generated_sizes_op_by_op(pm, rng):
+    for p, m, v in interleaved_sizes(seeded(rng)):
+        assert_matches_definition(pm.interleaved_schedule(p, m, v), interleaved_op, (p, m, v), "interleaved_schedule",
+                                  interleaved_rule)
+
+
+# --------------------------------------------------------------------------------------------------
 # Simulator
 
 
-def compare_sim(got, want: dict, what: str) -> None:
+class Verdict(NamedTuple):
+    """What the contract says of one schedule: either why it is invalid, or its timing."""
+
+    why: str = ""  # the rule an invalid schedule breaks ("" when valid)
+    stuck: tuple = ()  # a deadlock's stuck ops: each unfinished stage's next op, spelled as in the schedule
+    makespan: float = 0.0
+    bubble: float = 0.0
+    peaks: tuple = ()
+    timeline: tuple = ()  # per stage, in its order: (start, end, op)
+    v: int = 1
+
+
+def event_oracle(schedule, tf: float, tb: float, p2p: float) -> Verdict:
+    """The README's contract, rule by rule, then one event at a time: of the stages whose next op has all
+    its inputs, the one that can start it earliest starts it; when no stage can, the rest is stuck."""
+    if min(tf, tb, p2p) < 0:
+        return Verdict(why="has a negative time")
+    p = len(schedule)
+    ops = [(s, tuple(op)) for s, row in enumerate(schedule) for op in row]
+    if p == 0 or not ops:
+        return Verdict(why="is empty")
+    for s, op in ops:
+        if len(op) not in (2, 3) or op[0] not in ("F", "B") or any(type(x) is not int or x < 0 for x in op[1:]):
+            return Verdict(why=f"holds {op!r}, which is not an op")
+    if len({len(op) for _, op in ops}) > 1:
+        return Verdict(why="mixes plain and interleaved ops")
+    plain = len(ops[0][1]) == 2
+    chunks = p if plain else 1 + max(op[2] for _, op in ops)
+    if chunks % p:
+        return Verdict(why=f"has chunk ids up to {chunks - 1}, not a whole number of chunks per stage")
+    v, m = chunks // p, 1 + max(op[1] for _, op in ops)
+
+    def key(s: int, op: tuple) -> tuple:
+        return (op[0], op[1], s if plain else op[2])
+
+    for s, op in ops:
+        if key(s, op)[2] % p != s:
+            return Verdict(why=f"runs {op!r} on stage {s}, but chunk {op[2]} lives on stage {op[2] % p}")
+    for s, row in enumerate(schedule):
+        have = Counter(key(s, tuple(op)) for op in row)
+        for c in range(s, chunks, p):
+            for mb in range(m):
+                for kind in "FB":
+                    spelled = (kind, mb) if plain else (kind, mb, c)
+                    if have[(kind, mb, c)] == 0:
+                        return Verdict(why=f"never runs {spelled!r} on stage {s}")
+                    if have[(kind, mb, c)] > 1:
+                        return Verdict(why=f"runs {spelled!r} {have[(kind, mb, c)]} times on stage {s}")
+
+    def inputs(kind: str, mb: int, c: int) -> list[tuple]:
+        if kind == "F":
+            return [("F", mb, c - 1)] if c > 0 else []
+        return [("F", mb, c)] + ([("B", mb, c + 1)] if c + 1 < chunks else [])
+
+    ended: dict[tuple, float] = {}
+    free, pos = [0.0] * p, [0] * p
+    timeline: list[list[tuple]] = [[] for _ in range(p)]
+    while True:
+        best = None
+        for s in range(p):
+            if pos[s] == len(schedule[s]):
+                continue
+            op = tuple(schedule[s][pos[s]])
+            deps = inputs(*key(s, op))
+            if all(d in ended for d in deps):
+                start = max([free[s]] + [ended[d] + (p2p if d[2] % p != s else 0.0) for d in deps])
+                if best is None or start < best[0]:
+                    best = (start, s, op)
+        if best is None:
+            break
+        start, s, op = best
+        end = start + (tf if op[0] == "F" else tb) / v
+        ended[key(s, op)] = free[s] = end
+        timeline[s].append((start, end, op))
+        pos[s] += 1
+    stuck = tuple(tuple(schedule[s][pos[s]]) for s in range(p) if pos[s] < len(schedule[s]))
+    if stuck:
+        return Verdict(why="deadlocks", stuck=stuck)
+    makespan = max(free)
+    busy = sum(end - start for row in timeline for start, end, _ in row)
+    peaks = []
+    for row in schedule:
+        live = peak = 0
+        for op in row:
+            live += 1 if op[0] == "F" else -1
+            peak = max(peak, live)
+        peaks.append(peak)
+    return Verdict(makespan=makespan, bubble=(p * makespan - busy) / (p * makespan), peaks=tuple(peaks),
+                   timeline=tuple(tuple(row) for row in timeline), v=v)
+
+
+def show_schedule(schedule) -> str:
+    return "; ".join(f"stage {s}: {show_ops([tuple(op) for op in row])}" for s, row in enumerate(schedule))
+
+
+def start_cause(want: Verdict, s: int, i: int, got_start: float, times: tuple) -> str:
+    """Why op i of stage s starts at got_start rather than when the contract starts it (every op that starts
+    earlier is right, so its inputs' end times and its stage's free time are the oracle's)."""
+    tf, tb, p2p = times
+    p, row = len(want.timeline), want.timeline[s]
+    start, _, op = row[i]
+    free = row[i - 1][1] if i else 0.0
+    ends = {(o[0], o[1], o[2] if len(o) == 3 else t): (e, t) for t, r in enumerate(want.timeline) for _, e, o in r}
+    kind, mb, c = op[0], op[1], op[2] if len(op) == 3 else s
+    deps = [("F", mb, c - 1)] if kind == "F" and c > 0 else []
+    if kind == "B":
+        deps = [("F", mb, c)] + ([("B", mb, c + 1)] if ("B", mb, c + 1) in ends else [])
+    spell = (lambda d: d) if len(op) == 3 else (lambda d: d[:2])
+    arrivals = [(spell(d), ends[d][0], ends[d][1]) for d in deps]
+    no_p2p = max([free] + [e for _, e, _ in arrivals])
+    all_p2p = max([free] + [e + p2p for _, e, _ in arrivals])
+    same = [d for d, _, t in arrivals if t == s]
+    other = [(d, t) for d, _, t in arrivals if t != s]
+    if p2p > 0 and same and close(got_start, all_p2p) and not close(all_p2p, start):
+        return (f"that is p2p_time = {p2p:g} late: its input {same[0]!r} ran on this same stage, and only an input from "
+                "another stage arrives p2p_time after it ends")
+    if p2p > 0 and other and close(got_start, no_p2p) and not close(no_p2p, start):
+        return (f"p2p_time = {p2p:g} is missing: its input {other[0][0]!r} ran on stage {other[0][1]}, so it arrives "
+                "p2p_time after it ends")
+    limits = [f"its stage is free at {free:g} (after {spell(row[i - 1][2])!r})" if i else "its stage is free at 0"]
+    limits += [f"{d!r} (stage {t}) ends at {e:g}" + (f" and arrives at {e + p2p:g}" if t != s and p2p else "")
+               for d, e, t in arrivals]
+    if got_start < start and not close(got_start, start):
+        return "it starts before all of its inputs are ready: " + "; ".join(limits)
+    return "it starts later than it can: an op starts as soon as " + "; ".join(limits)
+
+
+def duration_cause(got: float, want: float, kind: str, times: tuple, v: int) -> str:
+    tf, tb, _ = times
+    mine, other = (tf, tb) if kind == "F" else (tb, tf)
+    if v > 1 and close(got, mine):
+        return f"an op on one of v = {v} chunks costs 1/v of the stage's time: {'forward' if kind == 'F' else 'backward'}_time / v = {want:g}"
+    if close(got, other / v) and not close(other, mine):
+        return "that is the other kind's cost: a forward costs forward_time / v, a backward backward_time / v"
+    return f"a forward costs forward_time / v = {tf / v:g} and a backward backward_time / v = {tb / v:g} (v = {v})"
+
+
+def sim_divergence(got, want: Verdict, times: tuple) -> str:
+    """The first place where the student's SimResult leaves the oracle's, and what usually causes it ('' if none)."""
     fields = tuple(getattr(got, "_fields", ()))
-    assert fields == ("makespan", "bubble_fraction", "peak_activations", "timeline"), (
-        f"{what}: simulate should return the SimResult NamedTuple (makespan, bubble_fraction, peak_activations, "
-        f"timeline), found a {type(got).__name__} with fields {fields}"
-    )
-    assert close(got.makespan, want["makespan"]), f"{what}: makespan {got.makespan:g}, expected {want['makespan']:g}"
-    assert close(got.bubble_fraction, want["bubble"]), (
-        f"{what}: bubble_fraction {got.bubble_fraction:.6g}, expected {want['bubble']:.6g} "
-        "(idle stage-time over p * makespan)"
-    )
-    assert list(got.peak_activations) == want["peaks"], f"{what}: peak_activations {list(got.peak_activations)}, expected {want['peaks']}"
-    assert len(got.timeline) == len(want["timeline"]), f"{what}: timeline has {len(got.timeline)} stages"
-    for s, (g, w) in enumerate(zip(got.timeline, want["timeline"])):
-        assert len(g) == len(w), f"{what}: stage {s} timeline has {len(g)} entries, expected {len(w)}"
-        for (gs, ge, gop), (ws, we, wop) in zip(g, w):
-            assert tuple(gop) == wop, f"{what}: stage {s} timeline lists {tuple(gop)} where the schedule has {wop}"
-            assert close(gs, ws) and close(ge, we), (
-                f"{what}: stage {s}, {wop} runs ({gs:g}, {ge:g}), expected ({ws:g}, {we:g}): an op starts at the max of "
-                "its stage's free time and each dependency's end (+ p2p_time only across stages)"
-            )
+    if fields != ("makespan", "bubble_fraction", "peak_activations", "timeline"):
+        return (f"simulate should return the SimResult NamedTuple (makespan, bubble_fraction, peak_activations, "
+                f"timeline), found a {type(got).__name__} with fields {fields}")
+    p = len(want.timeline)
+    if len(got.timeline) != p:
+        return f"the timeline has {len(got.timeline)} rows, expected one per stage ({p})"
+    first = None
+    for s, (g, w) in enumerate(zip(got.timeline, want.timeline)):
+        if len(g) != len(w):
+            return f"stage {s}'s timeline has {len(g)} entries, expected {len(w)}: one (start, end, op) per op, in the stage's order"
+        for i, ((gs, ge, gop), (ws, we, wop)) in enumerate(zip(g, w)):
+            if tuple(gop) != wop:
+                return f"stage {s}'s timeline lists {tuple(gop)!r} at entry {i}, where the schedule has {wop!r}: keep each stage's order and spell ops as the schedule does"
+            if not (close(gs, ws) and close(ge, we)) and (first is None or (ws, s) < first[:2]):
+                first = (ws, s, i, gs, ge)
+    if first is not None:
+        ws, s, i, gs, ge = first
+        _, we, op = want.timeline[s][i]
+        cause = (start_cause(want, s, i, gs, times) if not close(gs, ws)
+                 else duration_cause(ge - gs, we - ws, op[0], times, want.v))
+        return (f"first divergence at time {ws:g}: stage {s}, op {i} {op!r} runs ({gs:g}, {ge:g}), the contract gives "
+                f"({ws:g}, {we:g}): {cause}")
+    if not close(got.makespan, want.makespan):
+        return f"the timeline is right but makespan is {got.makespan:g}: it is the end of the last op, {want.makespan:g}"
+    if not close(got.bubble_fraction, want.bubble):
+        busy = (1 - want.bubble) * p * want.makespan
+        why = "idle stage-time over total stage-time, (p * makespan - busy) / (p * makespan)"
+        if close(got.bubble_fraction, (p * want.makespan - busy) / want.makespan):
+            why = "you divided by the makespan; divide by p * makespan, the total stage-time"
+        elif close(got.bubble_fraction, 1 - want.bubble):
+            why = "that is the busy fraction; the bubble is the idle one, 1 minus it"
+        return f"bubble_fraction is {got.bubble_fraction:.6g}, the contract gives {want.bubble:.6g}: {why}"
+    got_peaks = list(got.peak_activations)
+    if got_peaks != list(want.peaks):
+        if len(got_peaks) != p:
+            return f"peak_activations has {len(got_peaks)} entries, expected one per stage ({p})"
+        s = next(s for s in range(p) if got_peaks[s] != want.peaks[s])
+        return (f"stage {s}: peak_activations is {got_peaks[s]}, the contract gives {want.peaks[s]}: along the stage's "
+                "own list, the most (microbatch, chunk) pairs whose F ran and whose B has not")
+    return ""
+
+
+def compare_sim(got, want: dict, what: str, times: tuple = (1.0, 2.0, 0.0)) -> None:
+    """The student's SimResult against the trusted simulator's, at its first divergence (see sim_divergence)."""
+    timeline = tuple(tuple(row) for row in want["timeline"])
+    ops = [op for row in timeline for _, _, op in row]
+    v = (1 + max(op[2] for op in ops)) // len(timeline) if len(ops[0]) == 3 else 1
+    verdict = Verdict(makespan=want["makespan"], bubble=want["bubble"], peaks=tuple(want["peaks"]), timeline=timeline, v=v)
+    diff = sim_divergence(got, verdict, times)
+    assert not diff, f"{what}: {diff}"
 
 
 @pytest.mark.check("simulate")
@@ -522,7 +865,8 @@ def test_simulate_known_schedules_with_random_costs(pm, rng):
         tf, tb, p2p = rnd.uniform(0.5, 2), rnd.uniform(0.5, 3), rnd.choice([0.0, rnd.uniform(0.05, 0.5)])
         for name, sched in [("gpipe", expected_gpipe(p, m)), ("1F1B", expected_1f1b(p, m))]:
             got = pm.simulate(sched, tf, tb, p2p)
-            compare_sim(got, trusted_simulate(sched, tf, tb, p2p), f"simulate({name} p={p} m={m}, t_f={tf:.3f}, t_b={tb:.3f}, p2p={p2p:.3f})")
+            compare_sim(got, trusted_simulate(sched, tf, tb, p2p), f"simulate({name} p={p} m={m}, t_f={tf:.3f}, t_b={tb:.3f}, p2p={p2p:.3f})",
+                        (tf, tb, p2p))
 
 
 @pytest.mark.check("simulate")
@@ -533,7 +877,7 @@ def test_simulate_random_valid_schedules(pm, rng):
         sched = random_valid_schedule(rnd, p, m)
         tf, tb, p2p = rnd.uniform(0.3, 2), rnd.uniform(0.3, 3), rnd.choice([0.0, rnd.uniform(0.05, 0.7)])
         compare_sim(pm.simulate(sched, tf, tb, p2p), trusted_simulate(sched, tf, tb, p2p),
-                    f"simulate({sched}, {tf:.3f}, {tb:.3f}, {p2p:.3f})")
+                    f"simulate({sched}, {tf:.3f}, {tb:.3f}, {p2p:.3f})", (tf, tb, p2p))
 
 
 @pytest.mark.check("simulate")
@@ -544,7 +888,8 @@ def test_simulate_interleaved_schedules(pm, rng):
     for sched in cases:
         tf, tb, p2p = rnd.uniform(0.3, 2), rnd.uniform(0.3, 3), rnd.choice([0.0, rnd.uniform(0.05, 0.7)])
         compare_sim(pm.simulate(sched, tf, tb, p2p), trusted_simulate(sched, tf, tb, p2p),
-                    f"simulate({sched}, {tf:.3f}, {tb:.3f}, {p2p:.3f}) (each op costs its time / v; peaks count (mb, chunk) pairs)")
+                    f"simulate({sched}, {tf:.3f}, {tb:.3f}, {p2p:.3f}) (each op costs its time / v; peaks count (mb, chunk) pairs)",
+                    (tf, tb, p2p))
 
 
 def perturbed(rnd: random.Random, sched: list[list[tuple]]) -> tuple[list[list[tuple]], str]:
@@ -586,8 +931,10 @@ def test_simulate_flags_exactly_the_invalid_schedules(pm, rng):
         valid = is_valid(sched)
         seen[valid] += 1
         if valid:
-            got = pm.simulate(sched, 1.0, 2.0)
-            compare_sim(got, trusted_simulate(sched), f"simulate({sched}) (still valid after: {change})")
+            label = f"simulate({sched}) (still valid after: {change})"
+            got, refused = call_simulate(pm, sched, (1.0, 2.0, 0.0), label)
+            assert refused is None, f"{label}: simulate raised ValueError({refused}), but every op of this schedule can run"
+            compare_sim(got, trusted_simulate(sched), label)
         else:
             with pytest.raises(ValueError):
                 pm.simulate(sched, 1.0, 2.0)
@@ -624,6 +971,145 @@ def test_simulate_rejects_malformed_schedules(pm, sched, why):
     with pytest.raises(ValueError):
         pm.simulate(sched)
         pytest.fail(f"simulate({sched}) should raise ValueError: {why}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Generated cases: simulate against the event-by-event oracle, on random valid and broken schedules
+
+
+def break_schedule(rnd: random.Random, kind: str, sched: list[list[tuple]]) -> tuple[list[list[tuple]], str]:
+    """A broken copy of a valid schedule, and what was done to it."""
+    sched = [list(row) for row in sched]
+    p = len(sched)
+    s = rnd.randrange(p)
+    row = sched[s]
+    if kind == "backward before its forward":
+        b = rnd.choice([op for op in row if op[0] == "B"])
+        row.remove(b)
+        f = row.index(("F", *b[1:]))
+        row.insert(rnd.randint(0, f), b)
+        return sched, f"stage {s} runs {b!r} before its forward"
+    if kind == "missing op":
+        if rnd.random() < 0.5:  # a backward of chunk 0, which no other op waits on: no deadlock gives it away
+            s, row = 0, sched[0]
+            op = rnd.choice([op for op in row if op[0] == "B" and (len(op) == 2 or op[2] == 0)])
+        else:
+            op = rnd.choice(row)
+        row.remove(op)
+        return sched, f"stage {s} never runs {op!r}"
+    if kind == "duplicate op":
+        op = rnd.choice(row)
+        row.insert(rnd.randint(0, len(row)), op)
+        return sched, f"stage {s} runs {op!r} twice"
+    if kind == "one op for another":  # the count of ops stays right
+        s, row = 0, sched[0]
+        gone = rnd.choice([op for op in row if op[0] == "B" and (len(op) == 2 or op[2] == 0)])
+        twice = rnd.choice([op for op in row if op != gone])
+        row[row.index(gone)] = twice
+        return sched, f"stage 0 runs {twice!r} twice and never {gone!r}"
+    if kind == "misplaced op" and p > 1:
+        op = row.pop(rnd.randrange(len(row)))
+        t = rnd.choice([t for t in range(p) if t != s])
+        sched[t].insert(rnd.randint(0, len(sched[t])), op)
+        return sched, f"{op!r} moved from stage {s} to stage {t}"
+    if kind == "dependency cycle":
+        # Stage a runs B(x) before F(y); the stage after it runs F(y) before F(x). B(x) on a needs B(x) there,
+        # which needs F(x) there, which comes after F(y) there, which needs F(y) on a: a cycle.
+        interleaved = len(row[0]) == 3
+        chunks = p * (1 + max(op[2] for r in sched for op in r) // p) if interleaved else p
+        m = 1 + max(op[1] for r in sched for op in r)
+        if chunks >= 2 and m >= 2:
+            c = rnd.randrange(chunks - 1)
+            spell = (lambda k, mb, ch: (k, mb, ch)) if interleaved else (lambda k, mb, ch: (k, mb))
+            here, after = sched[c % p], sched[(c + 1) % p]
+            fwd = [op for op in here if op[0] == "F" and (not interleaved or op[2] == c)]
+            i, j = sorted(rnd.sample(range(len(fwd)), 2))
+            x, y = fwd[i][1], fwd[j][1]
+            bx = spell("B", x, c)
+            here.remove(bx)
+            here.insert(here.index(spell("F", y, c)), bx)
+            fy = spell("F", y, c + 1)
+            after.remove(fy)
+            after.insert(after.index(spell("F", x, c + 1)), fy)
+            return sched, f"a cycle: {bx!r} before {spell('F', y, c)!r} on stage {c % p}, {fy!r} before {spell('F', x, c + 1)!r} on stage {(c + 1) % p}"
+    return break_schedule(rnd, "backward before its forward", sched)
+
+
+VALID_KINDS = ["random interleaving", "random interleaving", "gpipe", "1f1b", "interleaved"]
+BROKEN_KINDS = ["backward before its forward", "missing op", "duplicate op", "one op for another",
+                "misplaced op", "dependency cycle"]
+
+
+def generated_case(rnd: random.Random, trial: int):
+    """(schedule, (t_f, t_b, p2p), label): trial t cycles through every kind and every p in 1..5."""
+    kinds = VALID_KINDS + BROKEN_KINDS
+    kind = kinds[trial % len(kinds)]
+    p, m = 1 + (trial // len(kinds)) % 5, rnd.randint(1, 5)
+    v = rnd.choice([1, 1, 2, 3])
+    if kind == "gpipe":
+        v, base = 1, expected_gpipe(p, m)
+    elif kind == "1f1b":
+        v, base = 1, expected_1f1b(p, m)
+    elif kind == "interleaved":
+        v, m = rnd.randint(2, 3), p * rnd.randint(1, 2)
+        base = expected_interleaved(p, m, v)
+    else:
+        base = random_valid_schedule(rnd, p, max(m, 2) if kind == "dependency cycle" else m, v)
+    if kind in BROKEN_KINDS:
+        base, done = break_schedule(rnd, kind, base)
+        kind = f"{kind} ({done})"
+    times = (rnd.choice([1.0, rnd.uniform(0.2, 2.0)]), rnd.choice([2.0, rnd.uniform(0.2, 3.0)]),
+             rnd.choice([0.0, rnd.uniform(0.05, 0.8), rnd.uniform(0.05, 0.8)]))
+    label = (f"simulate(schedule, {times[0]:.4g}, {times[1]:.4g}, {times[2]:.4g}) on this schedule ({kind}): "
+             f"[{show_schedule(base)}]")
+    return base, times, label
+
+
+def call_simulate(pm, sched, times: tuple, label: str):
+    """(result, None) or (None, the ValueError it raised); any other exception is re-raised, naming the case."""
+    try:
+        return pm.simulate(sched, *times), None
+    except ValueError as exc:
+        return None, exc
+    except Exception as exc:  # noqa: BLE001 - the student's own error, kept as is, with the case it broke on
+        exc.args = (f"{label}: {exc.args[0] if exc.args else ''}", *exc.args[1:])
+        raise
+
+
+@pytest.mark.check("simulate")
+def test_simulate_against_an_event_by_event_oracle(pm, rng):
+    rnd = seeded(rng)
+    verdicts = Counter()
+    for trial in range(70):
+        sched, times, label = generated_case(rnd, trial)
+        want = event_oracle(sched, *times)
+        got, refused = call_simulate(pm, sched, times, label)
+        verdicts[want.why.split(" ")[0] or "valid"] += 1
+        if not want.why:
+            assert refused is None, (
+                f"{label}: simulate raised ValueError({refused}), but the schedule is valid: every op can run, each "
+                "after its inputs (F(mb, c) needs F(mb, c - 1); B(mb, c) needs F(mb, c) and B(mb, c + 1))"
+            )
+            diff = sim_divergence(got, want, times)
+            assert not diff, f"{label}: {diff}"
+        elif want.stuck:
+            assert refused is not None, (
+                f"{label}: simulate returned a result, but the schedule deadlocks (stuck: "
+                f"{', '.join(map(repr, want.stuck))}): when no stage can start its next op, raise ValueError"
+            )
+            unnamed = [op for op in want.stuck if repr(op) not in str(refused)]
+            assert not unnamed, (
+                f"{label}: the schedule deadlocks with each unfinished stage stuck at its next op "
+                f"({', '.join(map(repr, want.stuck))}); your ValueError does not name {', '.join(map(repr, unnamed))}: "
+                f"{refused}"
+            )
+        else:
+            assert refused is not None, (
+                f"{label}: simulate returned a result, but the schedule {want.why}: check each stage runs F and B "
+                "exactly once per microbatch and chunk it holds, before timing anything (a missing op that nothing "
+                "waits on, or one op swapped for a copy of another, leaves no deadlock to notice)"
+            )
+    assert verdicts["valid"] >= 20 and verdicts["deadlocks"] >= 5, f"the generator drew too few of a kind: {verdicts}"
 
 
 def assert_simulate_linear(student, pm, small, large, what: str, makespan: float, advice: str,
