@@ -145,6 +145,8 @@ def dispatch(x: torch.Tensor, routing: Routing, capacity: int) -> torch.Tensor:
 def combine(expert_out: torch.Tensor, routing: Routing) -> torch.Tensor:
     """Each token's weighted sum of its kept experts' outputs: [T, d]; fully dropped tokens get zeros."""
     num_experts, capacity, d = expert_out.shape
+    if capacity == 0:  # min_capacity=0 and a tiny factor: every assignment was dropped, there is no row to read
+        return expert_out.new_zeros(routing.slot.shape[0], d)
     kept = routing.slot >= 0  # [T, k]
     row = routing.expert_index * capacity + routing.slot.clamp(min=0)
     gathered = expert_out.reshape(num_experts * capacity, d)[row]  # [T, k, d]

@@ -118,6 +118,33 @@ MUTANTS = [
         loses=["drops", "priority", "layer", "vectorised"],
     ),
     Mutant(
+        name="capacity_edge_one_short",
+        why="tests for room with the count that includes the assignment itself, so a full expert keeps one "
+            "assignment fewer (its only bug is a drop decision: the routing stays valid). Before the drop "
+            "decisions were compared first it also lost layer (3 of 9) with a combine_weight message",
+        edits=[("    kept = rank < capacity\n",
+                "    kept = rank + 1 < capacity  # the count with this assignment must stay below capacity\n"),
+               ("    tokens_per_expert = wanted.clamp(max=capacity)  # each expert keeps min(wanted, capacity)",
+                "    tokens_per_expert = torch.bincount(expert_index[kept], minlength=num_experts)")],
+        loses=["route_public", "capacity", "drops", "priority"],
+    ),
+    Mutant(
+        name="probs_ties_to_later_tokens",
+        why="sorts the probabilities ascending and flips the order, so among equal probabilities the LATER token "
+            "wins a slot under drop_policy='probs' (caught by ties in priority: identical tokens, constant logits)",
+        edits=[("by_prob = torch.sort(flat_p, descending=True, stable=True).indices",
+                "by_prob = torch.sort(flat_p, stable=True).indices.flip(0)")],
+        loses=["priority"],
+    ),
+    Mutant(
+        name="combine_fails_at_capacity_zero",
+        why="combine indexes the flat buffer even when capacity is 0 (min_capacity=0, every assignment dropped), "
+            "where it has no row at all",
+        edits=[("    if capacity == 0:  # min_capacity=0 and a tiny factor: every assignment was dropped, there is no row to read\n"
+                "        return expert_out.new_zeros(routing.slot.shape[0], d)\n", "")],
+        loses=["dispatch_combine"],
+    ),
+    Mutant(
         name="min_capacity_ignored",
         why="route computes the capacity without passing min_capacity on",
         edits=[("    capacity = expert_capacity(num_tokens, num_experts, k, capacity_factor, min_capacity)",

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import math
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -16,7 +18,7 @@ from torch import nn
 
 from grader.structure import Scaling, assert_flat_on_the_clock, clock
 from grader.support.moe_router import Routing, as_routing
-from grader.testing import assert_close
+from grader.testing import assert_close, assert_equal
 
 DRIVER = "grader.support.moe_router:"
 HUGE = 1000.0
@@ -87,6 +89,8 @@ def oracle_route(logits: torch.Tensor, k: int, cf: float, policy: str = "positio
     P = [sum(float(p64[t, e]) for t in range(T)) / T for e in range(E)]
     lse = torch.logsumexp(logits.double(), -1)
     return {
+        "policy": policy,
+        "p32": torch.tensor(p32, dtype=torch.float32).view(T, E),
         "capacity": cap,
         "expert_index": torch.tensor(idx, dtype=torch.long).view(T, k),
         "weight": torch.tensor(weight, dtype=torch.float64).view(T, k),
@@ -137,8 +141,97 @@ def first_mismatch(got: torch.Tensor, want: torch.Tensor) -> tuple[int, ...] | N
     return None if len(bad) == 0 else tuple(int(i) for i in bad[0])
 
 
-def assert_routing_matches(r, o: dict, logits: torch.Tensor, where: str, policy: str = "position") -> None:
-    p32 = torch.softmax(logits.float(), -1)
+def priority_key(o: dict, t: int, j: int) -> tuple:
+    """Where assignment (token t, choice j) stands in the contract's priority order (smaller: earlier)."""
+    if o["policy"] == "position":
+        return (j, t)  # every first choice (tokens in order) before any second choice
+    e = int(o["expert_index"][t, j])
+    return (-float(o["p32"][t, e]), t)  # higher router probability first, earlier token on ties
+
+
+def assignments_ahead(o: dict, t: int, j: int) -> list[tuple[int, int]]:
+    """The assignments to the same expert as (t, j) that come before it, in priority order."""
+    T, k = o["slot"].shape
+    e = int(o["expert_index"][t, j])
+    mine = priority_key(o, t, j)
+    ahead = [(t2, j2) for t2 in range(T) for j2 in range(k)
+             if int(o["expert_index"][t2, j2]) == e and priority_key(o, t2, j2) < mine]
+    return sorted(ahead, key=lambda tj: priority_key(o, *tj))
+
+
+def listed(pairs: list[tuple[int, int]], most: int = 6) -> str:
+    text = ", ".join(f"token {t} choice {j}" for t, j in pairs[:most])
+    return text + (f", ... ({len(pairs)} in all)" if len(pairs) > most else "")
+
+
+PRIORITY_RULE = {
+    "position": "all first choices (tokens in order) come before any second choice, then all second choices, ... "
+                "(GShard)",
+    "probs": "per expert, higher router probability first (the softmax probability of that expert for that token, "
+             "not the renormalised weight); equal probabilities: the earlier token first",
+}
+
+
+def drop_cause(r, o: dict, t: int, j: int) -> str:
+    """What usually makes a student's keep/drop decision for (t, j) differ from the oracle's."""
+    e, cap, policy = int(o["expert_index"][t, j]), o["capacity"], o["policy"]
+    got_kept = (r.slot >= 0) & (r.expert_index == e)
+    n_got = int(got_kept.sum())
+    n_want = int((o["kept"] & (o["expert_index"] == e)).sum())
+    if n_got > cap:
+        return (f"Your routing keeps {n_got} assignments at expert {e}, more than its capacity {cap} = "
+                "max(min_capacity, ceil(k * T * capacity_factor / E)): keep an assignment only while fewer than "
+                "capacity assignments of higher priority went to its expert.")
+    if n_got < n_want:
+        return (f"Your expert {e} keeps {n_got} assignments where {n_want} fit: an off-by-one at the capacity edge "
+                "(an assignment's slot counts the assignments BEFORE it, and it is kept while that count is below "
+                "the capacity), or a capacity smaller than max(min_capacity, ceil(k * T * capacity_factor / E)).")
+    rule = f"Expert {e} keeps the right number of assignments but not the right ones: the priority is wrong. " \
+           f"Priority: {PRIORITY_RULE[policy]}."
+    if policy == "probs":
+        mine = float(o["p32"][t, e])
+        tied = [(t2, j2) for t2, j2 in (got_kept ^ (o["kept"] & (o["expert_index"] == e))).nonzero().tolist()
+                if (t2, j2) != (t, j) and float(o["p32"][t2, e]) == mine]
+        if tied:
+            rule += (f" Token {t} and token {tied[0][0]} give expert {e} the same probability {mine:.6g}: the earlier "
+                     "token wins (a stable sort keeps the token order among equal values; a flipped ascending sort "
+                     "reverses it).")
+    else:
+        T, k = o["slot"].shape
+        token_major = sorted(((t2, j2) for t2 in range(T) for j2 in range(k) if int(o["expert_index"][t2, j2]) == e))
+        if got_kept.nonzero().tolist() == sorted(map(list, token_major[:cap])):
+            rule += (" Yours keeps what token-by-token order would keep (token 0's choices, then token 1's, ...): a "
+                     "token's second choice must not beat a later token's first choice.")
+    return rule
+
+
+def assert_drop_decisions(r, o: dict, where: str) -> None:
+    """Every keep/drop decision against the oracle's; the first divergence in priority order, with its reason."""
+    got_kept, want_kept = r.slot >= 0, o["kept"]
+    if torch.equal(got_kept, want_kept):
+        return
+    T, k = want_kept.shape
+    t, j = min(((t, j) for t in range(T) for j in range(k) if bool(got_kept[t, j]) != bool(want_kept[t, j])),
+               key=lambda tj: priority_key(o, *tj))
+    e, cap = int(o["expert_index"][t, j]), o["capacity"]
+    ahead = assignments_ahead(o, t, j)
+    if bool(want_kept[t, j]):
+        oracle = (f"the oracle keeps it in slot {int(o['slot'][t, j])} ({len(ahead)} assignment"
+                  f"{'' if len(ahead) == 1 else 's'} of higher priority want expert {e}, which has {cap} slots)")
+        yours = "yours drops it (slot -1)"
+    else:
+        holders = [tj for tj in ahead if bool(want_kept[tj])]
+        oracle = (f"the oracle drops it (expert {e} has no slot at all: capacity 0)" if cap == 0 else
+                  f"the oracle drops it (expert {e} is full after {len(holders)} assignment"
+                  f"{'' if len(holders) == 1 else 's'} of higher priority: {listed(holders)})")
+        yours = f"yours keeps it (slot {int(r.slot[t, j])})"
+    raise AssertionError(f"{where}: token {t}, choice {j} (expert {e}), capacity {cap}: {oracle}; {yours}. "
+                         + drop_cause(r, o, t, j))
+
+
+def assert_same_experts(r, o: dict, where: str) -> None:
+    """The routing's fields as tensors of the right shapes, and the chosen experts against the oracle's."""
+    p32 = o["p32"]
     for name in ("expert_index", "combine_weight", "slot", "tokens_per_expert"):
         got = getattr(r, name)
         assert isinstance(got, torch.Tensor), f"{where}: routing.{name} should be a tensor, found {type(got).__name__}"
@@ -152,35 +245,53 @@ def assert_routing_matches(r, o: dict, logits: torch.Tensor, where: str, policy:
     if at is not None:
         t, j = at
         got_e, want_e = int(r.expert_index[t, j]), int(o["expert_index"][t, j])
-        tie = float(p32[t, got_e]) == float(p32[t, want_e])
+        valid = 0 <= got_e < p32.shape[1]
+        tie = valid and float(p32[t, got_e]) == float(p32[t, want_e])
         raise AssertionError(
             f"{where}: token {t}, choice {j}: expected expert {want_e} (p={float(p32[t, want_e]):.6g}), found "
-            f"{got_e} (p={float(p32[t, got_e]):.6g}). "
+            f"{got_e}" + (f" (p={float(p32[t, got_e]):.6g}). " if valid else " (not an expert id). ")
             + ("These probabilities are equal: ties go to the LOWER expert index, and torch.topk does not "
                "promise any order among equal values." if tie else
                "Experts must be listed in descending router probability.")
         )
-    def weight_hint(at: tuple[int, ...]) -> str:
+
+
+def weight_hint(o: dict):
+    def hint(at: tuple[int, ...]) -> str:
         t, j = at
-        return (f"Token {t}'s choice {j} was dropped by capacity: its weight must be 0" if not bool(o["kept"][t, j]) else
+        return (f"Token {t}'s choice {j} is dropped (in your routing too): its weight must be 0"
+                if not bool(o["kept"][t, j]) else
                 "Kept assignments keep the weight they had before any drop (renormalise over the k chosen "
                 "when renormalize is on, never over the kept ones only)")
+    return hint
 
-    assert_close(r.combine_weight, o["combine_weight"], atol=1e-5, what=f"{where}: combine_weight [token, choice]",
-                 hint=weight_hint)
+
+def assert_choices_and_weights(r, o: dict, where: str) -> None:
+    """topk's share of a routing: the chosen experts, and the weights of the assignments whose keep/drop
+    decision agrees with the oracle's. Drops and slots are judged by the drops and priority checks."""
+    assert_same_experts(r, o, where)
+    agree = (r.slot >= 0) == o["kept"]
+    assert_close(torch.where(agree, r.combine_weight.double(), 0.0), torch.where(agree, o["combine_weight"], 0.0),
+                 atol=1e-5, what=f"{where}: combine_weight [token, choice]", hint=weight_hint(o))
+
+
+def assert_routing_matches(r, o: dict, logits: torch.Tensor, where: str, policy: str = "position") -> None:
+    """The student's routing against the oracle's, one kind of decision at a time: the chosen experts, then
+    which assignments are kept, then their slots, then the weights (on decisions that now agree), then
+    the counts. Each failure names the first divergence and the rule behind it."""
+    assert_same_experts(r, o, where)
+    assert_drop_decisions(r, o, where)
     at = first_mismatch(r.slot, o["slot"])
     if at is not None:
         t, j = at
         e = int(o["expert_index"][t, j])
-        rule = ("all first choices come before any second choice, and earlier tokens first within the same "
-                "choice rank (GShard)" if policy == "position" else
-                "per expert, higher router probability first (the softmax probability, not the renormalised "
-                "weight), earlier token on ties")
         raise AssertionError(
             f"{where}: slot[{t}, {j}] (token {t}'s choice {j}, expert {e}) is {int(r.slot[t, j])}, expected "
-            f"{int(o['slot'][t, j])} with capacity {o['capacity']}. Priority: {rule}; the expert's buffer fills in "
-            "that order from slot 0, and assignments past the capacity get -1."
+            f"{int(o['slot'][t, j])} (the same assignments are kept; their order in the buffer differs). Priority: "
+            f"{PRIORITY_RULE[o['policy']]}; the expert's buffer fills in that order from slot 0, with no gaps."
         )
+    assert_close(r.combine_weight, o["combine_weight"], atol=1e-5, what=f"{where}: combine_weight [token, choice]",
+                 hint=weight_hint(o))
     at = first_mismatch(r.tokens_per_expert.long(), o["tokens_per_expert"])
     assert at is None, (
         f"{where}: tokens_per_expert[{at[0]}] is {int(r.tokens_per_expert[at[0]])}, expected "
@@ -295,7 +406,7 @@ def test_choices_and_weights_without_drops(sm, rng, kind, E):
     for k in (1, 2, 4):
         o = oracle_route(logits, k, HUGE)
         r = sm.route(logits, k, HUGE)
-        assert_routing_matches(r, o, logits, f"{kind} logits, T={T}, E={E}, k={k}, no drops")
+        assert_choices_and_weights(r, o, f"{kind} logits, T={T}, E={E}, k={k}, no drops")
 
 
 @pytest.mark.check("topk")
@@ -310,7 +421,7 @@ def test_probs_are_fp32_softmax(sm, rng):
     o = oracle_route(logits, 2, HUGE)
     r = sm.route(logits, 2, HUGE)
     assert r.combine_weight.dtype == torch.float32, f"combine_weight must be fp32, found {r.combine_weight.dtype}"
-    assert_routing_matches(r, o, logits, "bf16 logits, T=37, E=8, k=2")
+    assert_choices_and_weights(r, o, "bf16 logits, T=37, E=8, k=2")
 
 
 @pytest.mark.check("topk")
@@ -405,7 +516,10 @@ def test_gshard_first_choices_win(sm):
     ])
     r = sm.route(logits, 2, 1.0)  # capacity ceil(2 * 4 * 1.0 / 4) = 2
     assert r.expert_index.tolist() == [[1, 0], [0, 2], [0, 3], [2, 3]], f"expert_index is {r.expert_index.tolist()}"
-    assert r.slot[1, 0] == 0 and r.slot[2, 0] == 1 and r.slot[0, 1] == -1, (
+    gshard = r.slot[1, 0] == 0 and r.slot[2, 0] == 1 and r.slot[0, 1] == -1
+    if not gshard and not (int(r.slot[0, 1]) >= 0 and int(r.slot[2, 0]) == -1):  # not token-by-token: say why
+        assert_routing_matches(r, oracle_route(logits, 2, 1.0), logits, "GShard's case (T=4, E=4, k=2, capacity 2)")
+    assert gshard, (
         "expert 0 can take 2 assignments: tokens 1 and 2 chose it FIRST, token 0 only second, so tokens 1 and 2 "
         f"get slots 0 and 1 and token 0's second choice is dropped. Found slot[0, 1]={int(r.slot[0, 1])}, "
         f"slot[1, 0]={int(r.slot[1, 0])}, slot[2, 0]={int(r.slot[2, 0])}. Order the assignments choice by choice "
@@ -466,6 +580,188 @@ def test_probs_policy_against_the_loop(sm, rng, k):
                 o = oracle_route(logits, k, cf, "probs")
                 assert_invariants(r, E, o["capacity"], where)
                 assert_routing_matches(r, o, logits, where, "probs")
+
+
+# --------------------------------------------------------------------------------------------------
+# generated: routing ties and capacity edges, against the per-token loop
+#
+# Each generator below draws one case from the run's rng; a test runs ROUNDS cases of every family.
+# Cross-token ties in probability come only from identical rows (a pool of rows, constant rows): any
+# elementwise fp32 softmax gives equal rows equal probabilities, so the oracle's tie is a real one.
+# Within a row, equal logits give equal probabilities whatever the softmax.
+
+CAPACITY_FACTORS = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 2.0, HUGE)
+ROUNDS = 4
+
+
+def pick(rng: torch.Generator, options):
+    return options[int(torch.randint(0, len(options), (1,), generator=rng))]
+
+
+def between(rng: torch.Generator, lo: int, hi: int) -> int:
+    """An integer in [lo, hi], both ends included."""
+    return int(torch.randint(lo, hi + 1, (1,), generator=rng))
+
+
+@dataclass(frozen=True)
+class RouteCase:
+    family: str
+    logits: torch.Tensor
+    k: int
+    capacity_factor: float
+    min_capacity: int
+
+    def where(self, i: int, n: int, policy: str) -> str:
+        T, E = self.logits.shape
+        cap = capacity_formula(T, E, self.k, self.capacity_factor, self.min_capacity)
+        return (f"generated case {i + 1} of {n} ({self.family}): route(logits [T={T}, E={E}], k={self.k}, "
+                f"capacity_factor={self.capacity_factor}, drop_policy={policy!r}, min_capacity={self.min_capacity}), "
+                f"capacity {cap}")
+
+
+@contextmanager
+def during(where: str):
+    """Name the generated case in the message of an exception the student's code raises on it."""
+    try:
+        yield
+    except AssertionError:
+        raise
+    except Exception as exc:  # the student's exception (or its stand-in from the worker): same object, more words
+        exc.args = (f"on {where}: {exc.args[0] if exc.args else ''}", *exc.args[1:])
+        raise
+
+
+def rows_from_pool(pool: torch.Tensor, T: int, rng: torch.Generator) -> torch.Tensor:
+    return pool[torch.randint(0, len(pool), (T,), generator=rng)].clone()
+
+
+def gen_random(rng, policy) -> RouteCase:
+    E = pick(rng, (2, 3, 4, 5, 8, 16))
+    T = between(rng, 1, 40)
+    skew = torch.linspace(1.5, 0, E)[torch.randperm(E, generator=rng)]
+    logits = torch.randn(T, E, generator=rng) * pick(rng, (0.5, 2.0, 6.0)) + skew
+    return RouteCase("random logits, some experts favoured", logits, between(rng, 1, min(E, 4)),
+                     pick(rng, CAPACITY_FACTORS), pick(rng, (0, 1, 2)))
+
+
+def gen_expert_ties(rng, policy) -> RouteCase:
+    E = pick(rng, (2, 3, 4, 6, 8))
+    T = between(rng, 2, 30)
+    if policy == "position":
+        logits = torch.randint(-1, 2, (T, E), generator=rng).float()
+    else:  # identical rows, so that equal probabilities across tokens are exactly equal
+        logits = rows_from_pool(torch.randint(-1, 2, (between(rng, 1, 3), E), generator=rng).float(), T, rng)
+    return RouteCase("exact ties between experts' logits", logits, between(rng, 1, E),
+                     pick(rng, CAPACITY_FACTORS[1:]), pick(rng, (0, 1)))
+
+
+def gen_all_equal(rng, policy) -> RouteCase:
+    E = pick(rng, (1, 2, 4, 8))
+    T = between(rng, 1, 30)
+    logits = torch.full((T, E), pick(rng, (0.0, 3.5, -2.0)))
+    return RouteCase("every expert tied (constant logits)", logits, between(rng, 1, E),
+                     pick(rng, (0.25, 0.5, 1.0, 1.25)), 1)
+
+
+def gen_one_expert(rng, policy) -> RouteCase:
+    E = pick(rng, (2, 4, 8))
+    T = between(rng, 2, 40)
+    logits = torch.randn(T, E, generator=rng) * 0.5
+    logits[:, between(rng, 0, E - 1)] += 6.0
+    return RouteCase("every token's first choice on one expert", logits, between(rng, 1, min(E, 3)),
+                     pick(rng, (0.25, 0.5, 1.0)), pick(rng, (0, 1)))
+
+
+def gen_identical_tokens(rng, policy) -> RouteCase:
+    E = pick(rng, (2, 3, 4, 8))
+    T = between(rng, 2, 30)
+    row = torch.randn(1, E, generator=rng) * 1.5 if between(rng, 0, 1) else torch.randint(-1, 2, (1, E), generator=rng).float()
+    return RouteCase("every token identical (ties in priority)", row.expand(T, E).clone(), between(rng, 1, min(E, 3)),
+                     pick(rng, (0.25, 0.5, 1.0)), pick(rng, (0, 1)))
+
+
+def gen_token_pool(rng, policy) -> RouteCase:
+    E = pick(rng, (3, 4, 8))
+    T = between(rng, 4, 40)
+    pool = torch.randn(between(rng, 2, 4), E, generator=rng) * 2
+    return RouteCase("tokens drawn from a few distinct rows (ties in priority)", rows_from_pool(pool, T, rng),
+                     between(rng, 1, min(E, 3)), pick(rng, (0.25, 0.5, 1.0)), pick(rng, (0, 1)))
+
+
+def gen_exact_capacity(rng, policy) -> RouteCase:
+    """First choices put exactly `capacity` tokens on one expert, capacity + 1 on another and capacity - 1
+    on a third; with k = 2, some second choices go to the full expert (all dropped) and some to the one
+    short by one (exactly one of them fits)."""
+    E, k, T = between(rng, 4, 8), pick(rng, (1, 2)), between(rng, 16, 40)
+    cf, mc = pick(rng, (0.25, 0.5)), pick(rng, (0, 1))
+    cap = capacity_formula(T, E, k, cf, mc)
+    experts = torch.randperm(E, generator=rng).tolist()
+    full, over, short, rest = experts[0], experts[1], experts[2], experts[3:]
+    first = [full] * cap + [over] * (cap + 1) + [short] * max(cap - 1, 0)
+    first += [pick(rng, rest) for _ in range(T - len(first))]
+    first = [first[i] for i in torch.randperm(T, generator=rng).tolist()]
+    logits = torch.rand(T, E, generator=rng)
+    logits[torch.arange(T), torch.tensor(first)] += 4.0
+    if k == 2:
+        for t in range(T):
+            wanted = pick(rng, (full, short, short, pick(rng, experts)))
+            second = wanted if wanted != first[t] else pick(rng, [e for e in experts if e != first[t]])
+            logits[t, second] += 2.0
+    return RouteCase("experts exactly at capacity, one over by one, one short by one", logits, k, cf, mc)
+
+
+def gen_capacity_zero(rng, policy) -> RouteCase:
+    E = pick(rng, (1, 2, 4, 8))
+    T = between(rng, 1, 20)
+    return RouteCase("capacity 0: every assignment dropped", torch.randn(T, E, generator=rng),
+                     between(rng, 1, E), 0.0, 0)
+
+
+def gen_capacity_one(rng, policy) -> RouteCase:
+    E = pick(rng, (2, 4, 8))
+    T = between(rng, 1, 30)
+    logits = torch.randn(T, E, generator=rng) if between(rng, 0, 1) else rows_from_pool(torch.randn(2, E, generator=rng), T, rng)
+    return RouteCase("capacity 1", logits, between(rng, 1, min(E, 4)), pick(rng, (0.0, 0.01)), 1)
+
+
+def gen_k_is_E(rng, policy) -> RouteCase:
+    E = between(rng, 1, 6)
+    T = between(rng, 1, 30)
+    logits = torch.randn(T, E, generator=rng) * 2 if between(rng, 0, 1) else \
+        rows_from_pool(torch.randint(-1, 2, (2, E), generator=rng).float(), T, rng)
+    return RouteCase("k = number of experts", logits, E, pick(rng, CAPACITY_FACTORS), pick(rng, (0, 1)))
+
+
+def gen_tiny(rng, policy) -> RouteCase:
+    E = pick(rng, (1, 2, 3))
+    T = pick(rng, (1, 2, 3))
+    return RouteCase("one to three tokens and experts", torch.randn(T, E, generator=rng), between(rng, 1, E),
+                     pick(rng, CAPACITY_FACTORS), pick(rng, (0, 1)))
+
+
+ROUTE_FAMILIES = [gen_random, gen_expert_ties, gen_all_equal, gen_one_expert, gen_identical_tokens, gen_token_pool,
+                  gen_exact_capacity, gen_capacity_zero, gen_capacity_one, gen_k_is_E, gen_tiny]
+
+
+def run_generated_routes(sm, rng, policy: str) -> None:
+    cases = [family(rng, policy) for _ in range(ROUNDS) for family in ROUTE_FAMILIES]
+    for i, case in enumerate(cases):
+        where = case.where(i, len(cases), policy)
+        with during(where):
+            r = as_routing(sm.route(case.logits, case.k, case.capacity_factor, drop_policy=policy,
+                                    min_capacity=case.min_capacity))
+        o = oracle_route(case.logits, case.k, case.capacity_factor, policy, case.min_capacity)
+        assert_routing_matches(r, o, case.logits, where, policy)
+
+
+@pytest.mark.check("drops")
+def test_generated_routing_position_policy(sm, rng):
+    run_generated_routes(sm, rng, "position")
+
+
+@pytest.mark.check("priority")
+def test_generated_routing_probs_policy(sm, rng):
+    run_generated_routes(sm, rng, "probs")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -654,13 +950,108 @@ def test_round_trip_with_identity_experts(sm, rng, k):
     logits = torch.randn(T, E, generator=rng)
     cf = 1.0
     x = torch.randn(T, d, generator=rng)
-    r = as_routing(sm.route(logits, k, cf))
-    cap = capacity_formula(T, E, k, cf)
-    y = sm.combine(sm.dispatch(x, r, cap), r)
-    assert bool(torch.isfinite(r.combine_weight).all()), "route gave combine weights that are not finite"
-    want = r.combine_weight.sum(-1, keepdim=True) * x
+    o = oracle_route(logits, k, cf)  # the oracle's routing: route's own decisions are judged by drops and priority
+    r = oracle_routing(o)
+    y = sm.combine(sm.dispatch(x, r, o["capacity"]), r)
+    want = o["combine_weight"].sum(-1, keepdim=True) * x.double()
     assert_close(y, want, atol=1e-5, what="combine(dispatch(x)) with identity experts [token, feature]",
                  hint="It should give (sum of token t's kept weights) * x[t]")
+
+
+def random_valid_routing(rng: torch.Generator) -> tuple[dict, int, str]:
+    """Any routing dispatch and combine must handle, not only route's: random distinct experts per token,
+    a random subset of each expert's assignments kept (at most the capacity), kept ones in random slot
+    order, random weights. Returns (the routing as an oracle dict, E, its family)."""
+    E = between(rng, 1, 8)
+    T, k, cap = between(rng, 1, 30), between(rng, 1, min(E, 4)), pick(rng, (0, 1, 1, 2, 3, 5))
+    index = torch.stack([torch.randperm(E, generator=rng)[:k] for _ in range(T)])
+    slot = torch.full((T, k), -1, dtype=torch.long)
+    fill = pick(rng, ("full", "random"))
+    for e in range(E):
+        wanting = (index == e).nonzero().tolist()
+        wanting = [wanting[i] for i in torch.randperm(len(wanting), generator=rng).tolist()]
+        n = min(cap, len(wanting)) if fill == "full" else between(rng, 0, min(cap, len(wanting)))
+        for s_, (t, j) in zip(torch.randperm(n, generator=rng).tolist(), wanting[:n]):
+            slot[t, j] = s_
+    kept = slot >= 0
+    weight = torch.where(kept, torch.rand(T, k, generator=rng, dtype=torch.float64) + 0.05, 0.0)
+    o = {"expert_index": index, "slot": slot, "kept": kept, "capacity": cap, "combine_weight": weight,
+         "tokens_per_expert": torch.bincount(index[kept], minlength=E), "aux_loss": 0.0, "z_loss": 0.0}
+    family = (f"a random valid routing, T={T}, E={E}, k={k}, capacity {cap}, "
+              + ("every expert filled as far as it can be" if fill == "full" else "random kept subsets"))
+    return o, E, family
+
+
+def generated_routings(rng: torch.Generator, n: int) -> list[tuple[dict, int, str]]:
+    """Half from route's oracle on the generated route cases (capacity 0 and 1, ties, k = E), half random."""
+    out = []
+    for i in range(n):
+        if i % 2:
+            out.append(random_valid_routing(rng))
+        else:
+            case = ROUTE_FAMILIES[(i // 2) % len(ROUTE_FAMILIES)](rng, "position")
+            T, E = case.logits.shape
+            o = oracle_route(case.logits, case.k, case.capacity_factor, "position", case.min_capacity)
+            out.append((o, E, f"the oracle's routing of {case.where(0, 1, 'position').split(': ', 1)[1]}"))
+    return out
+
+
+@pytest.mark.check("dispatch_combine")
+def test_generated_dispatch_and_combine_against_the_loops(sm, rng):
+    cases = generated_routings(rng, 40)
+    for i, (o, E, family) in enumerate(cases):
+        T, k = o["slot"].shape
+        cap = o["capacity"]
+        where = f"generated routing {i + 1} of {len(cases)} ({family})"
+        d = between(rng, 1, 5)
+        dtype = pick(rng, (torch.float32, torch.float32, torch.float64))
+        x = torch.randn(T, d, generator=rng, dtype=dtype)
+        routing = oracle_routing(o)
+        with during(where):
+            buf = sm.dispatch(x, routing, cap)
+        assert isinstance(buf, torch.Tensor) and tuple(buf.shape) == (E, cap, d) and buf.dtype == dtype, (
+            f"{where}: dispatch should return [E, capacity, d] = {[E, cap, d]} {dtype}, found "
+            f"{list(getattr(buf, 'shape', []))} {getattr(buf, 'dtype', type(buf).__name__)}"
+            + (" (capacity 0 is legal: every assignment was dropped, and the buffers are [E, 0, d])" if cap == 0 else "")
+        )
+        owner = {(int(o["expert_index"][t, j]), int(o["slot"][t, j])): (t, j) for t in range(T) for j in range(k)
+                 if o["kept"][t, j]}
+
+        def dispatch_hint(at: tuple[int, ...]) -> str:
+            e, s_ = at[0], at[1]
+            if (e, s_) in owner:
+                return f"buffer[{e}, {s_}] is token {owner[e, s_][0]}'s row (its choice {owner[e, s_][1]} has that slot)"
+            return f"buffer[{e}, {s_}] must be zeros: no kept assignment has expert {e}, slot {s_}"
+
+        assert_equal(buf, oracle_dispatch(x, o, E, cap), what=f"{where}: dispatch buffers [expert, slot, feature]",
+                     hint=dispatch_hint)
+
+        expert_out = torch.randn(E, cap, d, generator=rng, dtype=dtype) * 3
+        for e in range(E):  # what no kept assignment reads may hold anything: inf, -inf, NaN
+            for s_ in range(cap):
+                if (e, s_) not in owner:
+                    expert_out[e, s_] = pick(rng, (float("inf"), float("-inf"), float("nan")))
+        with during(where):
+            y = sm.combine(expert_out, routing)
+        assert isinstance(y, torch.Tensor) and tuple(y.shape) == (T, d) and y.dtype == dtype, (
+            f"{where}: combine should return [T, d] = {[T, d]} {dtype}, found "
+            f"{list(getattr(y, 'shape', []))} {getattr(y, 'dtype', type(y).__name__)}"
+        )
+
+        def combine_hint(at: tuple[int, ...]) -> str:
+            t = at[0]
+            reads = [(int(o["expert_index"][t, j]), int(o["slot"][t, j])) for j in range(k) if o["kept"][t, j]]
+            if not reads:
+                return (f"Token {t} lost every assignment, so its output is zeros" + (
+                    " (capacity 0: there is no buffer row to read at all)" if cap == 0 else
+                    "; a dropped assignment reads nothing: mask with torch.where (the unused slots here hold "
+                    "inf and NaN, and 0 * inf is NaN)"))
+            return (f"Token {t} reads (expert, slot) {reads} with weights "
+                    f"{[round(float(o['combine_weight'][t, j]), 4) for j in range(k) if o['kept'][t, j]]}; its dropped "
+                    "choices read nothing (the unused slots hold inf and NaN here: mask with torch.where)")
+
+        assert_close(y, oracle_combine(expert_out.nan_to_num(0.0, 0.0, 0.0), o), atol=1e-5, rtol=1e-5,
+                     what=f"{where}: combine [token, feature]", hint=combine_hint)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -670,6 +1061,30 @@ def test_round_trip_with_identity_experts(sm, rng, k):
 def make_experts(E: int, d: int, h: int, seed: int) -> list[nn.Module]:
     torch.manual_seed(seed)
     return [nn.Sequential(nn.Linear(d, h), nn.GELU(), nn.Linear(h, d)) for _ in range(E)]
+
+
+def layer_decisions(sm, r, logits: torch.Tensor, k: int, cf: float, where: str) -> dict:
+    """The routing decisions (chosen experts, kept assignments) the layer check builds its reference on.
+
+    route's own decisions are judged by topk, drops and priority; this check judges the layer around them.
+    So where moe_layer routes exactly as the student's route() does on the same logits, the reference uses
+    those decisions (once they form a valid routing), and a wrong drop is charged there, not here again.
+    Where moe_layer routes otherwise, the layer itself is at fault, and the routing is compared with the
+    oracle's."""
+    o = oracle_route(logits, k, cf)
+    r = as_routing(r)
+    same = lambda a, b: all(isinstance(getattr(a, f), torch.Tensor) and getattr(a, f).shape == getattr(b, f).shape
+                            and torch.equal(getattr(a, f).long(), getattr(b, f).long()) for f in ("expert_index", "slot"))
+    if same(r, Routing(o["expert_index"], None, o["slot"], None, None, None)):
+        return o
+    own = as_routing(sm.route(logits, k, cf))
+    if not same(r, own):
+        assert_routing_matches(r, o, logits, where + " (it also differs from your own route() on the same logits, "
+                               "so moe_layer routes otherwise than route with its defaults)")
+        return o
+    T, E = logits.shape
+    assert_invariants(r, E, o["capacity"], where + " (your route's routing; the drops check compares it with the contract)")
+    return {**o, "expert_index": r.expert_index.long(), "kept": r.slot >= 0}
 
 
 @pytest.mark.check("layer")
@@ -683,10 +1098,9 @@ def test_layer_output_and_gradients(student, sm, rng, seed, k, cf):
     gy = torch.randn(T, d, generator=rng)
     y, r, dx, dgate, dparams = student.drive(DRIVER + "moe_layer_backward", sm.moe_layer, x, gate, experts, k, cf, gy)
 
-    # Reference: one token at a time, in fp64.
+    # Reference: one token at a time, in fp64, on the routing decisions judged below.
     logits32 = x @ gate.t()
-    o = oracle_route(logits32, k, cf)
-    assert_routing_matches(r, o, logits32, f"moe_layer routing (T={T}, E={E}, k={k}, capacity_factor={cf})")
+    o = layer_decisions(sm, r, logits32, k, cf, f"moe_layer routing (T={T}, E={E}, k={k}, capacity_factor={cf})")
     x64 = x.double().requires_grad_(True)
     g64 = gate.double().requires_grad_(True)
     ref = [copy.deepcopy(m).double() for m in experts]
