@@ -7,7 +7,8 @@ The oracle everywhere is the textbook formula in float64, never a clever impleme
 import pytest
 import torch
 
-from grader.testing import OnceIterable, assert_close
+from grader import blocks
+from grader.testing import OnceIterable, assert_close, mismatches
 
 INF = float("inf")
 
@@ -52,10 +53,16 @@ def test_normalizer_rescales_when_the_max_grows(sm):
 @pytest.mark.check("normalizer_public")
 def test_normalizer_reads_the_chunks_once_and_skips_empty_ones(sm):
     x = torch.randn(3, 7, generator=torch.Generator().manual_seed(0))
-    chunks = OnceIterable([x[:, :0], x[:, :4], x[:, 4:4], x[:, 4:]], "the chunks")
+    cuts = [0, 0, 4, 4, 7]  # chunks of 0, 4, 0 and 3 columns
+    chunks = OnceIterable([x[:, a:b] for a, b in zip(cuts, cuts[1:])], "the chunks")
     m, l = sm.online_normalizer(chunks)
-    torch.testing.assert_close(m, x.amax(1))
-    torch.testing.assert_close(l, torch.exp(x - x.amax(1, keepdim=True)).sum(1))
+    want_m = x.double().amax(1)
+    want_l = torch.exp(x.double() - want_m[:, None]).sum(1)
+    assert_close(m, want_m, atol=1e-6, what="m [row] for chunks of 0, 4, 0 and 3 columns",
+                 hint="m is the row max over every chunk; an empty chunk holds no column and changes nothing")
+    assert_close(l, want_l, atol=1e-6, rtol=1e-5, what="l [row] for chunks of 0, 4, 0 and 3 columns",
+                 hint=lambda index: f"Row {index[0]}: " + blocks.explain_state(
+                     x[index[0]], float(l[index[0]]), float(want_l[index[0]]), cuts))
 
 
 @pytest.mark.check("normalizer_public")
@@ -71,8 +78,10 @@ def test_merge_two_states(sm):
     state = lambda t: (t.amax(1), torch.exp(t - t.amax(1, keepdim=True)).sum(1))  # noqa: E731
     m, l = sm.merge_states(*state(a), *state(b))
     want_m, want_l = state(x)
-    torch.testing.assert_close(m, want_m)
-    torch.testing.assert_close(l, want_l, msg=lambda e: f"merged l is off: rescale both sums to the common max. {e}")
+    assert_close(m, want_m, atol=0, what="merged m", hint="m is the larger of the two maxima")
+    assert_close(l, want_l, atol=1e-6, rtol=1e-6, what="merged l", hint=(
+        "Rescale both sums to the common max m before adding: l_a * exp(m_a - m) + l_b * exp(m_b - m)"
+    ))
 
 
 @pytest.mark.check("merge_public")
@@ -104,7 +113,10 @@ def test_softmax_of_a_masked_row_is_zero(sm):
     out = sm.online_softmax(x, block_size=2)
     want = torch.tensor([[0.0, 0.0, 0.0], [0.5, 0.0, 0.5]])
     assert not torch.isnan(out).any(), f"found NaN in {out.tolist()}: a row of only -inf must give zeros"
-    torch.testing.assert_close(out, want)
+    bad = mismatches(out, want, atol=1e-6)
+    assert_close(out, want, atol=1e-6, what="online_softmax with block_size=2 [row, column]",
+                 hint=lambda index: f"Row {index[0]}: " + blocks.explain_row(
+                     x[index[0]], out[index[0]], want[index[0]], bad[index[0]], blocks.block_cuts(3, 2)))
 
 
 @pytest.mark.check("softmax_public")
@@ -112,15 +124,18 @@ def test_softmax_keeps_the_dtype(sm):
     x = torch.randn(4, 9, generator=torch.Generator().manual_seed(2)).half()
     out = sm.online_softmax(x, block_size=4)
     assert out.dtype == torch.float16, f"expected float16 output for float16 input, found {out.dtype}"
-    torch.testing.assert_close(out.double(), textbook_softmax(x), atol=2e-3, rtol=0)
+    assert_close(out, textbook_softmax(x), atol=2e-3, what="online_softmax of float16 [row, column]",
+                 hint="Compute in float32, then cast the output back to the input's dtype")
 
 
 @pytest.mark.check("triton_public")
 def test_triton_small_rows(sm):
     x = torch.randn(3, 5, generator=torch.Generator().manual_seed(3)) * 3
     out = sm.softmax_triton(x)
-    assert out.shape == x.shape and out.dtype == x.dtype
-    assert_close(out, textbook_softmax(x), atol=1e-6, rtol=1e-5, what="softmax_triton [row, column]")
+    assert out.shape == x.shape and out.dtype == x.dtype, (
+        f"expected {tuple(x.shape)} {x.dtype}, found {tuple(out.shape)} {out.dtype}"
+    )
+    assert_triton_rows(out, x, "softmax_triton [row, column]")
 
 
 @pytest.mark.check("triton_public")
@@ -128,5 +143,18 @@ def test_triton_transposed_input(sm):
     x = torch.randn(6, 4, generator=torch.Generator().manual_seed(4)).t()  # shape [4, 6], strides (1, 4)
     out = sm.softmax_triton(x)
     assert out.is_contiguous(), "the output must be a new contiguous tensor"
-    assert_close(out, textbook_softmax(x), atol=1e-6, rtol=1e-5, what="softmax_triton of a transposed x [row, column]",
-                 hint="Use x.stride(0) and x.stride(1), not the shape, to address x")
+    assert_triton_rows(out, x, "softmax_triton of a transposed x [row, column]",
+                       " Use x.stride(0) and x.stride(1), not the shape, to address x.")
+
+
+def assert_triton_rows(out, x, what, hint=""):
+    """softmax_triton's output against the textbook; a failure names the first wrong column and where
+    it sits against your kernel's tiles."""
+    want = textbook_softmax(x)
+
+    def explain(index):  # called only on a failure
+        row = index[0]
+        bad = mismatches(out[row], want[row], atol=1e-6, rtol=1e-5)
+        return f"Row {row}: " + blocks.explain_row(x[row], out[row], want[row], bad, None, "tile") + hint
+
+    assert_close(out, want, atol=1e-6, rtol=1e-5, what=what, hint=explain)

@@ -81,12 +81,72 @@ MUTANTS = [
         loses=["triton"],
     ),
     Mutant(
+        name="triton_load_mask_off_by_one",
+        why="pass 2 loads with the mask offs < n_cols - 1: the last column of every row is read as -inf and written as 0",
+        edits=[("        x = tl.load(x_row + offs * stride_xc, mask=mask, other=float(\"-inf\")).to(tl.float32)",
+                "        x = tl.load(x_row + offs * stride_xc, mask=offs < n_cols - 1, other=float(\"-inf\")).to(tl.float32)")],
+        loses=["triton", "triton_public"],
+    ),
+    Mutant(
         name="triton_ignores_strides",
         why="addresses x as if it were contiguous: transposes and slices read the wrong elements",
         edits=[("out, n_cols, x.stride(0), x.stride(1), out.stride(0)", "out, n_cols, n_cols, 1, out.stride(0)")],
         loses=["triton", "triton_public"],
     ),
 ]
+
+
+# --------------------------------------------------------------------------------------------------
+# Masks the hand-picked tests never placed (issue "Right verdicts"): each mishandles one placement of a
+# -inf span against the blocks, and only the generated masks (grader.blocks) meet it.
+# tests/test_mask_spans.py proves that every check they lose is lost through a generated test.
+
+SPAN_MUTANTS = [
+    Mutant(
+        name="normalizer_stops_at_masked_chunk",
+        why="takes the first chunk of only -inf after a row's values for the start of its padding and ignores the "
+            "rest of the row: a masked block between finite ones drops every block after it",
+        edits=[("            l = torch.zeros_like(m)\n",
+                "            l = torch.zeros_like(m)\n            padded = torch.zeros_like(m, dtype=torch.bool)\n"),
+               ("        m, l = merge_states(m, l, m_chunk, l_chunk)\n",
+                "        padded = padded | ((m > NEG_INF) & (m_chunk == NEG_INF))  # values, then -inf: padding from here\n"
+                "        m_new, l_new = merge_states(m, l, m_chunk, l_chunk)\n"
+                "        m, l = torch.where(padded, m, m_new), torch.where(padded, l, l_new)\n")],
+        loses=["normalizer", "softmax"],
+    ),
+    Mutant(
+        name="chunk_masked_by_first_column",
+        why="decides that a row has nothing in a chunk from the chunk's first column: a chunk that begins with -inf "
+            "but holds finite values has its sum taken against 0 instead of its max",
+        edits=[("        l_chunk = torch.exp(chunk - _safe_max(m_chunk)[:, None]).sum(dim=1)",
+                "        l_chunk = torch.exp(chunk - torch.where(chunk[:, 0] == NEG_INF, 0.0, m_chunk)[:, None]).sum(dim=1)")],
+        loses=["normalizer", "softmax"],
+    ),
+    Mutant(
+        name="triton_first_tile_unguarded",
+        why="starts each lane's state from the first tile and drops the -inf guard after it: a lane masked in the "
+            "first tile and again in a later one (a span longer than a tile, a masked row, the padding of the last "
+            "tile) computes exp(-inf - (-inf)) = NaN",
+        edits=[("""    m = tl.full([BLOCK], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        offs = start + cols
+        x = tl.load(x_row + offs * stride_xc, mask=offs < n_cols, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, x)
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        l = l * tl.exp(m - shift) + tl.exp(x - shift)
+        m = m_new""", """    m = tl.load(x_row + cols * stride_xc, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+    l = tl.where(m == float("-inf"), 0.0, 1.0)
+    for start in range(BLOCK, n_cols, BLOCK):  # the first tile set the lanes; their max is finite from here on
+        offs = start + cols
+        x = tl.load(x_row + offs * stride_xc, mask=offs < n_cols, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, x)
+        l = l * tl.exp(m - m_new) + tl.exp(x - m_new)
+        m = m_new""")],
+        loses=["triton"],
+    ),
+]
+MUTANTS += SPAN_MUTANTS
 
 
 # --------------------------------------------------------------------------------------------------

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from grader import speed
-from grader.testing import OnceIterable, assert_close
+from grader import blocks, speed
+from grader.testing import OnceIterable, assert_close, mismatches
 
 INF = float("inf")
 
@@ -167,12 +167,22 @@ def test_merge_is_associative_up_to_rounding(sm, rng):
 # online_softmax
 
 
-def assert_softmax(out, x, atol: float, what: str) -> None:
+def assert_softmax(out, x, atol: float, what: str, block: int | None = None) -> None:
+    """A softmax against the oracle's, row by row; a failure names the first wrong column and where it
+    sits against the blocks of `block` columns (online_softmax) or against every tile width (a kernel
+    that picks its own, block=None)."""
     assert out.shape == x.shape, f"{what}: expected shape {tuple(x.shape)}, found {tuple(out.shape)}"
     assert out.dtype == x.dtype, f"{what}: expected dtype {x.dtype} (the input's), found {out.dtype}"
-    assert not torch.isnan(out).any(), f"{what}: output has NaN"
-    want = naive_softmax(x)
-    assert_close(out.reshape(-1, x.shape[-1]), want.reshape(-1, x.shape[-1]), atol=atol, what=f"{what} [row, column]")
+    n = x.shape[-1]
+    cuts, unit = (blocks.block_cuts(n, block), "block") if block else (None, "tile")
+    rows, got, want = x.reshape(-1, n), out.reshape(-1, n), naive_softmax(x).reshape(-1, n)
+
+    def hint(index):  # called only on a failure
+        row = index[0]
+        bad = mismatches(got[row], want[row], atol=atol)
+        return f"Row {row}: " + blocks.explain_row(rows[row], got[row], want[row], bad, cuts, unit)
+
+    assert_close(got, want, atol=atol, what=f"{what} [row, column]", hint=hint)
 
 
 @pytest.mark.check("softmax")
@@ -180,14 +190,14 @@ def assert_softmax(out, x, atol: float, what: str) -> None:
 def test_softmax_block_sizes_that_do_not_divide_the_row(sm, rng, block_size):
     n = 100 + int(torch.randint(1, 63, (1,), generator=rng))  # never a multiple of the block
     x = torch.randn(3, 4, n, generator=rng) * 4
-    assert_softmax(sm.online_softmax(x, block_size=block_size), x, 1e-6, f"block_size={block_size}, n={n}")
+    assert_softmax(sm.online_softmax(x, block_size=block_size), x, 1e-6, f"block_size={block_size}, n={n}", block_size)
 
 
 @pytest.mark.check("softmax")
 @pytest.mark.parametrize("dtype,atol", [(torch.float16, 1e-3), (torch.bfloat16, 8e-3), (torch.float32, 1e-6)])
 def test_softmax_dtypes(sm, rng, dtype, atol):
     x = (torch.randn(2, 3, 257, generator=rng) * 3).to(dtype)
-    assert_softmax(sm.online_softmax(x, block_size=64), x, atol, f"{dtype}")
+    assert_softmax(sm.online_softmax(x, block_size=64), x, atol, f"{dtype}", 64)
 
 
 @pytest.mark.check("softmax")
@@ -197,15 +207,15 @@ def test_softmax_masked_rows_are_zero(sm, rng):
     x[4, 5:] = -INF
     out = sm.online_softmax(x, block_size=8)
     assert torch.equal(out[0], torch.zeros(33)), "a row of only -inf must give zeros (not NaN, not 1/n)"
-    assert_softmax(out, x, 1e-6, "rows with -inf")
+    assert_softmax(out, x, 1e-6, "rows with -inf", 8)
 
 
 @pytest.mark.check("softmax")
 def test_softmax_one_dimensional_and_single_column(sm, rng):
     x = torch.randn(50, generator=rng)
-    assert_softmax(sm.online_softmax(x, block_size=16), x, 1e-6, "a 1-D input")
+    assert_softmax(sm.online_softmax(x, block_size=16), x, 1e-6, "a 1-D input", 16)
     y = torch.randn(4, 1, generator=rng)
-    assert_softmax(sm.online_softmax(y, block_size=16), y, 1e-7, "rows of one element")
+    assert_softmax(sm.online_softmax(y, block_size=16), y, 1e-7, "rows of one element", 16)
 
 
 @pytest.mark.check("softmax")
@@ -221,7 +231,7 @@ def test_softmax_rejects_bad_block_size(sm):
 @pytest.mark.check("stability")
 def test_softmax_large_offset_does_not_overflow(sm, rng):
     x = 1e4 + torch.randn(4, 300, generator=rng) * 3  # exp(1e4) overflows fp32: the max must come off first
-    assert_softmax(sm.online_softmax(x, block_size=64), x, 1e-5, "inputs around 1e4")
+    assert_softmax(sm.online_softmax(x, block_size=64), x, 1e-5, "inputs around 1e4", 64)
 
 
 @pytest.mark.check("stability")
@@ -237,7 +247,7 @@ def test_long_fp16_rows_accumulate_in_fp32(sm, rng):
     n = 1 << 17  # 131072 terms: an fp16 running sum overflows (max 65504) or stalls long before
     x = (torch.randn(2, n, generator=rng) * 0.1).half()
     out = sm.online_softmax(x, block_size=4096)
-    assert_softmax(out, x, 1e-6, f"fp16 rows of {n}")
+    assert_softmax(out, x, 1e-6, f"fp16 rows of {n}", 4096)
     m, l = sm.online_normalizer(chunks_of(x, [0, n // 2, n]))
     want = naive_state(x)[1]
     assert_close(l, want, atol=1e-8, rtol=1e-4, what=f"l of fp16 rows of {n}", hint=(
@@ -302,6 +312,135 @@ def test_triton_bf16_and_very_long_rows_on_cuda(sm, rng):
 def test_triton_rejects_non_2d(sm):
     with pytest.raises(ValueError):
         sm.softmax_triton(torch.zeros(2, 3, 4))
+
+
+# --------------------------------------------------------------------------------------------------
+# Generated masks: -inf spans at every placement against the blocks (grader.blocks). Short rows get
+# every span there is; longer ones spans of every kind (leading, trailing, interior, whole blocks,
+# crossing a boundary, the whole row, two at once) whose ends sit on a boundary or beside it half of
+# the time. Messages place the first wrong row's spans and columns against its blocks.
+
+
+def span_rows(n: int, cuts, rng: torch.Generator, rows: int) -> list[list[tuple[int, int]]]:
+    """`rows` rows of spans: every kind in turn, then kinds at random."""
+    kinds = [*blocks.SPAN_KINDS, *(None for _ in range(max(0, rows - len(blocks.SPAN_KINDS))))][:rows]
+    return [blocks.random_spans(n, cuts, rng, kind) for kind in kinds]
+
+
+def every_span_rows(n: int) -> list[list[tuple[int, int]]]:
+    """A row with no -inf, then one row per span of the n columns: every start, every length."""
+    return [[], *([span] for span in blocks.every_span(n))]
+
+
+def masked_input(rng: torch.Generator, spans_per_row, n: int) -> torch.Tensor:
+    """Random rows with a trend (the max rises late in some rows, early in others), then the spans."""
+    rows = len(spans_per_row)
+    slope = (torch.rand(rows, 1, generator=rng) * 2 - 1) * 20
+    x = torch.randn(rows, n, generator=rng) * 3 + slope * torch.linspace(0, 1, n)
+    return blocks.apply_spans(x, spans_per_row)
+
+
+def assert_state_against_chunks(m, l, x, cuts, what: str) -> None:
+    """(m, l) against the oracle's, with a message on the first wrong row's chunks and spans."""
+    want_m, want_l = naive_state(x)
+    assert m.dtype == torch.float32 and l.dtype == torch.float32, f"{what}: (m, l) must be fp32, found {m.dtype}, {l.dtype}"
+    widths = [b - a for a, b in zip(cuts, cuts[1:])]
+
+    def hint(index, name):
+        row = index[0]
+        got, want = (m, want_m) if name == "m" else (l, want_l)
+        return f"Row {row}: " + blocks.explain_state(x[row], float(got[row]), float(want[row]), cuts, "chunk", name)
+
+    assert_close(m, want_m.float(), atol=1e-8, rtol=1e-5, what=f"{what}, chunk widths {widths}: m [row]",
+                 hint=lambda index: hint(index, "m"))
+    assert_close(l, want_l, atol=1e-6, rtol=1e-5, what=f"{what}, chunk widths {widths}: l [row]",
+                 hint=lambda index: hint(index, "l"))
+
+
+@pytest.mark.check("normalizer")
+@pytest.mark.parametrize("trial", range(4))
+def test_generated_masks_against_the_chunks(sm, rng, trial):
+    if trial < 2:  # every span of a short row, against random chunks (empty ones too) or equal ones
+        n = int(torch.randint(8, 14, (1,), generator=rng))
+        cuts = blocks.random_cuts(n, rng, 6) if trial == 0 else blocks.block_cuts(n, int(torch.randint(2, 5, (1,), generator=rng)))
+        spans = every_span_rows(n)
+    else:  # longer rows, spans of every kind near the chunk boundaries
+        n = int(torch.randint(40, 200, (1,), generator=rng))
+        cuts = blocks.random_cuts(n, rng, 8)
+        spans = span_rows(n, cuts, rng, 32)
+    x = masked_input(rng, spans, n)
+    m, l = sm.online_normalizer(chunks_of(x, cuts))
+    assert_state_against_chunks(m, l, x, cuts, "generated masks")
+
+
+@pytest.mark.check("normalizer")
+def test_generated_masks_shared_by_every_row(sm, rng):
+    # A column mask (padding keys, say): the same span in every row, so whole chunks hold only -inf.
+    for kind in ("whole blocks", "crossing", "interior", "leading", "trailing", "two spans"):
+        n = int(torch.randint(12, 80, (1,), generator=rng))
+        cuts = blocks.random_cuts(n, rng, 6)
+        span = blocks.random_spans(n, cuts, rng, kind)
+        x = masked_input(rng, [span] * 4, n)
+        m, l = sm.online_normalizer(chunks_of(x, cuts))
+        assert_state_against_chunks(m, l, x, cuts, f"a {kind} mask shared by every row")
+
+
+@pytest.mark.check("merge")
+@pytest.mark.parametrize("trial", range(3))
+def test_generated_masks_merge_to_the_state_of_the_union(sm, rng, trial):
+    n = int(torch.randint(8, 14, (1,), generator=rng)) if trial == 0 else int(torch.randint(30, 150, (1,), generator=rng))
+    cuts = blocks.random_cuts(n, rng, 5)
+    x = masked_input(rng, every_span_rows(n) if trial == 0 else span_rows(n, cuts, rng, 32), n)
+    parts = [tuple(t.float() for t in naive_state(x[:, a:b])) for a, b in zip(cuts, cuts[1:])]
+    ab, ba = sm.merge_states(*parts[0], *parts[-1]), sm.merge_states(*parts[-1], *parts[0])
+    assert torch.equal(ab[0], ba[0]) and torch.equal(ab[1], ba[1]), (
+        "merge(a, b) and merge(b, a) differ on masked states: compute both rescalings the same way, then add"
+    )
+    left = parts[0]
+    for part in parts[1:]:  # ((p1 + p2) + p3) + ...
+        left = sm.merge_states(*left, *part)
+    right = parts[-1]
+    for part in reversed(parts[:-1]):  # p1 + (p2 + (... + pk))
+        right = sm.merge_states(*part, *right)
+    for order, (m, l) in (("left to right", left), ("right to left", right)):
+        assert_state_against_chunks(m, l, x, cuts, f"the states of the parts merged {order}")
+
+
+@pytest.mark.check("softmax")
+@pytest.mark.parametrize("trial", range(4))
+def test_generated_masks_against_the_blocks(sm, rng, trial):
+    if trial < 2:  # every span of a short row, blocks of 1 to 4 columns (the last one partial or not)
+        n = int(torch.randint(7, 14, (1,), generator=rng))
+        block = int(torch.randint(1, 5, (1,), generator=rng))
+        spans = every_span_rows(n)
+    else:  # longer rows, spans of every kind near the block boundaries, as a 3-D input
+        block = [7, 16, 64][int(torch.randint(0, 3, (1,), generator=rng))]
+        n = block * int(torch.randint(2, 6, (1,), generator=rng)) + int(torch.randint(0, block, (1,), generator=rng))
+        spans = span_rows(n, blocks.block_cuts(n, block), rng, 30)
+    x = masked_input(rng, spans, n)
+    dtype, atol = (torch.float16, 1e-3) if trial == 3 else (torch.float32, 1e-6)
+    x = x.to(dtype).reshape(-1, 3, n) if trial >= 2 else x.to(dtype)
+    assert_softmax(sm.online_softmax(x, block_size=block), x, atol,
+                   f"generated masks, block_size={block}, n={n}, {str(dtype)[6:]}", block)
+
+
+@pytest.mark.check("triton")
+@pytest.mark.parametrize("trial", range(3))
+def test_triton_generated_masks_against_every_tile_width(sm, rng, trial):
+    # The kernel picks its own BLOCK: spans are placed against every power-of-two tile width.
+    if trial == 0:  # every span of a short row
+        n = int(torch.randint(9, 24, (1,), generator=rng))
+        spans = every_span_rows(n)
+    elif trial == 1:  # one column more, or less, than a power of two
+        n = (1 << int(torch.randint(5, 13, (1,), generator=rng))) + int(torch.randint(-1, 2, (1,), generator=rng))
+        spans = span_rows(n, None, rng, 16)
+    else:  # rows longer than any one tile a kernel uses
+        n = int(torch.randint(4097, 9000, (1,), generator=rng))
+        spans = span_rows(n, None, rng, 12)
+    x = masked_input(rng, spans, n)
+    out = sm.softmax_triton(x)
+    assert out.is_contiguous(), "the output must be contiguous"
+    assert_softmax(out, x, 1e-6, f"softmax_triton of generated masks, n={n}")
 
 
 # --------------------------------------------------------------------------------------------------
