@@ -26,6 +26,14 @@ def test_a_shift_around_the_ring_is_counted():
     assert out["messages_sent"] == [1, 1, 1, 1] and out["elements_sent"] == [3, 3, 3, 3]
 
 
+def test_a_traced_run_keeps_a_copy_of_every_message():
+    tensors = [torch.full((2, 3), float(r)).t() for r in range(3)]  # non-contiguous: the trace holds flat copies
+    out = run_simulated(pass_right, tensors, trace=True)
+    assert [[(m["dst"], m["src"], m["sent"].tolist()) for m in t] for t in out["trace"]] == [
+        [(1, 2, [0.0] * 6)], [(2, 0, [1.0] * 6)], [(0, 1, [2.0] * 6)]]
+    assert "trace" not in run_simulated(pass_right, [torch.zeros(2) for _ in range(2)])
+
+
 def test_everyone_receiving_first_is_a_deadlock_not_a_hang():
     def wrong_partner(tensor, comm):
         recv = torch.empty_like(tensor)  # every rank sends to itself + 1 but expects from itself + 1 too

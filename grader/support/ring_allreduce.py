@@ -299,14 +299,17 @@ class _CountedComm:
 class SimulatedComm(_CountedComm):
     """One rank of a simulated ring (see the module docstring). Made by `run_simulated`."""
 
-    def __init__(self, ring: _Ring, rank: int):
+    def __init__(self, ring: _Ring, rank: int, trace: list | None = None):
         self._ring = ring
         self._counters = _Counters(rank, ring.world_size)
+        self._trace = trace  # with run_simulated(..., trace=True): a copy of every message this rank sends
         self.rank = rank
         self.world_size = ring.world_size
 
     def send_recv(self, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int) -> None:
         dst, src = self._counters.check(send, dst, recv, src)
+        if self._trace is not None:
+            self._trace.append({"dst": dst, "src": src, "sent": send.detach().reshape(-1).clone()})
         self._ring.exchange(self.rank, send, dst, recv, src)
 
     def __repr__(self) -> str:
@@ -327,22 +330,24 @@ def _rank_args(rank_args: Sequence[Sequence[Any]] | None, world_size: int) -> li
 
 def run_simulated(
     fn: Callable, tensors: Sequence[torch.Tensor], *args: Any,
-    rank_args: Sequence[Sequence[Any]] | None = None, timeout_s: float = 60.0,
+    rank_args: Sequence[Sequence[Any]] | None = None, timeout_s: float = 60.0, trace: bool = False,
 ) -> dict:
     """Run ``fn(tensors[r], comm_r, *args, *rank_args[r])`` on N = len(tensors) simulated ranks at once.
 
     Each rank is a thread; the tensors are changed in place. Returns a dict of per-rank lists:
     ``outputs`` (the tensors), ``returns`` (what fn returned), ``messages_sent``, ``elements_sent``,
-    ``bytes_sent``, ``message_sizes``. If a rank raises, its exception is raised here (the first one;
-    errors that only follow from it are not reported); a deadlock or a message nobody received raises
-    `CommError`.
+    ``bytes_sent``, ``message_sizes``; with ``trace=True`` also ``trace``: each rank's exchanges in order,
+    as ``{"dst", "src", "sent"}`` (a flat copy of the elements sent). If a rank raises, its exception is
+    raised here (the first one; errors that only follow from it are not reported); a deadlock or a
+    message nobody received raises `CommError`.
     """
     world_size = len(tensors)
     if world_size < 1:
         raise ValueError("run_simulated needs one tensor per rank, found none")
     extra = _rank_args(rank_args, world_size)
     ring = _Ring(world_size)
-    comms = [SimulatedComm(ring, r) for r in range(world_size)]
+    traces: list[list[dict]] = [[] for _ in range(world_size)]
+    comms = [SimulatedComm(ring, r, traces[r] if trace else None) for r in range(world_size)]
     returns: list[Any] = [None] * world_size
     errors: list[tuple[int, BaseException]] = []
     order = threading.Lock()
@@ -382,7 +387,8 @@ def run_simulated(
     lost = ring.leftovers()
     if lost:
         raise CommError(lost)
-    return {"outputs": list(tensors), "returns": returns, **_collect([c.stats() for c in comms])}
+    out = {"outputs": list(tensors), "returns": returns, **_collect([c.stats() for c in comms])}
+    return {**out, "trace": traces} if trace else out
 
 
 # --------------------------------------------------------------------------------------------------

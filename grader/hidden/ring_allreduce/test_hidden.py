@@ -8,11 +8,14 @@ read from the course's simulated ring, which counts every message each rank send
 
 from __future__ import annotations
 
+import random
+from typing import NamedTuple
+
 import pytest
 import torch
 
 from grader.support.ring_allreduce import forbidden_collectives
-from grader.testing import is_close
+from grader.testing import is_close, mismatches
 
 SIMULATED = "grader.support.ring_allreduce:run_simulated"
 DISTRIBUTED = "grader.support.ring_allreduce:run_distributed_cases"
@@ -129,6 +132,18 @@ def explain_float(got: torch.Tensor, want: torch.Tensor, exact: torch.Tensor, ra
     )
 
 
+def first_wrong(got: torch.Tensor, want: torch.Tensor, world: int) -> str:
+    """'position k of n (chunk c): found X, expected Y; j positions differ', in row-major order."""
+    got, want = got.reshape(-1), want.reshape(-1)
+    bad = mismatches(got, want, atol=0.0)
+    k, n = int(bad.nonzero()[0]), want.numel()
+    close = want.dtype in (torch.float32, torch.bfloat16) and is_close(
+        got, want, atol=1e-2 * (float(want.double().abs().max()) or 1.0))
+    return (f"position {k} of {n} (chunk {chunk_of(k, n, world)}) holds {got[k].item()!r}, expected "
+            f"{want[k].item()!r}; {int(bad.sum())} positions differ"
+            + (" (all close to the sum: the order or dtype of the additions?)" if close else ""))
+
+
 def run_ring(student, fn, xs, **kwargs):
     return student.drive(SIMULATED, fn, [x.clone() for x in xs], **kwargs)
 
@@ -148,16 +163,19 @@ def test_reduce_scatter(student, ra, rng, world):
             for r in range(world):
                 owned = run["returns"][r]
                 assert owned == (r + 1) % world, (
-                    f"{label}: rank {r} returned {owned!r}, expected {(r + 1) % world} (the chunk it holds complete)"
+                    f"{label}: rank {r} returned {owned!r}, expected {(r + 1) % world} (the chunk it holds complete: "
+                    "the chunk that starts on rank r + 1 goes once around the ring and ends on rank r)"
                 )
                 lo, hi = bounds(n, world, owned)
                 want = ring_order_sum(xs, [owned])[lo:hi]
                 got = run["outputs"][r].reshape(-1)[lo:hi]
                 if dtype == torch.int64:
-                    assert torch.equal(got, want), (
-                        f"{label}: rank {r}, chunk {owned} ([{lo}:{hi}]) is not the sum over ranks "
-                        f"(first values {got[:4].tolist()} vs {want[:4].tolist()})"
-                    )
+                    if not torch.equal(got, want):
+                        full = run["outputs"][r].reshape(-1).clone()
+                        full[lo:hi] = want  # only the owned chunk is promised
+                        pytest.fail(explain_int(xs, run["outputs"][r], full, r, f"{label}, owned chunk {owned}")
+                                    + f" After N - 1 steps chunk {owned} must hold every rank's contribution: at step s "
+                                    "rank r adds the chunk (r - s - 1) % N that arrives from rank (r - 1) % N.")
                 else:
                     assert torch.equal(got, want), explain_float(
                         got, want, exact_sum(xs)[lo:hi], r, label + f", chunk {owned}", hi - lo, world)
@@ -339,11 +357,12 @@ def _check_layout(student, ra, xs: list[torch.Tensor], label: str) -> None:
             f"{label}: rank {r} came back {got.dtype} {tuple(got.shape)}, expected {want.dtype} {tuple(want.shape)}"
         )
         if not torch.equal(got, want):
+            unchanged = " It is this rank's own input, unchanged." if torch.equal(got, xs[r]) else ""
             pytest.fail(
-                f"{label}: rank {r}'s tensor does not hold the sum in row-major order "
-                f"(first row found {got.reshape(-1)[:5].tolist()}, expected {want.reshape(-1)[:5].tolist()}). "
-                "Chunk the tensor as tensor.reshape(-1) sees it; a non-contiguous tensor has no flat view, so "
-                "reshape returns a copy: copy the result back into the caller's tensor."
+                f"{label}: rank {r}'s tensor does not hold the sum in row-major order: "
+                f"{first_wrong(got, want, len(xs))}.{unchanged} Chunk the tensor as tensor.reshape(-1) sees it; a "
+                "non-contiguous tensor has no flat view, so reshape returns a copy: copy the result back into the "
+                "caller's tensor."
             )
 
 
@@ -369,9 +388,9 @@ def test_transposed(student, ra, rng, world, dtype):
                 "transpose is a copy; write the result back with tensor.copy_(...)"
             )
         pytest.fail(
-            f"N={world}, transposed {dtype} [37, 29]: rank {r}'s result differs from the sum at "
-            f"{int((got != want).sum())} positions. Chunk in logical row-major order (tensor.reshape(-1)), "
-            "not in memory order."
+            f"N={world}, transposed {dtype} [37, 29]: rank {r}'s result differs from the sum: "
+            f"{first_wrong(got, want, world)}. Chunk in logical row-major order (tensor.reshape(-1)), not in memory "
+            "order, and copy the result back into the caller's tensor."
         )
 
 
@@ -411,7 +430,10 @@ def test_writes_into_the_callers_tensor(student, ra, rng):
         got = run["outputs"][r]
         if torch.equal(got, xs[r]) and isinstance(ret, torch.Tensor):
             pytest.fail(f"rank {r} returned the result but left its input unchanged: ring_allreduce works in place")
-        assert torch.equal(got, want), f"rank {r}: the caller's tensor does not hold the sum"
+        assert torch.equal(got, want), (
+            f"rank {r}: the caller's tensor does not hold the sum: {first_wrong(got, want, 3)}. ring_allreduce works "
+            "in place: the result goes into the tensor it was given"
+        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -475,6 +497,388 @@ def test_phase_volume(student, ra, world):
 
 
 # --------------------------------------------------------------------------------------------------
+# Generated cases: random world sizes, lengths, dtypes and layouts, checked against the ring order exactly.
+# The run is traced (grader.support.ring_allreduce.run_simulated with trace=True keeps a copy of every
+# message), so a wrong result is explained by the first message that left the ring: (step, rank, chunk,
+# position), and what that message holds instead.
+
+TRACED = "grader.support.ring_allreduce:run_simulated"
+LENGTH_CLASSES = ["0", "1", "N - 1", "N", "N + 1", "2N - 1", "a multiple of N", "small", "large"]
+LAYOUTS = ["contiguous", "transposed", "permuted 3-D", "strided slice", "column slice", "offset view"]
+
+
+def seeded(rng: torch.Generator) -> random.Random:
+    return random.Random(int(torch.randint(0, 2**31, (1,), generator=rng)))
+
+
+def generated_length(rnd: random.Random, kind: str, world: int) -> int:
+    return {"0": 0, "1": 1, "N - 1": world - 1, "N": world, "N + 1": world + 1, "2N - 1": 2 * world - 1,
+            "a multiple of N": world * rnd.randint(2, 40), "small": rnd.randint(2, 64),
+            "large": rnd.randint(500, 3000)}[kind]
+
+
+def factors(n: int, count: int, rnd: random.Random) -> tuple[int, ...] | None:
+    """n as a product of `count` factors, each at least 2 (random among the ways), or None."""
+    if count == 1:
+        return (n,) if n >= 2 else None
+    ways = [d for d in range(2, n // 2 + 1) if n % d == 0 and factors(n // d, count - 1, rnd)]
+    if not ways:
+        return None
+    d = rnd.choice(ways)
+    return (d, *factors(n // d, count - 1, rnd))
+
+
+def laid_out(flat: torch.Tensor, layout: str, rnd: random.Random) -> tuple[torch.Tensor, str]:
+    """A tensor whose row-major values are `flat`, stored as `layout` says (falling back to a strided slice
+    where n has no shape for it); and the layout's description."""
+    n = flat.numel()
+    if layout == "contiguous" and n == 1 and rnd.random() < 0.5:
+        x = flat.reshape(()).clone()
+    elif layout == "transposed" and factors(n, 2, rnd):
+        a, b = factors(n, 2, rnd)
+        x = flat.reshape(a, b).t().contiguous().t()  # column-major memory, row-major values
+    elif layout == "permuted 3-D" and factors(n, 3, rnd):
+        a, b, c = factors(n, 3, rnd)
+        x = flat.reshape(a, b, c).permute(2, 0, 1).contiguous().permute(1, 2, 0)
+    elif layout == "column slice" and factors(n, 2, rnd):
+        a, b = factors(n, 2, rnd)
+        x = torch.zeros(a, b + 3, dtype=flat.dtype)[:, 1 : 1 + b]
+        x.copy_(flat.reshape(a, b))
+    elif layout == "offset view":
+        x = torch.zeros(n + 5, dtype=flat.dtype)[3 : 3 + n]
+        x.copy_(flat)
+    elif layout == "contiguous":
+        x = flat.clone()
+    else:
+        step = rnd.randint(2, 3)
+        x = torch.zeros(step * n + 1, dtype=flat.dtype)[1::step][:n]
+        x.copy_(flat)
+    return x, f"{'0-d' if x.dim() == 0 else tuple(x.shape)} strides {x.stride()}, storage offset {x.storage_offset()}"
+
+
+def exact_values(world: int, n: int, offset: int) -> list[torch.Tensor]:
+    """x_r[k] = (k + offset) 4^N + 4^r: any sum of the ranks' values at k says which ranks (each up to 3 times)
+    and which position it came from (decoded by `decode`)."""
+    k = torch.arange(n, dtype=torch.int64)
+    return [(k + offset) * 4**world + 4**r for r in range(world)]
+
+
+def decode(value: int, k: int, world: int, offset: int) -> str:
+    """What an exact sum at position k holds: whose contributions, how many times, from which position."""
+    base = 4**world
+    counts = [(value % base) >> (2 * r) & 3 for r in range(world)]
+    total, high = sum(counts), value // base
+    if total == 0 or high % total or high // total - offset < 0:
+        return "it is no sum of the ranks' values (uninitialised memory, or a value from another dtype?)"
+    source = high // total - offset
+    missing = [r for r in range(world) if counts[r] == 0]
+    extra = [r for r in range(world) if counts[r] > 1]
+    parts = []
+    if source != k:
+        parts.append(f"it holds values of position {source}, not {k}: elements landed in the wrong place")
+    if missing:
+        parts.append(f"rank(s) {missing} contributed nothing to it")
+    if extra:
+        parts.append(f"rank(s) {extra} contributed more than once (a chunk added twice, or added where it should "
+                     "overwrite)")
+    return "; ".join(parts) or "it is the right sum"
+
+
+class RingCase(NamedTuple):
+    world: int
+    xs: list  # what the ranks get, in the drawn layout
+    flats: list  # the same values, flat and contiguous (the oracle's copy)
+    label: str
+    offset: int  # for decode (exact dtypes)
+
+
+def ring_world(trial: int) -> int:
+    return 1 + trial % 8
+
+
+def generated_ring_case(rnd: random.Random, trial: int, dtypes: list, gen: torch.Generator, values=None) -> RingCase:
+    """Trial t: world 1 + t % 8, the length classes in turn, a layout and a dtype drawn at random. The values are
+    `exact_values` for int64 and float64, mixed magnitudes for float32 and bfloat16, or values(flats) of those."""
+    world = ring_world(trial)
+    kind = LENGTH_CLASSES[(trial // 8 + trial) % len(LENGTH_CLASSES)]
+    n, dtype, layout = generated_length(rnd, kind, world), dtypes[trial % len(dtypes)], rnd.choice(LAYOUTS)
+    offset = rnd.randrange(1000)
+    if dtype.is_floating_point and dtype != torch.float64:
+        flats = rand_inputs(world, n, dtype, gen)
+    else:
+        flats = [x.to(dtype) for x in exact_values(world, n, offset)]
+    if values is not None:
+        flats = values(flats)
+    shaped = [laid_out(f, layout, rnd) for f in flats]
+    label = (f"N={world}, n={n} ({kind}), {str(dtype).removeprefix('torch.')}, {layout}: "
+             f"{shaped[0][1] if shaped else ''}")
+    return RingCase(world, [x for x, _ in shaped], flats, label, offset)
+
+
+def ring_partials(flats: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """partials[c][h]: chunk c after h hops of the ring order, x_c + x_(c+1) + ... + x_(c+h), in the dtype."""
+    world, n = len(flats), flats[0].numel()
+    out = []
+    for c in range(world):
+        lo, hi = bounds(n, world, c)
+        acc = flats[c][lo:hi].clone()
+        hops = [acc]
+        for hop in range(1, world):
+            acc = acc + flats[(c + hop) % world][lo:hi]
+            hops.append(acc)
+        out.append(hops)
+    return out
+
+
+def expected_trace(flats: list, partials: list, kind: str, shift: int, finals: list | None = None) -> list[list[tuple]]:
+    """Per rank, each exchange as (phase, step, chunk, the elements it sends), straight from the contract."""
+    world, per_rank = len(flats), []
+    for r in range(world):
+        msgs = []
+        if kind in ("allreduce", "reduce_scatter"):
+            msgs += [("reduce-scatter", s, (r - s) % world, partials[(r - s) % world][s]) for s in range(world - 1)]
+        if kind in ("allreduce", "all_gather"):
+            owned = (r + 1) % world if kind == "allreduce" else (r + shift) % world
+            for s in range(world - 1):
+                c = (owned - s) % world
+                msgs.append(("all-gather", s, c, finals[c] if finals else partials[c][world - 1]))
+        per_rank.append(msgs)
+    return per_rank
+
+
+def rank_state(flats: list, partials: list, finals: list, kind: str, shift: int, r: int, phase: str,
+               step: int) -> list[torch.Tensor]:
+    """Rank r's copy of every chunk just before `step` of `phase`, by the contract."""
+    world, n = len(flats), flats[0].numel()
+    own = [flats[r][slice(*bounds(n, world, j))] for j in range(world)]
+    if kind == "all_gather":
+        before = own
+    else:  # chunk j gets its one addition at reduce-scatter step (r - j - 1) % N and then holds j .. r
+        upto = step if phase == "reduce-scatter" else world - 1
+        before = [partials[j][(r - j) % world] if (r - j - 1) % world < upto else own[j] for j in range(world)]
+    if phase == "reduce-scatter":
+        return before
+    owned = (r + 1) % world if kind == "allreduce" else (r + shift) % world
+    done = {(owned - t) % world for t in range(step + 1)}
+    return [finals[j] if j in done else before[j] for j in range(world)]
+
+
+def message_cause(got: torch.Tensor, want: torch.Tensor, state: list, before_gather: list, finals: list, phase: str,
+                  step: int, c: int, partials: list, exact: torch.Tensor | None) -> str:
+    """What a rank most likely did wrong to send `got` where the contract sends `want` (chunk c)."""
+    send_rule = ("at reduce-scatter step s rank r sends chunk (r - s) % N" if phase == "reduce-scatter"
+                 else "at all-gather step s rank r sends chunk (owned - s) % N")
+    for j, held in enumerate(state):
+        if j != c and held.numel() == got.numel() and held.numel() and torch.equal(got, held):
+            return f"it sent its copy of chunk {j} instead: {send_rule}"
+    if phase == "reduce-scatter" and step > 0 and torch.equal(got, partials[c][step - 1]):
+        return ("it is the message that arrived for this chunk one step earlier, without this rank's own values: the "
+                "reduce-scatter ADDS the incoming chunk into this rank's copy (receive into a scratch buffer, then add)")
+    if phase == "all-gather" and torch.equal(got, finals[c] + before_gather[c]):
+        return "it is the final chunk plus this rank's stale partial sum: the all-gather overwrites, never adds"
+    if exact is not None and is_close(got, exact, atol=0.05 * (float(exact.abs().max()) if exact.numel() else 1.0)):
+        return ("it is close to the true partial sum but not bit-identical to the ring order: add in the tensor's own "
+                "dtype, one hop at a time (no wider accumulator), chunk c starting at rank c")
+    return (f"this rank's copy of chunk {c} is not what the earlier steps make it: at reduce-scatter step s rank r "
+            "receives chunk (r - s - 1) % N from rank (r - 1) % N and adds it into its own copy of that chunk")
+
+
+def trace_divergence(run: dict, case: RingCase, kind: str, shift: int, finals: list | None = None) -> str:
+    """The first exchange (step by step, rank by rank) whose message is not the contract's, explained; '' if none."""
+    world, flats = case.world, case.flats
+    n = flats[0].numel()
+    partials = ring_partials(flats)
+    finals = finals or [partials[c][world - 1] for c in range(world)]
+    want = expected_trace(flats, partials, kind, shift, finals)
+    trace = run.get("trace") or [[] for _ in range(world)]
+    floats = flats[0].dtype in (torch.float32, torch.bfloat16)
+    for e in range(max((len(t) for t in want), default=0)):
+        for r in range(world):
+            phase, step, c, elems = want[r][e]
+            where = f"{phase} step {step}, rank {r} (chunk {c})"
+            if e >= len(trace[r]):
+                return f"{where}: rank {r} made only {len(trace[r])} exchanges; each phase takes N - 1 = {world - 1}"
+            msg = trace[r][e]
+            if (msg["dst"], msg["src"]) != ((r + 1) % world, (r - 1) % world):
+                return (f"{where}: rank {r} sent to rank {msg['dst']} and received from rank {msg['src']}; in the ring "
+                        f"it sends to (r + 1) % N = {(r + 1) % world} and receives from (r - 1) % N = {(r - 1) % world}")
+            got, lo = msg["sent"], bounds(n, world, c)[0]
+            state = rank_state(flats, partials, finals, kind, shift, r, phase, step)
+            if got.dtype != elems.dtype:
+                return (f"{where}: rank {r} sent {dtype_name(got.dtype)} elements, the tensor is {dtype_name(elems.dtype)}: "
+                        "accumulate and send in the tensor's own dtype (no upcast: each hop rounds)")
+            if got.numel() != elems.numel():
+                same = [j for j in range(world) if j != c and state[j].numel() == got.numel() and torch.equal(got, state[j])]
+                why = (f"it is this rank's copy of chunk {same[0]}: at {phase} step s rank r sends chunk "
+                       + ("(r - s) % N" if phase == "reduce-scatter" else "(owned - s) % N") if same and got.numel() else
+                       f"it is the whole buffer: a ring step passes one chunk" if got.numel() == n and n > elems.numel()
+                       else f"chunks follow torch.tensor_split: sizes {sizes_of(n, world)}")
+                return f"{where}: rank {r} sent {got.numel()} elements, chunk {c} holds {elems.numel()}: {why}"
+            bad = mismatches(got, elems, atol=0.0)
+            if bad.any():
+                j = int(bad.nonzero()[0])
+                before_gather = rank_state(flats, partials, finals, kind, shift, r, "reduce-scatter", world - 1)
+                exact = None
+                if floats:
+                    hi = lo + elems.numel()
+                    terms = ([flats[(c + h) % world][lo:hi] for h in range(step + 1)] if phase == "reduce-scatter"
+                             else [x[lo:hi] for x in flats])
+                    exact = sum(t.double() for t in terms)
+                cause = message_cause(got, elems, state, before_gather, finals, phase, step, c, partials, exact)
+                return (f"{where}: its message differs first at position {lo + j} (element {j} of chunk {c}): found "
+                        f"{got[j].item()!r}, the ring order gives {elems[j].item()!r}: {cause}")
+    extra = [r for r in range(world) if len(trace[r]) > len(want[r])]
+    if extra:
+        return f"rank {extra[0]} made {len(trace[extra[0]])} exchanges, the contract {len(want[extra[0]])}"
+    return ""
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def result_divergence(got: torch.Tensor, want: torch.Tensor, case: RingCase, r: int, what: str,
+                      before_gather: torch.Tensor | None = None, sums: bool = True) -> str:
+    """The first wrong position of rank r's flat result, its chunk, and what it holds instead: its own input,
+    the final value added to what the rank held before the all-gather (`before_gather`), or (exact dtypes,
+    `sums`) the ranks and position its value decodes to."""
+    world, n = case.world, want.numel()
+    got = got.reshape(-1)
+    bad = mismatches(got, want, atol=0.0)
+    k = int(bad.nonzero()[0])
+    text = (f"{what}, rank {r}: position {k} of {n} (chunk {chunk_of(k, n, world)}) holds {got[k].item()!r}, "
+            f"expected {want[k].item()!r} ({'the ring-order sum' if sums else 'the final value'}); "
+            f"{int(bad.sum())} positions differ")
+    if torch.equal(got, case.flats[r]):
+        return text + ". It is this rank's own input, unchanged: write the result into the caller's tensor"
+    if before_gather is not None and torch.equal(got[k:k + 1], want[k:k + 1] + before_gather[k:k + 1]):
+        return (text + ". It is the final value plus what this rank held there before the all-gather: the all-gather "
+                "overwrites each incoming chunk, never adds it")
+    if sums and (not got.dtype.is_floating_point or got.dtype == torch.float64):
+        value = got[k].item()
+        if float(value) == int(value):
+            text += f". Decoded: {decode(int(value), k, world, case.offset)}"
+    return text
+
+
+def held_before_gather(case: RingCase, r: int, kind: str, shift: int) -> torch.Tensor:
+    """Rank r's flat buffer just before the all-gather, by the contract."""
+    if case.world == 1 or not case.flats[0].numel():
+        return case.flats[r]
+    partials = ring_partials(case.flats)
+    finals = [partials[c][case.world - 1] for c in range(case.world)]
+    return torch.cat(rank_state(case.flats, partials, finals, kind, shift, r, "reduce-scatter", case.world - 1))
+
+
+def traced_run(student, fn, case: RingCase, rank_args=None) -> dict:
+    try:
+        return student.drive(TRACED, fn, case.xs, rank_args=rank_args, trace=True)
+    except Exception as exc:  # noqa: BLE001 - the student's own error (a CommError names the ranks), with its case
+        exc.args = (f"{case.label}: {exc.args[0] if exc.args else ''}", *exc.args[1:])
+        raise
+
+
+def assert_kept_dtype_and_shape(run: dict, case: RingCase, what: str) -> None:
+    for r, out in enumerate(run["outputs"]):
+        x = case.xs[r]
+        assert out.dtype == x.dtype and tuple(out.shape) == tuple(x.shape), (
+            f"{what}, rank {r}: the tensor came back {out.dtype} {tuple(out.shape)}, expected {x.dtype} {tuple(x.shape)}: "
+            "work in place, in the tensor's own dtype"
+        )
+
+
+def check_generated_allreduce(student, ra, rng: torch.Generator, dtypes: list, trials: int) -> None:
+    rnd = seeded(rng)
+    for trial in range(trials):
+        case = generated_ring_case(rnd, trial, dtypes, rng)
+        want = ring_order_sum(case.flats) if case.flats[0].numel() else case.flats[0].clone()
+        run = traced_run(student, ra.ring_allreduce, case)
+        what = f"ring_allreduce, {case.label}"
+        assert_kept_dtype_and_shape(run, case, what)
+        for r in range(case.world):
+            if not torch.equal(run["outputs"][r].reshape(-1), want):
+                first = trace_divergence(run, case, "allreduce", 1)
+                pytest.fail(result_divergence(run["outputs"][r], want, case, r, what,
+                                              held_before_gather(case, r, "allreduce", 1)) + ". " + (
+                    f"The first message that left the ring: {first}" if first else
+                    "Every message matched the ring, so the result went wrong in this rank's own buffer: store each "
+                    "chunk received in the all-gather in place (overwrite, never add), and copy a non-contiguous "
+                    "tensor's flat copy (tensor.reshape(-1)) back"))
+
+
+@pytest.mark.check("allreduce")
+def test_generated_allreduce_exact(student, ra, rng):
+    check_generated_allreduce(student, ra, rng, [torch.int64, torch.float64], trials=32)
+
+
+@pytest.mark.check("float_order")
+def test_generated_ring_order(student, ra, rng):
+    check_generated_allreduce(student, ra, rng, [torch.float32, torch.bfloat16], trials=32)
+
+
+@pytest.mark.check("reduce_scatter")
+def test_generated_reduce_scatter_ownership(student, ra, rng):
+    rnd = seeded(rng)
+    for trial in range(32):
+        case = generated_ring_case(rnd, trial, [torch.float32, torch.int64, torch.bfloat16, torch.float64], rng)
+        world, n = case.world, case.flats[0].numel()
+        run = traced_run(student, ra.ring_reduce_scatter, case)
+        what = f"ring_reduce_scatter, {case.label}"
+        assert_kept_dtype_and_shape(run, case, what)
+        for r in range(world):
+            owned = run["returns"][r]
+            assert owned == (r + 1) % world, (
+                f"{what}: rank {r} returned {owned!r}, expected (r + 1) % N = {(r + 1) % world}: after N - 1 steps the "
+                "chunk that started on rank r + 1 has gone once around the ring and ends, complete, on rank r"
+            )
+            lo, hi = bounds(n, world, owned)
+            want = ring_order_sum(case.flats, [owned])
+            got = run["outputs"][r].reshape(-1)
+            if not torch.equal(got[lo:hi], want[lo:hi]):
+                full = got.clone()
+                full[lo:hi] = want[lo:hi]  # only the owned chunk is promised
+                first = trace_divergence(run, case, "reduce_scatter", 1)
+                pytest.fail(result_divergence(got, full, case, r, what + f", owned chunk {owned}") + ". " + (
+                    f"The first message that left the ring: {first}" if first else
+                    "Every message matched the ring: add the last incoming chunk into this rank's own copy, and copy a "
+                    "non-contiguous tensor's flat copy back"))
+
+
+@pytest.mark.check("all_gather")
+def test_generated_all_gather(student, ra, rng):
+    rnd = seeded(rng)
+    for trial in range(32):
+        world = ring_world(trial)
+        shift = rnd.randrange(world)
+
+        def with_final_chunks(flats: list[torch.Tensor]) -> list[torch.Tensor]:
+            """Rank r holds chunk (r + shift) % N final (values none of the ranks' stale copies hold), the rest stale."""
+            n = flats[0].numel()
+            final = (torch.randint(-1000, 1000, (n,), generator=rng) * 4 - 1).to(flats[0].dtype)
+            out = [x.clone() for x in flats]
+            for r in range(world):
+                lo, hi = bounds(n, world, (r + shift) % world)
+                out[r][lo:hi] = final[lo:hi]
+            return out
+
+        case = generated_ring_case(rnd, trial, [torch.float32, torch.int64, torch.bfloat16, torch.float64], rng,
+                                   with_final_chunks)
+        n = case.flats[0].numel()
+        finals = [case.flats[(c - shift) % world][slice(*bounds(n, world, c))] for c in range(world)]
+        final = torch.cat(finals) if finals else case.flats[0]
+        run = traced_run(student, ra.ring_all_gather, case, rank_args=[((r + shift) % world,) for r in range(world)])
+        what = f"ring_all_gather, owned = (rank + {shift}) % N, {case.label}"
+        assert_kept_dtype_and_shape(run, case, what)
+        for r in range(world):
+            if not torch.equal(run["outputs"][r].reshape(-1), final):
+                first = trace_divergence(run, case, "all_gather", shift, finals)
+                pytest.fail(result_divergence(run["outputs"][r], final, case, r, what, case.flats[r], sums=False) + ". " + (
+                    f"The first message that left the ring: {first}" if first else
+                    "Every message matched the ring: store each incoming chunk in place (overwrite), at chunk "
+                    "(owned - s - 1) % N, and copy a non-contiguous tensor's flat copy back"))
+
+
+# --------------------------------------------------------------------------------------------------
 # distributed: real processes over gloo
 
 
@@ -488,6 +892,9 @@ def test_real_processes(student, ra, rng, world):
         "float64, n=1 (empty chunks)": [torch.tensor([float(r + 1)], dtype=torch.float64) for r in range(world)],
         "float32, n=0": [torch.empty(0) for _ in range(world)],
     }
+    generated = generated_ring_case(seeded(rng), world - 1 + 8 * int(torch.randint(0, 9, (1,), generator=rng)),
+                                    [torch.float32, torch.bfloat16, torch.int64, torch.float64], rng)
+    cases[f"generated: {generated.label}"] = generated.xs
     if world == 4:
         cases["float32, n=2^20+3 (ring order)"] = rand_inputs(world, BIG, torch.float32, rng)
     labels, inputs = list(cases), list(cases.values())
@@ -503,11 +910,12 @@ def test_real_processes(student, ra, rng, world):
             assert got.dtype == want.dtype and got.shape == want.shape, (
                 f"{world} gloo processes, {label}: rank {r} came back {got.dtype} {tuple(got.shape)}"
             )
-            assert torch.equal(got, want), (
-                f"{world} gloo processes, {label}: rank {r} does not hold the expected sum "
-                f"({int((got != want).sum())} positions differ). Run the same input on run_simulated, "
-                "which counts and names every message."
-            )
+            if not torch.equal(got, want):
+                pytest.fail(
+                    f"{world} gloo processes, {label}: rank {r} does not hold the expected sum: "
+                    f"{first_wrong(got, want, world)}. Run the same input on run_simulated (trace=True keeps every "
+                    "message), which names the ranks and exchanges."
+                )
             assert run["messages_sent"][r] == 2 * (world - 1), (
                 f"{world} gloo processes, {label}: rank {r} sent {run['messages_sent'][r]} messages, "
                 f"expected {2 * (world - 1)}"
