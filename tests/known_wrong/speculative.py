@@ -139,6 +139,30 @@ MUTANTS = [
         loses=["reproducible"],
     ),
     Mutant(
+        name="residual_fallback_with_a_tolerance",
+        why="I fell back to p whenever the residual's mass was below 1e-6, not only when it is 0 (a residual of "
+            "mass 2^-24 is still the residual: only the generated nearly-empty-residual cases catch it)",
+        edits=[("residual = torch.where(mass > 0, residual, p_next)",
+                "residual = torch.where(mass > 1e-6, residual, p_next)")],
+        loses=["accept_rules"],
+    ),
+    Mutant(
+        name="one_coin_per_row_for_every_position",
+        why="I drew one u per row and compared it with the ratio at every position, so the positions' acceptance "
+            "tests are not independent",
+        edits=[("u = _uniform_open_closed((B, gamma), generator, device)",
+                "u = _uniform_open_closed((B, 1), generator, device).expand(B, gamma)")],
+        loses=["distribution"],
+    ),
+    Mutant(
+        name="greedy_ties_to_the_highest_id",
+        why="greedy: I took the last maximal id (an argmax over the flipped vocabulary), so on a tie for the largest "
+            "probability the argmax is the highest id, not the lowest",
+        edits=[("best = target_probs.argmax(dim=-1)                                     # [B, gamma + 1]",
+                "best = target_probs.shape[-1] - 1 - target_probs.flip(-1).argmax(dim=-1)  # [B, gamma + 1]")],
+        loses=["greedy"],
+    ),
+    Mutant(
         name="greedy_no_bonus",
         why="greedy: when every draft token matched I forgot the target's last argmax",
         edits=[("    extra = best.gather(1, num_accepted[:, None]).squeeze(1)\n    return _assemble(draft_tokens, num_accepted, extra), num_accepted",

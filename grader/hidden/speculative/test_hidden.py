@@ -59,19 +59,29 @@ def oracle_tokens_per_step(alpha: float, gamma: int) -> float:
     return sum(alpha**k for k in range(gamma + 1))
 
 
+def lowest_argmax(values: list[float]) -> int:
+    """The first index of the largest value (ties: the lowest id)."""
+    best = 0
+    for i, v in enumerate(values):
+        if v > values[best]:
+            best = i
+    return best
+
+
 def greedy_oracle(draft_tokens: torch.Tensor, target_probs: torch.Tensor) -> tuple[list[list[int]], list[int]]:
     """One row at a time, one position at a time."""
     out, counts = [], []
+    probs = target_probs.tolist()
     for b in range(draft_tokens.shape[0]):
         row = []
         for i in range(draft_tokens.shape[1]):
-            best = int(target_probs[b, i].argmax())
+            best = lowest_argmax(probs[b][i])
             if int(draft_tokens[b, i]) != best:
                 row.append(best)
                 break
             row.append(best)
         else:
-            row.append(int(target_probs[b, -1].argmax()))
+            row.append(lowest_argmax(probs[b][-1]))
         counts.append(len(row) - 1)
         out.append(row + [-1] * (draft_tokens.shape[1] + 1 - len(row)))
     return out, counts
@@ -135,10 +145,12 @@ def bernstein_halfwidth(n: int, prob: float, delta: float) -> float:
     return log_term / 3 + math.sqrt((log_term / 3) ** 2 + 2 * log_term * var)
 
 
-def assert_histogram(samples: torch.Tensor, probs: torch.Tensor, what: str, hint: str, name=lambda k: f"token {k}") -> None:
+def assert_histogram(samples: torch.Tensor, probs: torch.Tensor, what: str, hint: str, name=lambda k: f"token {k}",
+                     false_alarm: float = FALSE_ALARM) -> None:
     """Samples (cell ids) distributed as `probs`: no cell with probability 0, every cell in bounds.
 
-    `name(k)` says what cell k is in the message (a token, a whole sequence)."""
+    `name(k)` says what cell k is in the message (a token, a whole sequence). A correct sampler fails
+    with probability at most `false_alarm` (split over the cells)."""
     n = samples.numel()
     counts = torch.bincount(samples.long(), minlength=probs.numel()).double()
     probs = probs.double() / probs.double().sum()
@@ -154,7 +166,7 @@ def assert_histogram(samples: torch.Tensor, probs: torch.Tensor, what: str, hint
         p = float(probs[k])
         if p == 0:
             continue
-        half = bernstein_halfwidth(n, p, FALSE_ALARM / cells)
+        half = bernstein_halfwidth(n, p, false_alarm / cells)
         ratio = abs(int(counts[k]) - n * p) / half  # a count: never NaN
         if ratio > worst_ratio:
             worst, worst_ratio = (k, p, half), ratio
@@ -163,7 +175,7 @@ def assert_histogram(samples: torch.Tensor, probs: torch.Tensor, what: str, hint
         raise AssertionError(
             f"{what}: {name(k)} came out {float(counts[k]) / n:.4f} of the time over {n} samples, but the "
             f"target gives it {p:.4f} (a correct sampler lands within +-{half / n:.4f}, with probability "
-            f"1 - 1e-9). {hint}"
+            f"1 - {false_alarm:.1g}). {hint}"
         )
 
 
@@ -609,6 +621,331 @@ def test_greedy_random_batches_match_a_per_row_loop(sm, rng):
             f"row {b}: draft {draft[b].tolist()}, target argmax {best[b].tolist()}: expected {want[b]}, found {got[b]}"
         )
     assert num_accepted.tolist() == counts, "num_accepted must count the draft tokens kept in each row"
+
+
+# --------------------------------------------------------------------------------------------------
+# Generated cases against a per-row oracle: random vocabularies and gammas, zeros, ties, p == q, one-hot
+# rows, empty and nearly empty residuals, rows of one batch with different acceptance lengths.
+#
+# A call holds GEN_CASES cases, each copied into a block of rows (the same draft tokens, q and p), so that
+# each case's outcomes can be counted. Given its draft tokens, the outcome "n drafts accepted, then token
+# x" of a row has an exact probability (outcome_table, a loop over positions and tokens):
+#     P(n, x) = a_0 ... a_{n-1} (1 - a_n) r_n(x)   for n < gamma,     a_0 ... a_{gamma-1} p_gamma(x)   for n = gamma,
+# with a_i = min(1, p_i(x_i) / q_i(x_i)) (0 where q_i(x_i) = 0) and r_n = norm(max(0, p_n - q_n)), or p_n
+# where that is all zeros. Where zeros and ties are wanted the probabilities are multiples of 1/64, exact
+# in float32, so a tie is a tie and a zero a zero.
+#
+# Deterministic part (accept_rules): no row may show an outcome of probability 0; a correct solution never
+# does, on any draw. Statistical part (distribution), on the rows whose outcome is possible (the others are
+# accept_rules' to report): per case, the count of each n and of each (n, x) against the table, each a
+# Bernstein bound at GEN_FALSE_ALARM / GEN_ASSERTIONS split over its cells. GEN_ASSERTIONS is every such
+# assertion the test makes in one grade (2 per case), so by the union bound a correct solution fails the
+# test with probability below GEN_FALSE_ALARM = 1e-7, whatever the seed. With the rest of this file (fewer
+# than 100 assertions at FALSE_ALARM = 1e-9) one grade fails a correct solution with probability below
+# 2e-7 < 1e-6, and a sweep of 50 seeds below 1e-5.
+
+GEN_GAMMAS = (0, 1, 2, 3, 4, 6)         # one call per gamma
+GEN_VOCABS = (1, 2, 3, 5, 8, 13)
+GEN_MAX_ROW = 80                       # V * (2 gamma + 1) per row at most: a call stays under 16 MB
+GEN_CASES = 16                         # cases per call
+GEN_ROWS = 2500                        # rows per case (statistical)
+GEN_ROWS_EXACT = 200                   # rows per case (deterministic)
+GEN_FALSE_ALARM = 1e-7
+GEN_ASSERTIONS = 2 * GEN_CASES * len(GEN_GAMMAS)
+LATTICE = 64
+TINY = 2.0**-24                        # a residual of this mass is still a residual
+
+
+def pick(rng: torch.Generator, options):
+    return options[int(torch.randint(0, len(options), (1,), generator=rng))]
+
+
+def lattice(V: int, rng: torch.Generator, forbid: int | None = None) -> torch.Tensor:
+    """A distribution over V tokens in multiples of 1/64 (zeros and equal values are common); `forbid`
+    gets probability 0."""
+    weights = torch.rand(V, generator=rng) ** 2 + 1e-3
+    if forbid is not None:
+        weights[forbid] = 0.0
+    counts = torch.bincount(torch.multinomial(weights, LATTICE, replacement=True, generator=rng), minlength=V)
+    return counts.float() / LATTICE
+
+
+def one_hot(V: int, token: int) -> torch.Tensor:
+    return torch.nn.functional.one_hot(torch.tensor(token), V).float()
+
+
+def draw(dist: torch.Tensor, rng: torch.Generator) -> int:
+    return int(torch.multinomial(dist.double(), 1, generator=rng))
+
+
+def accepted_prefix(c: int, V: int, rng: torch.Generator) -> tuple[list[int], list[torch.Tensor], list[torch.Tensor]]:
+    """c positions that are accepted for certain (p == q, drafted where q > 0): drafts, q rows, p rows."""
+    drafts, qs, ps = [], [], []
+    for _ in range(c):
+        row = pick(rng, (lattice(V, rng), one_hot(V, int(torch.randint(0, V, (1,), generator=rng)))))
+        drafts.append(draw(row, rng))
+        qs.append(row)
+        ps.append(row.clone())
+    return drafts, qs, ps
+
+
+def gen_case(family: str, gamma: int, V: int, rng: torch.Generator):
+    """(draft [gamma], q [gamma, V], p [gamma + 1, V]) of one family, float32."""
+    if V == 1:  # one token: p = q = [1], every draft accepted
+        family = "lattice"
+    drafts, qs, ps = [], [], []
+    if family == "lattice":  # zeros and ties between p and q everywhere
+        for _ in range(gamma):
+            q, p = lattice(V, rng), lattice(V, rng)
+            drafts.append(draw(q, rng))
+            qs.append(q)
+            ps.append(p)
+    elif family == "p == q":
+        drafts, qs, ps = accepted_prefix(gamma, V, rng)
+    elif family == "one-hot rows":
+        for _ in range(gamma):
+            q = pick(rng, (lattice(V, rng), one_hot(V, int(torch.randint(0, V, (1,), generator=rng)))))
+            p = pick(rng, (lattice(V, rng), one_hot(V, int(torch.randint(0, V, (1,), generator=rng))), q.clone()))
+            drafts.append(draw(q, rng))
+            qs.append(q)
+            ps.append(p)
+    elif family == "drafted where p or q is 0":
+        for _ in range(gamma):
+            x = int(torch.randint(0, V, (1,), generator=rng))
+            q = lattice(V, rng, forbid=pick(rng, (x, None, None)))
+            p = lattice(V, rng, forbid=pick(rng, (x, x, None)))
+            drafts.append(x)
+            qs.append(q)
+            ps.append(p)
+    elif family in ("empty residual", "nearly empty residual", "certain cut"):
+        c = int(torch.randint(0, max(gamma, 1), (1,), generator=rng))  # accepted for certain before c < gamma
+        drafts, qs, ps = accepted_prefix(c, V, rng)
+        if c < gamma:
+            x = int(torch.randint(0, V, (1,), generator=rng))
+            base = lattice(V, rng, forbid=x)  # p(x) = 0: x is rejected for certain
+            if family == "empty residual":  # p == q, both 0 at x: nothing left, so the extra token comes from p
+                q = base.clone()
+            elif family == "nearly empty residual":  # q = p but for TINY moved from a to x: the residual is TINY at a
+                a = int(base.argmax())
+                q = base.clone()
+                q[x], q[a] = TINY, q[a] - TINY
+            else:  # a residual of its own
+                q = lattice(V, rng, forbid=pick(rng, (None, int(base.argmax()))))
+                q[x] = q[x] if q[x] > 0 else 1.0 / LATTICE
+            drafts.append(x)
+            qs.append(q)
+            ps.append(base)
+            more = gamma - c - 1  # after the cut: anything
+            for _ in range(more):
+                q = lattice(V, rng)
+                drafts.append(draw(q, rng))
+                qs.append(q)
+                ps.append(lattice(V, rng))
+    elif family == "dense random":
+        q = random_dist((max(gamma, 1), V), rng, sharpness=1.5, floor=0.0)[:gamma]
+        for i in range(gamma):
+            drafts.append(draw(q[i], rng))
+        qs = list(q)
+        ps = list(random_dist((max(gamma, 1), V), rng, sharpness=1.5, floor=0.0)[:gamma])
+    else:
+        raise ValueError(family)
+    bonus = pick(rng, (lattice(V, rng), one_hot(V, int(torch.randint(0, V, (1,), generator=rng)))))
+    q = torch.stack(qs) if gamma else torch.zeros(0, V)
+    p = torch.stack(ps + [bonus])
+    return torch.tensor(drafts, dtype=torch.long).reshape(gamma), q.float(), p.float(), family
+
+
+GEN_FAMILIES = ("lattice", "p == q", "one-hot rows", "drafted where p or q is 0", "empty residual",
+                "nearly empty residual", "certain cut", "dense random")
+
+
+def outcome_table(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, list[float]]:
+    """P(n accepted, then token x) for one case, [gamma + 1, V] float64, and the acceptance a_i per position.
+    Loops over positions and tokens, in float64 on the float32 values."""
+    gamma, V = q.shape[0], p.shape[-1]
+    table = torch.zeros(gamma + 1, V, dtype=torch.float64)
+    accept, reach = [], 1.0
+    for i in range(gamma):
+        x = int(draft[i])
+        px, qx = float(p[i, x]), float(q[i, x])
+        a = 0.0 if qx == 0 else min(1.0, px / qx)
+        residual = [max(0.0, float(p[i, y]) - float(q[i, y])) for y in range(V)]
+        if sum(residual) == 0:
+            residual = [float(p[i, y]) for y in range(V)]
+        for y in range(V):
+            table[i, y] = reach * (1 - a) * residual[y] / sum(residual)
+        accept.append(a)
+        reach *= a
+    bonus = [float(p[gamma, y]) for y in range(V)]
+    for y in range(V):
+        table[gamma, y] = reach * bonus[y] / sum(bonus)
+    return table, accept
+
+
+def vocab_per_call(rng: torch.Generator) -> list[int]:
+    """Every vocabulary size of GEN_VOCABS once, shuffled over the calls, within GEN_MAX_ROW."""
+    while True:
+        vocabs = [GEN_VOCABS[i] for i in torch.randperm(len(GEN_VOCABS), generator=rng).tolist()]
+        if all(V * (2 * gamma + 1) <= GEN_MAX_ROW for gamma, V in zip(GEN_GAMMAS, vocabs)):
+            return vocabs
+
+
+def generated_calls(rng: torch.Generator, rows: int):
+    """One call per gamma in GEN_GAMMAS: (where, draft [B, gamma], q [B, gamma, V], p [B, gamma + 1, V], cases),
+    cases = [(family, draft, q, p, table, accept)], case c on rows c * rows .. (c + 1) * rows - 1."""
+    calls = []
+    vocabs = vocab_per_call(rng)
+    for call, (gamma, V) in enumerate(zip(GEN_GAMMAS, vocabs)):
+        dtype = torch.float64 if call == int(torch.randint(0, len(GEN_GAMMAS), (1,), generator=rng)) else torch.float32
+        cases = []
+        for c in range(GEN_CASES):
+            draft, q, p, family = gen_case(GEN_FAMILIES[c % len(GEN_FAMILIES)], gamma, V, rng)
+            cases.append((family, draft, q, p, *outcome_table(draft, q, p)))
+        draft = torch.cat([c[1].expand(rows, gamma) for c in cases])
+        q = torch.cat([c[2].expand(rows, gamma, V) for c in cases]).to(dtype)
+        p = torch.cat([c[3].expand(rows, gamma + 1, V) for c in cases]).to(dtype)
+        where = f"generated call {call + 1} of {len(GEN_GAMMAS)} (gamma={gamma}, V={V}, {str(dtype).split('.')[1]})"
+        calls.append((where, draft, q, p, cases))
+    return calls
+
+
+def describe_case(where: str, c: int, case, rows: int) -> str:
+    family, draft, q, p, _, accept = case
+    x = draft.tolist()
+    at = ", ".join(f"({float(p[i, t]):.4g}, {float(q[i, t]):.4g})" for i, t in enumerate(x))
+    return (f"{where}, case {c + 1} of {GEN_CASES} ({family}; rows {c * rows} to {(c + 1) * rows - 1}): draft tokens "
+            f"{x}, (p, q) at them [{at}], so min(1, p/q) = {[round(a, 4) for a in accept]}")
+
+
+def impossible_outcome(case, n: int, token: int) -> str:
+    """Why the oracle gives the outcome (n accepted, then `token`) probability 0."""
+    family, draft, q, p, table, accept = case
+    gamma = len(accept)
+    for i in range(n):
+        if accept[i] == 0:
+            x = int(draft[i])
+            why = (f"q(x) = 0: it could not have been drafted, and the contract rejects it" if float(q[i, x]) == 0 else
+                   f"p(x) = 0: the target forbids it, and u <= p/q = 0 never holds for u in (0, 1]")
+            return f"it accepted the draft token {x} at position {i}, where {why}"
+    if n < gamma and accept[n] == 1:
+        x = int(draft[n])
+        return (f"it rejected the draft token {x} at position {n}, where p(x) = {float(p[n, x]):.6g} >= q(x) = "
+                f"{float(q[n, x]):.6g} > 0: u <= 1 <= p/q holds for every u in (0, 1], so it is always accepted")
+    if n == gamma:
+        return (f"all {gamma} drafts were accepted, then the bonus token {token}, where p_{gamma}({token}) = 0: the bonus "
+                f"comes from target_probs[:, {gamma}]")
+    residual = (p[n].double() - q[n].double()).clamp(min=0)
+    if float(residual.sum()) == 0:
+        return (f"after the rejection at position {n} it emitted token {token}. There max(0, p - q) is all zeros "
+                f"(p <= q everywhere), so the contract samples from p, and p({token}) = 0")
+    return (f"after the rejection at position {n} it emitted token {token}, where max(0, p - q) = 0 (p = "
+            f"{float(p[n, token]):.6g}, q = {float(q[n, token]):.6g}): the extra token comes from norm(max(0, p - q)), "
+            f"whose support here is {residual.nonzero().flatten().tolist()}"
+            + (f" (its mass is only {float(residual.sum()):.3g}, but it is not 0: no tolerance)" if float(residual.sum()) < 1e-3 else ""))
+
+
+def outcomes(tokens: torch.Tensor, num_accepted: torch.Tensor) -> torch.Tensor:
+    """[B] the extra token of each row (the one at position num_accepted)."""
+    return tokens.gather(1, num_accepted.long()[:, None]).squeeze(1)
+
+
+@pytest.mark.check("accept_rules")
+def test_generated_outcomes_are_possible(sm, rng):
+    rows = GEN_ROWS_EXACT
+    for where, draft, q, p, cases in generated_calls(rng, rows):
+        V = p.shape[-1]
+        tokens, num_accepted = sm.speculative_accept(draft, q, p, fresh_generator(rng))
+        check_layout(tokens, num_accepted, draft, V)
+        tables = torch.stack([case[4] for case in cases])                         # [cases, gamma + 1, V]
+        case_of_row = torch.arange(draft.shape[0]) // rows
+        extra = outcomes(tokens, num_accepted)
+        possible = tables[case_of_row, num_accepted.long(), extra] > 0
+        if not possible.all():
+            b = int((~possible).nonzero()[0])
+            c = b // rows
+            n, x = int(num_accepted[b]), int(extra[b])
+            raise AssertionError(
+                f"{describe_case(where, c, cases[c], rows)}. Row {b} came out as tokens {tokens[b].tolist()} "
+                f"(num_accepted = {n}), which has probability 0: {impossible_outcome(cases[c], n, x)}. "
+                f"{int((~possible).sum())} of {draft.shape[0]} rows show an impossible outcome."
+            )
+
+
+@pytest.mark.check("distribution")
+def test_generated_outcomes_follow_the_rule(sm, rng):
+    rows = GEN_ROWS
+    alarm = GEN_FALSE_ALARM / GEN_ASSERTIONS
+    for where, draft, q, p, cases in generated_calls(rng, rows):
+        gamma, V = draft.shape[1], p.shape[-1]
+        tokens, num_accepted = sm.speculative_accept(draft, q, p, fresh_generator(rng))
+        check_layout(tokens, num_accepted, draft, V)
+        extra = outcomes(tokens, num_accepted)
+        for c, case in enumerate(cases):
+            table = case[4]
+            block = slice(c * rows, (c + 1) * rows)
+            n, x = num_accepted[block].long(), extra[block]
+            n, x = n[table[n, x] > 0], x[table[n, x] > 0]  # impossible outcomes are test_generated_outcomes_are_possible's
+            what = describe_case(where, c, case, rows)
+
+            def stop(k: int) -> str:
+                return f"'all {gamma} drafts accepted'" if k == gamma else f"'{k} drafts accepted, then a rejection'"
+
+            assert_histogram(n, table.sum(1), what, (
+                "The number of accepted drafts is off: accept x_i when u_i <= p_i(x_i) / q_i(x_i) with u_i uniform "
+                "on (0, 1] (so with probability min(1, p/q)), one fresh u per row and position, and stop at the "
+                "first rejection."), name=stop, false_alarm=alarm)
+
+            def outcome(k: int) -> str:
+                m, t = divmod(k, V)
+                return (f"'all {gamma} accepted, then bonus token {t}'" if m == gamma else
+                        f"'{m} accepted, then token {t}'")
+
+            assert_histogram(n * V + x, table.flatten(), what, (
+                "The extra token is off: after a rejection at position i it comes from norm(max(0, p_i - q_i)) "
+                "(from p_i where that residual is all zeros), after all gamma accepted from p_gamma."),
+                name=outcome, false_alarm=alarm)
+
+
+def tied_target(B: int, gamma: int, V: int, rng: torch.Generator) -> torch.Tensor:
+    """[B, gamma + 1, V] target rows in multiples of 1/64, many with a tie for the largest probability."""
+    rows = torch.stack([lattice(V, rng) for _ in range(B * (gamma + 1))]).reshape(B, gamma + 1, V)
+    flat = torch.full((B, gamma + 1, V), 1.0 / V)
+    return torch.where(torch.rand(B, gamma + 1, 1, generator=rng) < 0.15, flat, rows)
+
+
+@pytest.mark.check("greedy")
+def test_generated_greedy_against_a_per_row_loop(sm, rng):
+    for gamma in (0, 1, 2, 3, 5):
+        V = pick(rng, GEN_VOCABS)
+        B = 150
+        target = tied_target(B, gamma, V, rng)
+        probs = target.tolist()
+        draft = torch.zeros(B, gamma, dtype=torch.long)
+        for b in range(B):
+            for i in range(gamma):
+                top = max(probs[b][i])
+                tied = [t for t in range(V) if probs[b][i][t] == top]
+                choice = float(torch.rand(1, generator=rng))
+                draft[b, i] = (tied[0] if choice < 0.6 else tied[-1] if choice < 0.8 else
+                               int(torch.randint(0, V, (1,), generator=rng)))
+        tokens, num_accepted = sm.greedy_accept(draft, target)
+        assert tokens.dtype == torch.int64 and num_accepted.dtype == torch.int64, "tokens and num_accepted must be int64"
+        assert tuple(tokens.shape) == (B, gamma + 1), f"expected tokens [{B}, {gamma + 1}], found {list(tokens.shape)}"
+        want, counts = greedy_oracle(draft, target)
+        got = tokens.tolist()
+        for b in range(B):
+            if got[b] != want[b] or int(num_accepted[b]) != counts[b]:
+                maxima = [[t for t in range(V) if probs[b][i][t] == max(probs[b][i])] for i in range(gamma + 1)]
+                ties = [i for i, m in enumerate(maxima) if len(m) > 1]
+                raise AssertionError(
+                    f"greedy_accept, gamma={gamma}, V={V}, row {b}: draft {draft[b].tolist()}, the tokens of largest "
+                    f"target probability at each position {maxima}: expected {want[b]} (num_accepted {counts[b]}), "
+                    f"found {got[b]} (num_accepted {int(num_accepted[b])}). "
+                    + (f"Positions {ties} have a tie for the largest probability: the argmax is the LOWEST id "
+                       "(torch.argmax's rule), and a draft token equal to another tied token is a mismatch. " if ties else "")
+                    + "Keep drafts while they equal the argmax, then emit the argmax (the last position's if all match), "
+                    "-1 after."
+                )
 
 
 # --------------------------------------------------------------------------------------------------
