@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 import torch
 
 __all__ = [
-    "SPAN_KINDS", "Span", "anchors", "apply_spans", "block_cuts", "describe_column", "describe_spans",
+    "SPAN_KINDS", "Span", "against_tiles", "anchors", "apply_spans", "block_cuts", "describe_column", "describe_spans",
     "every_span", "explain_row", "explain_state", "random_cuts", "random_spans", "spans_of",
 ]
 
@@ -145,7 +145,7 @@ def describe_column(col: int, n: int, cuts: Cuts, unit: str = "block") -> str:
     """Where column `col` of a row of n sits: "column 1024 is the first column of block 2 [1024, 2048)"."""
     last = " and the last of the row" if col == n - 1 else ""
     if cuts is None:
-        return f"column {col}{' (the last of the row, n = ' + str(n) + ')' if last else ''}, {_against_tiles(col)}"
+        return f"column {col}{' (the last of the row, n = ' + str(n) + ')' if last else ''}, {against_tiles(col)}"
     i = _block_of(col, cuts)
     a, b = cuts[i], cuts[i + 1]
     where = f"{unit} {i + 1} [{a}, {b})"
@@ -173,7 +173,7 @@ def _describe_span(a: int, b: int, n: int, cuts: Cuts, unit: str) -> str:
     if cuts is None:
         longer = max((w for w in TILE_WIDTHS if w < b - a), default=0)
         length = f"{b - a} long" + (f", more than a tile for BLOCK <= {longer}" if longer else "")
-        return f"{cols} ({side}{length}; starts {_against_tiles(a)}, ends {_against_tiles(b - 1)})"
+        return f"{cols} ({side}{length}; starts {against_tiles(a)}, ends {against_tiles(b - 1)})"
     first, last = _block_of(a, cuts), _block_of(b - 1, cuts)
     starts_whole, ends_whole = a == cuts[first], b == cuts[last + 1]
     if starts_whole and ends_whole:
@@ -188,17 +188,18 @@ def _describe_span(a: int, b: int, n: int, cuts: Cuts, unit: str) -> str:
             f"[{cuts[last]}, {cuts[last + 1]}), crossing {crossing})")
 
 
-def _against_tiles(col: int) -> str:
-    """Column `col` against every power-of-two tile width from 16 to 4096."""
-    if col == 0:
-        return "at the start of the row"
-    starts = max((w for w in TILE_WIDTHS if col % w == 0), default=0)
-    ends = max((w for w in TILE_WIDTHS if (col + 1) % w == 0), default=0)
+def against_tiles(index: int, item: str = "column", block: str = "BLOCK") -> str:
+    """Where `index` (a column, a row, a key) sits against every power-of-two tile width from 16 to
+    4096: "at a multiple of 64 (a tile's first column for a power-of-two BLOCK <= 64)"."""
+    if index == 0:
+        return f"the first {item}"
+    starts = max((w for w in TILE_WIDTHS if index % w == 0), default=0)
+    ends = max((w for w in TILE_WIDTHS if (index + 1) % w == 0), default=0)
     if starts:
-        return f"at a multiple of {starts} (a tile's first column for a power-of-two BLOCK <= {starts})"
+        return f"at a multiple of {starts} (a tile's first {item} for a power-of-two {block} <= {starts})"
     if ends:
-        return f"one before a multiple of {ends} (a tile's last column for a power-of-two BLOCK <= {ends})"
-    return "inside a tile for every power-of-two BLOCK >= 16"
+        return f"one before a multiple of {ends} (a tile's last {item} for a power-of-two {block} <= {ends})"
+    return f"inside a tile for every power-of-two {block} >= 16"
 
 
 def _block_of(col: int, cuts: Sequence[int]) -> int:

@@ -129,8 +129,8 @@ def test_softmax_keeps_the_dtype(sm):
 
 
 @pytest.mark.check("triton_public")
-def test_triton_small_rows(sm):
-    x = torch.randn(3, 5, generator=torch.Generator().manual_seed(3)) * 3
+def test_triton_small_rows(sm, device):
+    x = (torch.randn(3, 5, generator=torch.Generator().manual_seed(3)) * 3).to(device)  # CUDA: Triton needs GPU tensors
     out = sm.softmax_triton(x)
     assert out.shape == x.shape and out.dtype == x.dtype, (
         f"expected {tuple(x.shape)} {x.dtype}, found {tuple(out.shape)} {out.dtype}"
@@ -139,8 +139,8 @@ def test_triton_small_rows(sm):
 
 
 @pytest.mark.check("triton_public")
-def test_triton_transposed_input(sm):
-    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(4)).t()  # shape [4, 6], strides (1, 4)
+def test_triton_transposed_input(sm, device):
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(4)).to(device).t()  # shape [4, 6], strides (1, 4)
     out = sm.softmax_triton(x)
     assert out.is_contiguous(), "the output must be a new contiguous tensor"
     assert_triton_rows(out, x, "softmax_triton of a transposed x [row, column]",

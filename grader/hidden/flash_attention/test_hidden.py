@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grader import speed, testing
+from grader import blocks, speed, testing
 
 INF = float("inf")
 FP16, FP32, BF16 = torch.float16, torch.float32, torch.bfloat16
@@ -486,6 +486,134 @@ def test_forward_tile_loop_runs_inside_the_kernel(student, fa, rng, device):
         f"{large[0]} x {large[1]}: it loops over tiles in Python. The loop over key tiles belongs inside your "
         "Triton kernel, where the scores stay on chip; the host code should allocate o and lse and launch it"
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# Generated causal alignments. A causal kernel's tile bounds (the last key tile a query tile visits,
+# the first query tile a key tile meets, the query tiles that see no key) depend on the diagonal
+# offset Nk - Nq against the tile widths, which the kernel picks. Here Nk - Nq is one below, on, or
+# one above a multiple of 128 (so of every power-of-two tile up to 128), or anything, with more keys
+# than queries or more queries than keys (rows, and whole query tiles, that see no key); Nq sits on a
+# tile boundary or beside it. Messages place the first wrong row or key against the diagonal and the
+# tiles.
+
+ALIGN_MAX_N = 300
+
+
+def causal_alignment(rng: torch.Generator, residue: int | None, more_queries: bool,
+                     max_n: int = ALIGN_MAX_N) -> tuple[int, int]:
+    """(Nq, Nk), both in [1, max_n]: Nk - Nq = 128 j + residue (any offset when residue is None),
+    j < 0 when `more_queries`; Nq on a multiple of a tile width or beside it where the range allows."""
+    pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=rng))  # noqa: E731
+    if residue is None:
+        shift = -pick(1, max_n - 1) if more_queries else pick(0, max_n - 1)
+    else:
+        js = [j for j in ((-1, -2) if more_queries else (0, 1)) if abs(128 * j + residue) <= max_n - 1]
+        shift = 128 * js[pick(0, len(js) - 1)] + residue
+    lo, hi = max(1, 1 - shift), min(max_n, max_n - shift)
+    near = [t * i + e for t in (16, 32, 64, 128) for i in (1, 2) for e in (-1, 0, 1) if lo <= t * i + e <= hi]
+    n_q = near[pick(0, len(near) - 1)] if near and pick(0, 3) else pick(lo, hi)
+    return n_q, n_q + shift
+
+
+def causal_place(n_q: int, n_k: int, name: str):
+    """A hint for the first wrong entry of `name` (o, lse, dq: a query row; dk, dv: a key): which keys
+    that row sees, or which rows see that key, placed against the tiles."""
+    shift = n_k - n_q
+
+    def hint(index) -> str:
+        i = index[2]
+        if name in ("dk", "dv"):
+            first = max(i - shift, 0)
+            return (f"Key {i} is seen by queries {first}-{n_q - 1} (Nk - Nq = {shift}; query r sees key j iff "
+                    f"j <= r + Nk - Nq). Key {i} is {blocks.against_tiles(i, 'key', 'BLOCK_N')}; query {first}, the "
+                    f"first that sees it, is {blocks.against_tiles(first, 'row', 'BLOCK_M')}. The loop over query "
+                    "tiles of a key tile must start at the query tile that holds its first row, (first key of the "
+                    "tile) - (Nk - Nq): an off-by-one there skips a whole query tile. (If o or lse of those queries "
+                    "is wrong too, fix the forward pass first: dk and dv are built on its lse)")
+        last = i + shift
+        if last < 0:
+            return (f"Query {i} sees no key (Nk - Nq = {shift}: the first {-shift} queries come before key 0): "
+                    "its o and dq are exactly 0 and its lse is +inf, whether or not its whole query tile sees nothing")
+        return (f"Query {i} sees keys 0-{min(last, n_k - 1)} (Nk - Nq = {shift}). Query {i} is "
+                f"{blocks.against_tiles(i, 'row', 'BLOCK_M')}; its last key, {last}, is "
+                f"{blocks.against_tiles(last, 'key', 'BLOCK_N')}. The loop over key tiles must reach the tile "
+                "that holds the last key the query tile's last row sees, (last row) + Nk - Nq: an off-by-one there "
+                "skips a whole key tile")
+    return hint
+
+
+def assert_close_placed(got, ref, low, what: str, hint) -> None:
+    """As assert_close (twice the naive formula's error in got's dtype, plus a floor), with a hint
+    built from the first bad index."""
+    base = float((low.detach().cpu().double() - ref).abs().max())
+    tol = 2 * base + FLOOR[got.dtype] * max(float(ref.abs().max()), 1.0)
+    testing.assert_close(got, ref, atol=tol, what=f"{what} [batch, head, row, col]", hint=hint)
+
+
+def alignment_inputs(rng, device, residue, more_queries, max_n=ALIGN_MAX_N):
+    n_q, n_k = causal_alignment(rng, residue, more_queries, max_n)
+    d = (16, 32, 64)[int(torch.randint(0, 3, (1,), generator=rng))]
+    hkv = int(torch.randint(1, 3, (1,), generator=rng))
+    dtype = (FP32, FP16)[int(torch.randint(0, 2, (1,), generator=rng))]
+    return n_q, n_k, make_qkv(rng, 1, 2, hkv, n_q, n_k, d, dtype, device)
+
+
+ALIGNMENTS = [(residue, more) for more in (False, True) for residue in (-1, 0, 1, None)]
+
+
+def alignment_id(alignment) -> str:
+    residue, more = alignment
+    return ("any" if residue is None else f"128j{residue:+d}") + ("-more-queries" if more else "-more-keys")
+
+
+@pytest.mark.check("causal")
+@pytest.mark.parametrize("alignment", ALIGNMENTS, ids=alignment_id)
+def test_generated_causal_alignments(fa, rng, device, alignment):
+    n_q, n_k, (q, k, v) = alignment_inputs(rng, device, *alignment)
+    what = f"causal, Nq x Nk = {n_q} x {n_k}, Hq = 2, Hkv = {k.shape[1]}, D = {q.shape[-1]}, {str(q.dtype)[6:]}"
+    o, lse = fa.flash_attention_forward(q, k, v, causal=True)
+    assert o.dtype == q.dtype and lse.dtype == FP32, f"{what}: o must have q's dtype and lse fp32, found {o.dtype}, {lse.dtype}"
+    qc, kc, vc = q.cpu(), k.cpu(), v.cpu()
+    ref_o, ref_lse = naive_attention(qc, kc, vc, True)
+    low_o, _ = naive_attention(qc, kc, vc, True, dtype=q.dtype)
+    assert_close_placed(o, ref_o, low_o, f"o for {what}", causal_place(n_q, n_k, "o"))
+    empty = max(0, n_q - n_k)  # rows that see no key; exactly 0, and lse exactly +inf
+    testing.assert_equal(o[:, :, :empty].cpu(), torch.zeros_like(ref_o[:, :, :empty]), what=f"o of the rows that see no key, {what}",
+                         hint=lambda index: causal_place(n_q, n_k, "o")(index))
+    finite = torch.isfinite(ref_lse)
+    tol = (2e-5 + 1e-6 * float(ref_lse[finite].abs().max())) if bool(finite.any()) else 0.0
+    lse_hint = causal_place(n_q, n_k, "lse")
+    testing.assert_close(lse, ref_lse, atol=tol, what=f"lse for {what} [batch, head, row]",
+                         hint=lambda index: lse_hint((*index, 0)) + ". lse is +inf exactly where a row sees no key")
+
+
+BACKWARD_ALIGNMENTS = [(-1, False), (-1, True), (1, False), (1, True), (None, None)]  # None: either side
+
+
+@pytest.mark.check("backward")
+@pytest.mark.parametrize("alignment", BACKWARD_ALIGNMENTS, ids=lambda a: alignment_id((a[0], bool(a[1]))) if a[1] is not None else "any")
+def test_generated_causal_alignments_backward(student, fa, rng, device, alignment):
+    residue, more_queries = alignment
+    if more_queries is None:
+        more_queries = bool(torch.randint(0, 2, (1,), generator=rng))
+    # Smaller than the forward's (the backward runs three kernels and two oracles): up to 200 tokens.
+    n_q, n_k, (q, k, v) = alignment_inputs(rng, device, residue, more_queries, 200)
+    what = f"causal, Nq x Nk = {n_q} x {n_k}, Hq = 2, Hkv = {k.shape[1]}, D = {q.shape[-1]}, {str(q.dtype)[6:]}"
+    do = torch.randn(q.shape, generator=rng).to(device=device, dtype=q.dtype)
+    _, dq, dk, dv = student.drive(f"{DRIVERS}:training_step", fa.flash_attention, q, k, v, do, True, None)
+    qc, kc, vc, doc = q.cpu(), k.cpu(), v.cpu(), do.cpu()
+    ref = naive_grads(qc, kc, vc, doc, True)
+    low = naive_grads(qc, kc, vc, doc, True, dtype=q.dtype)
+    for name, got, inp, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), (q, k, v), ref, low):
+        assert got is not None and got.shape == inp.shape and got.dtype == inp.dtype, (
+            f"{what}: {name} must have its input's dtype and shape {inp.dtype} {tuple(inp.shape)}, found "
+            f"{None if got is None else (got.dtype, tuple(got.shape))}"
+        )
+        assert_close_placed(got, r, lo, f"{name} for {what}", causal_place(n_q, n_k, name))
+    empty = max(0, n_q - n_k)
+    testing.assert_equal(dq[:, :, :empty].cpu(), torch.zeros_like(ref[0][:, :, :empty]),
+                         what=f"dq of the rows that see no key, {what}", hint=causal_place(n_q, n_k, "dq"))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -256,28 +256,29 @@ def test_long_fp16_rows_accumulate_in_fp32(sm, rng):
 
 
 # --------------------------------------------------------------------------------------------------
-# softmax_triton (under the interpreter on the CPU; small shapes)
+# softmax_triton (under the interpreter on the CPU; small shapes). Inputs go to `device`: on a CUDA
+# machine the kernel runs for real, and Triton cannot read a CPU tensor.
 
 
 @pytest.mark.check("triton")
 @pytest.mark.parametrize("shape", [(1, 1), (3, 17), (5, 128), (2, 1000)])
-def test_triton_shapes(sm, rng, shape):
-    x = torch.randn(*shape, generator=rng) * 4
+def test_triton_shapes(sm, rng, device, shape):
+    x = (torch.randn(*shape, generator=rng) * 4).to(device)
     out = sm.softmax_triton(x)
     assert out.is_contiguous(), "the output must be contiguous"
     assert_softmax(out, x, 1e-6, f"shape {shape}")
 
 
 @pytest.mark.check("triton")
-def test_triton_rows_longer_than_a_block(sm, rng):
+def test_triton_rows_longer_than_a_block(sm, rng, device):
     n = 9000  # longer than any one block a reasonable kernel uses
-    x = torch.randn(2, n, generator=rng) * 2 + torch.linspace(-5, 5, n)
+    x = (torch.randn(2, n, generator=rng) * 2 + torch.linspace(-5, 5, n)).to(device)
     assert_softmax(sm.softmax_triton(x), x, 1e-6, f"rows of {n} columns: do you loop over the whole row?")
 
 
 @pytest.mark.check("triton")
-def test_triton_strided_views(sm, rng):
-    base = torch.randn(40, 30, generator=rng) * 3
+def test_triton_strided_views(sm, rng, device):
+    base = (torch.randn(40, 30, generator=rng) * 3).to(device)
     for what, view in (("a transpose", base.t()), ("a column slice", base[:, 3:27]), ("every other row", base[::2])):
         out = sm.softmax_triton(view)
         assert out.shape == view.shape and out.is_contiguous(), f"{what}: expected a contiguous {tuple(view.shape)} output"
@@ -285,18 +286,19 @@ def test_triton_strided_views(sm, rng):
 
 
 @pytest.mark.check("triton")
-def test_triton_masked_rows_and_large_values(sm, rng):
+def test_triton_masked_rows_and_large_values(sm, rng, device):
     x = torch.randn(4, 50, generator=rng) * 3 + 1e4
     x[1] = -INF
     x[2, 10:] = -INF
+    x = x.to(device)
     out = sm.softmax_triton(x)
-    assert torch.equal(out[1], torch.zeros(50)), "a row of only -inf must give zeros"
+    assert torch.equal(out[1].cpu(), torch.zeros(50)), "a row of only -inf must give zeros"
     assert_softmax(out, x, 1e-5, "masked rows and values near 1e4")
 
 
 @pytest.mark.check("triton")
-def test_triton_fp16(sm, rng):
-    x = (torch.randn(3, 300, generator=rng) * 3).half()
+def test_triton_fp16(sm, rng, device):
+    x = (torch.randn(3, 300, generator=rng) * 3).half().to(device)
     assert_softmax(sm.softmax_triton(x), x, 1e-3, "fp16 input")
 
 
@@ -426,7 +428,7 @@ def test_generated_masks_against_the_blocks(sm, rng, trial):
 
 @pytest.mark.check("triton")
 @pytest.mark.parametrize("trial", range(3))
-def test_triton_generated_masks_against_every_tile_width(sm, rng, trial):
+def test_triton_generated_masks_against_every_tile_width(sm, rng, device, trial):
     # The kernel picks its own BLOCK: spans are placed against every power-of-two tile width.
     if trial == 0:  # every span of a short row
         n = int(torch.randint(9, 24, (1,), generator=rng))
@@ -437,7 +439,7 @@ def test_triton_generated_masks_against_every_tile_width(sm, rng, trial):
     else:  # rows longer than any one tile a kernel uses
         n = int(torch.randint(4097, 9000, (1,), generator=rng))
         spans = span_rows(n, None, rng, 12)
-    x = masked_input(rng, spans, n)
+    x = masked_input(rng, spans, n).to(device)
     out = sm.softmax_triton(x)
     assert out.is_contiguous(), "the output must be contiguous"
     assert_softmax(out, x, 1e-6, f"softmax_triton of generated masks, n={n}")
