@@ -11,6 +11,7 @@ the expected value is finite always fails, with a message that counts them and n
 from __future__ import annotations
 
 import numbers
+from collections.abc import Sequence
 from typing import Any, Callable, Union
 
 import numpy as np
@@ -18,7 +19,8 @@ import torch
 
 from grader.harness.wire import OnceIterable
 
-__all__ = ["OnceIterable", "assert_close", "assert_equal", "is_close", "mismatches"]
+__all__ = ["OnceIterable", "assert_close", "assert_equal", "assert_equal_up_to_ties", "is_close", "mismatches",
+           "near_midpoint"]
 
 Hint = Union[str, Callable[[tuple[int, ...]], str]]  # a hint, or one built from the first bad index
 
@@ -89,6 +91,128 @@ def is_close(actual: Any, expected: Any, *, atol: Tolerance, rtol: float = 0.0) 
     except AssertionError:
         return False
     return True
+
+
+# --------------------------------------------------------------------------------------------------
+# Rounded values: "equal up to rounding ties"
+
+
+def near_midpoint(values: Any, *, tol: Tolerance) -> torch.Tensor:
+    """A boolean CPU tensor of `values`' shape: True where a value lies within `tol` of a midpoint
+    k + 1/2 between two integers, so that rounding it is a tie up to that much arithmetic noise.
+
+    `values` are in grid units (x / scale), as the oracle computed them in its own arithmetic; `tol`
+    is how far an equally correct computation may stray from them (a few ulps of the arithmetic the
+    contract allows), a number or one per element. A NaN or inf is never near a midpoint. The oracle
+    records these places; `assert_equal_up_to_ties` accepts differences only there.
+    """
+    v = torch.as_tensor(np.asarray(values) if isinstance(values, np.ndarray) else values).detach().cpu().double()
+    tol_t = _tolerance(tol, "tol", v.shape)
+    distance = (v - torch.floor(v) - 0.5).abs()
+    return torch.isfinite(v) & (distance <= tol_t)
+
+
+def assert_equal_up_to_ties(
+    actual: Any,
+    expected: Any,
+    *,
+    ties: Any | None,
+    atol: Tolerance,
+    rtol: float = 0.0,
+    what: str,
+    order: Sequence[int] | None = None,
+    path: bool = True,
+    tie_atol: Tolerance | None = None,
+    hint: Hint = "",
+) -> torch.Tensor:
+    """Fail unless rounded values `actual` equal an oracle's `expected` [rows, cols] (within atol +
+    rtol * |expected|), except where the oracle itself sat on a rounding tie.
+
+    The rule. `ties` (bool, `expected`'s shape, or None for none) marks where the oracle's OWN
+    computation sat on a tie: a value within a few ulps of a grid midpoint, or a grid fit from such a
+    value, so that arithmetic that differs from the oracle's only in its last bits may round the
+    other way and still be right. Nothing else is a tie: a difference where the oracle shows none
+    fails, however few rows it touches.
+
+    - `path=True` (each row is a path, its elements processed in `order`, the columns' indices in
+      processing order, natural order by default): a rounding decision feeds the later elements of
+      its row (GPTQ's error feedback; a group's grid fit from updated values), so once a tie breaks
+      the other way the rest of that row legitimately follows another path. A row is accepted if it
+      matches exactly at every position before its first recorded tie; from that tie on it may
+      differ. A difference before the row's first tie, or in a row with no tie, fails.
+    - `path=False`: every element stands alone; a difference is accepted only at a tie itself.
+
+    A NaN or inf where `expected` is finite is never a tie. `tie_atol`, if given, bounds the
+    difference at a tie element itself (the other side of a tie is one grid step away). The message
+    names the first refused row and column (its position in processing order), both values, and the
+    oracle's first tie in that row, if any; `hint` is appended (a function of the index [row, column]
+    is called with it). Returns a bool tensor of `expected`'s shape, True where a difference was
+    accepted (`accepted.any(1)`: the rows that followed another path), for the caller to skip them in
+    checks that depend on the path (a loss, the grids fit after the tie).
+    """
+    got, want = _as_tensors(actual, expected, what, hint)
+    if want.dim() != 2:
+        raise ValueError(f"assert_equal_up_to_ties compares [rows, cols] values, got shape {_shape(want.shape)}")
+    rows, cols = want.shape
+    tie = torch.zeros(want.shape, dtype=torch.bool) if ties is None else _to_cpu(torch.as_tensor(ties)).bool()
+    if tie.shape != want.shape:
+        raise ValueError(f"ties must have the shape of expected, {_shape(want.shape)}, got {_shape(tie.shape)}")
+    cols_order = list(range(cols)) if order is None else [int(j) for j in order]
+    if sorted(cols_order) != list(range(cols)):
+        raise ValueError(f"order must be a permutation of the {cols} columns, got {cols_order}")
+    got64, want64 = got.to(torch.float64), want.to(torch.float64)
+    bad = mismatches(got64, want64, atol=atol, rtol=rtol)
+    special = _nonfinite_mask(got64, want64)[0]  # NaN or inf on either side, unmatched: never a tie
+    if path:
+        position = torch.empty(cols, dtype=torch.int64)
+        position[torch.tensor(cols_order, dtype=torch.int64)] = torch.arange(cols)
+        at = position.expand(rows, cols)  # each element's position along its row's path
+        never = torch.full((rows, 1), cols, dtype=torch.int64)
+        first_tie = torch.where(tie, at, never).amin(1, keepdim=True) if cols else never
+        accepted = bad & (at >= first_tie) & ~special
+        first_bad = torch.where(bad, at, never).amin(1, keepdim=True) if cols else never
+        at_tie = accepted & (at == first_bad) & tie  # where the row first differs, when that is its tie
+    else:
+        accepted = bad & tie & ~special
+        at_tie = accepted
+    if tie_atol is not None:
+        jumped = at_tie & mismatches(got64, want64, atol=tie_atol)
+        accepted &= ~(jumped.any(1, keepdim=True) if path else jumped)
+    refused = bad & ~accepted
+    if refused.any():
+        raise AssertionError(_refusal(got64, want64, refused, tie, cols_order, path, tie_atol, what, hint))
+    return accepted
+
+
+def _refusal(got, want, refused, tie, order, path, tie_atol, what, hint) -> str:
+    """The message for the first refused row (path) or element: where, both values, the oracle's ties."""
+    rows, cols = want.shape
+    bad_rows = [int(r) for r in torch.nonzero(refused.any(1)).flatten()]
+    r = bad_rows[0]
+    if path:
+        k = next(k for k, j in enumerate(order) if refused[r, j])
+        j = order[k]
+        where = f"Row {r}, column {j}" + (f" (position {k} in the processing order)" if order != list(range(cols)) else "")
+        head = f"{len(bad_rows)} of {rows} rows differ, and not because of a rounding tie of the oracle's"
+        first_tie = next((k2 for k2, j2 in enumerate(order) if tie[r, j2]), None)
+    else:
+        j = int(torch.nonzero(refused[r]).flatten()[0])
+        where = f"[{r}, {j}]"
+        head = f"{int(refused.sum())} of {want.numel()} values differ, and not because of a rounding tie of the oracle's"
+        k, first_tie = 0, (0 if tie[r, j] else None)
+    if not bool(torch.isfinite(got[r, j]) & torch.isfinite(want[r, j])):
+        context = "a NaN or inf is never a rounding tie"
+    elif first_tie is None:
+        context = f"the oracle's computation has no rounding tie {'in this row' if path else 'there'}"
+    elif first_tie > k:
+        context = (f"the oracle's first rounding tie in this row is later, at column {order[first_tie]}: "
+                   "a difference before the tie is not one")
+    else:
+        allowed = float(torch.as_tensor(tie_atol, dtype=torch.float64).broadcast_to(want.shape)[r, j])
+        context = f"the oracle sat on a tie there, but the other side of a tie is at most {allowed:.4g} away"
+    message = (f"{what}: {head}. {where}: found {_value(got, r * cols + j)}, expected {_value(want, r * cols + j)}; "
+               f"{context}")
+    return _with_hint(message, hint, (r, j))
 
 
 # --------------------------------------------------------------------------------------------------
