@@ -113,6 +113,7 @@ def dispatch(x: torch.Tensor, routing: Routing, capacity: int) -> torch.Tensor:
     Returns:
         [E, capacity, d] in x's dtype: buffers[e, s] = x[t] for each kept assignment (t, j) with
         expert_index[t, j] = e and slot[t, j] = s; every other row is zero. Differentiable in x.
+        Capacity 0 (min_capacity=0) is legal: every assignment was dropped, the result is [E, 0, d].
     """
     raise NotImplementedError("dispatch: one index_copy of the kept tokens into a flat [E * capacity, d] buffer")
 
@@ -128,8 +129,9 @@ def combine(expert_out: torch.Tensor, routing: Routing) -> torch.Tensor:
         [T, d] in expert_out's dtype (accumulate in fp32): y[t] = sum over kept j of
         combine_weight[t, j] * expert_out[expert_index[t, j], slot[t, j]]. A token whose every
         assignment was dropped gets zeros. A dropped assignment contributes nothing even if the
-        slot you would read holds inf: mask it out (0 * inf is NaN). Gradients flow to expert_out
-        and to routing.combine_weight.
+        slot you would read holds inf: mask it out (0 * inf is NaN). With capacity 0 there is no
+        row to read at all: every token gets zeros. Gradients flow to expert_out and to
+        routing.combine_weight.
     """
     raise NotImplementedError("combine: gather rows at expert * capacity + slot, weight them, sum over k")
 

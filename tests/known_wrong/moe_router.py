@@ -83,9 +83,10 @@ MUTANTS = [
     ),
     Mutant(
         name="slot_off_by_one",
-        why="counts the assignment itself among those before it (an inclusive running count): buffers start at slot 1",
+        why="counts the assignment itself among those before it (an inclusive running count): buffers start at slot 1 "
+            "(a slot decision: it lost topk too until topk judged only the chosen experts and their weights)",
         edits=[("- starts[grouped]\n", "- starts[grouped] + 1\n")],
-        loses=["route_public", "capacity", "topk", "drops"],
+        loses=["route_public", "capacity", "drops"],
     ),
     Mutant(
         name="tokens_per_expert_wanted",

@@ -11,7 +11,8 @@ trials (a histogram cell, a number of acceptances), from Bernstein's inequality:
 A histogram is accepted when every cell is within its bound, each bound at FALSE_ALARM / (number of
 cells) (a union bound). So a CORRECT solution fails any one assertion with probability at most
 FALSE_ALARM = 1e-9, whatever the seed, with no large-sample approximation; this file makes fewer than
-100 such assertions per run, so a correct solution fails a run less than once in 10^7 runs. Sizes are
+100 such assertions per run (1e-7 in all), and the generated cases add at most 1e-7 more (see GEN_FALSE_ALARM),
+so a correct solution fails a run less than once in 5 * 10^6 runs. Sizes are
 chosen so that every known-wrong submission in tests/known_wrong/speculative.py misses its bound by a
 wide margin (measured over many seeds). The inputs and the generators come from the run's seed.
 """
