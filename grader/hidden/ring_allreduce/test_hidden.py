@@ -3,7 +3,10 @@
 Oracles, all written out here: chunk bounds from the formula (first n % N chunks one longer), the
 exact sum over ranks in int64, and the ring-order sum in the tensor's dtype, chunk by chunk:
 chunk c is ((x_c + x_(c+1)) + x_(c+2)) + ... + x_(c-1), ranks mod N. The communication volume is
-read from the course's simulated ring, which counts every message each rank sends.
+read from the course's simulated ring, which counts every message each rank sends. Generated cases
+(random N, n, dtype and layout from the run's seed) are traced: the contract says what every message
+holds (rank r's partial sum of chunk (r - s) % N at reduce-scatter step s, a final chunk in the
+all-gather), so a failure names the first message that left the ring and what it holds instead.
 """
 
 from __future__ import annotations
@@ -530,18 +533,18 @@ def factors(n: int, count: int, rnd: random.Random) -> tuple[int, ...] | None:
 
 def laid_out(flat: torch.Tensor, layout: str, rnd: random.Random) -> tuple[torch.Tensor, str]:
     """A tensor whose row-major values are `flat`, stored as `layout` says (falling back to a strided slice
-    where n has no shape for it); and the layout's description."""
+    where n has no shape for it); and a description of what it made. Every rank's tensor must get the same
+    shape and strides: give each call a generator in the same state."""
     n = flat.numel()
+    shape = factors(n, 3 if layout == "permuted 3-D" else 2, rnd)
     if layout == "contiguous" and n == 1 and rnd.random() < 0.5:
         x = flat.reshape(()).clone()
-    elif layout == "transposed" and factors(n, 2, rnd):
-        a, b = factors(n, 2, rnd)
-        x = flat.reshape(a, b).t().contiguous().t()  # column-major memory, row-major values
-    elif layout == "permuted 3-D" and factors(n, 3, rnd):
-        a, b, c = factors(n, 3, rnd)
-        x = flat.reshape(a, b, c).permute(2, 0, 1).contiguous().permute(1, 2, 0)
-    elif layout == "column slice" and factors(n, 2, rnd):
-        a, b = factors(n, 2, rnd)
+    elif layout == "transposed" and shape:
+        x = flat.reshape(shape).t().contiguous().t()  # column-major memory, row-major values
+    elif layout == "permuted 3-D" and shape:
+        x = flat.reshape(shape).permute(2, 0, 1).contiguous().permute(1, 2, 0)
+    elif layout == "column slice" and shape:
+        a, b = shape
         x = torch.zeros(a, b + 3, dtype=flat.dtype)[:, 1 : 1 + b]
         x.copy_(flat.reshape(a, b))
     elif layout == "offset view":
@@ -550,10 +553,11 @@ def laid_out(flat: torch.Tensor, layout: str, rnd: random.Random) -> tuple[torch
     elif layout == "contiguous":
         x = flat.clone()
     else:
-        step = rnd.randint(2, 3)
+        layout, step = "strided slice", rnd.randint(2, 3)
         x = torch.zeros(step * n + 1, dtype=flat.dtype)[1::step][:n]
         x.copy_(flat)
-    return x, f"{'0-d' if x.dim() == 0 else tuple(x.shape)} strides {x.stride()}, storage offset {x.storage_offset()}"
+    shape = "0-d" if x.dim() == 0 else str(tuple(x.shape))
+    return x, f"{layout} {shape}, strides {x.stride()}, storage offset {x.storage_offset()}"
 
 
 def exact_values(world: int, n: int, offset: int) -> list[torch.Tensor]:
@@ -609,9 +613,9 @@ def generated_ring_case(rnd: random.Random, trial: int, dtypes: list, gen: torch
         flats = [x.to(dtype) for x in exact_values(world, n, offset)]
     if values is not None:
         flats = values(flats)
-    shaped = [laid_out(f, layout, rnd) for f in flats]
-    label = (f"N={world}, n={n} ({kind}), {str(dtype).removeprefix('torch.')}, {layout}: "
-             f"{shaped[0][1] if shaped else ''}")
+    layout_seed = rnd.randrange(2**31)
+    shaped = [laid_out(f, layout, random.Random(layout_seed)) for f in flats]  # one shape and layout for every rank
+    label = f"N={world}, n={n} ({kind}), {str(dtype).removeprefix('torch.')}, {shaped[0][1]}"
     return RingCase(world, [x for x, _ in shaped], flats, label, offset)
 
 
