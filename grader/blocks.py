@@ -289,8 +289,13 @@ def explain_state(x: torch.Tensor, got: float, want: float, cuts: Cuts, unit: st
         missed = (f"; found {got:.6g}, less than the max: that {unit} was not counted. Every {unit} counts, the ones "
                   f"after a {unit} of only -inf too" if got < want else "")
         return f"{describe_spans(spans, n, cuts, unit)}; {where}{missed}."
-    ratio = f"l is {got / want:.6g} times the expected value" if want > 0 and math.isfinite(got) else (
-        f"l is {got:.6g}, expected {want:.6g}")
+    if math.isnan(got):
+        ratio = (f"l is NaN, expected {want:.6g}: NaN comes from exp(-inf - (-inf)), a max that is still -inf "
+                 "subtracted from another -inf; subtract 0 while the max is -inf")
+    elif want > 0 and math.isfinite(got):
+        ratio = f"l is {got / want:.6g} times the expected value"
+    else:
+        ratio = f"l is {got:.6g}, expected {want:.6g}"
     if not spans:
         return f"{ratio}. The row has no -inf; {max_rises(x, cuts, unit)}"
     return (f"{ratio}. The row: {describe_spans(spans, n, cuts, unit)}. A {unit} that holds only -inf has the state "
