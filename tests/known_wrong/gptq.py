@@ -140,4 +140,37 @@ MUTANTS = [
         ],
         loses=["quantizer_public", "quantizer"],
     ),
+    Mutant(
+        name="round_half_away_from_zero",
+        why="I rounded with floor(x / scale + 0.5), the school rule, instead of torch.round (half to even): "
+            "they differ only on exact midpoints, which the old hand-picked rows never hit",
+        edits=[("    q = torch.clamp(torch.round(x / scale) + zero, 0, maxq)",
+                "    q = torch.clamp(torch.floor(x / scale + 0.5) + zero, 0, maxq)")],
+        loses=["quantizer"],
+    ),
+    Mutant(
+        name="zero_added_before_rounding",
+        why="I rounded x / scale + zero in one go: the same except on a midpoint with an odd zero, where half "
+            "to even goes the other way",
+        edits=[("    q = torch.clamp(torch.round(x / scale) + zero, 0, maxq)",
+                "    q = torch.clamp(torch.round(x / scale + zero), 0, maxq)")],
+        loses=["quantizer"],
+    ),
+    Mutant(
+        name="static_groups_only_with_act_order",
+        why="I honoured static_groups only together with act_order; without it I fit the groups dynamically",
+        edits=[("    if grouped and static_groups:  # every group's grid",
+                "    if grouped and static_groups and act_order:  # every group's grid"),
+               ("            if grouped and not static_groups and col % gs == 0:",
+                "            if grouped and not (static_groups and act_order) and col % gs == 0:")],
+        loses=["obq_oracle"],
+    ),
+    Mutant(
+        name="descending_by_flipping_an_ascending_sort",
+        why="For act-order I sorted diag(H) ascending and flipped it: descending, but equal diagonals come out "
+            "in reverse order (not a stable descending sort)",
+        edits=[("perm = torch.sort(torch.diag(H), descending=True, stable=True).indices",
+                "perm = torch.sort(torch.diag(H), stable=True).indices.flip(0)")],
+        loses=["act_order"],
+    ),
 ]

@@ -1,0 +1,38 @@
+"""gptq's generated cases catch what the hand-picked ones miss, and their messages name the real cause
+(issue "Right verdicts")."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import COURSE, ROOT, checks_of, grade_folder
+from tests.known_wrong import write_mutant
+from tests.known_wrong.gptq import MUTANTS
+
+EXERCISE = next(e for e in COURSE.exercises if e.id == "gptq")
+BY_NAME = {m.name: m for m in MUTANTS}
+
+
+def failing_messages(tmp_path, name: str, check_id: str) -> tuple[dict, str]:
+    folder = write_mutant(ROOT, EXERCISE, BY_NAME[name], tmp_path / name)
+    check = checks_of(grade_folder(folder, ["gptq"], checks=[check_id]), "gptq")[check_id]
+    text = "\n".join(t.get("message", "") for t in check["tests"] if t.get("status") != "passed")
+    return check, text
+
+
+@pytest.mark.parametrize("name,check_id,words,not_words", [
+    # Counting calls instead of rows: every hessian message is about n and rows, none about converting x to fp32.
+    ("hessian_counts_calls", "hessian", ["the number of ROWS seen", "n counts rows, not calls"],
+     ["convert x to fp32"]),
+    # Exact midpoints come only from the generated grids: the message names the tie and half to even.
+    ("round_half_away_from_zero", "quantizer", ["generated case", "exactly a midpoint", "half to EVEN"], []),
+    # Equal diag(H) entries come only from the generated act-order problems.
+    ("descending_by_flipping_an_ascending_sort", "act_order", ["generated problem", "diag(H) ties", "stable sort"], []),
+])
+def test_a_message_names_the_cause(tmp_path, name, check_id, words, not_words):
+    check, text = failing_messages(tmp_path, name, check_id)
+    assert check["points"] < check["max_points"], f"{name} must lose {check_id}: {check}"
+    for word in words:
+        assert word in text, f"expected {word!r} in {name}'s {check_id} messages: {text[:1500]}"
+    for word in not_words:
+        assert word.lower() not in text.lower(), f"{name}'s {check_id} messages should not blame {word!r}: {text[:1500]}"
