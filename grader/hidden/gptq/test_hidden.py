@@ -131,54 +131,57 @@ def obq64(W, H, bits=4, group_size=-1, percdamp=0.01, sym=False, act_order=False
     elif static_groups:
         for g in range(math.ceil(cols / gs)):
             grids[g] = fit_rule(W[:, g * gs : (g + 1) * gs], bits, sym)
+    assert not (act_order and group_size > 0 and not static_groups), "the contract has no dynamic groups with act_order"
+    W, H = W[:, order], H[order][:, order]  # from here on, column t is the t-th processed: order[t] of the original
     Q = torch.zeros_like(W)
     ties = torch.zeros(rows, cols, dtype=torch.bool)
     noise = EPS32 * W.abs()  # the running bound of float32's error in each weight
     loss, loss_of_zero = 0.0, 0.0
-    remaining = list(order)
-    Hinv = torch.linalg.inv(H[remaining][:, remaining])
-    for j in order:
+    Hinv = torch.linalg.inv(H)
+    for t, j in enumerate(order):
         g = j // gs
-        if group_size > 0 and not static_groups and j % gs == 0:
-            group = W[:, j : j + gs]
+        if group_size > 0 and not static_groups and j % gs == 0:  # (dynamic groups: natural order, t == j)
+            group = W[:, t : t + gs]
             scale, zero = fit_rule(group, bits, sym)  # from the weights as updated so far
-            spread = NOISE_K * noise[:, j : j + gs].amax(1)  # how far float32 may have moved its extremes
+            spread = NOISE_K * noise[:, t : t + gs].amax(1)  # how far float32 may have moved its extremes
             slack[g] = 2 * spread / maxq
             if not sym:
                 lo, hi = torch.clamp(group.float().amin(1), max=0), torch.clamp(group.float().amax(1), min=0)
                 target = (-lo / scale.float()).double()  # round(target) is the zero point, in fit_rule's fp32
                 tied = near_midpoint(target, tol=3 * spread / scale + 4 * EPS32 * (maxq + 1)) & ((lo != 0) | (hi != 0))
-                ties[:, j] |= tied
+                ties[:, t] |= tied
                 if follow is not None:
                     theirs = follow.zero[:, g].double()
                     zero = torch.where(tied & ((theirs - zero).abs() == 1), theirs, zero)
             grids[g] = (scale, zero)
         scale, zero = grids[g]
         grid_slack = slack.get(g, torch.zeros(rows, dtype=torch.float64))
-        v = W[:, j] / scale
+        w = W[:, t]
+        v = w / scale
         below = scale * (torch.clamp(torch.floor(v) + zero, 0, maxq) - zero)
         above = scale * (torch.clamp(torch.floor(v) + 1 + zero, 0, maxq) - zero)
-        tol = (NOISE_K * noise[:, j] + v.abs() * grid_slack) / scale + 4 * EPS32 * (v.abs() + 1)
+        tol = (NOISE_K * noise[:, t] + v.abs() * grid_slack) / scale + 4 * EPS32 * (v.abs() + 1)
         tied = near_midpoint(v, tol=tol) & (below != above)
-        ties[:, j] |= tied
-        q = q_rule(W[:, j], scale, zero, maxq)
+        ties[:, t] |= tied
+        q = q_rule(w, scale, zero, maxq)
         if follow is not None:  # the code's level on this grid (its own scale may differ by float32's slack)
             theirs = scale * torch.round(follow.Q[:, j].double() / follow.scale[:, g].double())
             for side in (below, above):
                 q = torch.where(tied & ~mismatches(theirs, side, atol=0.25 * (above - below).abs()), side, q)
-        if reinvert:
-            Hinv = torch.linalg.inv(H[remaining][:, remaining])  # j is remaining[0]
-        Q[:, j] = q
+        if reinvert and t:
+            Hinv = torch.linalg.inv(H[t:, t:])  # the Hessian of the columns still to be quantised
+        Q[:, t] = q
         d2 = Hinv[0, 0]
-        err_noise = noise[:, j] + EPS32 * (W[:, j].abs() + q.abs())
-        loss += float(((W[:, j] - q) ** 2).sum() / d2 / 2)
-        loss_of_zero += float((W[:, j] ** 2).sum() / d2 / 2)  # the loss had this weight been rounded to 0
-        update = ((W[:, j] - q) / d2)[:, None] * Hinv[0][None, :]
-        W[:, remaining] -= update
-        noise[:, remaining] += err_noise[:, None] * (Hinv[0].abs() / d2)[None, :] + EPS32 * (1 + kappa) * update.abs()
-        remaining.pop(0)
+        err_noise = noise[:, t] + EPS32 * (w.abs() + q.abs())
+        loss += float(((w - q) ** 2).sum() / d2 / 2)
+        loss_of_zero += float((w**2).sum() / d2 / 2)  # the loss had this weight been rounded to 0
+        update = ((w - q) / d2)[:, None] * Hinv[0][None, :]
+        W[:, t:] -= update
+        noise[:, t:] += err_noise[:, None] * (Hinv[0].abs() / d2)[None, :] + EPS32 * (1 + kappa) * update.abs()
         if not reinvert:
-            Hinv = (Hinv - Hinv[:, :1] * Hinv[:1, :] / Hinv[0, 0])[1:, 1:]
+            Hinv = torch.addr(Hinv[1:, 1:], Hinv[1:, 0], Hinv[0, 1:], alpha=-1 / float(Hinv[0, 0]))
+    back = torch.argsort(torch.tensor(order))  # to the original column order
+    Q, ties = Q[:, back], ties[:, back]
     n_groups = len(grids)
     scale = torch.stack([grids[g][0] for g in sorted(grids)], 1)
     zero = torch.stack([grids[g][1] for g in sorted(grids)], 1)
