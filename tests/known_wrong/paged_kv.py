@@ -140,6 +140,20 @@ MUTANTS = [
         loses=["prefix_cache"],
     ),
     Mutant(
+        "fork_restarts_the_hash_chain",
+        "a forked child starts its own hash chain: the first block it fills is keyed as if nothing came before it",
+        [("self._seqs[child_id] = _Sequence(list(parent.table), list(parent.tokens), parent.last_hash)",
+          "self._seqs[child_id] = _Sequence(list(parent.table), list(parent.tokens))")],
+        loses=["prefix_cache"],
+    ),
+    Mutant(
+        "fork_shares_the_token_list",
+        "the child gets its own table but the parent's list of tokens, so one's appends count for the other too",
+        [("self._seqs[child_id] = _Sequence(list(parent.table), list(parent.tokens), parent.last_hash)",
+          "self._seqs[child_id] = _Sequence(list(parent.table), parent.tokens, parent.last_hash)")],
+        loses=["cow"],
+    ),
+    Mutant(
         "free_queue_is_a_list",
         "my free queue is a Python list: pop(0) and remove() move every element behind it",
         [

@@ -559,6 +559,22 @@ def test_blocks_filled_by_append_enter_the_cache(pk):
 
 
 @pytest.mark.check("prefix_cache")
+def test_a_block_a_forked_child_fills_is_keyed_on_the_whole_prefix(pk):
+    bm = pk.BlockManager(16, 4, enable_prefix_caching=True)
+    bm.add_sequence("p", [1, 2, 3, 4, 5, 6])  # block 0 full (cached), block 1 half full
+    bm.fork("p", "c")
+    copies = pairs(bm.append_token("c", 7))
+    assert copies == [[1, 2]], f"c's last block 1 is shared and half full: expected the copy [(1, 2)], found {copies}"
+    bm.append_token("c", 8)  # fills block 2: its key chains on block 0's
+    hit = bm.add_sequence("q", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    assert hit == 8 and bm.block_table("q")[:2] == [0, 2], (
+        f"the child c filled block 2 with 5 6 7 8 after its parent's block 0 (1 2 3 4), so a prompt 1..8 + 9 hits "
+        f"both blocks: expected 8 cached tokens on [0, 2], found {hit} on {bm.block_table('q')}. A forked child "
+        "inherits its parent's last key: the first block it fills chains on it, not on None"
+    )
+
+
+@pytest.mark.check("prefix_cache")
 def test_an_evicted_prefix_misses(pk):
     bm = pk.BlockManager(4, 4, enable_prefix_caching=True)
     prompt = list(range(30, 39))
@@ -664,6 +680,403 @@ def test_a_duplicate_never_enters_the_cache(pk):
         "cached, keep the existing entry and do not record the new block under that key at all: vLLM keeps every "
         "duplicate and answers with the next one, this contract keeps one entry per key"
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# Generated serving sequences: prefix caching and copy on write against the model, step by step
+#
+# Prompts are cut from a few stems built of reused block-sized chunks, so whole blocks hit and the same tokens
+# come back after other prefixes; appends that follow a stem fill blocks some other block already holds
+# (duplicates); later prompts repeat a live sequence and go on (a chat's next turn) or ask again for a prefix
+# seen before, cached or evicted since. Pools are small, so cached blocks are evicted and prompts run out of
+# blocks (some barely, with hits on free cached blocks); forks of half-full blocks make copies on write, some
+# with no block to spare. Invalid calls are mixed in. Every observable is compared after every step.
+
+
+class TracingModel(Model):
+    """The model, with the story of every prefix it cached (entered, turned away as a duplicate, evicted),
+    so that a difference can be explained by what happened to that prefix, and at which step."""
+
+    def __init__(self, num_blocks: int, block_size: int, caching: bool):
+        super().__init__(num_blocks, block_size, caching)
+        self.step, self.op, self.seq = 0, "", None  # the step being applied
+        self.children: set = set()  # sequences made by fork
+        self.filled_by: dict[int, tuple[str, int]] = {}  # block -> the call that last filled it, and its step
+        self.history: dict[tuple, list[tuple[str, int, int, str]]] = {}  # prefix -> [(event, step, block, by)]
+
+    def _note(self, prefix: tuple, event: str, block: int) -> None:
+        self.history.setdefault(prefix, []).append((event, self.step, block, self._by()))
+
+    def _by(self) -> str:
+        child = self.op == "append" and self.seq in self.children
+        return NAMES[self.op] + (f" by the forked child {self.seq!r}" if child else "")
+
+    def fork(self, parent, child) -> None:
+        super().fork(parent, child)
+        self.children.add(child)
+
+    def _take_front(self) -> int:
+        for prefix in [p for p, b in self.cache.items() if b == self.queue[0]]:
+            self._note(prefix, "evicted", self.queue[0])
+        return super()._take_front()
+
+    def _enter(self, prefix: tuple, block: int) -> None:
+        self.filled_by[block] = (self._by(), self.step)
+        if self.caching:
+            self._note(prefix, "duplicate" if prefix in self.cache else "entered", block)
+        super()._enter(prefix, block)
+
+
+def step_context(model: TracingModel, op: str, args: tuple) -> dict:
+    """What the model knew before a step, for explaining a difference: the free count; for add_sequence
+    where each full block's prefix stood in the cache; for append_token the last block."""
+    ctx: dict = {"free": len(model.queue)}
+    bs = model.bs
+    if op == "add" and args[0] not in model.tables and args[1]:
+        tokens = args[1]
+        ctx["limit"] = (len(tokens) - 1) // bs
+        ctx["prefixes"] = []
+        for i in range(len(tokens) // bs):
+            prefix = tuple(tokens[: (i + 1) * bs])
+            cached = model.cache.get(prefix)
+            elsewhere = any(p != prefix and p[-bs:] == prefix[-bs:] for p in model.cache)
+            ctx["prefixes"].append({"cached": cached, "free": cached is not None and model.refs[cached] == 0, "tokens": prefix,
+                                    "history": list(model.history.get(prefix, [])), "elsewhere": elsewhere})
+        hits = 0
+        while hits < ctx["limit"] and ctx["prefixes"][hits]["cached"] is not None:
+            hits += 1
+        ctx["filled_by"] = dict(model.filled_by)
+        ctx["holds"] = {b: p for p, b in model.cache.items()}  # block -> the tokens it holds, where known
+        for seq, table in model.tables.items():
+            for i, b in enumerate(table):
+                ctx["holds"].setdefault(b, tuple(model.tokens[seq][: (i + 1) * bs]))
+        taken = sum(p["free"] for p in ctx["prefixes"][:hits])
+        ctx.update(hits=hits, need=math.ceil(len(tokens) / bs) - hits + taken,
+                   need_words=f"{math.ceil(len(tokens) / bs) - hits} new block(s) and {taken} cached free block(s) "
+                              f"that its {hits} hit(s) take out of the queue")
+    elif op == "append" and args[0] in model.tables:
+        table, tokens = model.tables[args[0]], model.tokens[args[0]]
+        ctx.update(last=table[-1], full=len(tokens) % bs == 0, refs=model.refs[table[-1]])
+        ctx.update(need=int(ctx["full"] or ctx["refs"] > 1),
+                   need_words="a new block (the last one is full)" if ctx["full"] else
+                   f"a block to copy the shared last block {table[-1]} into" if ctx["refs"] > 1 else "no block")
+    return ctx
+
+
+def serving_script(r: random.Random, model: TracingModel, steps: int, fork_weight: float) -> tuple[list, list, list]:
+    """Random serving traffic (mostly valid, some mistakes), applied to the model as it is drawn. Returns the
+    script for the driver, the model's outcome and state after each step, and each step's context."""
+    bs = model.bs
+    chunks = [[r.randrange(4) for _ in range(bs)] for _ in range(4)]
+    stems = [[t for _ in range(r.randint(2, 5)) for t in r.choice(chunks)] for _ in range(3)]
+    plans: dict = {}  # sequence -> the stem its appends follow
+    script, expected, contexts, next_id, unique = [], [], [], 0, 1000
+    last_fork: tuple = ()
+    for step in range(steps):
+        live = sorted(model.tables)
+        roll = r.random()
+        tight = len(model.queue) <= 3  # a nearly full pool: free more often, or make the last blocks count
+        if tight and r.random() < 0.5:
+            roll = 0.8 + 0.15 * r.random()  # free
+        elif tight and r.random() < 0.5:
+            roll = 0.2 * r.random()  # look a prefix up
+        shared = [s for s in live if len(model.tokens[s]) % bs and model.refs[model.tables[s][-1]] > 1]
+        idle = [p for p, b in model.cache.items() if model.refs[b] == 0]  # cached prefixes in free blocks
+        if shared and not model.queue and r.random() < 0.6:  # copy on write with no block to spare
+            op, args = "append", (r.choice(shared), r.randrange(4))
+        elif idle and tight and model.queue and r.random() < 0.3:  # hits that must leave the queue, barely fitting
+            new = max(1, len(model.queue) - r.randrange(2)) * bs - r.randrange(bs)
+            op, args = "add", (next_id, list(r.choice(idle)) + [r.randrange(4) for _ in range(new)])
+            plans[next_id], next_id = [], next_id + 1
+        elif live and roll < 0.06:  # the next turn of a chat: a live sequence's tokens, then a few more
+            tokens = model.tokens[r.choice(live)] + [r.randrange(4) for _ in range(r.randint(1, bs))]
+            op, args = "add", (next_id, tokens)
+            plans[next_id], next_id = [], next_id + 1
+        elif model.history and roll < 0.12:  # a prefix seen before, cached now or not (evicted, a duplicate's)
+            tokens = list(r.choice(list(model.history))) + [r.randrange(4) for _ in range(r.randint(1, bs))]
+            op, args = "add", (next_id, tokens)
+            plans[next_id], next_id = [], next_id + 1
+        elif not live or roll < 0.3:  # look a prefix up (and allocate the rest)
+            stem = r.choice(stems)
+            tokens = stem[: r.randint(1, len(stem))] + ([r.randrange(4) for _ in range(r.randint(1, bs))]
+                                                        if r.random() < 0.3 else [])
+            op, args = "add", (next_id, tokens)
+            plans[next_id], next_id = stem, next_id + 1
+        elif roll < 0.35:  # a prompt nobody shares: it takes blocks from the front, evicting cached ones
+            n = r.randint(1, 2 * bs + 1)
+            op, args = "add", (next_id, list(range(unique, unique + n)))
+            next_id, unique = next_id + 1, unique + n
+        elif roll < 0.8 - fork_weight:  # decode one token, along the stem where the sequence still follows it
+            pair = [s for s in last_fork if s in model.tables]
+            seq = pair[-1] if pair and r.random() < 0.5 else r.choice(live)  # the newest child, most often
+            tokens, plan = model.tokens[seq], plans.get(seq, [])
+            follows = len(tokens) < len(plan) and plan[: len(tokens)] == tokens
+            op, args = "append", (seq, plan[len(tokens)] if follows and r.random() < 0.85 else r.randrange(4))
+        elif roll < 0.8:
+            parent = r.choice(live)
+            op, args = "fork", (parent, next_id)
+            plans[next_id], last_fork, next_id = plans.get(parent, []), (parent, next_id), next_id + 1
+        elif roll < 0.95:
+            op, args = "free", (r.choice(live),)
+        else:  # a mistake the manager must reject without changing anything
+            op, args = r.choice([
+                ("append", (10_000 + next_id, 1)),
+                ("free", (10_000 + next_id,)),
+                ("fork", (10_000 + next_id, next_id)),
+                ("add", (r.choice(live), r.choice(stems)[:bs])),
+                ("add", (next_id, [])),
+                ("fork", (live[0], r.choice(live))),
+            ])
+        model.step, model.op, model.seq = step, op, args[0]
+        contexts.append(step_context(model, op, args))
+        outcome = model.apply(op, args)
+        after = sorted(model.tables)
+        script.append((op, args, after))
+        expected.append((outcome, model.state(after)))
+    return script, expected, contexts
+
+
+def show(op: str, args: tuple) -> str:
+    if op == "add":
+        tokens = args[1]
+        listed = repr(tokens) if len(tokens) <= 20 else f"[{', '.join(map(str, tokens[:20]))}, ...]"
+        return f"add_sequence({args[0]!r}, {listed} ({len(tokens)} token{'s' * (len(tokens) != 1)}))"
+    return f"{NAMES[op]}({', '.join(repr(a) for a in args)})"
+
+
+EVENT_WORDS = {
+    "entered": "entered the cache in block {block} at step {step} ({op})",
+    "duplicate": "filled block {block} again at step {step} ({op}) and stayed out of the cache (the existing entry is kept)",
+    "evicted": "left the cache at step {step}, when block {block} was taken from the front of the free queue",
+}
+CHAIN_RULE = "a block's key is block_hash(key of the previous block, its tokens), chained from the first block"
+FORKED_KEY = ("a forked child inherits its parent's last key, so the first block it fills is keyed on the whole "
+              "prefix, chained from the parent's blocks")
+QUEUE_RULE = ("new blocks come from the front of one free queue: never-used blocks in id order, then released "
+              "blocks in release order (free releases a sequence's last block first); a hit on a free block "
+              "leaves the queue without moving the others")
+
+
+def story(prefix: dict, last: int = 5) -> str:
+    """What happened to a prefix in the cache, its last few events."""
+    told = [EVENT_WORDS[e].format(block=b, step=s, op=by) for e, s, b, by in prefix["history"]]
+    return "; ".join((["..."] if len(told) > last else []) + told[-last:])
+
+
+def whose(i: int, block_size: int) -> str:
+    n = (i + 1) * block_size
+    return f"the prompt's first {n} token{'s' * (n != 1)} (its block {i})"
+
+
+def why_reused(ctx: dict, i: int, reused, bs: int) -> str | None:
+    """Why a student's table may hold block `reused` as the prompt's block i where the model's cache does not
+    answer with it, judged from what the model knows of that block (the two likeliest, the one resting on the
+    latest event first); None when nothing explains it."""
+    p = ctx["prefixes"][i]
+    reasons = []  # (step of the event it rests on, reason): the latest event first
+    for event, step, block, _ in p["history"]:
+        if block == reused and event == "evicted":
+            reasons.append((step, f"block {reused} held {whose(i, bs)} until step {step}, when it was taken from the "
+                                  "front of the free queue and written over: allocating a block must delete the cache "
+                                  "entry it held"))
+        if block == reused and event == "duplicate":
+            now = f"the cache's entry is block {p['cached']}" if p["cached"] is not None else "no block holds the key now"
+            reasons.append((step, f"block {reused} filled with {whose(i, bs)} at step {step} while another block held "
+                                  f"that key, so it never entered the cache ({now}): keep the existing entry and leave "
+                                  "the duplicate out, even after the existing one is evicted (vLLM keeps every "
+                                  "duplicate; this contract keeps one entry a key)"))
+    by, step = ctx["filled_by"].get(p["cached"], ("", -1))
+    if "forked child" in by:
+        reasons.append((step, f"the cache's entry, block {p['cached']}, was filled at step {step} ({by}): {FORKED_KEY}"))
+    held = ctx["holds"].get(reused, ())
+    if held and len(held) % bs == 0 and held[-bs:] == p["tokens"][-bs:] and held != p["tokens"]:
+        by, step = ctx["filled_by"].get(reused, ("", -1))
+        reasons.append((step, f"block {reused} holds the same {bs} token(s) after a different prefix ({list(held)}): "
+                              + (FORKED_KEY if "forked child" in by else CHAIN_RULE)))
+    reasons = [why for _, why in sorted(reasons, key=lambda sr: -sr[0])[:2]]
+    return ("either " if len(reasons) > 1 else "") + "; or ".join(reasons) if reasons else None
+
+
+def why_hits_differ(ctx: dict, want: int, got: int, n: int, bs: int, reused=None) -> str:
+    """The usual cause when add_sequence's cached-token count differs from the model's (counts in blocks);
+    `reused` is the block the student's table has where the model's hits stop."""
+    prefixes, limit = ctx["prefixes"], ctx["limit"]
+    if got > want:
+        if got > limit:
+            return (f"a hit never covers the last prompt token: a {n}-token prompt hits at most "
+                    f"(n - 1) // block_size = {limit} blocks")
+        p = prefixes[want]
+        events = [e for e, *_ in p["history"]]
+        reason = why_reused(ctx, want, reused, bs)
+        if reason:
+            return f"your manager reused block {reused} as the prompt's block {want}: {reason}"
+        if "evicted" in events and "duplicate" in events:
+            return (f"{whose(want, bs)}: {story(p)}. The duplicate never entered the cache, so once the existing "
+                    "entry was evicted the prefix is gone (vLLM keeps every duplicate; this contract keeps one entry "
+                    "a key)")
+        if "evicted" in events:
+            return (f"{whose(want, bs)}: {story(p)}. Allocating a block from the queue must delete the cache "
+                    "entry it held")
+        if p["elsewhere"]:
+            return f"block {want} of the prompt holds tokens that are cached, but after a different prefix: {CHAIN_RULE}"
+        return f"{whose(want, bs)} were never cached: look up exactly the chained keys the cache holds"
+    p = prefixes[got]
+    causes = []
+    if any(by.startswith("append_token by the forked") and e == "entered" for e, _, _, by in p["history"]):
+        causes.append(FORKED_KEY)
+    if any(by == "append_token" and e == "entered" for e, _, _, by in p["history"]):
+        causes.append("blocks that append_token fills enter the cache too, keyed on the sequence's whole prefix")
+    if p["free"]:
+        causes.append(f"block {p['cached']} is free (ref count 0) but keeps its key while it waits in the free "
+                      "queue; a hit takes it back out")
+    if "duplicate" in [e for e, *_ in p["history"]]:
+        causes.append("a duplicate must not replace the existing entry: if your cache pointed the key at the "
+                      "newer block, the key left with it when that block was reallocated")
+    causes.append("the key of block i is block_hash(key of block i - 1, its tokens), None for the first block")
+    return f"the model holds {whose(got, bs)} in block {p['cached']} ({story(p)}). Mistakes that lead here: " + "; ".join(causes)
+
+
+def why_table_differs(ctx: dict, table: list, want_table: list, bs: int) -> str:
+    """The usual cause when a prompt's table differs from the model's although the hit counts agree."""
+    wrong = next((i for i, (a, b) in enumerate(zip(table, want_table)) if a != b), len(want_table))
+    if wrong >= ctx["hits"]:
+        return f"the hits come first, then {QUEUE_RULE}"
+    reason = why_reused(ctx, wrong, table[wrong], bs)
+    if reason:
+        return f"the prompt's block {wrong} is a hit on block {want_table[wrong]}, not {table[wrong]}: {reason}"
+    return (f"the prompt's block {wrong} is a hit, on the block the cache holds for that prefix: {whose(wrong, bs)} "
+            f"{story(ctx['prefixes'][wrong])}")
+
+
+def why_copies_differ(ctx: dict, want: list, got) -> str:
+    if want:
+        return (f"the last block ({ctx['last']}) is partial and shared (ref count {ctx['refs']}): copy on write takes "
+                f"a new block from the front of the queue, puts it in place of block {ctx['last']}, drops one "
+                f"reference to block {ctx['last']}, and returns [({want[0][0]}, {want[0][1]})]")
+    if ctx["full"]:
+        return (f"the last block ({ctx['last']}) was full: the token starts a new block and nothing is copied, "
+                "shared or not")
+    return f"the last block ({ctx['last']}) is partial but only this sequence holds it (ref count 1): write in place"
+
+
+def why_error_differs(op: str, ctx: dict, want: dict, got: dict) -> str:
+    if want.get("raised") == "OutOfBlocks":
+        return (f"the pool had {ctx['free']} free block(s) and this call needs {ctx['need']}: {ctx['need_words']}. "
+                "Count first, and raise OutOfBlocks before changing anything")
+    if got.get("raised") == "OutOfBlocks":
+        return (f"the pool had {ctx['free']} free block(s), and this call needs {ctx['need']}: {ctx['need_words']} "
+                "(hits on blocks that other sequences hold take nothing from the queue; a full shared last block "
+                "needs a new block but no copy)")
+    if want.get("raised"):
+        return ("an unknown sequence id raises KeyError; a duplicate id (in add_sequence or as a fork's child) or an "
+                "empty prompt raises ValueError")
+    return "this call is valid in the contract"
+
+
+def step_divergence(op: str, args: tuple, live: list, want: dict, want_state: dict, ctx: dict, got: dict,
+                    num_blocks: int, block_size: int) -> tuple[str, str] | None:
+    """(what differs, the usual cause) at one step, or None when the student's step matches the model's."""
+    if "raised" in want:
+        if not raised(got, want["raised"]):
+            found = (f"raised {got['raised']} ({got.get('message', '')})" if "raised" in got
+                     else f"returned {got.get('result')!r}")
+            cause = why_error_differs(op, ctx, want, got)
+            result = got.get("result")
+            if (want["raised"] == "OutOfBlocks" and op == "add" and isinstance(result, int) and result % block_size == 0
+                    and result // block_size != ctx["hits"]):
+                cause = (f"your manager found {result} cached tokens where the model finds {ctx['hits'] * block_size}, "
+                         "so it needed fewer blocks: " + why_hits_differ(ctx, ctx["hits"], result // block_size,
+                                                                         len(args[1]), block_size))
+            return f"the model raises {want['raised']}, your manager {found}", cause
+    elif "raised" in got:
+        return (f"the model succeeds, your manager raised {got['raised']} ({got.get('message', '')})",
+                why_error_differs(op, ctx, want, got))
+    elif op == "add" and got["result"] != want["result"]:
+        n = len(args[1])
+        result = got["result"]
+        if not isinstance(result, int) or isinstance(result, bool) or result < 0 or result % block_size:
+            return (f"the model finds {want['result']} cached prompt token(s), your manager returned {result!r}",
+                    "add_sequence returns a count of tokens: whole blocks only, a multiple of block_size")
+        table = got.get("state", {}).get("tables")
+        mine = table[live.index(args[0])] if isinstance(table, list) and args[0] in live else []
+        seen = f" (table {mine})" if mine else ""
+        return (f"the model finds {want['result']} cached prompt token(s) (table "
+                f"{want_state['tables'][live.index(args[0])]}), your manager returned {result}{seen}",
+                why_hits_differ(ctx, want["result"] // block_size, result // block_size, n, block_size,
+                                reused=mine[want["result"] // block_size] if len(mine) > want["result"] // block_size
+                                else None))
+    elif op == "append" and pairs(got["result"]) != want["result"]:
+        return (f"the model returns the copies {want['result']}, your manager returned {pairs(got['result'])!r}",
+                why_copies_differ(ctx, want["result"], got["result"]))
+    state = got.get("state", {})
+    for key in ("free", "tables", "tokens", "refs"):
+        if isinstance(state.get(key), dict) or key not in state:
+            return (f"reading the state after the step failed: {(state.get(key) or {}).get('error')}",
+                    "block_table, num_tokens, ref_count and num_free_blocks must answer after every step")
+    atomic = unchanged = ""
+    if "raised" in want:
+        atomic = " (the call raised, so nothing may change)"
+        unchanged = (f"a call that raises {want['raised']} leaves every table, token count, ref count and the free "
+                     "queue as they were: check first (for OutOfBlocks, count the blocks it needs), change second")
+    if state["tokens"] != want_state["tokens"]:
+        return (f"num_tokens of {live} are {want_state['tokens']} in the model, {state['tokens']} in your manager{atomic}",
+                unchanged if atomic else "num_tokens counts the prompt plus every appended token")
+    for seq, table, want_table in zip(live, state["tables"], want_state["tables"]):
+        if table != want_table:
+            if atomic:
+                cause = unchanged
+            elif seq != args[0]:
+                cause = "a step may change only its own sequence's table (a write into a shared block copies it first)"
+            elif op == "add" and ctx.get("hits"):
+                cause = why_table_differs(ctx, table, want_table, block_size)
+            elif op == "append":
+                cause = f"a copy on write replaces only the last block; {QUEUE_RULE}"
+            else:
+                cause = QUEUE_RULE
+            return f"block_table({seq!r}) is {want_table} in the model, {table} in your manager{atomic}", cause
+    for b in range(num_blocks):
+        if state["refs"][b] != want_state["refs"][b]:
+            return (f"ref_count({b}) is {want_state['refs'][b]} in the model, {state['refs'][b]} in your manager{atomic}",
+                    unchanged if atomic else "a block's ref count is the number of live tables holding it: a hit and a "
+                    "fork add one, a copy on write moves one from the shared block to the copy, free drops one")
+    if state["free"] != want_state["free"]:
+        return (f"num_free_blocks is {want_state['free']} in the model, {state['free']} in your manager{atomic}",
+                unchanged if atomic else "the free queue holds every block with ref count 0, cached ones included, "
+                "and nothing else")
+    return None
+
+
+def first_divergence(script: list, expected: list, contexts: list, records: list, num_blocks: int,
+                     block_size: int, caching: bool) -> str | None:
+    for i, ((op, args, live), (want, want_state), ctx, got) in enumerate(zip(script, expected, contexts, records)):
+        found = step_divergence(op, args, live, want, want_state, ctx, got, num_blocks, block_size)
+        if found is not None:
+            what, cause = found
+            before = "; ".join(show(o, a) for o, a, _ in script[max(0, i - 8) : i])
+            return (f"step {i} of {len(script)} ({num_blocks} blocks of {block_size}, prefix caching "
+                    f"{'on' if caching else 'off'}): {show(op, args)}: {what}. Usual cause: {cause}. "
+                    f"The steps before it: {before or '(none)'}")
+    return None
+
+
+def run_serving(student, pk, rng, num_blocks: int, block_size: int, caching: bool, fork_weight: float) -> None:
+    model = TracingModel(num_blocks, block_size, caching)
+    script, expected, contexts = serving_script(rand(rng), model, 160, fork_weight)
+    records = run_script(student, pk, num_blocks, block_size, caching, script)
+    problem = first_divergence(script, expected, contexts, records, num_blocks, block_size, caching)
+    assert problem is None, problem
+
+
+@pytest.mark.check("prefix_cache")
+@pytest.mark.parametrize("num_blocks, block_size", [(8, 1), (10, 2), (12, 3), (14, 4)])
+def test_generated_prefix_cache_traffic_matches_the_model(student, pk, rng, num_blocks, block_size):
+    run_serving(student, pk, rng, num_blocks, block_size, True, fork_weight=0.12)
+
+
+@pytest.mark.check("cow")
+@pytest.mark.parametrize("num_blocks, block_size, caching", [(8, 2, False), (10, 3, True), (12, 4, False)])
+def test_generated_fork_and_write_traffic_matches_the_model(student, pk, rng, num_blocks, block_size, caching):
+    run_serving(student, pk, rng, num_blocks, block_size, caching, fork_weight=0.2)
 
 
 # --------------------------------------------------------------------------------------------------
