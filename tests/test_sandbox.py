@@ -296,3 +296,45 @@ def _user_namespaces_for(uid: int, gid: int) -> bool:
     probe = "from grader.harness.identity import user_namespaces_available as a; raise SystemExit(0 if a() else 1)"
     return subprocess.run([sys.executable, "-c", probe], user=uid, group=gid, extra_groups=[],
                           capture_output=True).returncode == 0
+
+
+FORKED_MEMORY = '''
+import os, time
+
+def bomb(n, gib):
+    """n children, each touching `gib` GiB: under the per-process limit one by one, over it together."""
+    kids = []
+    for _ in range(n):
+        pid = os.fork()
+        if pid == 0:
+            block = bytearray(gib << 30)
+            for i in range(0, len(block), 4096):
+                block[i] = 1
+            time.sleep(60)
+            os._exit(0)
+        kids.append(pid)
+    time.sleep(8)
+    return [os.waitpid(pid, os.WNOHANG)[1] for pid in kids]
+'''
+
+
+@as_root
+def test_a_worker_that_forks_shares_one_memory_budget(tmp_path):
+    from grader.harness import cgroup
+
+    (tmp_path / "bomb.py").write_text(FORKED_MEMORY)
+    session = StudentSession("sandbox", lambda _id: tmp_path / "bomb.py", Sandbox(memory_mb=2048), lambda _id: 90.0)
+    try:
+        try:
+            statuses = session.load("bomb").bomb(3, 1)
+        except Exception as exc:  # the worker itself may be the one the kernel picks
+            statuses = [f"the worker died: {exc}"]
+        warnings = session.warnings()
+    finally:
+        session.close()
+    if any("cgroup" in w for w in warnings):
+        pytest.skip(f"no cgroup for the worker here: {warnings}")
+    assert statuses != [0, 0, 0], "three 1 GiB children lived in a worker whose memory limit is 2 GiB"
+    own = cgroup.ROOT / "memory" / cgroup._own_path("memory").lstrip("/")
+    if own.is_dir():
+        assert not list(own.glob("llm-lab-worker-*")), "the worker's cgroup outlived it"

@@ -107,3 +107,19 @@ def test_a_named_tuple_from_the_worker_can_travel_back(tmp_path):
         assert mod.total(pair) == 3
     finally:
         student.close()
+
+
+def test_a_view_that_repeats_a_tiny_storage_is_counted_by_what_it_stands_for():
+    """zeros(1).expand(2**28) is 4 bytes on the wire and 1 GiB here: the reply's limit counts the
+    latter, and a view that fits is materialised, so no message or oracle meets an overlapping view."""
+    import torch
+
+    from grader.harness import wire
+
+    big = wire.encode_reply({"ok": True, "value": torch.zeros(1).expand(1 << 28)}, lambda obj: 0)
+    assert len(big) < 4096
+    with pytest.raises(wire.MalformedReply, match=r"more than 256 MiB in all \(one of shape \[268435456\] stands for 1024 MiB\)"):
+        wire.decode_reply(big, lambda *a: None, max_bytes=256 << 20)
+    small = wire.encode_reply({"ok": True, "value": torch.arange(3.0)[:1].expand(1000)}, lambda obj: 0)
+    value = wire.decode_reply(small, lambda *a: None, max_bytes=1 << 20)["value"]
+    assert value.shape == (1000,) and value.untyped_storage().nbytes() == 4000 and value.stride() == (1,)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grader.harness import identity, wire
+from grader.harness import cgroup, identity, wire
 from grader.harness.worker import MODULE
 from grader.text import inert
 
@@ -147,6 +147,8 @@ class WorkerProcess:
         self.status_fd: int | None = None
         self.scratch_parent: str | None = None
         self.lease: identity.UidLease | None = None
+        self.group: cgroup.WorkerGroup | None = None
+        self.group_warning: str | None = None
         self.warnings: list[str] = []
         self.starts = 0
         self._starting = False
@@ -183,7 +185,7 @@ class WorkerProcess:
         if "error" in status:
             self.close()
             raise SandboxError(f"the sandbox for your code could not start: {status['error']}")
-        self.warnings = [str(w) for w in status.get("warnings", [])]
+        self.warnings = [str(w) for w in status.get("warnings", [])] + ([self.group_warning] if self.group_warning else [])
         self._request({"op": "ping"}, deadline - time.monotonic())
 
     def _read_status(self, deadline: float) -> dict:
@@ -228,6 +230,13 @@ class WorkerProcess:
         status_r, status_w = os.pipe()
         module_fd = os.open(self.module_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         root = self.sandbox.course_root or ""
+        self.group_warning = None
+        if os.geteuid() == 0 and self.sandbox.isolate:
+            try:
+                self.group = cgroup.WorkerGroup.create(self.sandbox.memory_mb, self.sandbox.processes)
+            except cgroup.CgroupError as exc:
+                self.group_warning = (f"{exc}: the worker's memory limit holds per process, so a worker that forks "
+                                      "can hold a multiple of it")
         config = {
             "isolate": self.sandbox.isolate,
             "uid": uid,
@@ -242,6 +251,7 @@ class WorkerProcess:
             "scratch_mb": self.sandbox.scratch_mb,
             "shm_mb": self.sandbox.shm_mb,
             "cuda": self.sandbox.cuda,
+            "cgroup_procs": self.group.procs_files if self.group is not None else [],
             "limits": {
                 "cpu_s": self.sandbox.cpu_s,
                 "file_size_mb": self.sandbox.file_size_mb,
@@ -301,6 +311,9 @@ class WorkerProcess:
             self.proc = None
         if self.lease is not None:
             self.lease.sweep()  # without a PID namespace, whatever the worker left behind
+        if self.group is not None:
+            self.group.remove()
+            self.group = None
         if self.sock is not None:
             self.sock.close()
             self.sock = None
@@ -374,7 +387,7 @@ class WorkerProcess:
             self.close()
             raise StudentCrash(f"your code returned an unusable result: {exc}") from None
         try:
-            reply = wire.decode_reply(payload, self._make_handle)
+            reply = wire.decode_reply(payload, self._make_handle, self.sandbox.max_result_mb << 20)
         except wire.MalformedReply as exc:
             self.close()
             raise StudentCrash(str(exc)) from None

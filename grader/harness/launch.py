@@ -182,6 +182,12 @@ def main() -> None:
 
 
 def start(config: dict, status) -> None:
+    for procs in config.get("cgroup_procs") or []:  # the worker's own cgroup, before anything else runs
+        fd = os.open(procs, os.O_WRONLY | os.O_NOFOLLOW)
+        try:
+            os.write(fd, str(os.getpid()).encode())
+        finally:
+            os.close(fd)
     as_root = os.geteuid() == 0
     uid, gid = config.get("uid"), config.get("gid")
     drop = as_root and uid is not None

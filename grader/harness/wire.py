@@ -229,33 +229,67 @@ def _namedtuple(name: str, fields: list[str]) -> type:
     return _namedtuple_types[key]
 
 
-def from_wire(tree: Any, make_handle: Callable[[int, str], Any]) -> Any:
-    """Rebuild a value from its wire tree, checking every node's type on the way."""
+class _Budget:
+    """What one reply may hold once rebuilt: its tensors' logical bytes and its number of values. A
+    tensor travels as its storage, so a view that repeats a small storage (``zeros(1).expand(2**28)``)
+    is a few bytes on the wire and a huge tensor here: it is counted by what it stands for, and
+    materialised, so nothing downstream meets an overlapping view."""
+
+    def __init__(self, max_bytes: int, max_nodes: int = 2_000_000):
+        self.bytes_left, self.nodes_left, self.max_bytes = max_bytes, max_nodes, max_bytes
+
+    def node(self) -> None:
+        self.nodes_left -= 1
+        if self.nodes_left < 0:
+            raise MalformedReply("the result holds more than 2,000,000 values")
+
+    def tensor(self, t: Any) -> Any:
+        logical = t.numel() * t.element_size()
+        self.bytes_left -= logical
+        if self.bytes_left < 0:
+            raise MalformedReply(f"the result's tensors hold more than {self.max_bytes >> 20} MiB in all "
+                                 f"(one of shape {list(t.shape)} stands for {logical >> 20} MiB)")
+        if logical and t.untyped_storage().nbytes() < logical:
+            t = t.contiguous() if not t.is_contiguous() else t.clone()  # an expanded or overlapping view
+        return t
+
+
+def from_wire(tree: Any, make_handle: Callable[[int, str], Any], budget: _Budget | None = None) -> Any:
+    """Rebuild a value from its wire tree, checking every node's type (and, with `budget`, the reply's
+    size once rebuilt) on the way."""
     import torch
 
-    if tree is None or isinstance(tree, (bool, int, float, str, bytes, torch.Tensor, torch.dtype)):
+    budget = budget or _Budget(1 << 62)
+    budget.node()
+    if isinstance(tree, torch.Tensor):
+        return budget.tensor(tree)
+    if tree is None or isinstance(tree, (bool, int, float, str, bytes, torch.dtype)):
         return tree
+
+    def again(value: Any) -> Any:
+        return from_wire(value, make_handle, budget)
+
     if isinstance(tree, tuple):
-        return tuple(from_wire(v, make_handle) for v in tree)
+        return tuple(again(v) for v in tree)
     if isinstance(tree, list):
-        return [from_wire(v, make_handle) for v in tree]
+        return [again(v) for v in tree]
     if isinstance(tree, dict):
         kind = tree.get(TAG)
         if kind == "namedtuple":
             cls = _namedtuple(tree["name"], list(tree["fields"]))
-            values = [from_wire(v, make_handle) for v in tree["values"]]
+            values = [again(v) for v in tree["values"]]
             if len(values) != len(cls._fields):
                 raise MalformedReply("named tuple with a wrong number of values")
             return cls(*values)
         if kind == "dict":
-            return {from_wire(k, make_handle): from_wire(v, make_handle) for k, v in tree["items"]}
+            return {again(k): again(v) for k, v in tree["items"]}
         if kind == "set":
-            return {from_wire(v, make_handle) for v in tree["items"]}
+            return {again(v) for v in tree["items"]}
         if kind == "ndarray":
             data = tree["data"]
             if not isinstance(data, torch.Tensor):
                 raise MalformedReply("ndarray payload is not a tensor")
-            return data.numpy()
+            return budget.tensor(data).numpy()
         if kind == "handle":
             if not isinstance(tree.get("id"), int):
                 raise MalformedReply("handle without an integer id")
@@ -264,8 +298,9 @@ def from_wire(tree: Any, make_handle: Callable[[int, str], Any]) -> Any:
     raise MalformedReply(f"unexpected {type(tree).__name__} in reply")
 
 
-def decode_reply(data: bytes, make_handle: Callable[[int, str], Any]) -> Any:
-    """Decode untrusted reply bytes. Raises MalformedReply for anything but a well-formed tree."""
+def decode_reply(data: bytes, make_handle: Callable[[int, str], Any], max_bytes: int = 1 << 30) -> Any:
+    """Decode untrusted reply bytes. Raises MalformedReply for anything but a well-formed tree, or for
+    one whose tensors stand for more than `max_bytes` once rebuilt."""
     import torch
 
     try:
@@ -273,6 +308,6 @@ def decode_reply(data: bytes, make_handle: Callable[[int, str], Any]) -> Any:
     except Exception as exc:  # noqa: BLE001 - any failure to decode hostile bytes is a malformed reply
         raise MalformedReply(f"the worker's reply could not be decoded safely: {type(exc).__name__}") from None
     try:
-        return from_wire(tree, make_handle)
-    except (KeyError, TypeError, ValueError) as exc:
+        return from_wire(tree, make_handle, _Budget(max_bytes))
+    except (KeyError, TypeError, ValueError, RecursionError) as exc:
         raise MalformedReply(f"malformed reply: {exc}") from None

@@ -1,0 +1,122 @@
+"""A control group per worker: one memory and process budget for the worker and all it starts.
+
+RLIMIT_AS caps each process's address space, and RLIMIT_NPROC the number of processes, so a worker
+that forks could hold N times its memory limit. A cgroup counts them together: the worker's memory
+limit (course.yaml ``worker.memory_mb``) and its process cap (``worker.processes``) bound the whole
+tree, and the kernel's OOM killer stays inside it. On CUDA hosts, where RLIMIT_AS cannot be used, it is
+the only memory bound on the CPU side.
+
+As root, the trusted side creates the group (below its own, so limits that bind the grader bind the
+worker too), the launcher moves itself in before it runs anything of the student's, and the group is
+removed when the worker is gone. cgroup v2 and v1 (memory and pids controllers) are both handled;
+where neither can be had (a container with a read-only /sys/fs/cgroup), the grade goes on and the
+result's warnings say so.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from pathlib import Path
+
+ROOT = Path("/sys/fs/cgroup")
+
+
+class CgroupError(OSError):
+    """No control group could be made for the worker."""
+
+
+def _own_path(controller: str | None) -> str:
+    """This process's cgroup path in the v2 hierarchy (controller None) or in a v1 controller's."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if (controller is None and controllers == "") or (controller and controller in controllers.split(",")):
+            return path
+    raise CgroupError(f"this process is in no {controller or 'v2'} cgroup")
+
+
+def _write(path: Path, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+class WorkerGroup:
+    """The cgroup(s) of one worker: made by `create`, joined by the launcher, removed by `remove`."""
+
+    def __init__(self, folders: list[Path]):
+        self.folders = folders
+
+    @property
+    def procs_files(self) -> list[str]:
+        """The files the launcher writes its pid to (one per hierarchy)."""
+        return [str(f / "cgroup.procs") for f in self.folders]
+
+    @classmethod
+    def create(cls, memory_mb: int, processes: int) -> "WorkerGroup":
+        if os.geteuid() != 0:
+            raise CgroupError("only root makes cgroups for the workers here")
+        name = f"llm-lab-worker-{secrets.token_hex(6)}"
+        if (ROOT / "cgroup.controllers").exists():  # cgroup v2, unified
+            return cls([_create_v2(name, memory_mb, processes)])
+        folders = []
+        try:
+            for controller, settings in (("memory", {"memory.limit_in_bytes": str(memory_mb << 20)}),
+                                         ("pids", {"pids.max": str(processes)})):
+                base = ROOT / controller
+                if not base.is_dir():
+                    raise CgroupError(f"no {controller} controller at {base}")
+                folder = base / _own_path(controller).lstrip("/") / name
+                folder.mkdir(mode=0o755)
+                folders.append(folder)
+                for key, value in settings.items():
+                    _write(folder / key, value)
+                if controller == "memory" and (folder / "memory.memsw.limit_in_bytes").exists():
+                    _write(folder / "memory.memsw.limit_in_bytes", str(memory_mb << 20))  # no way out through swap
+        except OSError as exc:
+            cls(folders).remove()
+            raise CgroupError(f"cannot make the worker's cgroup ({exc})") from None
+        return cls(folders)
+
+    def remove(self, timeout_s: float = 10.0) -> None:
+        """Remove the groups; waits for the kernel to let the last (killed) processes go."""
+        deadline = time.monotonic() + timeout_s
+        for folder in reversed(self.folders):
+            while True:
+                try:
+                    folder.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.02)
+        self.folders = []
+
+
+def _create_v2(name: str, memory_mb: int, processes: int) -> Path:
+    own = ROOT / _own_path(None).lstrip("/")
+    for parent in (own, ROOT):  # below our own group where the kernel allows, else at the top
+        try:
+            controllers = set((parent / "cgroup.subtree_control").read_text().split())
+            missing = {"memory", "pids"} - controllers
+            if missing:
+                _write(parent / "cgroup.subtree_control", " ".join(f"+{c}" for c in sorted(missing)))
+            folder = parent / name
+            folder.mkdir(mode=0o755)
+        except OSError:
+            continue
+        try:
+            _write(folder / "memory.max", str(memory_mb << 20))
+            if (folder / "memory.swap.max").exists():
+                _write(folder / "memory.swap.max", "0")
+            _write(folder / "pids.max", str(processes))
+        except OSError as exc:
+            folder.rmdir()
+            raise CgroupError(f"cannot set the worker's cgroup limits ({exc})") from None
+        return folder
+    raise CgroupError("cannot make a cgroup v2 group with the memory and pids controllers")
