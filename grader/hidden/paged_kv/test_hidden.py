@@ -911,9 +911,9 @@ def why_hits_differ(ctx: dict, want: int, got: int, n: int, bs: int, reused=None
         if reason:
             return f"your manager reused block {reused} as the prompt's block {want}: {reason}"
         if "evicted" in events and "duplicate" in events:
-            return (f"{whose(want, bs)}: {story(p)}. The duplicate never entered the cache, so once the existing "
-                    "entry was evicted the prefix is gone (vLLM keeps every duplicate; this contract keeps one entry "
-                    "a key)")
+            return (f"{whose(want, bs)}: {story(p)}. Either your manager kept the entry of an evicted block (allocating "
+                    "a block must delete the cache entry it held), or it answered with a duplicate, which never "
+                    "entered the cache (vLLM keeps every duplicate; this contract keeps one entry a key)")
         if "evicted" in events:
             return (f"{whose(want, bs)}: {story(p)}. Allocating a block from the queue must delete the cache "
                     "entry it held")
