@@ -11,6 +11,7 @@ zero with the reason (fail closed).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -18,6 +19,7 @@ import secrets
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -209,6 +211,48 @@ def _kill(proc: subprocess.Popen) -> None:
         pass
 
 
+PRIVATE_PREFIX = "grader-grade-"
+_held_locks: dict[str, int] = {}
+
+
+def private_folder() -> str:
+    """A fresh folder for one grade (mode 0711: only this process can list it; a worker may pass
+    through to its own scratch folder), holding a lock for as long as this process lives. Folders of
+    grades whose process died (the lock is free) are removed first."""
+    reap_private_folders()
+    folder = tempfile.mkdtemp(prefix=PRIVATE_PREFIX)
+    os.chmod(folder, 0o711)
+    fd = os.open(os.path.join(folder, ".lock"), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    _held_locks[folder] = fd
+    return folder
+
+
+def reap_private_folders(parent: str | None = None) -> list[str]:
+    """Remove the folders of grades that were killed: ours (same owner), real folders, lock free."""
+    parent = parent or tempfile.gettempdir()
+    removed = []
+    for entry in os.scandir(parent):
+        if not entry.name.startswith(PRIVATE_PREFIX) or entry.path in _held_locks:
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+                continue
+            fd = os.open(os.path.join(entry.path, ".lock"), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # a grade in progress
+        shutil.rmtree(entry.path, ignore_errors=True)
+        os.close(fd)
+        removed.append(entry.path)
+    return removed
+
+
 def grade(course: Course, root: Path, source: Path, out: Path | None = None, opts: GradeOptions | None = None,
           on_update: Callable[[dict], None] | None = None, submission_id: str | None = None) -> dict:
     """Grade one submission. Returns the canonical result and, with `out`, keeps it written there."""
@@ -227,8 +271,24 @@ def grade(course: Course, root: Path, source: Path, out: Path | None = None, opt
         if on_update is not None:
             on_update(result)
 
+    # Everything of this grade on disk goes in one folder of its own: the staged files, the pytest
+    # processes' temporary files, the workers' scratch folders where there are no namespaces. It is
+    # removed however the grade ends; one left by a grade that was killed is removed by the next.
+    private = private_folder()
     try:
-        sub: Submission | None = locate(course, Path(source), [e.id for e in exercises], submission_id)
+        return _grade(course, root, source, out, opts, save, exercises, seed, suite, submission_id, private)
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+        fd = _held_locks.pop(private, None)
+        if fd is not None:
+            os.close(fd)
+
+
+def _grade(course: Course, root: Path, source: Path, out: Path | None, opts: GradeOptions,
+           save: Callable[[dict], None], exercises: list[Exercise], seed: int, suite: str,
+           submission_id: str | None, private: str) -> dict:
+    try:
+        sub: Submission | None = locate(course, Path(source), [e.id for e in exercises], submission_id, private)
     except SubmissionError as exc:
         sub = None
         result = results.new_result(course, submission_id or Path(source).name, "", suite, seed, opts.mode, exercises)
@@ -242,18 +302,13 @@ def grade(course: Course, root: Path, source: Path, out: Path | None = None, opt
         return result
 
     result = results.new_result(course, sub.id, sub.sha256, suite, seed, opts.mode, exercises)
+    result["warnings"].extend(inert(note, 2000) for note in sub.notes)
     result["gradable"] = bool(sub.files)
     if not sub.files:
         result["format_errors"] = [
             f"no file to grade: expected one of {sorted(e.file for e in exercises)} (flat, in <id>/ or in exercises/<id>/)"
         ]
     save(result)
-    # Everything the grade's processes put in a temporary folder goes in one of its own (the workers'
-    # scratch folders where there are no namespaces, the pytest processes' files), removed however
-    # pytest ends. Only this process can list it (mode 0711: a worker may pass through to its own).
-    private = tempfile.mkdtemp(prefix="grader-grade-")
-    os.chmod(private, 0o711)
-    collected: dict[str, dict] = {}
     try:
         for ex in exercises:
             entry = results.find_exercise(result, ex.id)
@@ -277,7 +332,6 @@ def grade(course: Course, root: Path, source: Path, out: Path | None = None, opt
             save(result)
     finally:
         sub.cleanup()
-        shutil.rmtree(private, ignore_errors=True)
     results.finish(result)
     save(result)
     return result

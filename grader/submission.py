@@ -575,11 +575,13 @@ def _candidates(exercise_id: str, filename: str) -> list[tuple[str, ...]]:
     return [("exercises", exercise_id, filename), (exercise_id, filename), (filename,)]
 
 
-def locate(course: Course, source: Path, only: list[str] | None = None, submission_id: str | None = None) -> Submission:
-    """Stage a submission: copy each exercise's file into a private flat folder."""
+def locate(course: Course, source: Path, only: list[str] | None = None, submission_id: str | None = None,
+           tmp_dir: str | Path | None = None) -> Submission:
+    """Stage a submission: copy each exercise's file into a private flat folder (inside `tmp_dir`,
+    the grade's own folder, when given)."""
     source = Path(source)
     fd, st = _open_source(source)
-    folder = Path(tempfile.mkdtemp(prefix="grader-submission-"))
+    folder = Path(tempfile.mkdtemp(prefix="grader-submission-", dir=tmp_dir))
     try:
         unpacked = None
         if stat.S_ISREG(st.st_mode):
@@ -588,27 +590,31 @@ def locate(course: Course, source: Path, only: list[str] | None = None, submissi
             wanted = {e.file for e in course.exercises if not only or e.id in only}
             fd = os.open(unpack(source, unpacked, wanted), _DIR_FLAGS)
         files: dict[str, Path] = {}
+        notes: list[str] = []
         digest = hashlib.sha256()
         try:
             for exercise in course.exercises:
                 if only and exercise.id not in only:
                     continue
-                for parts in _candidates(exercise.id, exercise.file):
-                    data = read_candidate(fd, parts)
-                    if data is None:
-                        continue
-                    staged = folder / "files" / exercise.file
-                    staged.parent.mkdir(parents=True, exist_ok=True)
-                    staged.write_bytes(data)
-                    digest.update(exercise.id.encode() + b"\0" + data + b"\0")
-                    files[exercise.id] = staged
-                    break
+                found = [(parts, data) for parts in _candidates(exercise.id, exercise.file)
+                         if (data := read_candidate(fd, parts)) is not None]
+                if not found:
+                    continue
+                parts, data = found[0]
+                if len(found) > 1:  # say which one was graded: the instructor may be reading another
+                    notes.append(f"{exercise.id}: graded {'/'.join(parts)}; also found "
+                                 + ", ".join("/".join(p) for p, _ in found[1:]) + " (not graded)")
+                staged = folder / "files" / exercise.file
+                staged.parent.mkdir(parents=True, exist_ok=True)
+                staged.write_bytes(data)
+                digest.update(exercise.id.encode() + b"\0" + data + b"\0")
+                files[exercise.id] = staged
         finally:
             os.close(fd)
         if unpacked is not None:
             shutil.rmtree(unpacked, ignore_errors=True)
         sub_id = submission_id or (source.stem if stat.S_ISREG(st.st_mode) else source.resolve().name)
-        return Submission(sub_id, source, files, folder, digest.hexdigest())
+        return Submission(sub_id, source, files, folder, digest.hexdigest(), notes)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise

@@ -338,3 +338,46 @@ def test_a_worker_that_forks_shares_one_memory_budget(tmp_path):
     own = cgroup.ROOT / "memory" / cgroup._own_path("memory").lstrip("/")
     if own.is_dir():
         assert not list(own.glob("llm-lab-worker-*")), "the worker's cgroup outlived it"
+
+
+def test_the_folder_of_a_killed_grade_is_removed_by_the_next_one(tmp_path, monkeypatch):
+    import fcntl
+    import subprocess
+    import sys
+
+    from grader import runner
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = tmp_path / f"{runner.PRIVATE_PREFIX}dead"
+    (dead / "grader-submission-x" / "files").mkdir(parents=True)
+    (dead / "grader-submission-x" / "files" / "online_softmax.py").write_text("student code")
+    (dead / ".lock").touch()
+    alive = tmp_path / f"{runner.PRIVATE_PREFIX}alive"
+    alive.mkdir()
+    (alive / ".lock").touch()
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); "
+                               "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
+                               str(alive / ".lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        folder = runner.private_folder()
+        assert not dead.exists(), "the folder of a grade whose process died must go"
+        assert alive.exists(), "the folder of a grade in progress must stay"
+        assert Path(folder).parent == tmp_path and (Path(folder) / ".lock").exists()
+        fd = os.open(Path(folder) / ".lock", os.O_RDWR)
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by this grade
+        os.close(fd)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_submission_with_two_candidate_files_says_which_was_graded(tmp_path, root):
+    folder = tmp_path / "two"
+    (folder / EXERCISE).mkdir(parents=True)
+    (folder / EXERCISE / f"{EXERCISE}.py").write_text("x = 1\n")
+    (folder / f"{EXERCISE}.py").write_text("x = 2\n")
+    result = grade_folder(folder, [EXERCISE], tests="public", checks=["merge_public"], call_timeout_s=20)
+    assert any(w == f"{EXERCISE}: graded {EXERCISE}/{EXERCISE}.py; also found {EXERCISE}.py (not graded)"
+               for w in result["warnings"]), result["warnings"]
