@@ -927,3 +927,13 @@ AssertionError</pre>
 </section>
 </body></html>
 """
+
+
+def test_a_student_id_with_control_characters_is_skipped_with_the_reason(tmp_path):
+    from grader.export.load import load_results
+
+    (tmp_path / "alice.json").write_text(json.dumps(make_result("alice")))
+    (tmp_path / "\x1b[2Jmallory.json").write_text(json.dumps(make_result("mallory")))
+    loaded, skipped = load_results(tmp_path)
+    assert [item.student for item in loaded] == ["alice"]
+    assert len(skipped) == 1 and "without control characters" in skipped[0].reason

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import jsonschema
 
+from grader.text import inert
 from grader import results
 
 EXPECTED = f"a grading result (JSON object with \"schema\": \"{results.SCHEMA_ID}\", as `grader grade --out` writes)"
@@ -82,6 +83,10 @@ def load_results(folder: Path) -> tuple[list[Loaded], list[Skipped]]:
     loaded, skipped = [], []
     for path in sorted(folder.glob("*.json")):
         if path.name.startswith("."):  # a result being written atomically (results.write_atomic)
+            continue
+        if inert(path.stem) != path.stem:  # the id names folders and files in every export
+            skipped.append(Skipped(path, f"expected a student id without control characters, found {path.stem!r}; "
+                                         "rename the file"))
             continue
         try:
             loaded.append(Loaded(path.stem, path, read_result(path)))
