@@ -381,3 +381,46 @@ def test_a_submission_with_two_candidate_files_says_which_was_graded(tmp_path, r
     result = grade_folder(folder, [EXERCISE], tests="public", checks=["merge_public"], call_timeout_s=20)
     assert any(w == f"{EXERCISE}: graded {EXERCISE}/{EXERCISE}.py; also found {EXERCISE}.py (not graded)"
                for w in result["warnings"]), result["warnings"]
+
+
+NAMESPACES = '''
+import ctypes, subprocess, threading
+
+def probe():
+    libc = ctypes.CDLL(None, use_errno=True)
+    unshared = libc.unshare(0x10000000 | 0x00020000)  # a user and a mount namespace
+    err = ctypes.get_errno()
+    thread = threading.Thread(target=lambda: None)
+    thread.start()
+    thread.join()
+    tool = subprocess.run(["unshare", "-Ur", "true"], capture_output=True).returncode
+    return unshared, err, tool
+'''
+
+
+def test_the_worker_cannot_make_namespaces_of_its_own(tmp_path):
+    """The seccomp filter: no user namespace (the first step of most kernel escalations), threads fine."""
+    import errno
+
+    (tmp_path / "ns.py").write_text(NAMESPACES)
+    session = StudentSession("sandbox", lambda _id: tmp_path / "ns.py", Sandbox(), lambda _id: 60.0)
+    try:
+        unshared, err, tool = session.load("ns").probe()
+        warnings = session.warnings()
+    finally:
+        session.close()
+    if any("seccomp" in w for w in warnings):
+        pytest.skip(f"no seccomp filter here: {warnings}")
+    assert (unshared, err) == (-1, errno.EPERM), "the worker made a user namespace"
+    assert tool != 0, "unshare(1) in the worker made a user namespace"
+
+
+def test_the_seccomp_program_refuses_what_it_says():
+    from grader.harness import seccomp
+
+    for machine in ("x86_64", "aarch64"):
+        prog = seccomp.program(machine)
+        assert all(0 <= jt < 256 and 0 <= jf < 256 for _, jt, jf, _ in prog)
+        _, _, numbers = seccomp._TABLES[machine]
+        ks = {k for code, _, _, k in prog if code == seccomp._JEQ}
+        assert {numbers[n] for n in ("unshare", "setns", "mount", "bpf", "ptrace", "clone3")} <= ks, machine

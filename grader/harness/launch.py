@@ -17,7 +17,8 @@ pipe, and the log (stdout and stderr, an unlinked file only the trusted side can
 4. Resource limits: CPU seconds, file size, number of processes, address space (CPU-only hosts;
    CUDA reserves huge virtual ranges), no core dumps.
 5. As root: drops to the grade's own unprivileged uid (identity.py), with no supplementary groups
-   and no way back (PR_SET_NO_NEW_PRIVS: no setuid binary can raise it again).
+   and no way back (PR_SET_NO_NEW_PRIVS: no setuid binary can raise it again); then a seccomp filter
+   refuses the system calls a worker has no use for (seccomp.py: new namespaces, mounts, bpf, ...).
 6. Reports its warnings on the status pipe, closes it, and execs the worker, which the kernel kills
    if the process that started it dies (PR_SET_PDEATHSIG).
 
@@ -240,6 +241,14 @@ def start(config: dict, status) -> None:
     if drop:
         drop_privileges(uid, gid)
     no_new_privileges()
+    if config["isolate"]:
+        from grader.harness import seccomp
+
+        try:  # the system calls a worker has no use for (new namespaces, mounts, bpf, ...): refused
+            seccomp.install()
+        except OSError as exc:
+            warnings.append(f"no seccomp filter for the worker ({exc}): it may make user namespaces and reach "
+                            "more of the kernel")
     die_with_parent()  # the launcher, or for an unisolated worker the grader's pytest
     os.chdir(workdir)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an over-long write fails with EFBIG, not a kill
