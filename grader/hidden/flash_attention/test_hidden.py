@@ -543,11 +543,15 @@ def causal_place(n_q: int, n_k: int, name: str):
     return hint
 
 
-def assert_close_placed(got, ref, low, what: str, hint) -> None:
+def assert_close_placed(got, ref, low, what: str, hint, floors: int = 1) -> None:
     """As assert_close (twice the naive formula's error in got's dtype, plus a floor), with a hint
-    built from the first bad index."""
+    built from the first bad index. Gradients take two floors (flash-attn 3's tests: twice the dtype's
+    rounding at the answer's size): a kernel rounds P and dS to the dtype for its matmuls and reads
+    the stored, rounded o for delta, roundings the naive formula's autograd never makes. With a few
+    keys per row (Nq x Nk = 129 x 2) the naive error is no guide: one floor failed the reference's dk
+    by 7% on 1 seed of 50; two leave it at 0.70 of the tolerance or less over 60 seeds."""
     base = float((low.detach().cpu().double() - ref).abs().max())
-    tol = 2 * base + FLOOR[got.dtype] * max(float(ref.abs().max()), 1.0)
+    tol = 2 * base + floors * FLOOR[got.dtype] * max(float(ref.abs().max()), 1.0)
     testing.assert_close(got, ref, atol=tol, what=f"{what} [batch, head, row, col]", hint=hint)
 
 
@@ -613,7 +617,7 @@ def test_generated_causal_alignments_backward(student, fa, rng, device, alignmen
             f"{what}: {name} must have its input's dtype and shape {inp.dtype} {tuple(inp.shape)}, found "
             f"{None if got is None else (got.dtype, tuple(got.shape))}"
         )
-        assert_close_placed(got, r, lo, f"{name} for {what}", causal_place(n_q, n_k, name))
+        assert_close_placed(got, r, lo, f"{name} for {what}", causal_place(n_q, n_k, name), floors=2)
     empty = max(0, n_q - n_k)
     testing.assert_equal(dq[:, :, :empty].cpu(), torch.zeros_like(ref[0][:, :, :empty]),
                          what=f"dq of the rows that see no key, {what}", hint=causal_place(n_q, n_k, "dq"))
