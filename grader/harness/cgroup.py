@@ -36,6 +36,26 @@ def _own_path(controller: str | None) -> str:
     raise CgroupError(f"this process is in no {controller or 'v2'} cgroup")
 
 
+def _own_folder(controller: str | None) -> Path:
+    """The folder of this process's own cgroup (v2 if controller is None, else that v1 controller's).
+
+    /proc/self/cgroup names the group from the root of the hierarchy, but a container or a cgroup
+    namespace mounts only a subtree: the mount's root (in /proc/self/mountinfo) is cut off first.
+    """
+    own = _own_path(controller)
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        before, _, after = line.partition(" - ")
+        fields, (fstype, _source, options) = before.split(), (after.split() + ["", "", ""])[:3]
+        if (controller is None and fstype != "cgroup2") or (controller and (
+                fstype != "cgroup" or controller not in options.split(","))):
+            continue
+        mount_root, mountpoint = fields[3], fields[4]
+        if own == mount_root or own.startswith(mount_root.rstrip("/") + "/"):
+            return Path(mountpoint) / own[len(mount_root.rstrip("/")):].lstrip("/")
+    base = ROOT if controller is None else ROOT / controller
+    return base / own.lstrip("/")
+
+
 def _write(path: Path, value: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
     try:
@@ -69,7 +89,7 @@ class WorkerGroup:
                 base = ROOT / controller
                 if not base.is_dir():
                     raise CgroupError(f"no {controller} controller at {base}")
-                folder = base / _own_path(controller).lstrip("/") / name
+                folder = _own_folder(controller) / name
                 folder.mkdir(mode=0o755)
                 folders.append(folder)
                 for key, value in settings.items():
@@ -99,7 +119,7 @@ class WorkerGroup:
 
 
 def _create_v2(name: str, memory_mb: int, processes: int) -> Path:
-    own = ROOT / _own_path(None).lstrip("/")
+    own = _own_folder(None)
     for parent in (own, ROOT):  # below our own group where the kernel allows, else at the top
         try:
             controllers = set((parent / "cgroup.subtree_control").read_text().split())

@@ -231,7 +231,8 @@ class WorkerProcess:
         module_fd = os.open(self.module_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         root = self.sandbox.course_root or ""
         self.group_warning = None
-        if os.geteuid() == 0 and self.sandbox.isolate:
+        # In a container the container's own memory and pids limits are the worker's (one grade per container).
+        if os.geteuid() == 0 and self.sandbox.isolate and os.environ.get("GRADER_IN_CONTAINER") != "1":
             try:
                 self.group = cgroup.WorkerGroup.create(self.sandbox.memory_mb, self.sandbox.processes)
             except cgroup.CgroupError as exc:
