@@ -20,7 +20,7 @@ import torch
 from grader.harness.wire import OnceIterable
 
 __all__ = ["OnceIterable", "assert_close", "assert_equal", "assert_equal_up_to_ties", "is_close", "mismatches",
-           "near_midpoint"]
+           "near_midpoint", "show"]
 
 Hint = Union[str, Callable[[tuple[int, ...]], str]]  # a hint, or one built from the first bad index
 
@@ -369,6 +369,36 @@ def _count(n: int, total: int) -> str:
 
 def _shape(shape: torch.Size) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def show(value: Any, limit: int = 16) -> str:
+    """`value` for a message, in bounded space: at most `limit` elements, then how many were left out.
+
+    A test formats what the student's code returned, and that can be anything up to the reply limit
+    (a gigabyte). ``tensor.tolist()`` of that builds tens of gigabytes of Python objects in the
+    grader's own process; this reads only the first `limit` elements, whatever the size. Nested
+    lists and tuples are cut the same way, element by element.
+    """
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(value)
+    if isinstance(value, torch.Tensor) and value.dim() == 0:
+        return _scalar(value.detach().to("cpu").item())
+    if isinstance(value, torch.Tensor):
+        flat = value.detach().reshape(-1)[:limit].to("cpu")
+        items = [_scalar(v) for v in flat.tolist()]
+        text = "[" + ", ".join(items) + (f", ... {value.numel() - limit} more" if value.numel() > limit else "") + "]"
+        return text if value.dim() <= 1 else f"{text} (shape {_shape(value.shape)}, flattened)"
+    if isinstance(value, (list, tuple)):
+        head = [show(v, limit) for v in value[:limit]]
+        more = f", ... {len(value) - limit} more" if len(value) > limit else ""
+        open_, close = ("[", "]") if isinstance(value, list) else ("(", ")")
+        return open_ + ", ".join(head) + more + close
+    text = repr(value)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _scalar(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else repr(value)
 
 
 def _short(value: Any) -> str:
