@@ -1,14 +1,22 @@
 """Drivers for the gptq exercise, run where the student's code runs (the worker, or in-process).
 
-`count_big_writes` proves the lazy batch structurally, where timing cannot: it runs the student's
-`gptq_quantize` under a `TorchDispatchMode` that sees every aten operation, and counts those that
-write more than a fraction of W's elements. GPTQ without the lazy batch rewrites most of W after
-each of the first half of the columns (hundreds of such writes); with it, only the few block
-updates that reach far enough do (a handful), whatever the number of columns per block.
+`count_traffic` proves the lazy batch structurally, where timing cannot: it runs the student's
+`gptq_quantize` under a `TorchDispatchMode` that sees every aten operation, and adds up, over the
+whole call, the elements each operation reads and writes. That total is what the lazy batch is
+about (Frantar et al., 2022, section 4, "Step 2: lazy batch-updates"): updating every later column
+after each column touches rows * cols^2 / 2 weights in all, however the update is cut into
+operations, while the lazy batch touches rows * cols * (B + cols / B) / 2 (B = block_size): the
+block's own columns after each column, and the rest once per block. Chunking an update into many
+small operations does not change the sum.
+
+What the count cannot see: work that never reaches torch's dispatcher (numpy, plain Python, a
+kernel of one's own). It runs beside the student's code, so it is theirs to forge; the trusted
+static scan (grader/harness/tamper.py) fails a file that reaches for the dispatch-mode machinery.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -19,66 +27,94 @@ from torch.utils._pytree import tree_flatten
 
 from grader.support.timing import Randn
 
-# Operations that create, reinterpret or inspect memory without writing values into it.
-_NO_WRITE = {
+# Operations that create, reinterpret or inspect memory without reading or writing its values.
+_NO_DATA = {
     "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::detach", "aten::alias",
     "aten::lift_fresh", "aten::_unsafe_view", "aten::view", "aten::_reshape_alias",
-    "aten::set_", "aten::resize_", "aten::is_nonzero", "aten::_local_scalar_dense",
+    "aten::set_", "aten::resize_", "aten::is_nonzero",
 }
 
 
-class BigWriteCounter(TorchDispatchMode):
-    """Counts aten operations that write more than `limit` elements (outputs, or tensors mutated in place)."""
+def distinct_elements(t: torch.Tensor) -> int:
+    """The elements of memory a tensor covers, at most: its numel without the dimensions of stride 0
+    (an expanded view reads one row, not the expanded matrix)."""
+    if t.numel() == 0:
+        return 0
+    return math.prod(size for size, stride in zip(t.shape, t.stride()) if stride != 0)
 
-    def __init__(self, limit: int):
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):  # Tensor[] arguments (the _foreach_ family), Tensor?[] indices
+        return [t for t in value if isinstance(t, torch.Tensor)]
+    return []
+
+
+_ARGUMENTS: dict[Any, tuple | None] = {}
+
+
+def _arguments_of(func) -> tuple | None:
+    """None for an operation that moves no data; else (index, name, written) for each argument."""
+    if func not in _ARGUMENTS:
+        schema = func._schema
+        if getattr(func, "is_view", False) or schema.name in _NO_DATA:
+            _ARGUMENTS[func] = None
+        else:
+            _ARGUMENTS[func] = tuple(
+                (i, a.name, a.alias_info is not None and a.alias_info.is_write) for i, a in enumerate(schema.arguments)
+            )
+    return _ARGUMENTS[func]
+
+
+class TrafficCounter(TorchDispatchMode):
+    """Adds up the elements every aten operation reads (its tensor arguments that it does not write)
+    and writes (the arguments it mutates or fills through out=, and its fresh outputs)."""
+
+    def __init__(self) -> None:
         super().__init__()
-        self.limit = limit
-        self.count = 0
-        self.ops: dict[str, int] = {}
+        self.read = 0
+        self.written = 0
+        self.ops: dict[str, list[int]] = {}  # aten name -> [elements read, elements written]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        writes = _writes_of(func)
-        if writes is None:
+        arguments = _arguments_of(func)
+        if arguments is None:
             return out
-        written = [v for v in (args[i] if i < len(args) else kwargs.get(name) for i, name in writes)
-                   if isinstance(v, torch.Tensor)]
-        if not written:  # a functional operation writes its fresh outputs
-            written = [out] if isinstance(out, torch.Tensor) else [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        if any(t.numel() > self.limit for t in written):
-            self.count += 1
-            name = func.overloadpacket.__name__
-            self.ops[name] = self.ops.get(name, 0) + 1
+        read = written = 0
+        targets: list[torch.Tensor] = []
+        for index, name, writes in arguments:
+            tensors = _tensors(args[index] if index < len(args) else kwargs.get(name))
+            if writes:
+                targets += tensors
+            else:
+                read += sum(distinct_elements(t) for t in tensors)
+        written += sum(distinct_elements(t) for t in targets)
+        storages = {t.untyped_storage().data_ptr() for t in targets if t.numel()}
+        for t in tree_flatten(out)[0]:  # fresh outputs (an in-place operation returns its target)
+            if isinstance(t, torch.Tensor) and t.numel() and t.untyped_storage().data_ptr() not in storages:
+                written += distinct_elements(t)
+        self.read += read
+        self.written += written
+        tally = self.ops.setdefault(func.overloadpacket.__name__, [0, 0])
+        tally[0] += read
+        tally[1] += written
         return out
 
 
-_WRITES: dict[Any, tuple | None] = {}
+def count_traffic(fn: Callable, W: torch.Tensor, H: torch.Tensor, **kwargs: Any) -> dict:
+    """Run ``fn(W, H, **kwargs)`` and add up the elements its operations read and wrote.
 
-
-def _writes_of(func) -> tuple | None:
-    """None for an operation that writes nothing; else the (index, name) of the arguments it writes
-    into in place or through out= (empty for a functional operation)."""
-    if func not in _WRITES:
-        schema = func._schema
-        if getattr(func, "is_view", False) or schema.name in _NO_WRITE:
-            _WRITES[func] = None
-        else:
-            _WRITES[func] = tuple(
-                (i, a.name) for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write
-            )
-    return _WRITES[func]
-
-
-def count_big_writes(fn: Callable, W: torch.Tensor, H: torch.Tensor, fraction: float = 0.5, **kwargs: Any) -> dict:
-    """Run ``fn(W, H, **kwargs)`` and count the operations that write more than `fraction` of W's elements.
-
-    Returns {"result": fn's return value, "count": the number of such writes, "ops": count per aten op}.
+    Returns {"result": fn's return value, "read": elements read, "written": elements written,
+    "ops": {aten name: [read, written]}}.
     """
-    counter = BigWriteCounter(int(fraction * W.numel()))
+    counter = TrafficCounter()
     with counter:
         result = fn(W, H, **kwargs)
-    return {"result": tuple(result) if isinstance(result, tuple) else result, "count": counter.count, "ops": dict(counter.ops)}
+    return {"result": tuple(result) if isinstance(result, tuple) else result, "read": counter.read,
+            "written": counter.written, "ops": {name: list(v) for name, v in counter.ops.items()}}
 
 
 # --------------------------------------------------------------------------------------------------

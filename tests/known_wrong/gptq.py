@@ -36,6 +36,40 @@ MUTANTS = [
         loses=["lazy_batch"],
     ),
     Mutant(
+        name="eager_updates_in_column_slices",
+        why="I apply every column's feedback to all later columns right away, cut into slices of 16 columns so that "
+            "no single operation writes much of W (it beat a count of large writes: the total traffic is the same)",
+        edits=[
+            (_IN_BLOCK, _IN_BLOCK + "\n            for c0 in range(i2, cols, 16):\n"
+                        "                W[:, c0 : c0 + 16] -= err[:, None] * U[col, c0 : c0 + 16][None, :]"),
+            (_TAIL, "        pass"),
+        ],
+        loses=["lazy_batch"],
+    ),
+    Mutant(
+        name="eager_updates_in_row_slices",
+        why="The same eager update of all later columns after every column, cut into slices of 32 rows",
+        edits=[
+            (_IN_BLOCK, _IN_BLOCK + "\n            for r0 in range(0, rows, 32):\n"
+                        "                W[r0 : r0 + 32, i2:] -= err[r0 : r0 + 32, None] * U[col, i2:][None, :]"),
+            (_TAIL, "        pass"),
+        ],
+        loses=["lazy_batch"],
+    ),
+    Mutant(
+        name="left_looking_per_column",
+        why="I never update later columns: each column, right before it is rounded, gathers the errors of all earlier "
+            "columns (w = W[:, i] - Err[:, :i] @ U[:i, i]). Few writes, but every column re-reads all earlier errors",
+        edits=[
+            ("    for i1 in range(0, cols, block_size):\n",
+             "    Err = torch.zeros_like(W)\n    for i1 in range(0, cols, block_size):\n"),
+            ("            w, d = W1[:, i], U1[i, i]", "            w, d = W[:, col] - Err[:, :col] @ U[:col, col], U1[i, i]"),
+            (_IN_BLOCK, "            Err[:, col] = err"),
+            (_TAIL, "        pass"),
+        ],
+        loses=["lazy_batch"],
+    ),
+    Mutant(
         name="absolute_damping",
         why="I added percdamp itself to the diagonal instead of percdamp * mean(diag(H))",
         edits=[("H.diagonal().add_(percdamp * torch.diag(H).mean())", "H.diagonal().add_(percdamp)")],
