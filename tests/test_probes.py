@@ -8,6 +8,8 @@ guard is entered), which is what defeated the attribute patches alone.
 from __future__ import annotations
 
 import ast
+import io
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -34,6 +36,16 @@ _method = torch.Tensor.softmax
 _aten = torch.ops.aten._softmax.default
 _lse = torch.logsumexp
 _sdpa = F.scaled_dot_product_attention
+_logcumsumexp = torch.logcumsumexp
+_log_softmax = F.log_softmax
+
+
+def _fold(merge, x):
+    """merge(merge(x[:, 0], x[:, 1]), x[:, 2])...: a row's logsumexp built from two-term merges."""
+    acc = x[:, 0]
+    for j in range(1, x.shape[1]):
+        acc = merge(acc, x[:, j])
+    return acc
 
 
 @torch.jit.script
@@ -104,6 +116,24 @@ SOFTMAX_FORMS = {
     "attention kernel (holds a softmax)": lambda: _sdpa(Q, Q, Q),
     "logsumexp alias": lambda: _lse(X, -1),
     "logsumexp method": lambda: X.logsumexp(-1),
+    # The same math under other names (issue: torch.logcumsumexp bypassed the ban): the normaliser, its
+    # running form, its two-term cases, and libraries that compute it for you.
+    "logcumsumexp (its last column is the logsumexp)": lambda: _logcumsumexp(X, -1)[:, -1],
+    "logcumsumexp method": lambda: X.logcumsumexp(-1),
+    "torch.special.logsumexp": lambda: torch.special.logsumexp(X, -1),
+    "torch.special.log_softmax": lambda: torch.special.log_softmax(X, -1),
+    "logaddexp folded over the columns (the merge in log space)": lambda: _fold(torch.logaddexp, X),
+    "logaddexp2 folded over the columns": lambda: _fold(torch.logaddexp2, X),
+    "softplus (logaddexp(x, 0))": lambda: F.softplus(X),
+    "logsigmoid (-softplus(-x))": lambda: F.logsigmoid(X),
+    "sigmoid (the softmax of two terms)": lambda: torch.sigmoid(X),
+    "torch.special.expit": lambda: torch.special.expit(X),
+    "torch.distributions.Categorical(logits).probs": lambda: torch.distributions.Categorical(logits=X).probs,
+    "torch.distributions.Categorical(logits).log_prob": lambda: torch.distributions.Categorical(logits=X).log_prob(
+        torch.zeros(3, dtype=torch.long)),
+    "nn.LogSoftmax": lambda: torch.nn.LogSoftmax(-1)(X),
+    "F.log_softmax bound at import": lambda: _log_softmax(X, -1),
+    "F.nll_loss of log_softmax": lambda: F.nll_loss(X.log_softmax(-1), torch.zeros(3, dtype=torch.long)),
 }
 ATTENTION_FORMS = {
     "sdpa bound at import": lambda: _sdpa(Q, Q, Q),
@@ -264,9 +294,11 @@ def test_every_softmax_attention_and_collective_operator_is_in_a_family():
         if namespace in ("c10d", "_c10d_functional", "_c10d_functional_autograd", "c10d_functional"):
             if name not in not_collectives:
                 wanted.add(op)
-        elif any(word in name for word in ("softmax", "logsumexp", "attention", "transformer_encoder")):
+        elif any(word in name for word in ("softmax", "logsumexp", "logcumsumexp", "logaddexp", "softplus",
+                                           "sigmoid", "expit", "attention", "transformer_encoder")):
             wanted.add(op)
     wanted -= {"aten::_fused_sdp_choice"}  # chooses a kernel, computes nothing
+    wanted -= {"aten::hardsigmoid", "aten::hardsigmoid_", "aten::hardsigmoid_backward"}  # piecewise linear, no exp
     assert not wanted - covered, f"operators no family covers: {sorted(wanted - covered)}"
 
 
@@ -376,3 +408,232 @@ def test_a_file_that_pops_the_dispatch_modes_loses_every_guarded_check(tmp_path)
         assert "torch.utils._python_dispatch" in message and "cannot be trusted" in message, message
         assert Path(folder / "online_softmax.py").read_text().splitlines()[17].startswith("from torch.utils._python_dispatch")
         assert "line 18:" in message, message
+
+
+# --------------------------------------------------------------------------------------------------
+# The kernel rule (probes.KERNELS_ONLY): outside a Triton launch, the host may only allocate, view, copy
+# and cast; it may not read values back; memory it leaves uninitialised reads NaN; inside a launch the
+# rule is suspended (Triton's interpreter runs on torch and numpy) but the banned families are not.
+
+triton = pytest.importorskip("triton")
+tl = pytest.importorskip("triton.language")
+interpreted = pytest.mark.skipif(
+    __import__("os").environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+    reason="needs Triton's interpreter or a GPU",
+)
+KERNEL_RULE = ["torch.softmax", probes.KERNELS_ONLY]
+_HOST = {"x": X}  # what a kernel body under the interpreter can reach as a global (the CPU limit)
+
+
+@triton.jit
+def _exp_kernel(src, dst, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst + offs, tl.exp(tl.load(src + offs, mask=offs < n)), mask=offs < n)
+
+
+@triton.jit
+def _noop_kernel(dst, n, BLOCK: tl.constexpr):
+    pass
+
+
+@triton.jit
+def _softmax_in_the_body(dst, n, BLOCK: tl.constexpr):
+    _alias(_HOST["x"], -1)  # host code inside a kernel body: runs only under the interpreter
+
+
+@triton.jit
+def _exp_in_the_body(dst, n, BLOCK: tl.constexpr):
+    _HOST["out"] = torch.exp(_HOST["x"])  # allowed primitive, on the host, inside an interpreted body
+
+
+def _launch_exp(x: torch.Tensor) -> torch.Tensor:
+    src = x.contiguous().view(-1)
+    out = torch.empty_like(src)
+    _exp_kernel[(triton.cdiv(src.numel(), 8),)](src, out, src.numel(), BLOCK=8)
+    return out.view(x.shape)
+
+
+def _host_numpy(x):
+    out = torch.empty_like(x)
+    out.copy_(torch.from_numpy(__import__("numpy").exp(x.numpy())))
+    return out
+
+
+HOST_WORK = {  # what a Triton-contract function's host code may not do, each with words its message holds
+    "an exp on the host": (lambda: torch.exp(X), "aten::exp outside any kernel launch"),
+    "a matmul on the host": (lambda: X @ X.t(), "aten::mm"),
+    "a gather through an index tensor": (lambda: X[torch.tensor([0, 2])], "outside any kernel launch"),
+    "a reduction": (lambda: X.amax(-1), "aten::amax"),
+    "torch.where": (lambda: torch.where(X > 0, X, 0.0), "outside any kernel launch"),
+    "torch.cat": (lambda: torch.cat([X, X]), "aten::cat"),
+    ".item()": (lambda: X[0, 0].item(), "reads a tensor's value on the host"),
+    "int(t)": (lambda: int(X[0, 0]), "reads a tensor's value on the host"),
+    "an if on a tensor": (lambda: bool(X[0, 0] > 0), "aten::gt"),
+    "torch.tensor of Python data": (lambda: torch.tensor([1.0, 2.0]), "builds a tensor from Python data"),
+    "Tensor.numpy()": (lambda: X.numpy(), "Tensor.numpy()"),
+    "numpy, then back": (lambda: _host_numpy(X), "Tensor.numpy()"),
+    "numpy.asarray": (lambda: __import__("numpy").asarray(X), "Tensor.__array__"),
+    "numpy.from_dlpack": (lambda: __import__("numpy").from_dlpack(X), "DLPack"),
+    "torch.utils.dlpack.to_dlpack": (lambda: torch.utils.dlpack.to_dlpack(X), "to_dlpack"),
+    "Tensor.tolist()": (lambda: X.tolist(), "Tensor.tolist()"),
+    "print": (lambda: print(X), "print its shape"),
+    "repr": (lambda: repr(X), "repr() or print()"),
+    "an f-string": (lambda: f"{X}", "f-string"),
+    "pickle": (lambda: pickle.dumps(X), "pickling"),
+    "torch.save": (lambda: torch.save(X, io.BytesIO()), "pickling"),
+    "untyped_storage": (lambda: X.untyped_storage(), "untyped_storage"),
+    "data_ptr": (lambda: X.data_ptr(), "data_ptr"),
+    "torch.frombuffer": (lambda: torch.frombuffer(bytearray(8), dtype=torch.float32), "frombuffer"),
+}
+
+
+@pytest.mark.parametrize("form", HOST_WORK, ids=list(HOST_WORK))
+def test_host_work_outside_a_launch_is_refused(form):
+    work, words = HOST_WORK[form]
+    with pytest.raises(probes.ForbiddenCall, match="must do its work in Triton kernels: why") as caught:
+        with probes.forbidden(KERNEL_RULE, "why"):
+            work()
+    assert words in str(caught.value), f"the message should say {words!r}: {caught.value}"
+
+
+def test_allocation_views_copies_and_casts_are_allowed():
+    with probes.forbidden(KERNEL_RULE):
+        base = torch.zeros(4, 6)
+        views = [base.view(6, 4), base.reshape(-1), base.t(), base[1:3, ::2], base.unsqueeze(0).expand(2, 4, 6),
+                 base.permute(1, 0), base.narrow(1, 0, 2), base.as_strided((2, 2), (1, 1)), base.detach()]
+        made = [torch.empty(3), torch.empty_like(base), torch.full((2,), 3.0), torch.ones(2), torch.arange(4),
+                base.new_zeros(2), base.t().contiguous(), base.to(torch.float16), base.double(), base.clone()]
+        torch.empty(2).fill_(1.0).zero_()
+        base.copy_(torch.ones(4, 6))
+        shape, stride, dtype = X.shape, X.stride(), X.dtype  # metadata is free
+    assert len(views) + len(made) == 19 and shape == (3, 5) and stride == (5, 1) and dtype == torch.float32
+    assert torch.equal(base, torch.ones(4, 6)), "a copy into an output must go through"
+
+
+def test_uninitialised_allocations_read_nan():
+    with probes.forbidden(KERNEL_RULE):
+        out = torch.empty(3, 4)
+        like = torch.empty_like(X)
+        ints = torch.empty(5, dtype=torch.int32)
+    assert bool(out.isnan().all()) and bool(like.isnan().all()), "memory the host leaves uninitialised reads NaN"
+    assert ints.shape == (5,), "integer allocations are left as they are (no NaN to fill them with)"
+
+
+@interpreted
+def test_a_kernel_launch_computes_and_is_recorded():
+    with probes.recording_launches() as log:
+        with probes.forbidden(KERNEL_RULE):
+            out = _launch_exp(X)
+    assert torch.allclose(out, X.exp()), "the kernel's result must come back unchanged by the rule"
+    assert [(launch.kernel, launch.grid, launch.programs) for launch in log] == [("_exp_kernel", (2, 1, 1), 2)]
+    assert probes.storage_of(out) in log[0].storages and probes.storage_of(X) in log[0].storages
+
+
+@interpreted
+def test_a_callable_grid_is_recorded_as_resolved():
+    src = X.reshape(-1).clone()
+    out = torch.empty_like(src)
+    with probes.recording_launches() as log:
+        _exp_kernel[lambda meta: (triton.cdiv(src.numel(), meta["BLOCK"]),)](src, out, src.numel(), BLOCK=4)
+    assert log[0].grid == (4, 1, 1), log
+
+
+@interpreted
+def test_an_output_no_kernel_writes_stays_nan():
+    with probes.forbidden(KERNEL_RULE):
+        out = torch.empty(10)
+        _noop_kernel[(2,)](out, 10, BLOCK=8)
+    assert bool(out.isnan().all()), "a launch that writes nothing leaves the NaN of the allocation"
+
+
+@interpreted
+def test_the_banned_families_hold_inside_a_launch():
+    with pytest.raises(Exception, match="must not call torch.softmax"):
+        with probes.forbidden(KERNEL_RULE):
+            _softmax_in_the_body[(1,)](torch.empty(1), 1, BLOCK=8)
+
+
+@interpreted
+def test_host_code_inside_an_interpreted_kernel_body_is_the_cpu_limit():
+    """Under TRITON_INTERPRET=1 a kernel body is Python, and the rule is suspended inside a launch (the
+    interpreter itself runs on torch and numpy): torch code hidden in a body runs. It cannot compile for a
+    GPU, so it fails there; the exercises' READMEs state this limit of the CPU rehearsal."""
+    with probes.forbidden(KERNEL_RULE):
+        _exp_in_the_body[(1,)](torch.empty(1), 1, BLOCK=8)
+    assert torch.allclose(_HOST.pop("out"), X.exp())
+
+
+@interpreted
+def test_hooks_and_patched_kernels_are_refused():
+    kernel = triton.jit(_exp_kernel.fn)
+    kernel.add_pre_run_hook(lambda *args, **kwargs: None)
+    with pytest.raises(probes.ForbiddenCall, match="pre-run hooks"):
+        with probes.forbidden(KERNEL_RULE):
+            kernel[(1,)](X, torch.empty(15), 15, BLOCK=16)
+    kernel = triton.jit(_exp_kernel.fn)
+    kernel.rewrite = lambda: (lambda **kwargs: None)  # a method replaced on the instance
+    with pytest.raises(probes.ForbiddenCall, match="replaced on the instance"):
+        with probes.forbidden(KERNEL_RULE):
+            kernel[(1,)](X, torch.empty(15), 15, BLOCK=16)
+
+
+@interpreted
+def test_replaced_launch_machinery_is_refused():
+    from triton.runtime.interpreter import GridExecutor
+
+    original = GridExecutor.__call__
+    GridExecutor.__call__ = lambda self, *args, **kwargs: None  # would run, suspended, inside every launch
+    try:
+        with pytest.raises(probes.ForbiddenCall, match="GridExecutor.__call__ is not Triton's own"):
+            with probes.forbidden(KERNEL_RULE):
+                pass
+    finally:
+        GridExecutor.__call__ = original
+
+
+@interpreted
+def test_the_rule_follows_threads_the_call_starts():
+    errors: list[BaseException] = []
+
+    def work():
+        try:
+            torch.exp(X)
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    with probes.forbidden(KERNEL_RULE):
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join()
+    assert len(errors) == 1 and isinstance(errors[0], probes.ForbiddenCall), errors
+
+
+@interpreted
+def test_the_kernel_rule_leaves_nothing_behind():
+    from triton.runtime.interpreter import InterpretedFunction
+
+    run = vars(InterpretedFunction)["run"]
+    with pytest.raises(probes.ForbiddenCall):
+        with probes.forbidden(KERNEL_RULE):
+            X.tolist()
+    assert vars(InterpretedFunction)["run"] is run, "Triton's launcher must be put back"
+    assert not {"tolist", "numpy", "data_ptr", "untyped_storage"} & set(vars(torch.Tensor)), "inherited methods restored"
+    assert X.tolist()[0] and repr(X).startswith("tensor(") and torch.exp(X).shape == X.shape
+    assert torch._C._len_torch_dispatch_stack() == 0 and not probes.in_launch()
+
+
+def test_reading_through_the_base_class_is_beyond_the_run_time_rule():
+    """The limit the trusted scan must cover: torch._C.TensorBase cannot be patched, so super(torch.Tensor,
+    t).tolist() and torch.Tensor.__base__.numpy(t) read values unseen (AUTHORING.md; the scan flags torch._C)."""
+    with probes.forbidden(KERNEL_RULE):
+        values = super(torch.Tensor, X).tolist()
+    assert values == X.tolist()
+
+
+def test_every_host_op_exists():
+    registered = {name.split(".")[0] for name in torch._C._dispatch_get_all_op_names()}
+    missing = sorted(op for op in probes.HOST_OPS if op not in registered)
+    assert not missing, f"operators in HOST_OPS that torch {torch.__version__} does not register: {missing}"
+    computing = {"aten::exp", "aten::mm", "aten::index", "aten::gather", "aten::add", "aten::mul", "aten::where",
+                 "aten::_local_scalar_dense", "aten::lift_fresh", "aten::set_", "aten::index_select", "aten::cat"}
+    assert not computing & probes.HOST_OPS, f"HOST_OPS holds operators that compute: {sorted(computing & probes.HOST_OPS)}"

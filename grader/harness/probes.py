@@ -20,6 +20,18 @@
   this module). That is what the trusted static scan (grader/harness/tamper.py) is for: the session
   scans the student's file in the grader's own process and fails every guarded call of a file that
   reaches for that machinery. grader/AUTHORING.md says what each layer can and cannot prove.
+* `KERNELS_ONLY`, a rule named in the same `forbid` list: the call is a Triton-contract function
+  (softmax_triton, FlashAttention, paged_attention_triton), so its work must run inside @triton.jit
+  kernels. Outside a kernel launch only the operators in `HOST_OPS` may run (allocation, views,
+  copies and casts: an allow-list, not a deny-list), the host may not read tensor values back
+  (``.numpy()``, ``.tolist()``, ``__array__``, ``__dlpack__``, storages, ``data_ptr``, repr: the
+  routes around the dispatcher are patched for the call; ``.item()`` and ``int(t)`` reach
+  ``aten::_local_scalar_dense``, which is not allowed), and every floating-point tensor the host
+  allocates uninitialised is filled with NaN, so that an output element no kernel writes reads as
+  NaN. All of it is suspended while a kernel launch runs (`JITFunction.run` on a GPU,
+  `InterpretedFunction.run` under TRITON_INTERPRET=1, whose interpreter itself copies through torch
+  and numpy); the banned families above stay in force inside a launch. `LaunchLog` records each
+  launch (kernel, grid, the storages it was handed) for the tests that check coverage.
 * `count_lines(filename)`: counts the lines of one source file executed during the call. The
   structural check for vectorisation: run at two input sizes, the count must not grow with the
   number of tokens. Deterministic on a noisy machine, unlike timing.
@@ -38,6 +50,7 @@ import importlib
 import sys
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 import torch
@@ -114,7 +127,22 @@ SOFTMAX = _family(
     "aten::_log_softmax_backward_data", "aten::_sparse_log_softmax_backward_data",
     *_FUSED_ATTENTION,  # each holds a softmax
 )
-LOGSUMEXP = _family("a logsumexp", "aten::logsumexp", "aten::special_logsumexp")
+# The softmax's normaliser, log(sum(exp(x))), and its two-term cases: whichever a submission reaches,
+# the library did the exercise's work (a running logsumexp is the online normaliser; logaddexp is the
+# merge of two states in log space; softplus(x) = logaddexp(x, 0); sigmoid(x) = softmax([x, 0])[0]).
+LOGSUMEXP = _family(
+    "a log-sum-exp (the softmax's normaliser)",
+    "aten::logsumexp", "aten::special_logsumexp", "aten::logcumsumexp", "aten::_logcumsumexp",
+    "aten::logaddexp", "aten::logaddexp2", "aten::softplus", "aten::softplus_backward",
+    "aten::log_sigmoid", "aten::log_sigmoid_forward", "aten::log_sigmoid_backward",
+)
+TWO_TERM_SOFTMAX = _family(
+    "a sigmoid (the softmax of two terms)",
+    "aten::sigmoid", "aten::sigmoid_", "aten::sigmoid_backward", "aten::special_expit", "aten::_foreach_sigmoid",
+    "aten::_foreach_sigmoid_", "quantized::sigmoid",
+)
+# Forbidding any softmax or logsumexp name forbids the whole of that math: softmax(x) = exp(x - logsumexp(x)).
+NORMALISER = (SOFTMAX, LOGSUMEXP, TWO_TERM_SOFTMAX)
 ATTENTION = _family("scaled dot-product attention", *_FUSED_ATTENTION, "aten::_safe_softmax")  # + the math path
 ALL_REDUCE = _family(
     "an all-reduce",
@@ -162,10 +190,13 @@ _GROUP = ("torch.distributed.ProcessGroup",)
 # but has no operator guard; tests/test_probes.py checks that every name the course forbids is here.
 FORBIDDEN_OPS: dict[str, tuple[OpFamily, ...]] = {
     **_names(("torch", "torch.nn.functional", "torch.Tensor", "torch.special", "torch.sparse"),
-             ("softmax", "log_softmax", "_softmax", "_log_softmax", "softmin"), (SOFTMAX,)),
-    **_names(("torch.nn",), ("Softmax", "LogSoftmax", "Softmin", "Softmax2d"), (SOFTMAX,)),
-    "torch.nn.functional.gumbel_softmax": (SOFTMAX,),
-    **_names(("torch", "torch.Tensor", "torch.special"), ("logsumexp",), (LOGSUMEXP,)),
+             ("softmax", "log_softmax", "_softmax", "_log_softmax", "softmin"), NORMALISER),
+    **_names(("torch.nn",), ("Softmax", "LogSoftmax", "Softmin", "Softmax2d"), NORMALISER),
+    "torch.nn.functional.gumbel_softmax": NORMALISER,
+    **_names(("torch", "torch.Tensor", "torch.special"), ("logsumexp",), NORMALISER),
+    **_names(("torch", "torch.Tensor"), ("logcumsumexp", "logaddexp", "logaddexp2", "sigmoid"), NORMALISER),
+    **_names(("torch.special",), ("expit",), NORMALISER),
+    **_names(("torch.nn.functional",), ("softplus", "logsigmoid", "sigmoid"), NORMALISER),
     "torch.nn.functional.scaled_dot_product_attention": (ATTENTION,),
     "torch.nn.functional.multi_head_attention_forward": (ATTENTION, SOFTMAX),
     "torch.nn.MultiheadAttention": (ATTENTION, SOFTMAX),
@@ -243,12 +274,141 @@ def operator_name(func: Any) -> str:
     return name
 
 
-class OperatorGuard(TorchDispatchMode):
-    """Fails every banned operator, and every operator outside torch's own namespaces, run under it."""
+# --------------------------------------------------------------------------------------------------
+# The kernel rule: what the host code of a Triton-contract function may do
+#
+# A function whose contract is "a Triton kernel" (softmax_triton, FlashAttention, paged_attention_triton)
+# must compute inside @triton.jit kernels. Between the launches its host code prepares them: it
+# allocates outputs, takes views, makes inputs contiguous, casts, copies results into place. That is an
+# allow-list of operators, not a deny-list of the ones a red team thought of: anything else (an exp, a
+# matmul, a gather through a block table) is the work itself, done on the host. The same goes for
+# reading values back to Python or numpy, which never reaches the dispatcher: those routes are patched
+# for the call. Inside a launch all of this is suspended: Triton's interpreter (TRITON_INTERPRET=1)
+# copies the arguments through torch and computes with numpy, and on a GPU the launcher reads data_ptr.
 
-    def __init__(self, banned: dict[str, tuple[str, OpFamily]], why: str = ""):
+KERNELS_ONLY = "<Triton kernels only>"  # named in forbid=[...]: the call's work runs inside kernel launches
+RULES = frozenset({KERNELS_ONLY})  # names in a forbid list that are rules, not library functions
+
+# Allocation that leaves memory uninitialised: filled with NaN (floating point) during a guarded call, so an
+# output element that no kernel writes reads as NaN and fails the comparison (it is garbage without the rule).
+UNINITIALISED = frozenset({
+    "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty", "aten::new_empty_strided",
+})
+HOST_OPS = UNINITIALISED | frozenset({
+    # allocation filled with a constant, or with positions (nothing read from an input)
+    "aten::zeros", "aten::zeros_like", "aten::new_zeros", "aten::ones", "aten::ones_like", "aten::new_ones",
+    "aten::full", "aten::full_like", "aten::new_full", "aten::scalar_tensor", "aten::arange", "aten::fill_",
+    "aten::zero_",
+    # views: the same memory under another shape, offset or strides
+    "aten::view", "aten::_unsafe_view", "aten::_reshape_alias", "aten::reshape", "aten::as_strided", "aten::alias",
+    "aten::detach", "aten::t", "aten::transpose", "aten::permute", "aten::expand", "aten::squeeze",
+    "aten::unsqueeze", "aten::select", "aten::slice", "aten::narrow", "aten::split", "aten::split_with_sizes",
+    "aten::chunk", "aten::unbind", "aten::unflatten", "aten::flatten", "aten::movedim", "aten::view_as",
+    # copies and casts: a new layout, dtype or device, or a result copied into place
+    "aten::clone", "aten::contiguous", "aten::copy_", "aten::_to_copy", "aten::to", "aten::_copy_from",
+    "aten::_copy_from_and_resize",
+})
+
+# Ways to read a tensor's values on the host that never reach the dispatcher, patched for a guarded call
+# (`.item()`, `int(t)` and `bool(t)` reach aten::_local_scalar_dense, which HOST_OPS leaves out). A
+# property is patched as a property. Reached through the base class (torch._C.TensorBase, which cannot be
+# patched) they stay open: the trusted scan flags torch._C; see AUTHORING.md.
+HOST_READS: dict[str, str] = {
+    "torch.Tensor.numpy": "Tensor.numpy()",
+    "torch.Tensor.tolist": "Tensor.tolist()",
+    "torch.Tensor.__array__": "numpy.asarray(tensor) (Tensor.__array__)",
+    "torch.Tensor.__dlpack__": "a DLPack export (Tensor.__dlpack__, numpy.from_dlpack)",
+    "torch.Tensor.__cuda_array_interface__": "Tensor.__cuda_array_interface__",
+    "torch.Tensor.__repr__": "repr() or print() of a tensor",
+    "torch.Tensor.__str__": "str() or print() of a tensor",
+    "torch.Tensor.__format__": "an f-string of a tensor",
+    "torch.Tensor.__reduce_ex__": "pickling a tensor (pickle, torch.save)",
+    "torch.Tensor.untyped_storage": "Tensor.untyped_storage()",
+    "torch.Tensor.storage": "Tensor.storage()",
+    "torch.Tensor.data_ptr": "Tensor.data_ptr() (an address to read memory through)",
+    "torch.utils.dlpack.to_dlpack": "torch.utils.dlpack.to_dlpack",
+    "torch.to_dlpack": "torch.to_dlpack",
+    "torch.frombuffer": "torch.frombuffer (a tensor built from host bytes)",
+    "torch.from_dlpack": "torch.from_dlpack (a tensor built from another library's memory)",
+    "torch.utils.dlpack.from_dlpack": "torch.utils.dlpack.from_dlpack",
+}
+
+_TENSOR_STORAGE = torch._C.TensorBase.untyped_storage  # taken before any student code, never patched
+_NAN = float("nan")
+
+
+class _LaunchState(threading.local):
+    depth = 0  # > 0 while a Triton kernel launch runs in this thread
+
+
+_LAUNCH_STATE = _LaunchState()
+
+
+def in_launch() -> bool:
+    """True while a Triton kernel launch runs in this thread (the kernel rule is suspended)."""
+    return _LAUNCH_STATE.depth > 0
+
+
+@dataclass
+class Launch:
+    """One Triton kernel launch seen during a call."""
+
+    kernel: str
+    grid: tuple[int, int, int] | None = None  # None until the launcher resolved it (a callable grid)
+    storages: frozenset[int] = frozenset()  # the address of each tensor argument's storage
+
+    @property
+    def programs(self) -> int:
+        return 0 if self.grid is None else self.grid[0] * self.grid[1] * self.grid[2]
+
+
+def storage_of(tensor: torch.Tensor) -> int:
+    """The address of a tensor's storage (the same for every view of it), through an unpatched method."""
+    return _TENSOR_STORAGE(tensor).data_ptr()
+
+
+def _rule_message(why: str) -> str:
+    return f"this function must do its work in Triton kernels{': ' + why if why else ''}"
+
+
+_HOST_OP_NOTES = {
+    "aten::_local_scalar_dense": (
+        ", which reads a tensor's value on the host (.item(), int(t), float(t), bool(t), or an `if` or `range` on "
+        "a tensor): pass the tensor to your kernel and tl.load the value there"
+    ),
+    "aten::lift_fresh": ", which builds a tensor from Python data on the host (torch.tensor, torch.as_tensor, "
+                        "torch.from_numpy)",
+}
+
+
+def host_op_refused(name: str, why: str = "") -> "ForbiddenCall":
+    return ForbiddenCall(
+        f"{_rule_message(why)}: outside a kernel launch its host code may only allocate tensors, take views of "
+        "them, copy and cast them (torch.empty, zeros, full, view, reshape, transpose, contiguous, .to, copy_). "
+        f"Your code ran the operator {name} outside any kernel launch{_HOST_OP_NOTES.get(name, '')}. Do that "
+        "work inside your @triton.jit kernel (\"How it is graded\" in the exercise's README lists what the host "
+        "may do)."
+    )
+
+
+def host_read_refused(what: str, why: str = "") -> "ForbiddenCall":
+    printing = " Printing a tensor reads it too: print its shape, strides or dtype instead." if "print" in what \
+        or "f-string" in what else ""
+    return ForbiddenCall(
+        f"{_rule_message(why)}: outside a kernel launch its host code may not read tensor values, and your code "
+        f"used {what}, which hands them to Python or numpy where no kernel computes with them.{printing} Pass the "
+        "tensor to your kernel and tl.load what it needs; shapes, strides, dtypes and devices are free to read."
+    )
+
+
+class OperatorGuard(TorchDispatchMode):
+    """Fails every banned operator, and every operator outside torch's own namespaces, run under it. With
+    `host_only` (the kernel rule), also every operator outside `HOST_OPS` that runs outside a kernel launch,
+    and it fills the floating-point tensors the host allocates uninitialised with NaN."""
+
+    def __init__(self, banned: dict[str, tuple[str, OpFamily]], why: str = "", host_only: bool = False):
         super().__init__()
-        self.banned, self.why = banned, why
+        self.banned, self.why, self.host_only = banned, why, host_only
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -273,7 +433,14 @@ class OperatorGuard(TorchDispatchMode):
                 "the forbidden-call guard, which cannot see what it computes. Call your code directly instead "
                 "of registering it as an operator."
             )
-        return func(*args, **(kwargs or {}))
+        if not self.host_only or in_launch():
+            return func(*args, **(kwargs or {}))
+        if name not in HOST_OPS:
+            raise host_op_refused(name, self.why)
+        out = func(*args, **(kwargs or {}))
+        if name in UNINITIALISED and isinstance(out, torch.Tensor) and out.is_floating_point():
+            out.fill_(_NAN)  # below this mode: the handler runs with the mode popped
+        return out
 
 
 class GuardRemoved(ForbiddenCall):
@@ -307,9 +474,12 @@ def _leave(guard: OperatorGuard) -> None:
 def operator_guard(names: Iterable[str], why: str = "") -> Iterator[OperatorGuard | None]:
     """Layer 2: the operator guard around a call, in this thread and in the threads the call starts.
 
-    Yields None (and guards nothing) when no name is in `FORBIDDEN_OPS`."""
-    banned = _banned(tuple(names))  # shared, read-only
-    if not banned:
+    With `KERNELS_ONLY` among the names, the kernel rule too (its launch watch and read-back patches
+    included). Yields None (and guards nothing) when no name is in `FORBIDDEN_OPS` and the rule is absent."""
+    names = tuple(names)
+    banned = _banned(tuple(n for n in names if n not in RULES))  # shared, read-only
+    host_only = KERNELS_ONLY in names
+    if not banned and not host_only:
         yield None
         return
 
@@ -317,7 +487,7 @@ def operator_guard(names: Iterable[str], why: str = "") -> Iterator[OperatorGuar
         run = thread.run
 
         def guarded_run():
-            inner = OperatorGuard(banned, why)
+            inner = OperatorGuard(banned, why, host_only)
             _enter(inner)
             try:
                 run()
@@ -327,15 +497,245 @@ def operator_guard(names: Iterable[str], why: str = "") -> Iterator[OperatorGuar
         thread.run = guarded_run  # type: ignore[method-assign]
         return _THREAD_START(thread, *args, **kwargs)
 
-    guard = OperatorGuard(banned, why)
-    previous_start = threading.Thread.start
-    _enter(guard)
-    threading.Thread.start = start  # type: ignore[method-assign]
+    with contextlib.ExitStack() as stack:
+        if host_only:
+            stack.enter_context(watching_launches())
+            stack.enter_context(host_reads_refused(why))
+        guard = OperatorGuard(banned, why, host_only)
+        previous_start = threading.Thread.start
+        _enter(guard)
+        threading.Thread.start = start  # type: ignore[method-assign]
+        try:
+            yield guard
+        finally:
+            threading.Thread.start = previous_start  # type: ignore[method-assign]
+            _leave(guard)
+
+
+# -- Kernel launches: recorded, checked, and the rule suspended while they run
+
+
+_ACTIVE_LOGS: list[list[Launch]] = []
+_WATCH_LOCK = threading.Lock()
+_WATCH: dict[str, Any] = {"depth": 0, "restore": []}
+# Triton's own functions a launch runs through: each must still be Triton's when a guarded call starts,
+# or a replacement would run while the rule is suspended.
+_LAUNCH_MACHINERY = (
+    ("triton.runtime.jit", "KernelInterface", "__getitem__"),
+    ("triton.runtime.jit", "JITFunction", "run"),
+    ("triton.runtime.jit", "JITFunction", "_do_compile"),
+    ("triton.runtime.interpreter", "InterpretedFunction", "run"),
+    ("triton.runtime.interpreter", "InterpretedFunction", "rewrite"),
+    ("triton.runtime.interpreter", "GridExecutor", "__call__"),
+    ("triton.runtime.interpreter", "GridExecutor", "_init_args_hst"),
+    ("triton.runtime.interpreter", "GridExecutor", "_restore_args_dev"),
+)
+_LAUNCHERS = (("triton.runtime.jit", "JITFunction"), ("triton.runtime.interpreter", "InterpretedFunction"))
+
+
+def _triton_class(module: str, name: str) -> type | None:
     try:
-        yield guard
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):  # no Triton, or a Triton without the interpreter
+        return None
+
+
+def _triton_dir() -> str | None:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return str(Path(triton.__file__).resolve().parent)
+
+
+def _is_tritons_own(fn: Any, root: str) -> bool:
+    code = getattr(fn, "__code__", None)
+    filename = getattr(code, "co_filename", "")
+    return bool(filename) and str(Path(filename).resolve()).startswith(root + "/")
+
+
+def _assert_launch_machinery_intact() -> None:
+    root = _triton_dir()
+    if root is None:
+        return
+    for module, cls_name, attr in _LAUNCH_MACHINERY:
+        cls = _triton_class(module, cls_name)
+        if cls is None or attr not in vars(cls):
+            continue
+        if not _is_tritons_own(vars(cls)[attr], root):
+            raise ForbiddenCall(
+                f"Triton's launch machinery was changed: {cls_name}.{attr} is not Triton's own. Code that runs "
+                "inside a launch is trusted as kernel code, so the call cannot be graded; launch your kernels "
+                "with kernel[grid](...) and leave Triton's runtime as it is."
+            )
+
+
+def _check_launch(kernel: Any) -> None:
+    """Refuse a launch that would run host code of the student's inside it (hooks, patched methods)."""
+    name = getattr(kernel, "__name__", "kernel")
+    if getattr(kernel, "pre_run_hooks", None):
+        raise ForbiddenCall(
+            f"the kernel {name} has pre-run hooks: code that runs inside a launch is trusted as kernel code, so a "
+            "hook would be host code that escapes the rule. Do that work in the kernel or before the launch."
+        )
+    hook = _runtime_hook_set()
+    if hook:
+        raise ForbiddenCall(f"a Triton runtime hook is set (triton.knobs.runtime.{hook}): it would run host code "
+                            "inside a launch, where code is trusted as kernel code. Remove it.")
+    methods = {n for c in type(kernel).__mro__ for n, v in vars(c).items() if callable(v) or isinstance(v, property)}
+    shadowed = sorted(set(vars(kernel)) & methods)
+    if shadowed:
+        raise ForbiddenCall(
+            f"the kernel {name} has its method {shadowed[0]} replaced on the instance: code that runs inside a "
+            "launch is trusted as kernel code. Launch your kernels with kernel[grid](...) as Triton made them."
+        )
+
+
+_RUNTIME_HOOKS = ("launch_enter_hook", "launch_exit_hook", "kernel_load_start_hook", "kernel_load_end_hook",
+                  "jit_cache_hook", "jit_post_compile_hook", "add_stages_inspection_hook")
+
+
+def _runtime_hook_set() -> str | None:
+    """The name of a Triton runtime hook that holds a function (a HookChain with calls, or any other value)."""
+    try:
+        from triton import knobs
+    except ImportError:
+        return None
+    for name in _RUNTIME_HOOKS:
+        hook = getattr(knobs.runtime, name, None)
+        calls = getattr(hook, "calls", None)
+        if hook is not None and (calls is None or calls):
+            return name
+    return None
+
+
+def _grid_dims(grid: Any) -> tuple[int, int, int] | None:
+    try:
+        dims = [int(d) for d in grid]
+    except (TypeError, ValueError):
+        return None
+    if not 1 <= len(dims) <= 3:
+        return None
+    return tuple(dims + [1] * (3 - len(dims)))  # type: ignore[return-value]
+
+
+def _tensor_storages(values: Iterable[Any]) -> frozenset[int]:
+    found = set()
+    for value in values:
+        base = getattr(value, "base", None)  # triton.reinterpret's TensorWrapper
+        for t in (value, base):
+            if isinstance(t, torch.Tensor):
+                try:
+                    found.add(storage_of(t))
+                except RuntimeError:  # a tensor without storage (meta, a subclass)
+                    pass
+    return frozenset(found)
+
+
+def _wrap_run(cls: type, original: Any) -> Any:
+    def run(self, *args, **kwargs):
+        if type(self) is not cls:
+            return original(self, *args, **kwargs)  # a subclass's run is not Triton's: no launch, no suspension
+        _check_launch(self)
+        if not kwargs.get("warmup"):  # a warm-up only compiles: not recorded
+            launch = Launch(getattr(self, "__name__", "kernel"), storages=_tensor_storages((*args, *kwargs.values())))
+            grid = kwargs.get("grid")
+            if callable(grid):
+                def resolve(meta, _grid=grid):
+                    dims = _grid(meta)
+                    launch.grid = _grid_dims(dims)
+                    return dims
+                kwargs["grid"] = resolve
+            else:
+                launch.grid = _grid_dims(grid)
+            for log in list(_ACTIVE_LOGS):
+                log.append(launch)
+        _LAUNCH_STATE.depth += 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _LAUNCH_STATE.depth -= 1
+
+    run.__wrapped__ = original  # type: ignore[attr-defined]
+    return run
+
+
+@contextlib.contextmanager
+def watching_launches() -> Iterator[None]:
+    """Wrap Triton's launchers (`JITFunction.run`, `InterpretedFunction.run`) for the block: each launch is
+    checked, recorded in every active `recording_launches` log, and suspends the kernel rule while it runs.
+    Nested blocks share one installation."""
+    with _WATCH_LOCK:
+        if _WATCH["depth"] == 0:
+            _assert_launch_machinery_intact()
+            restore = []
+            for module, cls_name in _LAUNCHERS:
+                cls = _triton_class(module, cls_name)
+                if cls is not None and "run" in vars(cls):
+                    original = vars(cls)["run"]
+                    cls.run = _wrap_run(cls, original)
+                    restore.append((cls, original))
+            _WATCH["restore"] = restore
+        _WATCH["depth"] += 1
+    try:
+        yield
     finally:
-        threading.Thread.start = previous_start  # type: ignore[method-assign]
-        _leave(guard)
+        with _WATCH_LOCK:
+            _WATCH["depth"] -= 1
+            if _WATCH["depth"] == 0:
+                for cls, original in _WATCH["restore"]:
+                    cls.run = original
+                _WATCH["restore"] = []
+
+
+@contextlib.contextmanager
+def recording_launches() -> Iterator[list[Launch]]:
+    """The Triton launches made in the block, in order (a driver returns them for a coverage check)."""
+    log: list[Launch] = []
+    with watching_launches():
+        _ACTIVE_LOGS.append(log)
+        try:
+            yield log
+        finally:
+            _ACTIVE_LOGS.remove(log)
+
+
+@contextlib.contextmanager
+def host_reads_refused(why: str = "") -> Iterator[None]:
+    """The routes in `HOST_READS` raise `ForbiddenCall` outside kernel launches while the block runs."""
+    patched = []
+    try:
+        for dotted, what in HOST_READS.items():
+            try:
+                owner, attr = _resolve(dotted)
+            except (ValueError, AttributeError):
+                continue
+            if not hasattr(owner, attr):
+                continue
+            original = vars(owner).get(attr, _INHERITED) if isinstance(owner, type) else getattr(owner, attr)
+            current = getattr(owner, attr)
+            if isinstance(original, property):
+                def getter(self, _prop=original, _what=what):
+                    if in_launch():
+                        return _prop.__get__(self, type(self))
+                    raise host_read_refused(_what, why)
+
+                replacement: Any = property(getter)
+            else:
+                def replacement(*args, _fn=current, _what=what, **kwargs):
+                    if in_launch():
+                        return _fn(*args, **kwargs)
+                    raise host_read_refused(_what, why)
+
+            setattr(owner, attr, replacement)
+            patched.append((owner, attr, original))
+        yield
+    finally:
+        for owner, attr, original in reversed(patched):
+            if original is _INHERITED:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, original)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -362,6 +762,8 @@ def patched_attributes(names: Iterable[str], why: str = "") -> Iterator[None]:
     patched = []
     try:
         for name in names:
+            if name in RULES:
+                continue
             owner, attr = _resolve(name)
             # For a class, restore exactly what its own __dict__ held (an inherited method: nothing).
             original = vars(owner).get(attr, _INHERITED) if isinstance(owner, type) else getattr(owner, attr)

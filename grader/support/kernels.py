@@ -1,0 +1,36 @@
+"""A driver for the Triton-contract checks: which kernels a call launched, and what they were handed.
+
+It runs where the student's code runs (the worker), inside the same probes as any call of the module
+it came from: with the kernel rule (grader.harness.probes.KERNELS_ONLY) the host code is held to the
+allow-list while the launches are recorded here. What it returns is plain data for the trusted test
+to judge: a launch's kernel name, its grid and its number of programs, and for each tensor the call
+returned, whether a launch was handed that tensor's memory (an output no kernel was given was not
+written by one).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from grader.harness import probes
+
+
+def launches(fn: Callable, *args: Any, **kwargs: Any) -> dict:
+    """``fn(*args, **kwargs)`` with its Triton launches recorded.
+
+    Returns {"out": the result, "launches": [{"kernel", "grid", "programs"}] in launch order,
+    "handed": [bool] for each tensor in the result (flattened in order): a launch received its storage}.
+    """
+    with probes.recording_launches() as log:
+        out = fn(*args, **kwargs)
+    handed = set().union(*(launch.storages for launch in log)) if log else set()
+    outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    return {
+        "out": out,
+        "launches": [{"kernel": launch.kernel, "grid": list(launch.grid) if launch.grid else None,
+                      "programs": launch.programs} for launch in log],
+        "handed": [probes.storage_of(t) in handed for t in outputs],
+    }
