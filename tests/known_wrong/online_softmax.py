@@ -233,3 +233,71 @@ MUTANTS += [
         "_unwatched(x)", _GUARDED,
     ),
 ]
+
+
+# --------------------------------------------------------------------------------------------------
+# Points the contracts forbid (issue "Trust III"): the softmax's math under other names, and a
+# softmax_triton that is no Triton kernel. Each result is right, so only the guards take the points.
+
+_TORCH_HOST_SOFTMAX = """    rows_f = x.float()
+    m = rows_f.amax(-1, keepdim=True)
+    m = torch.where(m == NEG_INF, torch.zeros_like(m), m)
+    e = torch.exp(rows_f - m)
+    s = e.sum(-1, keepdim=True)
+    out.copy_(torch.where(s > 0, e / torch.where(s > 0, s, torch.ones_like(s)), torch.zeros_like(e)))
+    return out"""
+
+MUTANTS += [
+    Mutant(
+        name="normalizer_by_logcumsumexp",
+        why="takes each chunk's normaliser from torch.logcumsumexp (its last column is the chunk's logsumexp), a "
+            "library normaliser under a name the forbid list did not spell out",
+        edits=[("        l_chunk = torch.exp(chunk - _safe_max(m_chunk)[:, None]).sum(dim=1)",
+                "        l_chunk = torch.exp(torch.logcumsumexp(chunk, dim=1)[:, -1] - _safe_max(m_chunk))")],
+        loses=["normalizer", "softmax", "stability", "rules_public"],
+    ),
+    Mutant(
+        name="merge_by_logaddexp",
+        why="merges two states in log space with torch.logaddexp: the library does the rescaled sum",
+        edits=[("    l = l_a * torch.exp(m_a - shift) + l_b * torch.exp(m_b - shift)",
+                "    l = torch.exp(torch.logaddexp(torch.log(l_a) + m_a - shift, torch.log(l_b) + m_b - shift))")],
+        loses=["merge", "normalizer", "rules_public", "merge_public"],
+    ),
+    Mutant(
+        name="triton_in_torch",
+        why="softmax_triton computes the softmax with torch operations on the host (max, exp, sum): right "
+            "numbers, no Triton kernel",
+        edits=[(_TRITON_LAUNCH, _TORCH_HOST_SOFTMAX)],
+        loses=["triton", "triton_public", "rules_public"],
+    ),
+    Mutant(
+        name="triton_in_numpy",
+        why="softmax_triton reads x back with .numpy(), computes the softmax in numpy and copies it into the "
+            "output: no Triton kernel, and nothing the dispatcher sees but a copy",
+        edits=[(_TRITON_LAUNCH, """    import numpy as np
+
+    a = x.detach().cpu().numpy().astype(np.float64)
+    m = a.max(-1, keepdims=True)
+    m = np.where(m == -np.inf, 0.0, m)
+    e = np.exp(a - m)
+    s = e.sum(-1, keepdims=True)
+    out.copy_(torch.from_numpy(np.where(s > 0, e / np.where(s > 0, s, 1.0), 0.0)).to(out.dtype))
+    return out""")],
+        loses=["triton", "triton_public", "rules_public"],
+    ),
+    Mutant(
+        name="triton_noop_launch_then_torch",
+        why="launches the kernel on no columns at all (it writes nothing), then fills the output with torch "
+            "operations: a launch happened, but the work is on the host",
+        edits=[(_TRITON_LAUNCH, "    _softmax_kernel[(rows,)](x, out, 0, x.stride(0), x.stride(1), out.stride(0), BLOCK=16)\n"
+                                + _TORCH_HOST_SOFTMAX)],
+        loses=["triton", "triton_public"],
+    ),
+    Mutant(
+        name="triton_kernel_skips_the_last_row",
+        why="launches one program too few (rows - 1): the last row is never written, and reads as whatever "
+            "torch.empty held",
+        edits=[("    _softmax_kernel[(rows,)](x, out, n_cols,", "    _softmax_kernel[(max(rows - 1, 1),)](x, out, n_cols,")],
+        loses=["triton", "triton_public"],
+    ),
+]

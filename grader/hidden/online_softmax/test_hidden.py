@@ -10,16 +10,28 @@ import pytest
 import torch
 
 from grader import blocks, speed
-from grader.testing import OnceIterable, assert_close, assert_equal, mismatches
+from grader.harness.probes import KERNELS_ONLY
+from grader.testing import OnceIterable, assert_close, assert_equal, mismatches, show
 
 INF = float("inf")
+# Each name stands for all of the softmax's math at the dispatcher (grader.harness.probes.NORMALISER): the
+# softmax and log-softmax, logsumexp and logcumsumexp, logaddexp, softplus, sigmoid, fused attention.
+SOFTMAX_FORBID = ["torch.softmax", "torch.nn.functional.softmax", "torch.Tensor.softmax", "torch.logsumexp",
+                  "torch.log_softmax", "torch.nn.functional.log_softmax", "torch.nn.functional.softmin",
+                  "torch.special.softmax", "torch.special.logsumexp", "torch.logcumsumexp", "torch.logaddexp"]
+WHY = "the exercise is to compute the normaliser yourself"
 
 
 @pytest.fixture(scope="module")
 def sm(student):
-    return student.load("online_softmax", forbid=["torch.softmax", "torch.nn.functional.softmax",
-                                                  "torch.Tensor.softmax", "torch.logsumexp"],
-                        forbid_why="the exercise is to compute the normaliser yourself")
+    return student.load("online_softmax", forbid=SOFTMAX_FORBID, forbid_why=WHY)
+
+
+@pytest.fixture(scope="module")
+def smk(student):
+    """softmax_triton's calls: the kernel rule too (outside a launch, only allocation, views, copies, casts)."""
+    return student.load("online_softmax", forbid=[*SOFTMAX_FORBID, KERNELS_ONLY],
+                        forbid_why=f"{WHY}, in a Triton kernel for softmax_triton")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -176,7 +188,11 @@ def accumulation_rtol(n: int, block: int | None) -> float:
     return 2 * 2.0**-24 * steps
 
 
-def assert_softmax(out, x, atol: float, what: str, block: int | None = None) -> None:
+UNWRITTEN = (" Under the kernel rule the memory your host code allocates with torch.empty reads NaN, so a NaN may "
+             "also be an element no kernel wrote: does the grid cover every row, and every store its columns?")
+
+
+def assert_softmax(out, x, atol: float, what: str, block: int | None = None, kernel: bool = False) -> None:
     """A softmax against the oracle's, row by row; a failure names the first wrong column and where it
     sits against the blocks of `block` columns (online_softmax) or against every tile width (a kernel
     that picks its own, block=None). Values near 1 may carry the rounding of a long fp32
@@ -191,7 +207,8 @@ def assert_softmax(out, x, atol: float, what: str, block: int | None = None) -> 
     def hint(index):  # called only on a failure
         row = index[0]
         bad = mismatches(got[row], want[row], atol=atol, rtol=rtol)
-        return f"Row {row}: " + blocks.explain_row(rows[row], got[row], want[row], bad, cuts, unit)
+        unwritten = UNWRITTEN if kernel and bool(torch.isnan(got[index]).all()) else ""
+        return f"Row {row}: " + blocks.explain_row(rows[row], got[row], want[row], bad, cuts, unit) + unwritten
 
     assert_close(got, want, atol=atol, rtol=rtol, what=f"{what} [row, column]", hint=hint)
 
@@ -249,7 +266,7 @@ def test_softmax_large_offset_does_not_overflow(sm, rng):
 def test_normalizer_large_offset(sm, rng):
     x = -1e4 + torch.randn(2, 120, generator=rng) * 3
     m, l = sm.online_normalizer(chunks_of(x, [0, 50, 120]))
-    assert torch.isfinite(l).all() and (l > 0).all(), f"l must be finite and positive for inputs near -1e4, found {l.tolist()}"
+    assert torch.isfinite(l).all() and (l > 0).all(), f"l must be finite and positive for inputs near -1e4, found {show(l)}"
     assert_state(m, l, x, "inputs around -1e4")
 
 
@@ -273,58 +290,74 @@ def test_long_fp16_rows_accumulate_in_fp32(sm, rng):
 
 @pytest.mark.check("triton")
 @pytest.mark.parametrize("shape", [(1, 1), (3, 17), (5, 128), (2, 1000)])
-def test_triton_shapes(sm, rng, device, shape):
+def test_triton_shapes(smk, rng, device, shape):
     x = (torch.randn(*shape, generator=rng) * 4).to(device)
-    out = sm.softmax_triton(x)
+    out = smk.softmax_triton(x)
     assert out.is_contiguous(), "the output must be contiguous"
-    assert_softmax(out, x, 1e-6, f"shape {shape}")
+    assert_softmax(out, x, 1e-6, f"shape {shape}", kernel=True)
 
 
 @pytest.mark.check("triton")
-def test_triton_rows_longer_than_a_block(sm, rng, device):
+def test_triton_rows_longer_than_a_block(smk, rng, device):
     n = 9000  # longer than any one block a reasonable kernel uses
     x = (torch.randn(2, n, generator=rng) * 2 + torch.linspace(-5, 5, n)).to(device)
-    assert_softmax(sm.softmax_triton(x), x, 1e-6, f"rows of {n} columns: do you loop over the whole row?")
+    assert_softmax(smk.softmax_triton(x), x, 1e-6, f"rows of {n} columns: do you loop over the whole row?", kernel=True)
 
 
 @pytest.mark.check("triton")
-def test_triton_strided_views(sm, rng, device):
+def test_triton_strided_views(smk, rng, device):
     base = (torch.randn(40, 30, generator=rng) * 3).to(device)
     for what, view in (("a transpose", base.t()), ("a column slice", base[:, 3:27]), ("every other row", base[::2])):
-        out = sm.softmax_triton(view)
+        out = smk.softmax_triton(view)
         assert out.shape == view.shape and out.is_contiguous(), f"{what}: expected a contiguous {tuple(view.shape)} output"
-        assert_softmax(out, view, 1e-6, f"{what} (strides {view.stride()})")
+        assert_softmax(out, view, 1e-6, f"{what} (strides {view.stride()})", kernel=True)
 
 
 @pytest.mark.check("triton")
-def test_triton_masked_rows_and_large_values(sm, rng, device):
+def test_triton_masked_rows_and_large_values(smk, rng, device):
     x = torch.randn(4, 50, generator=rng) * 3 + 1e4
     x[1] = -INF
     x[2, 10:] = -INF
     x = x.to(device)
-    out = sm.softmax_triton(x)
+    out = smk.softmax_triton(x)
     assert torch.equal(out[1].cpu(), torch.zeros(50)), "a row of only -inf must give zeros"
-    assert_softmax(out, x, 1e-5, "masked rows and values near 1e4")
+    assert_softmax(out, x, 1e-5, "masked rows and values near 1e4", kernel=True)
 
 
 @pytest.mark.check("triton")
-def test_triton_fp16(sm, rng, device):
+def test_triton_fp16(smk, rng, device):
     x = (torch.randn(3, 300, generator=rng) * 3).half().to(device)
-    assert_softmax(sm.softmax_triton(x), x, 1e-3, "fp16 input")
+    assert_softmax(smk.softmax_triton(x), x, 1e-3, "fp16 input", kernel=True)
 
 
 @pytest.mark.cuda
 @pytest.mark.check("triton")
-def test_triton_bf16_and_very_long_rows_on_cuda(sm, rng):
+def test_triton_bf16_and_very_long_rows_on_cuda(smk, rng):
     x = (torch.randn(4, 1 << 20, generator=rng) * 2).to("cuda", torch.bfloat16)
-    out = sm.softmax_triton(x)
-    assert_softmax(out.cpu(), x.cpu(), 8e-3, "bf16 rows of 2**20 columns")
+    out = smk.softmax_triton(x)
+    assert_softmax(out.cpu(), x.cpu(), 8e-3, "bf16 rows of 2**20 columns", kernel=True)
 
 
 @pytest.mark.check("triton")
-def test_triton_rejects_non_2d(sm):
+def test_triton_kernels_write_the_output(student, smk, rng, device):
+    # Under the kernel rule the host code can only allocate, view, copy and cast, and what it leaves
+    # uninitialised reads NaN: the answer can only come from the kernels. Here the launches themselves
+    # are recorded: at least one, and the returned tensor's memory handed to one of them.
+    x = (torch.randn(12, 300, generator=rng) * 3).to(device)
+    got = student.drive("grader.support.kernels:launches", smk.softmax_triton, x)
+    student.assert_untampered(smk.softmax_triton, "the record of your Triton launches")
+    assert got["launches"], (
+        "softmax_triton returned without launching a Triton kernel: write a @triton.jit kernel and launch it "
+        "as kernel[grid](...); the host code only allocates the output and passes pointers and strides"
+    )
+    assert got["handed"] == [True], (
+        f"softmax_triton's output was never handed to a kernel launch (launches: {show(got['launches'])}): "
+        "allocate the output, pass it to your kernel, and return that same tensor"
+    )
+    assert_softmax(got["out"], x, 1e-6, "softmax_triton with its launches recorded", kernel=True)
+    # The contract's one host-side duty, checked here so that no test of this check passes without a kernel.
     with pytest.raises(ValueError):
-        sm.softmax_triton(torch.zeros(2, 3, 4))
+        smk.softmax_triton(torch.zeros(2, 3, 4, device=device))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -439,7 +472,7 @@ def test_generated_masks_against_the_blocks(sm, rng, trial):
 
 @pytest.mark.check("triton")
 @pytest.mark.parametrize("trial", range(3))
-def test_triton_generated_masks_against_every_tile_width(sm, rng, device, trial):
+def test_triton_generated_masks_against_every_tile_width(smk, rng, device, trial):
     # The kernel picks its own BLOCK: spans are placed against every power-of-two tile width.
     if trial == 0:  # every span of a short row
         n = int(torch.randint(9, 24, (1,), generator=rng))
@@ -451,9 +484,9 @@ def test_triton_generated_masks_against_every_tile_width(sm, rng, device, trial)
         n = int(torch.randint(4097, 9000, (1,), generator=rng))
         spans = span_rows(n, None, rng, 12)
     x = masked_input(rng, spans, n).to(device)
-    out = sm.softmax_triton(x)
+    out = smk.softmax_triton(x)
     assert out.is_contiguous(), "the output must be contiguous"
-    assert_softmax(out, x, 1e-6, f"softmax_triton of generated masks, n={n}")
+    assert_softmax(out, x, 1e-6, f"softmax_triton of generated masks, n={n}", kernel=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -463,8 +496,12 @@ def test_triton_generated_masks_against_every_tile_width(sm, rng, device, trial)
 @pytest.mark.cuda
 @pytest.mark.check("triton_speed")
 @pytest.mark.parametrize("rows,cols", [(4096, 8192), (64, 1 << 18)])
-def test_triton_bandwidth(student, sm, score, rows, cols):
+def test_triton_bandwidth(student, sm, smk, score, rows, cols):
     dtype = torch.float16
+    # The timing loop makes its own inputs beside the call, so it runs without the kernel rule: the same
+    # function must first pass under the rule, on a smaller input of the timed shape's kind.
+    small = (torch.randn(64, cols // 64, generator=torch.Generator().manual_seed(rows)) * 3).to("cuda", dtype)
+    assert_softmax(smk.softmax_triton(small), small, 2e-3, "softmax_triton under the kernel rule")
     ceil = speed.ceilings()
     spec = speed.Randn((rows, cols), dtype, scale=3.0)
 
