@@ -21,6 +21,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from grader.testing import show
+
 __all__ = [
     "SPAN_KINDS", "Span", "against_tiles", "anchors", "apply_spans", "block_cuts", "describe_column", "describe_spans",
     "every_span", "explain_row", "explain_state", "random_cuts", "random_spans", "spans_of",
@@ -207,7 +209,7 @@ def _block_of(col: int, cuts: Sequence[int]) -> int:
     for i in range(len(cuts) - 1):
         if cuts[i] <= col < cuts[i + 1]:
             return i
-    raise ValueError(f"column {col} lies outside the cuts {list(cuts)}")
+    raise ValueError(f"column {col} lies outside the cuts {show(cuts)}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -220,7 +222,11 @@ def explain_row(x: torch.Tensor, got: torch.Tensor, want: torch.Tensor, bad: tor
     pattern of its wrong columns, the usual cause of that pattern, and the row's -inf spans.
 
     `x` is the row's input, `got` and `want` its output and the oracle's, `bad` where they differ
-    (grader.testing.mismatches); all 1-D, of one length n."""
+    (grader.testing.mismatches); all of one length n (a caller checks the student's `got` against the
+    expected shape first: nothing here is bounded by anything else)."""
+    if not x.numel() == got.numel() == want.numel() == bad.numel():
+        raise ValueError(f"explain_row takes rows of one length, found {show(x.shape)}, {show(got.shape)}, "
+                         f"{show(want.shape)} and {show(bad.shape)}")
     x, got, want = (t.detach().cpu().double().flatten() for t in (x, got, want))
     bad = bad.detach().cpu().flatten().bool()
     n = x.numel()

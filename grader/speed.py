@@ -261,8 +261,13 @@ def same_fingerprint(a: Sequence[float], b: Sequence[float], rel: float = 1e-3) 
     return True
 
 
-def _floats(value: Any, what: str) -> list[float]:
-    """A 1-D tensor or a list of numbers, as floats (anything else: rejected)."""
+def _floats(value: Any, what: str, most: int) -> list[float]:
+    """A 1-D tensor or a list of at most `most` numbers, as floats (anything else: rejected). The size is
+    checked before anything is read: the figures come from the worker, and a reply may hold a gigabyte,
+    which tolist() would make tens of gigabytes of Python floats in this process."""
+    size = value.numel() if isinstance(value, torch.Tensor) else len(value) if isinstance(value, (list, tuple)) else 0
+    if size > most:
+        raise TimingRejected(f"the timing loop returned {size} numbers for {what}, expected at most {most}")
     if isinstance(value, torch.Tensor) and value.dim() == 1 and not value.is_complex():
         return [float(v) for v in value.tolist()]
     if not isinstance(value, (list, tuple)):
@@ -302,10 +307,10 @@ def time_student(student: Any, fn: Any, specs: Sequence[Any], kwargs: dict | Non
 
     if not isinstance(result, dict):
         raise TimingRejected(f"the timing loop returned {type(result).__name__}, expected its dict of figures")
-    times = _floats(result.get("times_s"), "the rep times")
+    times = _floats(result.get("times_s"), "the rep times", reps)
     prints = result.get("fingerprints")
-    if isinstance(prints, torch.Tensor) and prints.dim() == 2:
-        prints = list(prints)
+    if isinstance(prints, torch.Tensor) and prints.dim() == 2 and prints.shape[0] == reps:
+        prints = list(prints)  # one row per rep: reps views of it, whatever its width
     if len(times) != reps or not isinstance(prints, (list, tuple)) or len(prints) != reps:
         raise TimingRejected(f"the timing loop did not return one time and one fingerprint per rep (of {reps})")
     if result.get("device") != device:
@@ -313,7 +318,7 @@ def time_student(student: Any, fn: Any, specs: Sequence[Any], kwargs: dict | Non
 
     # One rep, picked now that the timing is over; its inputs made here, its output taken from the worker.
     rep = rng.randrange(reps)
-    committed = _floats(prints[rep], f"the fingerprint of rep {rep + 1}")
+    committed_raw = prints[rep]
     runs = result.get("runs")
     if runs is None or isinstance(runs, (bool, int, float, str, bytes, list, tuple, dict, torch.Tensor)):
         raise TimingRejected("the timing loop returned no handle to the outputs it kept")
@@ -326,6 +331,7 @@ def time_student(student: Any, fn: Any, specs: Sequence[Any], kwargs: dict | Non
         )
     args = rep_inputs(specs, device, timed_nonce, rep)
     here = fingerprint_values(fingerprint(out, stride))
+    committed = _floats(committed_raw, f"the fingerprint of rep {rep + 1}", max(len(here), 1))
     if not same_fingerprint(committed, here):
         raise TimingRejected(
             f"the worker's figures and the grader's disagree: the output of rep {rep + 1} of {reps}, taken after the "

@@ -10,6 +10,7 @@ the expected value is finite always fails, with a message that counts them and n
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Sequence
 from typing import Any, Callable, Union
@@ -376,25 +377,76 @@ def show(value: Any, limit: int = 16) -> str:
 
     A test formats what the student's code returned, and that can be anything up to the reply limit
     (a gigabyte). ``tensor.tolist()`` of that builds tens of gigabytes of Python objects in the
-    grader's own process; this reads only the first `limit` elements, whatever the size. Nested
-    lists and tuples are cut the same way, element by element.
+    grader's own process; this reads only the first `limit` elements, whatever the size or layout
+    (a transposed or expanded view is not copied whole). Nested lists and tuples are cut the same
+    way, element by element; a dict or set shows its first `limit` items, a string its first 200
+    characters, a shape (torch.Size) as ``[2, 3]``. Anything else is its repr, cut to 200 characters.
     """
     if isinstance(value, np.ndarray):
-        value = torch.from_numpy(value)
-    if isinstance(value, torch.Tensor) and value.dim() == 0:
-        return _scalar(value.detach().to("cpu").item())
+        value = torch.from_numpy(value) if value.dtype != object else list(value.reshape(-1)[:limit])
     if isinstance(value, torch.Tensor):
-        flat = value.detach().reshape(-1)[:limit].to("cpu")
-        items = [_scalar(v) for v in flat.tolist()]
-        text = "[" + ", ".join(items) + (f", ... {value.numel() - limit} more" if value.numel() > limit else "") + "]"
-        return text if value.dim() <= 1 else f"{text} (shape {_shape(value.shape)}, flattened)"
+        return _show_tensor(value, limit)
+    if isinstance(value, torch.Size):
+        return _shape(value)
     if isinstance(value, (list, tuple)):
         head = [show(v, limit) for v in value[:limit]]
         more = f", ... {len(value) - limit} more" if len(value) > limit else ""
         open_, close = ("[", "]") if isinstance(value, list) else ("(", ")")
         return open_ + ", ".join(head) + more + close
+    if isinstance(value, dict):
+        items = [f"{show(k, limit)}: {show(v, limit)}" for k, v in _take(value.items(), limit)]
+        return "{" + ", ".join(items) + (f", ... {len(value) - limit} more" if len(value) > limit else "") + "}"
+    if isinstance(value, (set, frozenset)):
+        items = [show(v, limit) for v in _take(value, limit)]
+        return "{" + ", ".join(items) + (f", ... {len(value) - limit} more" if len(value) > limit else "") + "}"
+    if isinstance(value, (str, bytes)):
+        text = repr(value[:200])
+        return text + (f" ... ({len(value)} characters in all)" if len(value) > 200 else "")
     text = repr(value)
     return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _take(items: Any, n: int) -> list:
+    out = []
+    for item in items:
+        if len(out) == n:
+            break
+        out.append(item)
+    return out
+
+
+def _show_tensor(value: torch.Tensor, limit: int) -> str:
+    try:
+        if value.layout != torch.strided:
+            return f"a {str(value.layout).split('.')[-1]} tensor of shape {_shape(value.shape)}, {value.dtype}"
+        if value.numel() <= limit:  # small: all of it, nested as tolist() would give it
+            return _nested(value.detach().to("cpu").tolist())
+        flat = _head(value.detach(), limit).to("cpu")
+        items = [_scalar(v) for v in flat.tolist()]
+    except (RuntimeError, NotImplementedError, TypeError):  # a meta tensor, a dtype .item() cannot read
+        return f"a tensor of shape {_shape(value.shape)}, {value.dtype}, on {value.device}"
+    text = "[" + ", ".join(items) + (f", ... {value.numel() - limit} more" if value.numel() > limit else "") + "]"
+    return text if value.dim() <= 1 else f"{text} (shape {_shape(value.shape)}, flattened)"
+
+
+def _nested(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(_nested(v) for v in value) + "]"
+    return _scalar(value)
+
+
+def _head(t: torch.Tensor, limit: int) -> torch.Tensor:
+    """The first `limit` elements of `t` in row-major order, 1-D, without copying more than about 2 * limit
+    of them (reshape(-1) of a non-contiguous view would copy it whole)."""
+    while t.dim() > 1:
+        inner = math.prod(t.shape[1:])
+        if inner == 0 or t.shape[0] == 0:
+            return t.reshape(-1)[:0]
+        rows = min(t.shape[0], -(-limit // inner))
+        if rows > 1:
+            return t[:rows].reshape(-1)[:limit]  # rows * inner < limit + inner <= 2 * limit elements
+        t = t[0]
+    return t.reshape(-1)[:limit]
 
 
 def _scalar(value: Any) -> str:

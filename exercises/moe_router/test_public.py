@@ -11,7 +11,15 @@ import torch
 from torch import nn
 
 from grader.support.moe_router import Routing, as_routing
-from grader.testing import assert_close
+from grader.testing import assert_close, show
+
+
+def holds(value, expected: list) -> bool:
+    """Whether `value` is a tensor holding exactly `expected` (a nested list): its shape is checked before
+    any value is read, and the messages below show what it holds with show() (a few elements, whatever
+    its size)."""
+    want = torch.tensor(expected)
+    return isinstance(value, torch.Tensor) and value.shape == want.shape and bool((value == want).all())
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +40,7 @@ def test_router_probs_is_an_fp32_softmax(sm):
                  hint="equal logits give equal probabilities 1/4")
     want = torch.softmax(torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64), 0)
     assert_close(p[1], want, atol=1e-6, rtol=1e-5, what="router_probs row 1",
-                 hint=f"expected {want.tolist()}: a softmax over the experts (the last dim), in fp32")
+                 hint=f"expected {show(want)}: a softmax over the experts (the last dim), in fp32")
 
 
 @pytest.mark.check("probs_public")
@@ -62,29 +70,29 @@ def test_top1_switch_routing(sm):
     logits = torch.tensor([[2.0, 0.0], [1.0, 0.0], [3.0, 0.0], [0.0, 1.0]])
     r = sm.route(logits, 1, 1.0)
     assert isinstance(r, tuple) and hasattr(r, "slot"), "route must return the Routing named tuple"
-    assert r.expert_index.tolist() == [[0], [0], [0], [1]], f"expert_index is {r.expert_index.tolist()}"
+    assert holds(r.expert_index, [[0], [0], [0], [1]]), f"expert_index is {show(r.expert_index)}"
     # Expert 0 is wanted by tokens 0, 1, 2 but has 2 slots: earlier tokens first, token 2 is dropped.
-    assert r.slot.tolist() == [[0], [1], [-1], [0]], (
-        f"slot is {r.slot.tolist()}, expected [[0], [1], [-1], [0]]: expert 0 has capacity 2, so tokens 0 and 1 "
+    assert holds(r.slot, [[0], [1], [-1], [0]]), (
+        f"slot is {show(r.slot)}, expected [[0], [1], [-1], [0]]: expert 0 has capacity 2, so tokens 0 and 1 "
         "take its slots 0 and 1 and token 2 is dropped (slot -1); token 3 is expert 1's first"
     )
     p = torch.softmax(logits, -1)
     want_w = torch.tensor([[p[0, 0]], [p[1, 0]], [0.0], [p[3, 1]]])
     assert_close(r.combine_weight, want_w, atol=1e-6, rtol=1e-5, what="combine_weight", hint=(
-        f"expected {want_w.flatten().tolist()}: with k = 1 "
+        f"expected {show(want_w.flatten())}: with k = 1 "
         "the weight is the raw router probability (no renormalisation), and 0 for the dropped token"
     ))
-    assert r.tokens_per_expert.tolist() == [2, 1], f"tokens_per_expert is {r.tokens_per_expert.tolist()}, expected [2, 1]"
+    assert holds(r.tokens_per_expert, [2, 1]), f"tokens_per_expert is {show(r.tokens_per_expert)}, expected [2, 1]"
 
 
 @pytest.mark.check("route_public")
 def test_top2_renormalised_weights(sm):
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.2, 0.7]]))
     r = sm.route(logits, 2, 10.0)  # plenty of room: nothing dropped
-    assert r.expert_index.tolist() == [[0, 1], [2, 1]], f"expert_index is {r.expert_index.tolist()}, best first"
+    assert holds(r.expert_index, [[0, 1], [2, 1]]), f"expert_index is {show(r.expert_index)}, best first"
     want = torch.tensor([[0.5 / 0.8, 0.3 / 0.8], [0.7 / 0.9, 0.2 / 0.9]])
     assert_close(r.combine_weight, want, atol=1e-5, rtol=1e-5, what="combine_weight", hint=(
-        f"expected {want.tolist()}: for k > 1 the default is to "
+        f"expected {show(want)}: for k > 1 the default is to "
         "divide the k chosen probabilities by their sum (Mixtral)"
     ))
 
@@ -92,9 +100,9 @@ def test_top2_renormalised_weights(sm):
 @pytest.mark.check("route_public")
 def test_ties_go_to_the_lower_expert(sm):
     r = sm.route(torch.zeros(3, 8), 2, 10.0)
-    assert r.expert_index.tolist() == [[0, 1]] * 3, (
+    assert holds(r.expert_index, [[0, 1]] * 3), (
         f"all-zero logits: every probability is 1/8 and the choices must be experts 0 and 1 for every token; found "
-        f"{r.expert_index.tolist()}. torch.topk does not promise an order among equal values; a stable sort does."
+        f"{show(r.expert_index)}. torch.topk does not promise an order among equal values; a stable sort does."
     )
 
 
@@ -103,8 +111,9 @@ def test_first_choices_before_second_choices(sm):
     # Expert 0 is token 0's SECOND choice and tokens 1 and 2's FIRST. Capacity ceil(2*3*1.0/3) = 2.
     logits = torch.tensor([[2.0, 3.0, 0.0], [3.0, 0.0, 2.0], [3.0, 2.0, 0.0]])
     r = sm.route(logits, 2, 1.0)
+    assert isinstance(r.slot, torch.Tensor) and r.slot.shape == (3, 2), f"slot should be [T, k] = [3, 2], found {show(r.slot)}"
     assert r.slot[1, 0] == 0 and r.slot[2, 0] == 1 and r.slot[0, 1] == -1, (
-        f"slot is {r.slot.tolist()}. Expert 0 has 2 slots and three assignments want it. All first choices go "
+        f"slot is {show(r.slot)}. Expert 0 has 2 slots and three assignments want it. All first choices go "
         "before any second choice (GShard), so tokens 1 and 2 keep it and token 0's second choice is dropped."
     )
 
@@ -142,9 +151,10 @@ def test_dispatch_by_hand(sm):
     x = torch.tensor([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
     buf = sm.dispatch(x, routing, cap)
     want = torch.tensor([[[1.0, 1.0], [3.0, 3.0]], [[2.0, 2.0], [0.0, 0.0]]])
-    assert tuple(buf.shape) == (2, 2, 2), f"dispatch returns [E, capacity, d] = (2, 2, 2), found {tuple(buf.shape)}"
+    assert isinstance(buf, torch.Tensor) and tuple(buf.shape) == (2, 2, 2), (
+        f"dispatch returns [E, capacity, d] = (2, 2, 2), found {type(buf).__name__} {show(getattr(buf, 'shape', None))}")
     assert torch.equal(buf, want), (
-        f"dispatch gave {buf.tolist()}, expected {want.tolist()}: buffer[e, s] is the row of the token whose kept "
+        f"dispatch gave {show(buf)}, expected {show(want)}: buffer[e, s] is the row of the token whose kept "
         "assignment has expert e and slot s; unused slots are zero; dropped assignments go nowhere"
     )
 
@@ -156,7 +166,7 @@ def test_combine_by_hand(sm):
     y = sm.combine(expert_out, routing)
     want = torch.tensor([[6.0, 0.6], [14.0, 1.4], [27.0, 2.7]])
     assert_close(y, want, atol=1e-8, rtol=1e-5, what="combine", hint=(
-        f"expected {want.tolist()}: y[t] = sum over kept choices of "
+        f"expected {show(want)}: y[t] = sum over kept choices of "
         "combine_weight * expert_out[expert, slot]; slot [1, 1] is unused and must not leak in"
     ))
 
@@ -169,7 +179,7 @@ def test_round_trip_with_identity_experts(sm):
     cap = sm.expert_capacity(12, 4, 2, 1.0)
     y = sm.combine(sm.dispatch(x, routing, cap), routing)
     assert bool(torch.isfinite(routing.combine_weight).all()), (
-        f"route gave combine weights that are not finite: {routing.combine_weight.tolist()}"
+        f"route gave combine weights that are not finite: {show(routing.combine_weight)}"
     )
     want = routing.combine_weight.sum(-1, keepdim=True) * x
     assert_close(y, want, atol=1e-6, rtol=1e-5, what="combine(dispatch(x)) with identity experts",

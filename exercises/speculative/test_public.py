@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from grader.testing import assert_close
+from grader.testing import assert_close, show
 
 DRIVER = "grader.support.speculative:generate"
 
@@ -39,7 +39,8 @@ def test_acceptance_rate_is_the_overlap(sm):
     p = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.25, 0.25, 0.25, 0.25]])
     q = torch.tensor([[0.2, 0.2, 0.2, 0.4], [0.25, 0.25, 0.25, 0.25]])
     got = sm.acceptance_rate(p, q)
-    assert tuple(got.shape) == (2,), f"one rate per distribution: expected shape [2], found {list(got.shape)}"
+    assert isinstance(got, torch.Tensor) and tuple(got.shape) == (2,), (
+        f"one rate per distribution: expected a tensor of shape [2], found {type(got).__name__} {show(getattr(got, 'shape', got))}")
     torch.testing.assert_close(got, torch.tensor([0.6, 1.0]), msg=lambda e: f"alpha = sum_x min(p(x), q(x)). {e}")
 
 
@@ -74,18 +75,23 @@ def test_expected_speedup(sm):
 
 def check_layout(tokens, num_accepted, draft, vocab):
     B, gamma = draft.shape
+    assert isinstance(tokens, torch.Tensor) and isinstance(num_accepted, torch.Tensor), (
+        f"tokens and num_accepted must be tensors, found {type(tokens).__name__} and {type(num_accepted).__name__}"
+    )
     assert tokens.dtype == torch.int64 and num_accepted.dtype == torch.int64, (
         f"tokens and num_accepted must be int64, found {tokens.dtype} and {num_accepted.dtype}"
     )
     assert tuple(tokens.shape) == (B, gamma + 1), f"tokens must be [B, gamma + 1] = [{B}, {gamma + 1}], found {list(tokens.shape)}"
+    assert tuple(num_accepted.shape) == (B,), f"num_accepted must be [B] = [{B}], found {list(num_accepted.shape)}"
     for b in range(B):
         n = int(num_accepted[b])
-        row = tokens[b].tolist()
+        row = tokens[b].tolist()  # gamma + 1 tokens: the shape is checked above
         assert 0 <= n <= gamma, f"row {b}: num_accepted = {n} is outside 0..{gamma}"
-        assert row[:n] == draft[b, :n].tolist(), f"row {b}: the first {n} tokens must be the accepted draft tokens, found {row}"
+        assert row[:n] == draft[b, :n].tolist(), (
+            f"row {b}: the first {n} tokens must be the accepted draft tokens, found {show(tokens[b])}")
         assert 0 <= row[n] < vocab, f"row {b}: position {n} (num_accepted) must hold the extra token, found {row[n]}"
         assert row[n + 1 :] == [-1] * (gamma - n), (
-            f"row {b}: tokens = {row} with num_accepted = {n}; everything after the extra token is -1"
+            f"row {b}: tokens = {show(tokens[b])} with num_accepted = {n}; everything after the extra token is -1"
         )
 
 
@@ -97,11 +103,11 @@ def test_p_equal_q_accepts_everything_and_adds_the_bonus(sm):
     tokens, num_accepted = sm.speculative_accept(draft, q, p, gen(0))
     check_layout(tokens, num_accepted, draft, 3)
     assert num_accepted.tolist() == [2, 2, 2, 2], (
-        f"with p == q every draft token passes u <= p(x)/q(x) = 1 (u in (0, 1]); num_accepted = {num_accepted.tolist()}"
+        f"with p == q every draft token passes u <= p(x)/q(x) = 1 (u in (0, 1]); num_accepted = {show(num_accepted)}"
     )
     assert tokens[:, 2].tolist() == [2, 2, 2, 2], (
         "all gamma = 2 accepted, so the bonus comes from target_probs[:, 2], which puts all its mass on token 2; "
-        f"found {tokens[:, 2].tolist()}"
+        f"found {show(tokens[:, 2])}"
     )
 
 
@@ -128,7 +134,12 @@ def test_one_position_histogram_matches_the_target(sm):
     g = gen(2)
     draft = torch.multinomial(q[0], n, replacement=True, generator=g)[:, None]
     tokens, num_accepted = sm.speculative_accept(draft, q.expand(n, 1, 4).contiguous(), p.expand(n, 2, 4).contiguous(), gen(3))
-    counts = torch.bincount(tokens[:, 0], minlength=4)
+    assert isinstance(tokens, torch.Tensor) and tuple(tokens.shape) == (n, 2), (
+        f"tokens must be a tensor [B, gamma + 1] = [{n}, 2], found {type(tokens).__name__} {show(getattr(tokens, 'shape', tokens))}")
+    first = tokens[:, 0]
+    outside = (first < 0) | (first >= 4)
+    assert not outside.any(), f"position 0 always holds a token in [0, 4): row {int(outside.nonzero()[0])} has {int(first[outside][0])}"
+    counts = torch.bincount(first, minlength=4)
     for k in range(4):
         half = bernstein_halfwidth(n, float(p[0, k]), delta / 4)
         got = int(counts[k])
@@ -169,13 +180,20 @@ def probs_with_argmax(best: list[list[int]], vocab: int = 10) -> torch.Tensor:
 )
 def test_greedy_tables(sm, draft, best, expected):
     tokens, num_accepted = sm.greedy_accept(torch.tensor(draft), probs_with_argmax(best))
+    B, gamma = len(draft), len(draft[0])
+    assert isinstance(tokens, torch.Tensor) and tuple(tokens.shape) == (B, gamma + 1), (
+        f"tokens must be a tensor [B, gamma + 1] = [{B}, {gamma + 1}], found {type(tokens).__name__} "
+        f"{show(getattr(tokens, 'shape', tokens))}")
+    assert isinstance(num_accepted, torch.Tensor) and tuple(num_accepted.shape) == (B,), (
+        f"num_accepted must be a tensor [B] = [{B}], found {type(num_accepted).__name__} "
+        f"{show(getattr(num_accepted, 'shape', num_accepted))}")
     assert tokens.tolist() == expected, (
-        f"draft {draft}, target argmax {best}: expected {expected}, found {tokens.tolist()}. Keep draft tokens "
+        f"draft {draft}, target argmax {best}: expected {expected}, found {show(tokens)}. Keep draft tokens "
         "while they equal the argmax; at the first mismatch emit the argmax and pad with -1; if all match, "
         "append the argmax of the last row (the bonus)"
     )
     assert num_accepted.tolist() == [sum(t != -1 for t in row) - 1 for row in expected], (
-        f"num_accepted counts the kept draft tokens; found {num_accepted.tolist()}"
+        f"num_accepted counts the kept draft tokens; found {show(num_accepted)}"
     )
 
 
@@ -189,10 +207,11 @@ def test_generate_shapes_and_calls_when_draft_equals_target(student, sm):
     prefix = torch.tensor([[0, 1, 2], [4, 4, 4]])
     result = student.drive(DRIVER, sm.speculative_generate, table, table, prefix, 3, 10, 5)
     tokens, calls = result["tokens"][0], result["reported_calls"][0]
-    assert tokens.dtype == torch.int64 and tuple(tokens.shape) == (2, 10), (
-        f"expected the 10 new tokens per row, int64 [2, 10] (without the prefix), found {tokens.dtype} {list(tokens.shape)}"
+    assert isinstance(tokens, torch.Tensor) and tokens.dtype == torch.int64 and tuple(tokens.shape) == (2, 10), (
+        f"expected the 10 new tokens per row, int64 [2, 10] (without the prefix), found {type(tokens).__name__} "
+        f"{show(getattr(tokens, 'dtype', ''))} {show(getattr(tokens, 'shape', tokens))}"
     )
-    assert ((tokens >= 0) & (tokens < 5)).all(), f"every returned token is a real token id, found {tokens.tolist()}"
+    assert ((tokens >= 0) & (tokens < 5)).all(), f"every returned token is a real token id, found {show(tokens)}"
     assert int(calls) == result["target_calls"][0], (
         f"you reported {calls} target calls but the target model was called {result['target_calls'][0]} times"
     )

@@ -18,7 +18,7 @@ from torch import nn
 
 from grader.structure import Scaling, assert_flat_on_the_clock, clock
 from grader.support.moe_router import Routing, as_routing
-from grader.testing import assert_close, assert_equal
+from grader.testing import assert_close, assert_equal, show
 
 DRIVER = "grader.support.moe_router:"
 HUGE = 1000.0
@@ -229,15 +229,27 @@ def assert_drop_decisions(r, o: dict, where: str) -> None:
                          + drop_cause(r, o, t, j))
 
 
+def described(value) -> str:
+    """What a call returned, for a message, in bounded space: "[8, 2, 5] torch.float32" for a tensor."""
+    if isinstance(value, torch.Tensor):
+        return f"{show(value.shape)} {value.dtype}"
+    return f"{type(value).__name__} {show(value)}"
+
+
+def assert_fields(r, T: int, k: int, E: int, where: str) -> None:
+    """The routing's fields as tensors of the contract's shapes, checked before anything reads their values:
+    a reply may hold up to max_result_mb of any shape, and a message formats only what this bounds."""
+    shapes = {"expert_index": (T, k), "combine_weight": (T, k), "slot": (T, k), "tokens_per_expert": (E,)}
+    for name, shape in shapes.items():
+        got = getattr(r, name)
+        assert isinstance(got, torch.Tensor), f"{where}: routing.{name} should be a tensor, found {type(got).__name__}"
+        assert tuple(got.shape) == shape, f"{where}: routing.{name} has shape {tuple(got.shape)}, expected {shape}"
+
+
 def assert_same_experts(r, o: dict, where: str) -> None:
     """The routing's fields as tensors of the right shapes, and the chosen experts against the oracle's."""
     p32 = o["p32"]
-    for name in ("expert_index", "combine_weight", "slot", "tokens_per_expert"):
-        got = getattr(r, name)
-        assert isinstance(got, torch.Tensor), f"{where}: routing.{name} should be a tensor, found {type(got).__name__}"
-        assert tuple(got.shape) == tuple(o[name].shape), (
-            f"{where}: routing.{name} has shape {tuple(got.shape)}, expected {tuple(o[name].shape)}"
-        )
+    assert_fields(r, *o["slot"].shape, o["tokens_per_expert"].shape[0], where)
     assert r.expert_index.dtype == torch.long and r.slot.dtype == torch.long, (
         f"{where}: expert_index and slot must be int64, found {r.expert_index.dtype} and {r.slot.dtype}"
     )
@@ -300,8 +312,10 @@ def assert_routing_matches(r, o: dict, logits: torch.Tensor, where: str, policy:
     )
 
 
-def assert_invariants(r, E: int, capacity: int, where: str) -> None:
-    """Properties any valid routing has, whatever the priority rule."""
+def assert_invariants(r, T: int, k: int, E: int, capacity: int, where: str) -> None:
+    """Properties any valid routing has, whatever the priority rule (the fields' shapes first: the values
+    are read into Python lists below)."""
+    assert_fields(r, T, k, E, where)
     slot, idx = r.slot, r.expert_index
     kept = slot >= 0
     assert int(slot.max()) < capacity, f"{where}: a slot is {int(slot.max())}, but capacity is {capacity}"
@@ -379,17 +393,17 @@ def test_route_uses_that_capacity(sm, rng, cf):
     logits = torch.randn(T, E, generator=rng) + torch.linspace(2, 0, E)  # low experts overflow
     r = sm.route(logits, k, cf)
     cap = capacity_formula(T, E, k, cf)
-    assert_invariants(r, E, cap, f"route(T={T}, E={E}, k={k}, capacity_factor={cf}), capacity {cap}")
+    assert_invariants(r, T, k, E, cap, f"route(T={T}, E={E}, k={k}, capacity_factor={cf}), capacity {cap}")
     o = oracle_route(logits, k, cf)
     assert torch.equal(r.tokens_per_expert.long(), o["tokens_per_expert"]), (
-        f"route(T={T}, E={E}, k={k}, capacity_factor={cf}): tokens_per_expert {r.tokens_per_expert.tolist()}, "
-        f"expected {o['tokens_per_expert'].tolist()} with capacity {cap} = ceil(k * T * cf / E)"
+        f"route(T={T}, E={E}, k={k}, capacity_factor={cf}): tokens_per_expert {show(r.tokens_per_expert)}, "
+        f"expected {show(o['tokens_per_expert'])} with capacity {cap} = ceil(k * T * cf / E)"
     )
     r = sm.route(logits, k, 0.01, min_capacity=3)
-    assert_invariants(r, E, 3, f"route(T={T}, E={E}, k={k}, capacity_factor=0.01, min_capacity=3)")
+    assert_invariants(r, T, k, E, 3, f"route(T={T}, E={E}, k={k}, capacity_factor=0.01, min_capacity=3)")
     assert int(r.tokens_per_expert.max()) == 3, (
         f"with min_capacity=3 and a tiny factor every busy expert keeps exactly 3 assignments; found "
-        f"tokens_per_expert {r.tokens_per_expert.tolist()}"
+        f"tokens_per_expert {show(r.tokens_per_expert)}"
     )
 
 
@@ -435,7 +449,7 @@ def test_renormalize_defaults_and_overrides(sm, rng):
         assert_close(r.combine_weight, o["combine_weight"], atol=1e-5, rtol=1e-5,
                      what=f"k={k}, renormalize={renorm}{default}: combine_weight", hint=(
             "renormalize=None means True for k > 1 (Mixtral) and "
-            f"False for k = 1 (Switch); row sums found {sums[:4].tolist()}"
+            f"False for k = 1 (Switch); row sums found {show(sums[:4])}"
         ))
 
 
@@ -484,7 +498,7 @@ def test_route_against_the_loop(sm, rng, k, E):
             where = f"{kind} logits, T={T}, E={E}, k={k}, capacity_factor={cf}"
             r = sm.route(logits, k, cf)
             o = oracle_route(logits, k, cf)
-            assert_invariants(r, E, o["capacity"], where)
+            assert_invariants(r, T, k, E, o["capacity"], where)
             assert_routing_matches(r, o, logits, where)
 
 
@@ -497,7 +511,7 @@ def test_fully_dropped_tokens(sm):
     assert_routing_matches(r, o, logits, "6 identical tokens, k=2, capacity 1")
     assert bool((r.slot[1:] == -1).all()) and bool((r.combine_weight[1:] == 0).all()), (
         "tokens 1..5 lose both choices (token 0 takes the only slot of experts 0 and 1): their slots must be -1 "
-        f"and their weights 0; found slots {r.slot.tolist()}"
+        f"and their weights 0; found slots {show(r.slot)}"
     )
 
 
@@ -515,10 +529,12 @@ def test_gshard_first_choices_win(sm):
         [-1.0, 0.0, 3.0, 2.0],   # token 3: expert 2, then expert 3
     ])
     r = sm.route(logits, 2, 1.0)  # capacity ceil(2 * 4 * 1.0 / 4) = 2
-    assert r.expert_index.tolist() == [[1, 0], [0, 2], [0, 3], [2, 3]], f"expert_index is {r.expert_index.tolist()}"
+    o = oracle_route(logits, 2, 1.0)  # expert_index [[1, 0], [0, 2], [0, 3], [2, 3]]
+    where = "GShard's case (T=4, E=4, k=2, capacity 2)"
+    assert_same_experts(r, o, where)
     gshard = r.slot[1, 0] == 0 and r.slot[2, 0] == 1 and r.slot[0, 1] == -1
     if not gshard and not (int(r.slot[0, 1]) >= 0 and int(r.slot[2, 0]) == -1):  # not token-by-token: say why
-        assert_routing_matches(r, oracle_route(logits, 2, 1.0), logits, "GShard's case (T=4, E=4, k=2, capacity 2)")
+        assert_routing_matches(r, o, logits, where)
     assert gshard, (
         "expert 0 can take 2 assignments: tokens 1 and 2 chose it FIRST, token 0 only second, so tokens 1 and 2 "
         f"get slots 0 and 1 and token 0's second choice is dropped. Found slot[0, 1]={int(r.slot[0, 1])}, "
@@ -527,7 +543,7 @@ def test_gshard_first_choices_win(sm):
     )
     assert float(r.combine_weight[0, 1]) == 0.0 and float(r.combine_weight[0, 0]) < 1.0, (
         f"token 0 keeps its first choice with its pre-drop renormalised weight and drops the second: "
-        f"found combine_weight[0] = {r.combine_weight[0].tolist()}"
+        f"found combine_weight[0] = {show(r.combine_weight[0])}"
     )
 
 
@@ -544,6 +560,7 @@ def test_probs_policy_crafted(sm):
     ])
     logits = p.log()
     r = sm.route(logits, 2, 1.0, drop_policy="probs")
+    assert_fields(r, 4, 2, 4, "drop_policy='probs', T=4, E=4, k=2")
     got = {"token 0": int(r.slot[0, 0]), "token 1": int(r.slot[1, 1]), "token 2": int(r.slot[2, 0])}
     want = {"token 0": -1, "token 1": 1, "token 2": 0}
     assert got == want, (
@@ -552,10 +569,10 @@ def test_probs_policy_crafted(sm):
         "(which would favour token 0) nor by position; slot 0 goes to the highest."
     )
     assert float(r.combine_weight[0, 0]) == 0.0, (
-        f"token 0's first choice is dropped: its weight must be 0, found combine_weight {r.combine_weight.tolist()}"
+        f"token 0's first choice is dropped: its weight must be 0, found combine_weight {show(r.combine_weight)}"
     )
     assert_close(float(r.combine_weight[1, 1]), 0.45 / 0.95, atol=1e-5, what="combine_weight[1, 1]",
-                 hint=f"kept weights stay renormalised over the k chosen, before the drop: found {r.combine_weight.tolist()}")
+                 hint=f"kept weights stay renormalised over the k chosen, before the drop: found {show(r.combine_weight)}")
 
 
 @pytest.mark.check("priority")
@@ -578,7 +595,7 @@ def test_probs_policy_against_the_loop(sm, rng, k):
                 where = f"drop_policy='probs', {kind} logits, T={T}, E={E}, k={k}, capacity_factor={cf}"
                 r = sm.route(logits, k, cf, drop_policy="probs")
                 o = oracle_route(logits, k, cf, "probs")
-                assert_invariants(r, E, o["capacity"], where)
+                assert_invariants(r, T, k, E, o["capacity"], where)
                 assert_routing_matches(r, o, logits, where, "probs")
 
 
@@ -863,8 +880,8 @@ def test_dispatch_against_the_loop(student, sm, rng, k, cf):
     g = torch.randn(E, cap, d, generator=rng)
     buf, dx = student.drive(DRIVER + "dispatch_backward", sm.dispatch, x, oracle_routing(o), cap, g)
     want = oracle_dispatch(x, o, E, cap)
-    assert tuple(buf.shape) == (E, cap, d) and buf.dtype == x.dtype, (
-        f"dispatch should return [E, capacity, d] = {(E, cap, d)} {x.dtype}, found {tuple(buf.shape)} {buf.dtype}"
+    assert isinstance(buf, torch.Tensor) and tuple(buf.shape) == (E, cap, d) and buf.dtype == x.dtype, (
+        f"dispatch should return [E, capacity, d] = {[E, cap, d]} {x.dtype}, found {described(buf)}"
     )
     bad = (buf != want).any(-1).nonzero()
     if len(bad):
@@ -895,7 +912,8 @@ def test_combine_against_the_loop(student, sm, rng, k, cf):
     g = torch.randn(T, d, generator=rng)
     y, d_out, d_w = student.drive(DRIVER + "combine_backward", sm.combine, expert_out, oracle_routing(o), g)
     want = oracle_combine(expert_out, o)
-    assert tuple(y.shape) == (T, d), f"combine should return [T, d] = {(T, d)}, found {tuple(y.shape)}"
+    assert isinstance(y, torch.Tensor) and tuple(y.shape) == (T, d), (
+        f"combine should return [T, d] = {[T, d]}, found {described(y)}")
     def dropped(at: tuple[int, ...]) -> str:
         t = at[0]
         return f"Token {t}: all of its assignments were dropped, so it must be zeros" if not bool(o["kept"][t].any()) else (
@@ -1010,8 +1028,7 @@ def test_generated_dispatch_and_combine_against_the_loops(sm, rng):
         with during(where):
             buf = sm.dispatch(x, routing, cap)
         assert isinstance(buf, torch.Tensor) and tuple(buf.shape) == (E, cap, d) and buf.dtype == dtype, (
-            f"{where}: dispatch should return [E, capacity, d] = {[E, cap, d]} {dtype}, found "
-            f"{list(getattr(buf, 'shape', []))} {getattr(buf, 'dtype', type(buf).__name__)}"
+            f"{where}: dispatch should return [E, capacity, d] = {[E, cap, d]} {dtype}, found {described(buf)}"
             + (" (capacity 0 is legal: every assignment was dropped, and the buffers are [E, 0, d])" if cap == 0 else "")
         )
         owner = {(int(o["expert_index"][t, j]), int(o["slot"][t, j])): (t, j) for t in range(T) for j in range(k)
@@ -1034,8 +1051,7 @@ def test_generated_dispatch_and_combine_against_the_loops(sm, rng):
         with during(where):
             y = sm.combine(expert_out, routing)
         assert isinstance(y, torch.Tensor) and tuple(y.shape) == (T, d) and y.dtype == dtype, (
-            f"{where}: combine should return [T, d] = {[T, d]} {dtype}, found "
-            f"{list(getattr(y, 'shape', []))} {getattr(y, 'dtype', type(y).__name__)}"
+            f"{where}: combine should return [T, d] = {[T, d]} {dtype}, found {described(y)}"
         )
 
         def combine_hint(at: tuple[int, ...]) -> str:
@@ -1073,6 +1089,8 @@ def layer_decisions(sm, r, logits: torch.Tensor, k: int, cf: float, where: str) 
     oracle's."""
     o = oracle_route(logits, k, cf)
     r = as_routing(r)
+    T, E = logits.shape
+    assert_fields(r, T, k, E, where)  # before any value is read: the comparisons below copy them
     same = lambda a, b: all(isinstance(getattr(a, f), torch.Tensor) and getattr(a, f).shape == getattr(b, f).shape
                             and torch.equal(getattr(a, f).long(), getattr(b, f).long()) for f in ("expert_index", "slot"))
     if same(r, Routing(o["expert_index"], None, o["slot"], None, None, None)):
@@ -1082,8 +1100,7 @@ def layer_decisions(sm, r, logits: torch.Tensor, k: int, cf: float, where: str) 
         assert_routing_matches(r, o, logits, where + " (it also differs from your own route() on the same logits, "
                                "so moe_layer routes otherwise than route with its defaults)")
         return o
-    T, E = logits.shape
-    assert_invariants(r, E, o["capacity"], where + " (your route's routing; the drops check compares it with the contract)")
+    assert_invariants(r, T, k, E, o["capacity"], where + " (your route's routing; the drops check compares it with the contract)")
     return {**o, "expert_index": r.expert_index.long(), "kept": r.slot >= 0}
 
 
@@ -1196,6 +1213,7 @@ def check_route_decisions(r, logits, k, cf, policy) -> None:
     p32 = torch.softmax(logits.float(), -1).tolist()
     idx = [ranked_experts(row, k) for row in p32]
     slot = oracle_slots(idx, p32, capacity_formula(T, logits.shape[1], k, cf), policy)
+    assert_fields(r, T, k, logits.shape[1], f"route(T={T}, drop_policy={policy!r}) (timed on the grader's clock)")
     assert r.expert_index.tolist() == idx and r.slot.tolist() == slot, (
         f"route(T={T}, drop_policy={policy!r}) chose other experts or slots than the per-token loop (timed on the "
         "grader's clock)"

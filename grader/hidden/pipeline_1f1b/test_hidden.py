@@ -20,7 +20,7 @@ import torch
 
 from grader.structure import Scaling, assert_flat_on_the_clock, clock
 from grader.support import pipeline_1f1b as support
-from grader.testing import assert_close, is_close
+from grader.testing import assert_close, is_close, show
 
 DRIVER = "grader.support.pipeline_1f1b:census"
 GRID = [(p, m) for p in range(1, 9) for m in range(1, 17)]
@@ -163,8 +163,36 @@ def is_valid(schedule, **times) -> bool:
         return False
 
 
-def as_ops(schedule) -> list[list[tuple]]:
-    return [[tuple(op) for op in row] for row in schedule]
+def plain_list(value, what: str) -> list:
+    """A list or tuple the student's code returned, copied as a list once its type is checked. A tensor, an
+    array or an object of the student's is refused unread: copying one element by element (list(), tuple(),
+    a loop) makes a Python object per element in the grader's process, and a reply may hold a gigabyte."""
+    if not isinstance(value, (list, tuple)):
+        raise AssertionError(f"{what} should be a list, found {type(value).__name__} {show(value)}")
+    return list(value)
+
+
+def as_ops(schedule, what: str = "the schedule") -> list[list[tuple]]:
+    """The student's schedule as lists of op tuples: a list per stage, each op a tuple or list
+    ('F' or 'B', microbatch[, chunk])."""
+    rows = [plain_list(row, f"{what}, stage {s}") for s, row in enumerate(plain_list(schedule, what))]
+    for s, row in enumerate(rows):
+        for i, op in enumerate(row):
+            if not isinstance(op, (list, tuple)):
+                raise AssertionError(f"{what}, stage {s}, op {i}: an op is a tuple ('F' or 'B', microbatch) or "
+                                     f"('F' or 'B', microbatch, chunk), found {type(op).__name__} {show(op)}")
+    return [[tuple(op) for op in row] for row in rows]
+
+
+def peaks_of(value, p: int, what: str) -> list:
+    """peak_activations as a list of p numbers; a list or tuple, or a 1-D tensor of p entries (read only
+    once its size is known). Anything else fails with `what` and the value, shown in bounded space."""
+    if isinstance(value, torch.Tensor) and value.dim() == 1 and value.numel() == p:
+        return value.tolist()
+    if not isinstance(value, (list, tuple)):
+        raise AssertionError(f"{what}: peak_activations should be a list of {p} ints (one per stage), found "
+                             f"{type(value).__name__} {show(value)}")
+    return list(value)
 
 
 def show_ops(row, start: int = 0, stop: int | None = None) -> str:
@@ -362,8 +390,8 @@ def assert_linear_work(student, fn, small: tuple, large: tuple, what: str) -> No
     """The lines of the student's module that fn(*large) executes grow at most 2x faster than its ops do."""
     got_small, lines_small = student.lines_executed(fn, *small)
     got_large, lines_large = student.lines_executed(fn, *large)
-    ops_small = sum(len(row) for row in got_small)
-    ops_large = sum(len(row) for row in got_large)
+    ops_small = sum(len(row) for row in plain_list(got_small, f"{what}{small}"))
+    ops_large = sum(len(row) for row in plain_list(got_large, f"{what}{large}"))
     assert ops_small > 0 and ops_large > ops_small, f"{what}{large} returned {ops_large} ops, {what}{small} {ops_small}"
     growth, ops_growth = lines_large / lines_small, ops_large / ops_small
     assert growth <= 2 * ops_growth, (
@@ -758,7 +786,7 @@ def event_oracle(schedule, tf: float, tb: float, p2p: float) -> Verdict:
 
 
 def show_schedule(schedule) -> str:
-    return "; ".join(f"stage {s}: {show_ops([tuple(op) for op in row])}" for s, row in enumerate(schedule))
+    return "; ".join(f"stage {s}: {show_ops(row)}" for s, row in enumerate(schedule))
 
 
 def start_cause(want: Verdict, s: int, i: int, got_start: float, times: tuple) -> str:
@@ -805,20 +833,29 @@ def duration_cause(got: float, want: float, kind: str, times: tuple, v: int) -> 
 
 def sim_divergence(got, want: Verdict, times: tuple) -> str:
     """The first place where the student's SimResult leaves the oracle's, and what usually causes it ('' if none)."""
-    fields = tuple(getattr(got, "_fields", ()))
-    if fields != ("makespan", "bubble_fraction", "peak_activations", "timeline"):
+    fields = getattr(got, "_fields", ())
+    if not isinstance(fields, tuple) or fields != ("makespan", "bubble_fraction", "peak_activations", "timeline"):
         return (f"simulate should return the SimResult NamedTuple (makespan, bubble_fraction, peak_activations, "
-                f"timeline), found a {type(got).__name__} with fields {fields}")
+                f"timeline), found a {type(got).__name__} with fields {show(fields)}")
     p = len(want.timeline)
+    if not isinstance(got.timeline, (list, tuple)):
+        return f"the timeline should be a list (one list of (start, end, op) per stage), found {type(got.timeline).__name__} {show(got.timeline)}"
     if len(got.timeline) != p:
         return f"the timeline has {len(got.timeline)} rows, expected one per stage ({p})"
     first = None
     for s, (g, w) in enumerate(zip(got.timeline, want.timeline)):
+        if not isinstance(g, (list, tuple)):
+            return f"stage {s}'s timeline should be a list of (start, end, op), found {type(g).__name__} {show(g)}"
         if len(g) != len(w):
             return f"stage {s}'s timeline has {len(g)} entries, expected {len(w)}: one (start, end, op) per op, in the stage's order"
-        for i, ((gs, ge, gop), (ws, we, wop)) in enumerate(zip(g, w)):
-            if tuple(gop) != wop:
-                return f"stage {s}'s timeline lists {tuple(gop)!r} at entry {i}, where the schedule has {wop!r}: keep each stage's order and spell ops as the schedule does"
+        for i, (entry, (ws, we, wop)) in enumerate(zip(g, w)):
+            if not (isinstance(entry, (list, tuple)) and len(entry) == 3 and isinstance(entry[2], (list, tuple))):
+                return (f"stage {s}'s timeline entry {i} should be (start, end, op) with op a tuple such as {wop!r}, "
+                        f"found {type(entry).__name__} {show(entry)}")
+            gs, ge, gop = entry
+            gop = tuple(gop)
+            if gop != wop:
+                return f"stage {s}'s timeline lists {gop!r} at entry {i}, where the schedule has {wop!r}: keep each stage's order and spell ops as the schedule does"
             if not (close(gs, ws) and close(ge, we)) and (first is None or (ws, s) < first[:2]):
                 first = (ws, s, i, gs, ge)
     if first is not None:
@@ -838,7 +875,10 @@ def sim_divergence(got, want: Verdict, times: tuple) -> str:
         elif close(got.bubble_fraction, 1 - want.bubble):
             why = "that is the busy fraction; the bubble is the idle one, 1 minus it"
         return f"bubble_fraction is {got.bubble_fraction:.6g}, the contract gives {want.bubble:.6g}: {why}"
-    got_peaks = list(got.peak_activations)
+    try:
+        got_peaks = peaks_of(got.peak_activations, p, "simulate")
+    except AssertionError as exc:
+        return str(exc)
     if got_peaks != list(want.peaks):
         if len(got_peaks) != p:
             return f"peak_activations has {len(got_peaks)} entries, expected one per stage ({p})"
@@ -1199,10 +1239,10 @@ def full_batch_oracle(stages, xs, ys):
 
 def check_run(run, stages, xs, ys, what: str) -> None:
     want_loss, want_grads = full_batch_oracle(stages, xs, ys)
-    fields = tuple(getattr(run, "_fields", ()))
-    assert fields == ("loss", "grads", "peak_activations"), (
+    fields = getattr(run, "_fields", ())
+    assert isinstance(fields, tuple) and fields == ("loss", "grads", "peak_activations"), (
         f"{what}: run_pipeline should return the PipelineRun NamedTuple (loss, grads, peak_activations), "
-        f"found a {type(run).__name__} with fields {fields}"
+        f"found a {type(run).__name__} with fields {show(fields)}"
     )
     assert isinstance(run.loss, float), f"{what}: loss should be a Python float, found {type(run.loss).__name__}"
     m = len(xs)
@@ -1213,6 +1253,7 @@ def check_run(run, stages, xs, ys, what: str) -> None:
     for c, (got_c, want_c) in enumerate(zip(run.grads, want_grads)):
         assert len(got_c) == len(want_c), f"{what}: piece {c} has {len(want_c)} parameters, found {len(got_c)} gradients"
         for i, (g, w) in enumerate(zip(got_c, want_c)):
+            assert isinstance(g, torch.Tensor), f"{what}: piece {c} grad {i} should be a tensor, found {type(g).__name__} {show(g)}"
             assert tuple(g.shape) == tuple(w.shape), f"{what}: piece {c} grad {i} has shape {tuple(g.shape)}, expected {tuple(w.shape)}"
             if m > 1 and is_close(g, w * m, atol=1e-6, rtol=1e-4) and not is_close(g, w, atol=1e-6, rtol=1e-4):
                 pytest.fail(f"{what}: piece {c} grad {i} is m = {m} times too large: divide each microbatch's loss by m before its backward")
@@ -1267,8 +1308,9 @@ def test_run_pipeline_interleaved_chunks(student, pm, rng, seed):
     run, _, _ = drive(student, pm, stages, xs, ys, expected_interleaved(p, m, v))
     check_run(run, stages, xs, ys, "run_pipeline(4 chunks on 2 stages, interleaved schedule)")
     want = trusted_simulate(expected_interleaved(p, m, v))["peaks"]
-    assert list(run.peak_activations) == want, (
-        f"interleaved run: peak_activations {list(run.peak_activations)}, expected {want} per STAGE "
+    peaks = peaks_of(run.peak_activations, p, "interleaved run")
+    assert peaks == want, (
+        f"interleaved run: peak_activations {show(peaks)}, expected {want} per STAGE "
         "(each counts the (mb, chunk) pairs alive on that stage)"
     )
 
@@ -1310,8 +1352,9 @@ def test_run_pipeline_reports_the_schedules_peaks(student, pm, rng, seed, kind):
     # (AUTHORING.md, "What each structural check can and cannot prove"), so a file that tampers with it fails.
     student.assert_untampered(pm.run_pipeline, "the saved activations the census counted")
     want = trusted_simulate(sched)["peaks"]
-    assert list(run.peak_activations) == want, (
-        f"run_pipeline({kind} schedule, p={p}, m={m}) reported peak_activations {list(run.peak_activations)}; "
+    peaks = peaks_of(run.peak_activations, p, f"run_pipeline({kind} schedule, p={p}, m={m})")
+    assert peaks == want, (
+        f"run_pipeline({kind} schedule, p={p}, m={m}) reported peak_activations {show(peaks)}; "
         f"the schedule keeps at most {want} microbatches alive per stage"
     )
     assert any(measured), (

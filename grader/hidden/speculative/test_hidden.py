@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from grader.structure import Scaling, assert_flat_on_the_clock, clock
-from grader.testing import assert_close
+from grader.testing import assert_close, show
 
 V, GAMMA, N = 10, 4, 100_000
 FALSE_ALARM = 1e-9
@@ -264,15 +264,33 @@ def run_accept(sm, p, q, draft, rng):
     return sm.speculative_accept(draft, drafts, target, fresh_generator(rng))
 
 
+def described(value) -> str:
+    """What a call returned, for a message, in bounded space: "torch.int64 [3, 5]" for a tensor."""
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype} {show(value.shape)}"
+    return f"{type(value).__name__} {show(value)}"
+
+
+def assert_outputs(tokens, num_accepted, B: int, gamma: int, what: str = "") -> None:
+    """tokens [B, gamma + 1] and num_accepted [B], int64 tensors: checked before anything reads their values
+    (a reply may hold up to max_result_mb of any shape; the messages below format only what this bounds)."""
+    where = f"{what}: " if what else ""
+    assert isinstance(tokens, torch.Tensor) and isinstance(num_accepted, torch.Tensor), (
+        f"{where}expected tokens and num_accepted as tensors, found {described(tokens)} and {described(num_accepted)}"
+    )
+    assert tokens.dtype == torch.int64 and num_accepted.dtype == torch.int64, (
+        f"{where}tokens and num_accepted must be int64, found {tokens.dtype} and {num_accepted.dtype}"
+    )
+    assert tuple(tokens.shape) == (B, gamma + 1) and tuple(num_accepted.shape) == (B,), (
+        f"{where}expected tokens [{B}, {gamma + 1}] and num_accepted [{B}], found {show(tokens.shape)} and "
+        f"{show(num_accepted.shape)}"
+    )
+
+
 def check_layout(tokens, num_accepted, draft, vocab):
     """The contract's layout: int64, accepted prefix, one extra token, then -1."""
     B, gamma = draft.shape
-    assert tokens.dtype == torch.int64 and num_accepted.dtype == torch.int64, (
-        f"tokens and num_accepted must be int64, found {tokens.dtype} and {num_accepted.dtype}"
-    )
-    assert tuple(tokens.shape) == (B, gamma + 1) and tuple(num_accepted.shape) == (B,), (
-        f"expected tokens [{B}, {gamma + 1}] and num_accepted [{B}], found {list(tokens.shape)} and {list(num_accepted.shape)}"
-    )
+    assert_outputs(tokens, num_accepted, B, gamma)
     assert bool(((num_accepted >= 0) & (num_accepted <= gamma)).all()), "num_accepted must lie in 0..gamma"
     pos = torch.arange(gamma + 1)
     n = num_accepted[:, None]
@@ -285,7 +303,7 @@ def check_layout(tokens, num_accepted, draft, vocab):
         b = int(bad.nonzero()[0])
         k = int(num_accepted[b])
         raise AssertionError(
-            f"row {b}: num_accepted = {k} and tokens = {tokens[b].tolist()} for draft {draft[b].tolist()}. "
+            f"row {b}: num_accepted = {k} and tokens = {show(tokens[b])} for draft {show(draft[b])}. "
             f"Expected the first {k} draft tokens, then one token in [0, {vocab}), then -1 up to the end: "
             "stop at the first rejection, emit exactly one extra token, and pad the rest with -1."
         )
@@ -300,7 +318,8 @@ def test_acceptance_rate_on_random_batches(sm, rng):
     p = torch.softmax(torch.randn(3, 5, 17, generator=rng, dtype=torch.float64) * 2, -1)
     q = torch.softmax(torch.randn(3, 5, 17, generator=rng, dtype=torch.float64) * 2, -1)
     got = sm.acceptance_rate(p, q)
-    assert tuple(got.shape) == (3, 5), f"expected shape [3, 5] (one rate per distribution), found {list(got.shape)}"
+    assert isinstance(got, torch.Tensor) and tuple(got.shape) == (3, 5), (
+        f"expected a tensor of shape [3, 5] (one rate per distribution), found {described(got)}")
     want = oracle_acceptance(p, q)
     assert_close(got, want, atol=1e-6, what="acceptance_rate [batch, position]",
                  hint="It is sum over the vocabulary of min(p(x), q(x))")
@@ -333,7 +352,7 @@ def test_expected_tokens_per_step_elementwise_and_near_one(sm, rng):
                        torch.tensor([0.0, 1.0, 1 - 1e-9, 1 - 1e-6], dtype=torch.float64)]).reshape(4, 4)
     got = sm.expected_tokens_per_step(alpha, gamma)
     assert isinstance(got, torch.Tensor) and tuple(got.shape) == (4, 4), "a tensor alpha gives a tensor of the same shape"
-    assert not torch.isnan(got).any(), f"NaN in {got.tolist()}: alpha = 1 must give gamma + 1, not 0/0"
+    assert not torch.isnan(got).any(), f"NaN in {show(got)}: alpha = 1 must give gamma + 1, not 0/0"
     want = torch.tensor([oracle_tokens_per_step(a, gamma) for a in alpha.flatten().tolist()], dtype=torch.float64).reshape(4, 4)
     assert_close(got, want, atol=0.0, rtol=1e-5, what="elementwise expected_tokens_per_step", hint=lambda at: (
         f"There alpha = {float(alpha[at]):.12g}. "
@@ -354,7 +373,7 @@ def test_expected_speedup(sm, rng):
     got = sm.expected_speedup(alpha, 3, 0.1)
     want = torch.tensor([oracle_tokens_per_step(a, 3) / 1.3 for a in alpha.tolist()], dtype=torch.float64)
     assert isinstance(got, torch.Tensor) and tuple(got.shape) == (9,), "a tensor alpha gives a tensor of the same shape"
-    assert not torch.isnan(got).any(), f"NaN in {got.tolist()} for alpha = {alpha.tolist()}: at alpha = 1 use the limit, gamma + 1 tokens"
+    assert not torch.isnan(got).any(), f"NaN in {show(got)} for alpha = {show(alpha)}: at alpha = 1 use the limit, gamma + 1 tokens"
     assert_close(got, want, atol=1e-8, rtol=1e-9, what="expected_speedup(alpha, 3, 0.1)", hint=lambda at: (
         f"There alpha = {float(alpha[at]):.12g}. Elementwise, tokens per step over gamma * c + 1"
     ))
@@ -521,9 +540,8 @@ def test_gamma_zero_is_plain_sampling(sm, rng):
     tokens, num_accepted = sm.speculative_accept(
         torch.zeros(B, 0, dtype=torch.long), torch.zeros(B, 0, V), p, fresh_generator(rng)
     )
-    assert tuple(tokens.shape) == (B, 1) and bool((num_accepted == 0).all()), (
-        f"gamma = 0: expected tokens [{B}, 1] and num_accepted all 0, found {list(tokens.shape)}"
-    )
+    assert_outputs(tokens, num_accepted, B, 0, "gamma = 0")
+    assert bool((num_accepted == 0).all()), "gamma = 0: num_accepted must be all 0 (there is no draft token to accept)"
     assert bool(((tokens >= 0) & (tokens < V)).all()), "gamma = 0: the one token is the bonus, sampled from p"
 
 
@@ -543,8 +561,8 @@ def test_rows_do_not_interfere(sm, rng):
     check_layout(tokens, num_accepted, draft, V)
     wrong = certain & ~(tokens == fixed).all(1)
     assert not wrong.any(), (
-        f"row {int(wrong.nonzero()[0])} has one-hot p == q, so it must come out as {fixed[int(wrong.nonzero()[0])].tolist()}, "
-        f"found {tokens[int(wrong.nonzero()[0])].tolist()}: is one row's outcome leaking into another's "
+        f"row {int(wrong.nonzero()[0])} has one-hot p == q, so it must come out as {show(fixed[int(wrong.nonzero()[0])])}, "
+        f"found {show(tokens[int(wrong.nonzero()[0])])}: is one row's outcome leaking into another's "
         "(a batch-wide count, a shared position)?"
     )
     assert bool((num_accepted[~certain] < GAMMA).any()), "the random rows should see some rejections"
@@ -597,14 +615,14 @@ def test_greedy_tables_from_vllm(sm, case):
     draft, best, expected = VLLM_GREEDY_TABLES[case]
     draft_tokens = torch.tensor(draft, dtype=torch.long).reshape(len(draft), -1)
     tokens, num_accepted = sm.greedy_accept(draft_tokens, probs_with_argmax(best))
-    assert tokens.dtype == torch.int64 and num_accepted.dtype == torch.int64, "tokens and num_accepted must be int64"
+    assert_outputs(tokens, num_accepted, *draft_tokens.shape, f"greedy_accept, draft {draft}")
     assert tokens.tolist() == expected, (
-        f"draft {draft} against target argmax {best}: expected {expected}, found {tokens.tolist()}. "
+        f"draft {draft} against target argmax {best}: expected {expected}, found {show(tokens)}. "
         "Keep draft tokens while they equal the argmax; at the first mismatch emit the argmax and stop (-1 after); "
         "if all match, add the argmax of the last position"
     )
     want_n = [sum(1 for t in row if t != -1) - 1 for row in expected]
-    assert num_accepted.tolist() == want_n, f"num_accepted should be {want_n}, found {num_accepted.tolist()}"
+    assert num_accepted.tolist() == want_n, f"num_accepted should be {want_n}, found {show(num_accepted)}"
 
 
 @pytest.mark.check("greedy")
@@ -615,11 +633,12 @@ def test_greedy_random_batches_match_a_per_row_loop(sm, rng):
     noise = torch.randint(0, vocab, (B, gamma), generator=rng)
     draft = torch.where(torch.rand(B, gamma, generator=rng) < 0.75, best[:, :gamma], noise)
     tokens, num_accepted = sm.greedy_accept(draft, target)
+    assert_outputs(tokens, num_accepted, B, gamma, "greedy_accept")
     want, counts = greedy_oracle(draft, target)
     got = tokens.tolist()
     for b in range(B):
         assert got[b] == want[b], (
-            f"row {b}: draft {draft[b].tolist()}, target argmax {best[b].tolist()}: expected {want[b]}, found {got[b]}"
+            f"row {b}: draft {show(draft[b])}, target argmax {show(best[b])}: expected {want[b]}, found {got[b]}"
         )
     assert num_accepted.tolist() == counts, "num_accepted must count the draft tokens kept in each row"
 
@@ -812,10 +831,10 @@ def generated_calls(rng: torch.Generator, rows: int):
 
 def describe_case(where: str, c: int, case, rows: int) -> str:
     family, draft, q, p, _, accept = case
-    x = draft.tolist()
-    at = ", ".join(f"({float(p[i, t]):.4g}, {float(q[i, t]):.4g})" for i, t in enumerate(x))
+    drafted = draft.tolist()  # the case's own draft tokens (gamma of them)
+    at = ", ".join(f"({float(p[i, t]):.4g}, {float(q[i, t]):.4g})" for i, t in enumerate(drafted))
     return (f"{where}, case {c + 1} of {GEN_CASES} ({family}; rows {c * rows} to {(c + 1) * rows - 1}): draft tokens "
-            f"{x}, (p, q) at them [{at}], so min(1, p/q) = {[round(a, 4) for a in accept]}")
+            f"{show(draft)}, (p, q) at them [{at}], so min(1, p/q) = {[round(a, 4) for a in accept]}")
 
 
 def impossible_outcome(case, n: int, token: int) -> str:
@@ -841,7 +860,7 @@ def impossible_outcome(case, n: int, token: int) -> str:
                 f"(p <= q everywhere), so the contract samples from p, and p({token}) = 0")
     return (f"after the rejection at position {n} it emitted token {token}, where max(0, p - q) = 0 (p = "
             f"{float(p[n, token]):.6g}, q = {float(q[n, token]):.6g}): the extra token comes from norm(max(0, p - q)), "
-            f"whose support here is {residual.nonzero().flatten().tolist()}"
+            f"whose support here is {show(residual.nonzero().flatten())}"
             + (f" (its mass is only {float(residual.sum()):.3g}, but it is not 0: no tolerance)" if float(residual.sum()) < 1e-3 else ""))
 
 
@@ -866,7 +885,7 @@ def test_generated_outcomes_are_possible(sm, rng):
             c = b // rows
             n, x = int(num_accepted[b]), int(extra[b])
             raise AssertionError(
-                f"{describe_case(where, c, cases[c], rows)}. Row {b} came out as tokens {tokens[b].tolist()} "
+                f"{describe_case(where, c, cases[c], rows)}. Row {b} came out as tokens {show(tokens[b])} "
                 f"(num_accepted = {n}), which has probability 0: {impossible_outcome(cases[c], n, x)}. "
                 f"{int((~possible).sum())} of {draft.shape[0]} rows show an impossible outcome."
             )
@@ -930,8 +949,7 @@ def test_generated_greedy_against_a_per_row_loop(sm, rng):
                 draft[b, i] = (tied[0] if choice < 0.6 else tied[-1] if choice < 0.8 else
                                int(torch.randint(0, V, (1,), generator=rng)))
         tokens, num_accepted = sm.greedy_accept(draft, target)
-        assert tokens.dtype == torch.int64 and num_accepted.dtype == torch.int64, "tokens and num_accepted must be int64"
-        assert tuple(tokens.shape) == (B, gamma + 1), f"expected tokens [{B}, {gamma + 1}], found {list(tokens.shape)}"
+        assert_outputs(tokens, num_accepted, B, gamma, f"greedy_accept, gamma={gamma}, V={V}")
         want, counts = greedy_oracle(draft, target)
         got = tokens.tolist()
         for b in range(B):
@@ -939,7 +957,7 @@ def test_generated_greedy_against_a_per_row_loop(sm, rng):
                 maxima = [[t for t in range(V) if probs[b][i][t] == max(probs[b][i])] for i in range(gamma + 1)]
                 ties = [i for i, m in enumerate(maxima) if len(m) > 1]
                 raise AssertionError(
-                    f"greedy_accept, gamma={gamma}, V={V}, row {b}: draft {draft[b].tolist()}, the tokens of largest "
+                    f"greedy_accept, gamma={gamma}, V={V}, row {b}: draft {show(draft[b])}, the tokens of largest "
                     f"target probability at each position {maxima}: expected {want[b]} (num_accepted {counts[b]}), "
                     f"found {got[b]} (num_accepted {int(num_accepted[b])}). "
                     + (f"Positions {ties} have a tie for the largest probability: the argmax is the LOWEST id "
@@ -1064,7 +1082,8 @@ def decided_accept_inputs(B: int, vocab: int, gamma: int, rng: torch.Generator):
 def check_decided(result, draft, q, p, generator, want) -> None:
     tokens, num_accepted = result
     B, V = draft.shape[0], q.shape[-1]
-    assert torch.equal(num_accepted.long(), want[1]) and torch.equal(tokens.long(), want[0]), (
+    assert_outputs(tokens, num_accepted, B, draft.shape[1], f"speculative_accept (B={B}, V={V}, timed on the grader's clock)")
+    assert torch.equal(num_accepted, want[1]) and torch.equal(tokens, want[0]), (
         f"speculative_accept (B={B}, V={V}, timed on the grader's clock) is wrong on inputs whose outcome is certain "
         "(p = q one-hot at the kept tokens, p(x) = 0 at the first rejection)"
     )
@@ -1108,7 +1127,8 @@ def decided_greedy_inputs(B: int, vocab: int, gamma: int, rng: torch.Generator):
 
 def check_greedy_decided(result, draft, target, want) -> None:
     tokens, num_accepted = result
-    assert torch.equal(num_accepted.long(), want[1]) and torch.equal(tokens.long(), want[0]), (
+    assert_outputs(tokens, num_accepted, *draft.shape, f"greedy_accept (B={draft.shape[0]}, timed on the grader's clock)")
+    assert torch.equal(num_accepted, want[1]) and torch.equal(tokens, want[0]), (
         f"greedy_accept (B={draft.shape[0]}, timed on the grader's clock) is wrong: keep draft tokens while they "
         "equal the target's argmax, then emit the argmax"
     )
@@ -1142,7 +1162,7 @@ def check_generate_result(result: dict, B: int, max_new: int, vocab: int) -> Non
     for tokens, reported, counted in zip(result["tokens"], result["reported_calls"], result["target_calls"]):
         assert isinstance(tokens, torch.Tensor) and tokens.dtype == torch.int64 and tuple(tokens.shape) == (B, max_new), (
             f"speculative_generate must return the {max_new} new tokens per row as int64 [{B}, {max_new}], "
-            f"found {getattr(tokens, 'dtype', type(tokens).__name__)} {list(getattr(tokens, 'shape', []))}"
+            f"found {described(tokens)}"
         )
         assert bool(((tokens >= 0) & (tokens < vocab)).all()), (
             "the generated tokens must be real token ids in [0, V): no -1 padding in what you return"
@@ -1176,7 +1196,7 @@ def test_whole_sequences_are_distributed_as_the_target(student, sm, rng):
                          "the sequence the models read, that draft i reads the draft at position length - 1 + i of ITS "
                          "row, that the target's gamma + 1 rows start at length - 1, and that each row advances by "
                          "its own num_accepted + 1.",
-                         name=lambda k: f"the sequence {list(sequences[k])}")
+                         name=lambda k: f"the sequence {show(sequences[k])}")
 
 
 @pytest.mark.check("generate")
