@@ -10,20 +10,22 @@ import math
 import pytest
 import torch
 
-from grader.testing import assert_close, is_close
+from grader.harness.probes import KERNELS_ONLY
+from grader.testing import assert_close, is_close, show
 
 INF = float("inf")
 O_AXES = "o [batch, head, query, feature]"
+# The rules every check, public and hidden, runs your code under (README.md, "How it is graded"): no library
+# softmax or attention by any name, and every function's work inside Triton kernels (outside a launch the
+# host code may only allocate, view, copy and cast; it may not read tensor values back).
+ATTENTION_FORBID = ["torch.nn.functional.scaled_dot_product_attention", "torch.softmax", "torch.nn.functional.softmax",
+                    "torch.Tensor.softmax", "torch.special.softmax", "torch.logsumexp"]
 
 
 @pytest.fixture(scope="module")
 def fa(student):
-    return student.load(
-        "flash_attention",
-        forbid=["torch.nn.functional.scaled_dot_product_attention", "torch.softmax", "torch.nn.functional.softmax",
-                "torch.Tensor.softmax"],
-        forbid_why="FlashAttention computes the softmax itself, one tile at a time",
-    )
+    return student.load("flash_attention", forbid=[*ATTENTION_FORBID, KERNELS_ONLY],
+                        forbid_why="FlashAttention computes the softmax itself, one tile at a time")
 
 
 def textbook_attention(q, k, v, causal=False, sm_scale=None):
@@ -95,6 +97,8 @@ def test_forward_fp16(fa):
 
 @pytest.mark.check("forward_public")
 def test_forward_rejects_an_unsupported_head_dim(fa):
+    ok = qkv(1, 1, 1, 4, 4, 16)  # scored beside a working kernel: first a supported head dim
+    assert_close(fa.flash_attention_forward(*ok)[0], textbook_attention(*ok)[0], atol=1e-5, rtol=1e-5, what=O_AXES)
     q, k, v = qkv(1, 1, 1, 4, 4, 48)
     with pytest.raises(ValueError):
         fa.flash_attention_forward(q, k, v)
@@ -133,7 +137,8 @@ def test_causal_rows_that_see_no_key(fa):
     assert torch.equal(o[0, 0, :3], torch.zeros_like(o[0, 0, :3])), (
         f"with Nq = 5 and Nk = 2, rows 0..2 see no key and must be 0, found max |o| = {float(o[0, 0, :3].abs().max()):.3g}"
     )
-    assert lse[0, 0, :3].tolist() == [INF] * 3, f"rows 0..2 see no key: lse must be +inf, found {lse[0, 0, :3].tolist()}"
+    assert lse.shape == (1, 1, 5), f"lse should have shape (1, 1, 5), found {show(lse.shape)}"
+    assert lse[0, 0, :3].tolist() == [INF] * 3, f"rows 0..2 see no key: lse must be +inf, found {show(lse[0, 0, :3])}"
     want_o, want_lse = textbook_attention(q, k, v, causal=True)
     assert_close(o, want_o, atol=1e-5, rtol=1e-5, what=f"causal {O_AXES} with Nq = 5, Nk = 2")
 

@@ -215,7 +215,7 @@ SPAN_MUTANTS = [
             "tile has its diagonal key at the start of a key tile, that tile is never visited",
         edits=[("        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + shift, 0), N_K)",
                 "        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + shift - 1, 0), N_K)")],
-        loses=["causal", "backward"],
+        loses=["causal", "lse", "backward"],  # lse: the skipped keys are missing from the rows' logsumexp too
     ),
     Mutant(
         name="dkdv_query_loop_one_row_late",
@@ -228,3 +228,74 @@ SPAN_MUTANTS = [
     ),
 ]
 MUTANTS += SPAN_MUTANTS
+
+
+# --------------------------------------------------------------------------------------------------
+# No Triton at all (issue "Trust III"): the forward pass in numpy, which the dispatcher never sees (it
+# earned every gradable point before the kernel rule), and the backward pass in torch on the host. The
+# numbers are right; only the kernel rule takes the points away.
+
+_NUMPY_FORWARD = """    import numpy as np
+
+    group = h_q // h_kv
+    qq = q.detach().cpu().numpy().astype(np.float64)
+    kk = np.repeat(k.detach().cpu().numpy().astype(np.float64), group, axis=1)
+    vv = np.repeat(v.detach().cpu().numpy().astype(np.float64), group, axis=1)
+    s = qq @ kk.transpose(0, 1, 3, 2) * scale
+    if causal:
+        rows, cols = np.arange(n_q)[:, None], np.arange(n_k)[None, :]
+        s = np.where(cols > rows + n_k - n_q, -np.inf, s)
+    m = s.max(-1, keepdims=True)
+    m = np.where(m == -np.inf, 0.0, m)
+    e = np.exp(s - m)
+    l = e.sum(-1, keepdims=True)
+    o.copy_(torch.from_numpy(e @ vv / np.where(l > 0, l, 1.0)))
+    lse.copy_(torch.from_numpy(np.where(l > 0, m + np.log(l), np.inf)[..., 0]))
+    return o, lse
+"""
+
+_KERNEL_BACKWARD = """    kv_cfg, q_cfg = _bwd_blocks(head_dim)
+    precision = _precision(q.dtype)
+    delta = torch.empty_like(lse)
+    _bwd_delta_kernel[(triton.cdiv(n_q, 64), batch * h_q)](o, do, delta, n_q, HEAD_DIM=head_dim, BLOCK_M=64)
+    _bwd_dkdv_kernel[(triton.cdiv(n_k, kv_cfg["BLOCK_N"]), batch * h_kv)](
+        q, k, v, do, lse, delta, dk, dv, scale, scale * LOG2E, n_q, n_k, h_q, h_kv,
+        HEAD_DIM=head_dim, CAUSAL=bool(causal), PRECISION=precision, **kv_cfg)
+    _bwd_dq_kernel[(triton.cdiv(n_q, q_cfg["BLOCK_M"]), batch * h_q)](
+        q, k, v, do, lse, delta, dq, scale, scale * LOG2E, n_q, n_k, h_q, h_kv,
+        HEAD_DIM=head_dim, CAUSAL=bool(causal), PRECISION=precision, **q_cfg)
+    return dq, dk, dv
+"""
+
+_TORCH_BACKWARD = """    group = h_q // h_kv
+    kk, vv = k.float().repeat_interleave(group, 1), v.float().repeat_interleave(group, 1)
+    s = q.float() @ kk.transpose(-1, -2) * scale
+    if causal:
+        rows, cols = torch.arange(n_q)[:, None], torch.arange(n_k)[None, :]
+        s = s.masked_fill(cols > rows + n_k - n_q, float("-inf"))
+    p = torch.exp(s - lse[..., None])
+    dof = do.float()
+    dp = dof @ vv.transpose(-1, -2)
+    ds = p * (dp - (dof * o.float()).sum(-1, keepdim=True))
+    dq.copy_(scale * ds @ kk)
+    dk.copy_((scale * ds.transpose(-1, -2) @ q.float()).view(batch, h_kv, group, n_k, head_dim).sum(2))
+    dv.copy_((p.transpose(-1, -2) @ dof).view(batch, h_kv, group, n_k, head_dim).sum(2))
+    return dq, dk, dv
+"""
+
+MUTANTS += [
+    Mutant(
+        name="numpy_forward",
+        why="reads q, k, v back with .numpy() and computes the whole Nq x Nk softmax in numpy: no Triton kernel, "
+            "and nothing the dispatcher sees but copies",
+        edits=[(_LAUNCH, _NUMPY_FORWARD)],
+        loses=["forward_public", "causal_public", "forward", "causal", "lse", "stability", "structure"],
+    ),
+    Mutant(
+        name="torch_backward",
+        why="keeps the forward kernel but computes the gradients with torch on the host, recomputing P as a "
+            "full matrix from lse",
+        edits=[(_KERNEL_BACKWARD, _TORCH_BACKWARD)],
+        loses=["backward_public", "backward", "gqa", "structure"],
+    ),
+]

@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from grader import blocks, speed, testing
+from grader.harness.probes import KERNELS_ONLY
+from grader.testing import show
 
 INF = float("inf")
 FP16, FP32, BF16 = torch.float16, torch.float32, torch.bfloat16
@@ -27,14 +29,24 @@ FLOOR = {FP32: 5e-6, FP16: 5e-4, BF16: 4e-3}  # times max(|reference|, 1)
 DRIVERS = "grader.support.flash_attention"
 
 
+# Each softmax name stands for all of the softmax's math at the dispatcher (grader.harness.probes.NORMALISER).
+ATTENTION_FORBID = ["torch.nn.functional.scaled_dot_product_attention", "torch.softmax", "torch.nn.functional.softmax",
+                    "torch.Tensor.softmax", "torch.special.softmax", "torch.logsumexp"]
+WHY = "FlashAttention computes the softmax itself, one tile at a time"
+
+
 @pytest.fixture(scope="module")
 def fa(student):
-    return student.load(
-        "flash_attention",
-        forbid=["torch.nn.functional.scaled_dot_product_attention", "torch.softmax", "torch.nn.functional.softmax",
-                "torch.Tensor.softmax", "torch.special.softmax"],
-        forbid_why="FlashAttention computes the softmax itself, one tile at a time",
-    )
+    """Every function of this exercise is a Triton kernel's host code: all calls run under the kernel rule
+    (outside a launch, only allocation, views, copies and casts; no values read back to the host)."""
+    return student.load("flash_attention", forbid=[*ATTENTION_FORBID, KERNELS_ONLY], forbid_why=WHY)
+
+
+@pytest.fixture(scope="module")
+def fa_timed(student):
+    """For the speed checks' timing loop, which makes fresh inputs beside the call: no kernel rule (each speed
+    test first calls the function under it)."""
+    return student.load("flash_attention", forbid=ATTENTION_FORBID, forbid_why=WHY)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -181,7 +193,10 @@ def test_forward_strided_inputs(fa, rng, device):
 
 @pytest.mark.check("forward")
 @pytest.mark.parametrize("head_dim", [8, 48, 256])
-def test_forward_rejects_unsupported_head_dims(fa, device, head_dim):
+def test_forward_rejects_unsupported_head_dims(fa, rng, device, head_dim):
+    # The host code's one duty of its own; scored only beside a working kernel (no test of a Triton
+    # contract passes without one).
+    check_forward(fa, *make_qkv(rng, 1, 1, 1, 4, 3, 16, FP32, device), what="o for a 4 x 3 problem, D = 16")
     q = torch.zeros(1, 1, 4, head_dim, device=device)
     with pytest.raises(ValueError):
         fa.flash_attention_forward(q, q, q)
@@ -294,11 +309,12 @@ def test_lse_is_plus_inf_for_rows_that_see_no_key(fa, rng, device):
     q, k, v = make_qkv(rng, 1, 1, 1, 40, 7, 16, FP32, device)
     _, lse = fa.flash_attention_forward(q, k, v, causal=True)
     lse = lse.cpu()
+    assert tuple(lse.shape) == (1, 1, 40), f"lse must have shape (1, 1, 40), found {show(lse.shape)}"
     assert lse[0, 0, :33].tolist() == [INF] * 33, (
         "with Nq = 40 and Nk = 7 (causal), rows 0..32 see no key: their lse must be +inf (not -inf, not NaN), so "
-        f"that a backward pass computing exp(s - lse) gets exactly 0. Found {lse[0, 0, :33].unique().tolist()}"
+        f"that a backward pass computing exp(s - lse) gets exactly 0. Found {show(lse[0, 0, :33].unique())}"
     )
-    assert torch.isfinite(lse[0, 0, 33:]).all(), f"rows 33..39 see keys: their lse must be finite, found {lse[0, 0, 33:].tolist()}"
+    assert torch.isfinite(lse[0, 0, 33:]).all(), f"rows 33..39 see keys: their lse must be finite, found {show(lse[0, 0, 33:])}"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -488,6 +504,37 @@ def test_forward_tile_loop_runs_inside_the_kernel(student, fa, rng, device):
     )
 
 
+@pytest.mark.check("structure")
+def test_kernels_write_every_output(student, fa, rng, device):
+    # Under the kernel rule the host code only allocates, views, copies and casts, and what it leaves
+    # uninitialised reads NaN: the results can only come from the kernels. Here the launches themselves are
+    # recorded: at least one per pass, and o, lse, dq, dk and dv each handed to one.
+    q, k, v = make_qkv(rng, 1, 2, 1, 70, 90, 32, FP32, device)
+    forward = student.drive("grader.support.kernels:launches", fa.flash_attention_forward, q, k, v, True)
+    o, lse = forward["out"]
+    do = torch.randn(q.shape, generator=rng).to(device)
+    backward = student.drive("grader.support.kernels:launches", fa.flash_attention_backward, q, k, v, o, lse, do, True)
+    student.assert_untampered(fa.flash_attention_forward, "the record of your Triton launches")
+    for what, got, names in (("flash_attention_forward", forward, ("o", "lse")),
+                             ("flash_attention_backward", backward, ("dq", "dk", "dv"))):
+        assert got["launches"], (
+            f"{what} returned without launching a Triton kernel: the host code allocates the outputs and "
+            "launches kernel[grid](...), the kernels compute"
+        )
+        missing = [name for name, handed in zip(names, got["handed"]) if not handed]
+        assert len(got["handed"]) == len(names) and not missing, (
+            f"{what}: no kernel launch was handed {', '.join(missing) or 'its outputs'} (launches: "
+            f"{show(got['launches'])}): allocate each output, pass it to the kernel that writes it, and return "
+            "that same tensor"
+        )
+    ref_o, ref_lse = naive_attention(q.cpu(), k.cpu(), v.cpu(), True)
+    testing.assert_close(o, ref_o, atol=1e-5, rtol=1e-5, what="o with its launches recorded")
+    assert_lse(lse, ref_lse, "lse with its launches recorded")
+    ref = naive_grads(q.cpu(), k.cpu(), v.cpu(), do.cpu(), True)
+    for name, got, r in zip(("dq", "dk", "dv"), backward["out"], ref):
+        testing.assert_close(got, r, atol=1e-4, rtol=1e-5, what=f"{name} with its launches recorded")
+
+
 # --------------------------------------------------------------------------------------------------
 # Generated causal alignments. A causal kernel's tile bounds (the last key tile a query tile visits,
 # the first query tile a key tile meets, the query tiles that see no key) depend on the diagonal
@@ -592,6 +639,29 @@ def test_generated_causal_alignments(fa, rng, device, alignment):
     tol = (2e-5 + 1e-6 * float(ref_lse[finite].abs().max())) if bool(finite.any()) else 0.0
     lse_hint = causal_place(n_q, n_k, "lse")
     testing.assert_close(lse, ref_lse, atol=tol, what=f"lse for {what} [batch, head, row]",
+                         hint=lambda index: lse_hint((*index, 0)) + ". lse is +inf exactly where a row sees no key")
+
+
+LSE_ALIGNMENTS = [(1, False), (1, True), (-1, False), (0, True)]
+
+
+@pytest.mark.check("lse")
+@pytest.mark.parametrize("alignment", LSE_ALIGNMENTS, ids=alignment_id)
+def test_generated_causal_alignments_lse(fa, rng, device, alignment):
+    # lse on its own, where a kernel's causal tile bounds are easiest to get wrong: a key tile the loop
+    # skips leaves its keys out of the row's logsumexp (o and lse of the same alignments are in `causal`).
+    n_q, n_k, (q, k, v) = alignment_inputs(rng, device, *alignment)
+    what = f"causal, Nq x Nk = {n_q} x {n_k}, Hq = 2, Hkv = {k.shape[1]}, D = {q.shape[-1]}, {str(q.dtype)[6:]}"
+    _, lse = fa.flash_attention_forward(q, k, v, causal=True)
+    assert lse.dtype == FP32 and tuple(lse.shape) == tuple(q.shape[:3]), (
+        f"{what}: lse must be float32 {tuple(q.shape[:3])}, found {lse.dtype} {show(lse.shape)}"
+    )
+    want = torch.logsumexp(scores(q.cpu(), k.cpu(), True), dim=-1)
+    want = torch.where(want == -INF, INF, want)  # the contract's convention for rows that see no key
+    finite = torch.isfinite(want)
+    tol = (2e-5 + 1e-6 * float(want[finite].abs().max())) if bool(finite.any()) else 0.0
+    lse_hint = causal_place(n_q, n_k, "lse")
+    testing.assert_close(lse, want, atol=tol, what=f"lse for {what} [batch, head, row]",
                          hint=lambda index: lse_hint((*index, 0)) + ". lse is +inf exactly where a row sees no key")
 
 
@@ -725,16 +795,26 @@ def assert_timed_output(out, q, k, v, causal):
             assert_close_on_device(o[sl], ref, low, f"o of batch {b}, heads {h}..{h + 3}")
 
 
+def check_under_the_kernel_rule(student, fa, rng, head_dim, causal):
+    """The timing loop makes fresh inputs beside the call, so it runs without the kernel rule: the functions it
+    times must first pass under the rule, forward and backward, on a small input of the same kind."""
+    q, k, v = make_qkv(rng, 1, 2, 2, 300, 300, head_dim, BF16, "cuda")
+    check_forward(fa, q, k, v, causal=causal, what="bf16 o under the kernel rule")
+    do = torch.randn(q.shape, generator=rng).to(device="cuda", dtype=BF16)
+    check_training_step(student, fa, q, k, v, do, causal, None, "bf16 under the kernel rule")
+
+
 @pytest.mark.cuda
 @pytest.mark.check("forward_speed")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_forward_speed(student, fa, score, head_dim, causal):
+def test_forward_speed(student, fa, fa_timed, rng, score, head_dim, causal):
+    check_under_the_kernel_rule(student, fa, rng, head_dim, causal)
     specs = [speed.Randn((SPEED_B, SPEED_H, SPEED_N, head_dim), BF16)] * 3
     ceil = speed.ceilings()
     # At full marks a rep takes 0.1-0.5 ms: 400 reps are 50-200 ms, well above the wall-clock bound's
     # slack (5 ms + 3%, grader/speed.py).
-    t = speed.time_student(student, fa.flash_attention_forward, specs, {"causal": causal}, reps=400,
+    t = speed.time_student(student, fa_timed.flash_attention_forward, specs, {"causal": causal}, reps=400,
                            check=lambda args, out: assert_timed_output(out, *args, causal))
     sdpa = speed.time_here(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), specs,
                            reps=400)
@@ -751,14 +831,15 @@ def test_forward_speed(student, fa, score, head_dim, causal):
 @pytest.mark.cuda
 @pytest.mark.check("backward_speed")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_backward_speed(student, fa, score, causal):
+def test_backward_speed(student, fa, fa_timed, rng, score, causal):
     head_dim = 128
+    check_under_the_kernel_rule(student, fa, rng, head_dim, causal)
     shape = (SPEED_B, SPEED_H, SPEED_N, head_dim)
     # Fresh q, k, v, o, dO per rep; lse about 4 above the scores keeps P = exp(s - lse) in (0, 1].
     specs = [speed.Randn(shape, BF16)] * 4 + [speed.Randn(shape[:3], FP32, shift=4.0), speed.Randn(shape, BF16)]
     ceil = speed.ceilings()
     # At full marks a rep takes 1.5-3 ms: 100 reps are 0.15-0.3 s against the bound's slack.
-    t = speed.time_student(student, fa.flash_attention_backward, specs, {"causal": causal}, reps=100,
+    t = speed.time_student(student, fa_timed.flash_attention_backward, specs, {"causal": causal}, reps=100,
                            check=lambda args, out: assert_timed_gradients(out, *args, causal))
 
     def sdpa_step(q, k, v, do):
