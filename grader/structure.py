@@ -8,9 +8,9 @@ the counter or the driver, and the figure then says whatever they like. So no su
 points on its own. Each check also asks:
 
 * `scan_source`: does the student's file tamper with what measured the figure (tracing, dispatch
-  modes, the harness, frame introspection, dynamic code)? The static scan of grader/harness/tamper.py
-  runs here, on the file's text, in the trusted process; any finding fails the check
-  (`assert_untampered`).
+  modes, the harness, frame introspection, dynamic code), or read a clock or wait (the clock below
+  times their code)? The static scan of grader/harness/tamper.py runs here, on the file's text, in the
+  trusted process, with its clock rules on; any finding fails the check (`assert_untampered`).
 * `clock`: what does the grader's own wall clock say? The remote call is timed here, around the proxy
   call (the round trip to the worker included), at a small size and at a size hundreds of times
   larger, alternating, keeping the best of several runs at each. The sizes are chosen so that
@@ -20,16 +20,43 @@ points on its own. Each check also asks:
   fast, wrong path when it is not being traced. When the ratio is above the bar, more runs are taken
   before it fails (a busy machine slows some runs, rarely the best of fifteen).
 
+The ratio alone can be bought by making the small call slow: a sleep, a busy wait, or a loop with a
+padded trip count (``for i in range(max(n, CAP))``) that already costs at the small size what it
+costs at the large one. So in the sandbox the ratio's denominator is not the student's to inflate:
+before each small call the grader sends the same arguments to the same worker through the same
+request, probes and reply, but to a driver that does nothing (`StudentSession.round_trip`,
+grader.support.baseline), and the small call counts for at most `Scaling.small_cap` such round trips
+(`Timing.ratio`). A small call slower than that is padded as far as the grader is concerned: the
+excess buys nothing, and a loop must then fit within ``bar * small_cap`` round trips at the large
+size. A loop padded to a fixed trip count pays its whole cost at the small size, over the cap, so its
+ratio is large / cap. `assert_flat_on_the_clock` also refuses a line count over `Scaling.max_lines`
+at the small size, which a padded Python loop cannot stay under (the count of a vectorised call is a
+few dozen lines, whatever the size).
+
+What this does not cover (grader/AUTHORING.md, "What each structural check can and cannot prove"):
+
+* a loop cheaper at the large size than ``bar * small_cap`` round trips (the cap's slack over an
+  honest call, about ``small_cap`` times the honest code's own large-size cost);
+* in-process (``make check``), no round trip exists to measure and the student's code shares this
+  process: the ratio alone decides there, and nothing there is proof;
+* anything that slows the worker's own request loop as much as the student's calls (it would inflate
+  the round trip too): the scan flags the ways a file can reach that loop (the socket, signals, gc
+  callbacks, finalisers, patched modules), and a uniform slowdown of the worker's process leaves
+  every ratio as it was.
+
 `Scaling` holds one check's sizes and bar as data; the tests keep a table of them beside themselves.
-What each check can and cannot prove is written down in grader/AUTHORING.md.
+Set ``GRADER_CLOCK_LOG`` to a file name to append one JSON line per clock (sizes, best times, the
+round trip, the ratio), to measure a table's figures.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from time import perf_counter  # bound at import, before any student module can replace time.perf_counter
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from grader.harness import tamper
 
@@ -51,6 +78,11 @@ class Scaling:
     `unit` names what grows ("rows", "tokens"). `bar` sits between the two, set from measurements on
     the course's shared machine (the tables' comments give them). `runs` calls at each size decide a
     pass; a ratio above the bar takes up to `max_runs` before it fails.
+
+    `small_cap`: the most round trips to the worker with the same arguments (timed in the same runs,
+    running none of the student's code) that the call at the small size counts for in the sandbox; a slower small call is
+    treated as padded (module docstring). `max_lines`: the most lines of the student's file the call
+    at the small size may execute, when the test counted them.
     """
 
     small: int
@@ -61,6 +93,8 @@ class Scaling:
     unit: str = "rows"
     runs: int = 5
     max_runs: int = 15
+    small_cap: float = 5.0
+    max_lines: int = 400
 
     def sizes(self, mode: str) -> tuple[int, int]:
         large = self.large if mode == "sandbox" or self.large_in_process is None else self.large_in_process
@@ -72,7 +106,7 @@ class Scaling:
 
 @dataclass
 class Timing:
-    """The best (minimum) time of the calls at each size, on the grader's clock."""
+    """The best (minimum) time of the calls at each size, and of the round trips, on the grader's clock."""
 
     scaling: Scaling
     small: int
@@ -80,6 +114,7 @@ class Timing:
     bar: float
     small_s: list[float] = field(default_factory=list)
     large_s: list[float] = field(default_factory=list)
+    base_s: list[float] = field(default_factory=list)  # round trips that run none of the student's code (sandbox)
 
     @property
     def best_small(self) -> float:
@@ -90,35 +125,99 @@ class Timing:
         return min(self.large_s)
 
     @property
+    def best_base(self) -> float | None:
+        return min(self.base_s) if self.base_s else None
+
+    @property
+    def small_allowance(self) -> float | None:
+        """The most the small call counts for: `small_cap` round trips (None without a round trip)."""
+        base = self.best_base
+        return None if base is None else self.scaling.small_cap * base
+
+    @property
+    def padded(self) -> bool:
+        """The small call took longer than `small_cap` round trips: the excess does not count."""
+        allowance = self.small_allowance
+        return allowance is not None and self.best_small > allowance
+
+    @property
+    def counted_small(self) -> float:
+        allowance = self.small_allowance
+        return self.best_small if allowance is None else min(self.best_small, allowance)
+
+    @property
     def ratio(self) -> float:
-        return self.best_large / max(self.best_small, 1e-9)
+        return self.best_large / max(self.counted_small, 1e-9)
 
     @property
     def flat(self) -> bool:
         return self.ratio <= self.bar
 
     def metrics(self, prefix: str = "clock") -> dict[str, float]:
-        """Figures for `score.metrics`: best times in ms and their ratio."""
-        return {f"{prefix}_small_ms": round(self.best_small * 1e3, 3),
-                f"{prefix}_large_ms": round(self.best_large * 1e3, 3), f"{prefix}_ratio": round(self.ratio, 2)}
+        """Figures for `score.metrics`: best times in ms and their ratio (and the round trip, when timed)."""
+        figures = {f"{prefix}_small_ms": round(self.best_small * 1e3, 3),
+                   f"{prefix}_large_ms": round(self.best_large * 1e3, 3), f"{prefix}_ratio": round(self.ratio, 2)}
+        if self.best_base is not None:
+            figures[f"{prefix}_round_trip_ms"] = round(self.best_base * 1e3, 3)
+        return figures
 
     def describe(self) -> str:
         s = self.scaling
-        return (f"the call at {self.large / self.small:g}x the {s.unit} ({self.large} against {self.small}) took "
-                f"{self.ratio:.1f}x as long on the grader's own clock ({self.best_small * 1e3:.2f} ms against "
+        text = (f"the call at {self.large / self.small:g}x the {s.unit} ({self.large} against {self.small}) took "
+                f"{self.ratio:.1f}x as long on the grader's own clock ({self.counted_small * 1e3:.2f} ms against "
                 f"{self.best_large * 1e3:.2f} ms, best of {len(self.large_s)} runs each; the bar is {self.bar:g}x)")
+        if self.padded:
+            text += (f". The call at {self.small} {s.unit} itself took {self.best_small * 1e3:.2f} ms where the same "
+                     f"arguments make the round trip to the worker in {self.best_base * 1e3:.2f} ms, so it counts for "
+                     f"{s.small_cap:g} round trips only: slowing the small call (a sleep, a busy wait, a loop padded to a fixed length) "
+                     "does not hide the growth")
+        return text
 
 
-def clock(mode: str, call: Callable[..., Any], make: Callable[[int], Sequence[Any]], check: Callable[..., None],
-          scaling: Scaling, work: Callable[..., float] | None = None) -> Timing:
-    """Time ``call(*make(n))`` on this process's clock at the two sizes of `scaling` for `mode`
-    (``student.mode``: "sandbox" or "local").
+class SupportsRoundTrip(Protocol):
+    """What `clock` needs of the `student` session: its mode, and a round trip that runs no student code."""
 
-    `make(n)` builds fresh arguments for one call at size n (fresh every run: a cached answer gains
-    nothing); `check(result, *args)` asserts that the result is right (the test's oracle), so the timed
-    calls are the real computation. One untimed call at each size first (imports, first-call caches),
-    then runs alternate between the sizes; `runs` decide a pass, up to `max_runs` when the ratio is
-    above the bar, so a busy machine does not fail honest code.
+    mode: str
+
+    def round_trip(self, *args: Any) -> bool: ...
+
+
+_registered: list[SupportsRoundTrip] = []  # the sandboxed session of this process (register_session)
+
+
+def register_session(session: SupportsRoundTrip) -> None:
+    """Where `clock(student.mode, ...)` finds its round trip: the sandboxed `StudentSession` registers
+    itself here when it is made (one per grading process; the latest wins)."""
+    _registered[:] = [session]
+
+
+def _session_for(student: str | SupportsRoundTrip) -> tuple[str, SupportsRoundTrip | None]:
+    if not isinstance(student, str):
+        return student.mode, student
+    if student == "sandbox":
+        if not _registered:
+            raise RuntimeError("grader.structure.clock in the sandbox needs the session (pass `student`, or "
+                               "make a StudentSession first) to time a round trip to the worker")
+        return student, _registered[0]
+    return student, None
+
+
+ROUND_TRIPS_PER_RUN = 1  # as many round trips as small calls: the best of each is taken over as many samples
+
+
+def clock(student: str | SupportsRoundTrip, call: Callable[..., Any], make: Callable[[int], Sequence[Any]],
+          check: Callable[..., None], scaling: Scaling, work: Callable[..., float] | None = None) -> Timing:
+    """Time ``call(*make(n))`` on this process's clock at the two sizes of `scaling`.
+
+    `student` is the `student` session, or its mode ("sandbox" or "local"; in the sandbox the session
+    registered by `register_session` is used). `make(n)` builds fresh arguments for one call at size n
+    (fresh every run: a cached answer gains nothing); `check(result, *args)` asserts that the result is
+    right (the test's oracle), so the timed calls are the real computation. One untimed call at each
+    size first (imports, first-call caches), then runs alternate between the sizes; `runs` decide a
+    pass, up to `max_runs` when the ratio is above the bar, so a busy machine does not fail honest code.
+    In the sandbox each run also times `ROUND_TRIPS_PER_RUN` round trips with the small call's arguments
+    to a worker-side driver that does nothing (the best one bounds what the small call counts for:
+    `Timing.ratio`).
 
     `work(result, *args)`, when given, is the size of each call as the grader counts it (the ops in a
     returned schedule): each time is then scaled to exactly n, so that `make` may vary the sizes a
@@ -126,6 +225,7 @@ def clock(mode: str, call: Callable[..., Any], make: Callable[[int], Sequence[An
     """
     import torch
 
+    mode, session = _session_for(student)
     small, large = scaling.sizes(mode)
     timing = Timing(scaling, small, large, scaling.bar_for(mode))
     threads = torch.get_num_threads()
@@ -137,6 +237,8 @@ def clock(mode: str, call: Callable[..., Any], make: Callable[[int], Sequence[An
         for run in range(scaling.max_runs):
             for n, times in ((small, timing.small_s), (large, timing.large_s)):
                 args = tuple(make(n))
+                if session is not None and n == small:
+                    timing.base_s.append(_round_trip(session, args))
                 start = perf_counter()
                 result = call(*args)
                 elapsed = perf_counter() - start
@@ -146,7 +248,34 @@ def clock(mode: str, call: Callable[..., Any], make: Callable[[int], Sequence[An
                 break
     finally:
         torch.set_num_threads(threads)
+    _log(timing, mode)
     return timing
+
+
+def _round_trip(session: SupportsRoundTrip, args: tuple) -> float:
+    """The best of a few round trips with `args` to the worker that run none of the student's code."""
+    best = float("inf")
+    for _ in range(ROUND_TRIPS_PER_RUN):
+        start = perf_counter()
+        sent = session.round_trip(*args)
+        elapsed = perf_counter() - start
+        if not sent:
+            raise RuntimeError("grader.structure.clock: no worker was running to time a round trip to")
+        best = min(best, elapsed)
+    return best
+
+
+def _log(timing: Timing, mode: str, **extra: Any) -> None:
+    path = os.environ.get("GRADER_CLOCK_LOG")
+    if not path:
+        return
+    record = {"mode": mode, "unit": timing.scaling.unit, "small": timing.small, "large": timing.large,
+              "bar": timing.bar, "small_ms": round(timing.best_small * 1e3, 3),
+              "large_ms": round(timing.best_large * 1e3, 3), "ratio": round(timing.ratio, 2),
+              "round_trip_ms": None if timing.best_base is None else round(timing.best_base * 1e3, 3),
+              "runs": len(timing.large_s), **extra}
+    with open(path, "a") as out:
+        out.write(json.dumps(record) + "\n")
 
 
 def assert_flat_on_the_clock(timing: Timing, what: str, advice: str, lines: tuple[int, int] | None = None,
@@ -154,11 +283,21 @@ def assert_flat_on_the_clock(timing: Timing, what: str, advice: str, lines: tupl
     """Fail when the grader's clock shows the cost growing with the size.
 
     `lines`: the worker's line counts at the two sizes, when the test read them (and found them
-    flat): the message then says that the two disagree.
+    flat): the message then says that the two disagree. A count at the small size above
+    `Scaling.max_lines` fails too: a vectorised call runs a few dozen lines, a loop padded to a fixed
+    trip count runs thousands at every size.
     """
+    loop = loop or f"a loop over {timing.scaling.unit}"
+    if lines is not None:
+        _log(timing, "lines", lines_small=lines[0], lines_large=lines[1])
+        if max(lines) > timing.scaling.max_lines:
+            raise AssertionError(
+                f"{what}: your code executed {lines[0]} and {lines[1]} lines of your module at the two sizes the "
+                f"worker traced (the bar is {timing.scaling.max_lines}, whatever the size): a loop that runs many "
+                f"times even for small inputs ({loop}, or one padded to a fixed length). {advice}".strip()
+            )
     if timing.flat:
         return
-    loop = loop or f"a loop over {timing.scaling.unit}"
     told = (f"the worker counted {lines[0]} and {lines[1]} lines of your module at the two sizes it traced, but "
             if lines is not None else "")
     raise AssertionError(f"{what}: {told}{timing.describe()}: {loop}. {advice}".strip())
@@ -182,17 +321,19 @@ _scanned: dict[tuple[str, int, int], list] = {}
 
 
 def scan_source(path: str | Path) -> list:
-    """The tamper findings (grader.harness.tamper) for the student's file, read here as bytes, never imported."""
+    """The tamper findings (grader.harness.tamper, clock rules included) for the student's file, read
+    here as bytes, never imported."""
     path = Path(path)
     stat = path.stat()
     key = (str(path), stat.st_mtime_ns, stat.st_size)
     if key not in _scanned:
-        _scanned[key] = list(tamper.scan_file(path))
+        _scanned[key] = list(tamper.scan_file(path, clocks=True))
     return _scanned[key]
 
 
 def assert_untampered(path: str | Path, figure: str) -> None:
-    """Fail when the student's file tampers with what measures `figure` (a worker-side count)."""
+    """Fail when the student's file tampers with what measures `figure` (a worker-side count), or reads a
+    clock or waits (which the grader's clock times)."""
     findings = scan_source(path)
     if findings:
         raise tamper.Tampered(

@@ -37,6 +37,23 @@ def sleeping_call(per_item_s: float, fixed_s: float = 0.002):
     return call
 
 
+class FakeSession:
+    """A sandboxed session as `clock` sees it: its mode and a round trip that costs `round_trip_s`."""
+
+    mode = "sandbox"
+
+    def __init__(self, round_trip_s: float = 0.002):
+        self.round_trip_s, self.trips = round_trip_s, 0
+
+    def round_trip(self, *args) -> bool:
+        self.trips += 1
+        time.sleep(self.round_trip_s)
+        return True
+
+
+SANDBOX = FakeSession()
+
+
 def test_a_flat_cost_passes_after_the_first_runs_and_every_result_is_checked():
     made, checked = [], []
     scaling = Scaling(1, 100, bar=3.0, runs=3, max_runs=9)
@@ -45,7 +62,7 @@ def test_a_flat_cost_passes_after_the_first_runs_and_every_result_is_checked():
         made.append(n)
         return (n,)
 
-    timing = clock("sandbox", sleeping_call(0.0), make, lambda got, n: checked.append((got, n)), scaling)
+    timing = clock(SANDBOX, sleeping_call(0.0), make, lambda got, n: checked.append((got, n)), scaling)
     assert timing.flat and timing.ratio < 3.0, timing.describe()
     assert len(timing.small_s) == len(timing.large_s) == 3, "a flat ratio needs only `runs` runs"
     assert made == [1, 100] + [1, 100] * 3, f"fresh arguments for every call, alternating, found {made}"
@@ -54,7 +71,7 @@ def test_a_flat_cost_passes_after_the_first_runs_and_every_result_is_checked():
 
 def test_a_growing_cost_fails_only_after_max_runs_and_says_what_the_clock_saw():
     scaling = Scaling(1, 100, bar=3.0, unit="rows", runs=2, max_runs=4)
-    timing = clock("sandbox", sleeping_call(0.0005), lambda n: (n,), lambda got, n: None, scaling)
+    timing = clock(SANDBOX, sleeping_call(0.0005), lambda n: (n,), lambda got, n: None, scaling)
     assert not timing.flat and len(timing.large_s) == 4, f"a ratio above the bar takes max_runs runs: {timing.large_s}"
     with pytest.raises(AssertionError) as info:
         assert_flat_on_the_clock(timing, "f", "Do it at once.", lines=(12, 12))
@@ -69,13 +86,13 @@ def test_a_wrong_result_under_the_clock_fails_the_check():
         assert got == n + 1, f"expected {n + 1}, found {got}"
 
     with pytest.raises(AssertionError, match="expected 2, found 1"):
-        clock("sandbox", sleeping_call(0.0, 0.0), lambda n: (n,), check, Scaling(1, 10, bar=3.0))
+        clock(SANDBOX, sleeping_call(0.0, 0.0), lambda n: (n,), check, Scaling(1, 10, bar=3.0))
 
 
 def test_work_scales_each_time_to_the_nominal_size():
     # Calls whose size varies run to run: a cost linear in the work done must read as flat per unit.
     sizes = iter([1, 10, 2, 20, 3, 30, 4, 40])
-    timing = clock("sandbox", lambda n: time.sleep(0.001 * n) or n, lambda n: (next(sizes),), lambda got, n: None,
+    timing = clock(SANDBOX, lambda n: time.sleep(0.001 * n) or n, lambda n: (next(sizes),), lambda got, n: None,
                    Scaling(1, 10, bar=15.0, runs=3, max_runs=3), work=lambda got, n: n)
     assert 5 < timing.ratio < 15, f"linear work at 10x the size reads about 10x once scaled, found {timing.ratio:.1f}"
 
@@ -86,6 +103,104 @@ def test_the_clock_is_the_one_bound_at_import(monkeypatch):
     timing = clock("local", sleeping_call(0.0005), lambda n: (n,), lambda got, n: None,
                    Scaling(1, 100, bar=3.0, runs=2, max_runs=2))
     assert timing.best_large > 0.02, f"the clock read {timing.best_large} s for a call that slept 50 ms"
+
+
+class RecordingSession(FakeSession):
+    """A FakeSession that keeps the arguments of every round trip."""
+
+    def __init__(self, round_trip_s: float = 0.002):
+        super().__init__(round_trip_s)
+        self.sent: list[tuple] = []
+
+    def round_trip(self, *args) -> bool:
+        self.sent.append(args)
+        return super().round_trip(*args)
+
+
+def test_each_run_times_a_round_trip_with_the_small_calls_arguments():
+    session, made = RecordingSession(), []
+
+    def make(n: int):
+        made.append((n, object()))  # a fresh object per call: the round trip must carry the small call's own
+        return made[-1]
+
+    timing = clock(session, lambda n, tag: n, make, lambda got, n, tag: None, Scaling(1, 100, bar=3.0, runs=3, max_runs=3))
+    small_args = [args for args in made[2:] if args[0] == 1]
+    assert session.sent == small_args, f"one round trip per run, with that run's small arguments: {session.sent}"
+    assert len(timing.base_s) == 3 and timing.best_base >= 0.002, timing.base_s
+
+
+def test_sleeping_at_the_small_size_buys_nothing():
+    """Attack (b): the small call sleeps, so large / small reads flat; it counts for small_cap round trips only."""
+
+    def call(n: int):
+        time.sleep(0.03 if n < 50 else 0.0005 * n)  # 30 ms at n = 1, 50 ms at n = 100
+        return n
+
+    scaling = Scaling(1, 100, bar=3.0, runs=2, max_runs=3, small_cap=5.0)
+    timing = clock(FakeSession(0.002), call, lambda n: (n,), lambda got, n: None, scaling)
+    assert timing.best_large / timing.best_small < 3.0, "the plain ratio is flat: that is the attack"
+    assert timing.padded and not timing.flat, timing.describe()
+    with pytest.raises(AssertionError) as info:
+        assert_flat_on_the_clock(timing, "f", "Do it at once.")
+    message = str(info.value)
+    for part in ("counts for 5 round trips only", "a sleep, a busy wait, a loop padded to a fixed length",
+                 "the same arguments make the round trip"):
+        assert part in message, f"expected {part!r} in the message, found: {message}"
+
+
+def test_a_loop_padded_to_a_fixed_trip_count_costs_its_whole_price_at_the_small_size():
+    """Attack (a): range(max(n, CAP)) makes both sizes cost the same; the small one is over the cap."""
+    call = lambda n: time.sleep(0.0005 * max(n, 100)) or n  # noqa: E731 - 50 ms at any n <= 100
+    timing = clock(FakeSession(0.002), call, lambda n: (n,), lambda got, n: None,
+                   Scaling(1, 100, bar=3.0, runs=2, max_runs=3))
+    assert timing.padded and not timing.flat and timing.ratio > 3.0, timing.describe()
+
+
+def test_a_slow_but_flat_honest_call_passes():
+    # 3 ms at both sizes against a 2 ms round trip: under the cap, and flat.
+    timing = clock(FakeSession(0.002), sleeping_call(0.0, 0.003), lambda n: (n,), lambda got, n: None,
+                   Scaling(1, 100, bar=3.0, runs=3, max_runs=3))
+    assert timing.flat and not timing.padded, timing.describe()
+    assert timing.metrics()["clock_round_trip_ms"] >= 2.0, timing.metrics()
+
+
+def test_in_process_no_round_trip_is_timed():
+    timing = clock("local", sleeping_call(0.0), lambda n: (n,), lambda got, n: None, Scaling(1, 10, bar=3.0, runs=2))
+    assert timing.base_s == [] and timing.best_base is None and not timing.padded, timing.base_s
+
+
+def test_the_mode_string_uses_the_registered_session_and_refuses_without_one(monkeypatch):
+    from grader import structure
+
+    monkeypatch.setattr(structure, "_registered", [])
+    with pytest.raises(RuntimeError, match="needs the session"):
+        clock("sandbox", sleeping_call(0.0), lambda n: (n,), lambda got, n: None, Scaling(1, 10, bar=3.0))
+    session = FakeSession()
+    structure.register_session(session)
+    clock("sandbox", sleeping_call(0.0), lambda n: (n,), lambda got, n: None, Scaling(1, 10, bar=3.0, runs=2))
+    assert session.trips >= 2, "clock(student.mode, ...) in the sandbox times its round trips through the session"
+
+
+def test_a_sandboxed_session_registers_itself_and_a_round_trip_needs_a_worker(monkeypatch):
+    from grader import structure
+    from grader.harness.session import StudentSession
+
+    monkeypatch.setattr(structure, "_registered", [])
+    session = StudentSession("sandbox", lambda _id: ROOT / "nowhere.py")
+    assert structure._registered == [session]
+    assert session.round_trip(1, 2) is False, "no worker running: nothing to time"
+    StudentSession("local", lambda _id: ROOT / "nowhere.py")
+    assert structure._registered == [session], "an in-process session has no round trip to offer"
+
+
+def test_a_line_count_beyond_max_lines_fails_even_on_a_flat_clock():
+    scaling = Scaling(16, 8192, bar=10.0, max_lines=400)
+    timing = Timing(scaling, 16, 8192, 10.0, [0.002], [0.002], [0.002])
+    assert timing.flat
+    assert_flat_on_the_clock(timing, "f", "Do it at once.", lines=(40, 40))
+    with pytest.raises(AssertionError, match=r"executed 32772 and 32772 lines .*\(the bar is 400, whatever the size\)"):
+        assert_flat_on_the_clock(timing, "f", "Do it at once.", lines=(32772, 32772))
 
 
 def test_a_worker_figure_the_clock_contradicts_fails_saying_so():
@@ -184,18 +299,76 @@ import grader.support.paged_kv as _driver
 _driver_ticks = itertools.count()
 _driver.time = types.SimpleNamespace(perf_counter=lambda: next(_driver_ticks) * 1e-3)
 '''
+# The red team's padding attacks on speculative_accept, and the by-name evasion of the old scan: each kept
+# its points before the round-trip cap, the line bound and the new scan rules.
+IMPORT_FUNCTOOLS = ("from collections.abc import Callable\n", "import functools\nfrom collections.abc import Callable\n")
+DRAW = "extra = torch.multinomial(residual, 1, generator=generator).squeeze(1)  # normalises internally"
+MAP_PADDED = Mutant(
+    name="map_loop_padded_to_a_fixed_length",
+    why="one draw per row through map() (the lines stay flat), over max(B, 16384) rows, so that the small call "
+        "already costs what the large one does and the ratio reads flat",
+    edits=[IMPORT_FUNCTOOLS, (DRAW,
+           "draw = functools.partial(torch.multinomial, num_samples=1, generator=generator)\n"
+           "    extra = torch.cat(list(map(draw, list(residual.unbind(0)) + [residual[0]] * max(0, 16384 - B))))[:B]")],
+    loses=["vectorised"],
+)
+MAP_SLEEPING = Mutant(
+    name="map_loop_sleeping_when_small",
+    why="one draw per row through map(), and a sleep when the batch is small so that the ratio reads flat",
+    edits=[("from collections.abc import Callable\n", "import functools\nimport time\nfrom collections.abc import Callable\n"),
+           (DRAW, "if B < 1024:\n        time.sleep(0.05)\n"
+                  "    draw = functools.partial(torch.multinomial, num_samples=1, generator=generator)\n"
+                  "    extra = torch.cat(list(map(draw, residual.unbind(0))))")],
+    loses=["vectorised"],
+)
+LOOP_PADDED = Mutant(
+    name="python_loop_padded_to_a_fixed_length",
+    why="a Python loop over max(B, 8192) rows: the same (huge) line count at both traced sizes, the same time at both "
+        "clocked sizes",
+    edits=[(DRAW, "extra = torch.zeros(B, dtype=torch.long)\n"
+                  "    for b in range(max(B, 8192)):\n"
+                  "        pick = torch.multinomial(residual[min(b, B - 1)], 1, generator=generator)\n"
+                  "        if b < B:\n"
+                  "            extra[b] = pick[0]")],
+    loses=["vectorised"],
+)
+SETTRACE_BY_NAME = Mutant(
+    name="loop_with_the_trace_switched_off_by_name",
+    why="the trace switched off around a loop over rows through functools.reduce(getattr, ...) with a name built at "
+        "run time, which the old scan did not see",
+    edits=[("from collections.abc import Callable\n", "import functools\nimport sys\nfrom collections.abc import Callable\n"),
+           (DRAW, "name = ''.join(c for c in 'xsxextxtxrxaxcxe' if c != 'x')\n"
+                  "    functools.reduce(getattr, [name], sys)(None)\n"
+                  "    extra = torch.stack([torch.multinomial(residual[b], 1, generator=generator)[0] for b in range(B)])")],
+    loses=["vectorised"],
+)
+BALLAST = [  # a small pool moves a ballast list as long as the large pool's free list: the same cost per op
+    ("self._free = list(range(num_blocks))", "self._free = list(range(num_blocks))\n"
+                                            "        self._ballast = [None] * max(0, 131072 - num_blocks)"),
+    ("        block = self._free.pop(0)", "        for _ in range(2 if self._ballast else 0):\n"
+                                          "            self._ballast.append(self._ballast.pop(0))\n"
+                                          "        block = self._free.pop(0)"),
+]
 ATTACKS = [
     ("speculative", SETTRACE_LOOP, "tampered"),
+    ("speculative", SETTRACE_BY_NAME, "tampered"),
     ("speculative", next(m for m in SPECULATIVE_MUTANTS if m.name == "one_draw_per_row_through_map"), "clock"),
+    ("speculative", MAP_PADDED, "padded"),
+    ("speculative", MAP_SLEEPING, "tampered"),
+    ("speculative", LOOP_PADDED, "lines"),
     ("paged_kv", Mutant("free_list_behind_a_flat_clock", "a list as the free queue, and time.perf_counter replaced so "
                         "the worker's timing loop reads the same interval every time", FREE_LIST, ["manager_speed"]),
-     "disagree"),
+     "tampered"),
     ("paged_kv", Mutant("free_list_behind_a_patched_driver", "a list as the free queue, and the timing driver's clock "
                         "patched", FREE_LIST, ["manager_speed"]), "tampered"),
+    ("paged_kv", Mutant("free_list_padded_for_small_pools", "a list as the free queue, and a scan of a ballast list that "
+                        "makes a small pool cost what a large one does, so the worker's own times read flat",
+                        FREE_LIST + BALLAST, ["manager_speed"]), "disagree"),
 ]
 EXTRA_SOURCE = {"free_list_behind_a_flat_clock": FLAT_CLOCK, "free_list_behind_a_patched_driver": PATCHED_DRIVER}
 MESSAGES = {"tampered": "your file reaches for what measures it", "clock": "on the grader's own clock",
-            "disagree": "disagree with the grader's own clock"}
+            "disagree": "disagree with the grader's own clock", "padded": "round trips only",
+            "lines": "whatever the size"}
 
 
 @pytest.mark.parametrize("exercise_id,mutant,kind", ATTACKS, ids=[m.name for _, m, _ in ATTACKS])

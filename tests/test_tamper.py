@@ -3,6 +3,7 @@ honest code never trips it."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import pytest
@@ -54,7 +55,8 @@ FLAGGED = {
                       "torch.library.custom_op"),
     # tracing
     "sys.settrace": ("import sys\nsys.settrace(None)\n", "sys.settrace"),
-    "settrace through a variable": ("import sys\ns = sys\ns.settrace(None)\n", "...settrace"),
+    "settrace through a variable": ("import sys\ns = sys\ns.settrace(None)\n", "sys.settrace"),
+    "settrace through an unknown object": ("def f(s):\n    s.settrace(None)\n", "...settrace"),
     "from sys import settrace": ("from sys import settrace as st\n", "sys.settrace"),
     "getattr with the name": ("import sys\ngetattr(sys, 'settrace')(None)\n", "sys.settrace"),
     "threading.settrace": ("import threading\nthreading.settrace(None)\n", "threading"),
@@ -91,12 +93,121 @@ FLAGGED = {
     "setattr on a module": ("import torch\nsetattr(torch, n, 1)\n", "setattr with a computed name"),
     "__builtins__": ("__builtins__['exec']\n", "__builtins__"),
     "a module's __dict__": ("import torch\ntorch.__dict__['softmax']\n", "torch.__dict__"),
-    "vars of a module": ("import torch\nvars(torch)\n", "vars(...)"),
+    "vars of a module": ("import torch\nvars(torch)\n", "vars()"),
     "unpickling": ("import pickle\npickle.loads(b'')\n", "pickle"),
     "torch.load without weights_only": ("import torch\ntorch.load('f', weights_only=False)\n", "weights_only=..."),
     "a string naming torch._C": ("import operator, torch\noperator.attrgetter('_C')(torch)\n", "operator.attrgetter"),
     "a string naming the harness": ("x = 'grader.harness.probes'\n", "'grader.harness.probes'"),
     "a module's __getattr__": ("import torch\ntorch.__getattr__(name)\n", "torch.__getattr__"),
+    # rule 3: by-name access only as a direct call with a literal name
+    "getattr on self with a computed name": ("class A:\n    def f(self, name):\n        return getattr(self, name)\n",
+                                             "getattr with a computed name"),
+    "getattr as a value": ("import functools, sys\nfunctools.reduce(getattr, [n], sys)\n", "getattr used as a value"),
+    "getattr mapped": ("import sys\nlist(map(getattr, [sys], names))\n", "getattr used as a value"),
+    "getattr rebound": ("g = getattr\n", "getattr used as a value"),
+    "getattr as a default argument": ("def f(x, g=getattr):\n    return g(x, 'y')\n", "getattr used as a value"),
+    "getattr with unpacked arguments": ("import sys\ngetattr(*pair)\n", "getattr with a computed name"),
+    "hasattr with a computed name": ("def f(x, n):\n    return hasattr(x, n)\n", "hasattr with a computed name"),
+    "setattr on self with a computed name": ("class A:\n    def f(self, n):\n        setattr(self, n, 1)\n",
+                                             "setattr with a computed name"),
+    "getattr with a folded name": ("import sys\ngetattr(sys, 'set' + 'trace')(None)\n", "sys.settrace"),
+    "getattr with a reversed name": ("import sys\ngetattr(sys, 'ecarttes'[::-1])\n", "sys.settrace"),
+    "getattr of a special name": ("def f(fn):\n    return getattr(fn, '__self__')\n", "getattr(..., '__self__')"),
+    "globals()": ("globals()['x']\n", "globals()"),
+    "locals()": ("def f():\n    return locals()\n", "locals()"),
+    "vars()": ("def f():\n    return vars()\n", "vars()"),
+    "vars of an object": ("def f(x):\n    return vars(x)\n", "vars()"),
+    "type(x).__dict__": ("def f(x):\n    return type(x).__dict__\n", "...__dict__"),
+    "object.__getattribute__": ("import sys\nobject.__getattribute__(sys, n)\n", "...__getattribute__"),
+    "operator.methodcaller": ("import operator\noperator.methodcaller(n)\n", "operator.methodcaller"),
+    "inspect, whatever is used": ("import inspect\ninspect.signature(print)\n", "inspect"),
+    "inspect.getmembers": ("from inspect import getmembers\n", "inspect"),
+    "a match class pattern's attribute": ("def f(fn):\n    match fn:\n        case object(__globals__=g):\n"
+                                          "            return g\n", "case ...(__globals__=...)"),
+    "__match_args__": ("class C:\n    __match_args__ = ('a',)\n", "__match_args__"),
+    "string.Formatter": ("import string\nstring.Formatter().get_field('0.x', (1,), {})\n", "string.Formatter"),
+    "get_field on any object": ("def f(fmt):\n    return fmt.get_field('0.x', (1,), {})\n", "...get_field"),
+    "typing.get_type_hints": ("from typing import get_type_hints\n", "typing.get_type_hints"),
+    "pydoc.locate": ("import pydoc\npydoc.locate('sys')\n", "pydoc"),
+    "pkgutil.resolve_name": ("import pkgutil\npkgutil.resolve_name('sys:path')\n", "pkgutil"),
+    "unittest.mock": ("from unittest import mock\n", "unittest.mock"),
+    "help": ("help('modules')\n", "help"),
+    "type with three arguments": ("C = type('C', (), {})\n", "type(name, bases, namespace)"),
+    # rule 4: special names
+    "print.__self__": ("print.__self__\n", "...__self__"),
+    "__class__.__base__": ("().__class__.__base__\n", "...__base__"),
+    "__mro__": ("def f(x):\n    return type(x).__mro__\n", "...__mro__"),
+    "__reduce_ex__": ("def f(x):\n    return x.__reduce_ex__(2)\n", "...__reduce_ex__"),
+    "__wrapped__": ("def f(g):\n    return g.__wrapped__\n", "...__wrapped__"),
+    "__spec__": ("x = __spec__\n", "__spec__"),
+    "a finaliser": ("class A:\n    def __del__(self):\n        pass\n", "def __del__"),
+    "a pickling hook": ("class A:\n    def __reduce__(self):\n        return (print, ())\n", "def __reduce__"),
+    "a lie to isinstance": ("class A:\n    @property\n    def __class__(self):\n        return int\n",
+                            "def __class__"),
+    "__class__ assigned": ("def f(x, C):\n    x.__class__ = C\n", "...__class__ = ..."),
+    "a metaclass": ("class M(type):\n    pass\n", "class M(type)"),
+    "metaclass=": ("class A(metaclass=abc.ABCMeta):\n    pass\n", "class A(metaclass=...)"),
+    "a tensor subclass": ("import torch\nclass T(torch.Tensor):\n    pass\n", "class T(torch.Tensor)"),
+    "a dict subclass read lazily": ("class D(dict):\n    def items(self):\n        return []\n", "class D(dict).items"),
+    "a NamedTuple that redefines iteration": ("from typing import NamedTuple\nclass R(NamedTuple):\n    a: int\n"
+                                              "    def __iter__(self):\n        return iter(())\n",
+                                              "class R(NamedTuple).__iter__"),
+    # rule 2: private internals of any module
+    "a private helper of the standard library": ("import warnings\nwarnings._getcategory('x')\n",
+                                                 "warnings._getcategory"),
+    "a private module": ("import _io\n", "_io"),
+    # rule 5: patching in place
+    "a module function replaced": ("import time\ntime.perf_counter = lambda: 0.0\n", "time.perf_counter = ..."),
+    "a torch method replaced": ("import torch\ntorch.Tensor.sum = None\n", "torch.Tensor.sum = ..."),
+    "a class bound to a name, then patched": ("import torch\nT = torch.Tensor\nT.sum = None\n",
+                                               "torch.Tensor.sum = ..."),
+    "type(x) patched": ("def f(x):\n    type(x).sum = None\n", "type(...).sum = ..."),
+    "a name bound to type(x), patched": ("def f(x):\n    T = type(x)\n    T.sum = None\n", "T (= a library object or type(...)).sum = ..."),
+    "del of a module attribute": ("import math\ndel math.pi\n", "math.pi = ..."),
+    "setattr on a module": ("import math\nsetattr(math, 'pi', 3)\n", "setattr(math, 'pi')"),
+    "a patched driver's clock": ("import grader.support.paged_kv as d\nd.time = None\n", "grader.support.paged_kv"),
+    # rule 1: the worker's socket, code that runs later
+    "socket": ("import socket\n", "socket"),
+    "signal": ("import signal\nsignal.alarm(1)\n", "signal"),
+    "weakref.finalize": ("import weakref\nweakref.finalize(object(), print)\n", "weakref"),
+    "gc.callbacks": ("import gc\ngc.callbacks.append(print)\n", "gc.callbacks"),
+    "sys.addaudithook": ("import sys\nsys.addaudithook(print)\n", "sys.addaudithook"),
+    # rule 6: string annotations are code
+    "a string annotation": ("def f(x: \"__import__('sys')\"):\n    pass\n", "__import__"),
+    "a string inside an annotation": ("from typing import List\ndef f(x: List['eval(1)']):\n    pass\n", "eval"),
+    "a string annotation of a variable": ("x: \"sys.settrace\" = 1\n", "...settrace"),
+    # rule 7: strings built from constants
+    "a concatenated string": ("x = '_get' + 'frame'\n", "'_getframe'"),
+    "an f-string of constants": ("x = f\"{'__glo'}bals__\"\n", "'__globals__'"),
+    "a joined string": ("x = '.'.join(['grader', 'harness'])\n", "'grader.harness'"),
+    "a string spelled in chr()": ("x = chr(95) + chr(67)\n", "'_C'"),
+    "chr() codes joined": ("x = ''.join(map(chr, [95, 67]))\n", "'_C'"),
+    "a bytes literal decoded": ("x = b'settrace'.decode()\n", "'settrace'"),
+    "bytes from codes, decoded": ("x = bytes([95, 67]).decode('ascii')\n", "'_C'"),
+    "a string reversed": ("x = ''.join(reversed('ecarttes'))\n", "'settrace'"),
+    "a string with % formatting": ("x = '__%s__' % 'self'\n", "'__self__'"),
+    "a special name as a string": ("x = '__subclasses__'\n", "'__subclasses__'"),
+    "codecs": ("import codecs\ncodecs.decode('frggenpr', 'rot13')\n", "codecs"),
+    # modules the dotted paths cannot follow
+    "a module in a list": ("import torch\n[torch][0]._C\n", "torch (a module) used as a value"),
+    "a module passed to a function": ("import sys\nf(sys)\n", "sys (a module) used as a value"),
+    "a module chosen by a conditional": ("import torch, numpy\nm = torch if c else numpy\n", "torch (a module) used as a value"),
+    "a module as a match subject": ("import torch\nmatch torch:\n    case _:\n        pass\n",
+                                    "torch (a module) used as a value"),
+    "sys re-exported by os": ("import os\nos.sys.modules\n", "os.sys.modules"),
+    "torch._C re-exported by torch.nn.functional": ("import torch.nn.functional as F\nF.torch._C\n", "torch.nn.functional.torch._C"),
+    "sys.modules off a parameter": ("def f(s):\n    return s.modules['x']\n", "...modules"),
+    "a private attribute off an object the scan cannot resolve": ("def f(m):\n    return m._python_dispatch\n",
+                                                                  "..._python_dispatch"),
+    "__annotations__": ("def f(g):\n    g.__annotations__ = {}\n", "...__annotations__"),
+    "a special attribute set on another object": ("def f(C):\n    C.__enter__ = None\n", "...__enter__ = ..."),
+    "a torch method's name set on an unresolved object": ("def f(T):\n    T.clone = None\n", "...clone = ..."),
+    "a name bound twice, once to a library class": ("import torch\nT = None\nT = torch.Tensor\nT.sum = None\n",
+                                                     "T (= a library object or type(...)).sum = ..."),
+    "setattr on another object": ("def f(x):\n    setattr(x, 'y', 1)\n", "setattr(..., 'y')"),
+    "setattr of a special name on self": ("class A:\n    def f(self):\n        setattr(self, '__call__', 1)\n",
+                                          "setattr(..., '__call__')"),
+    "cpp_extension off any object": ("def f(u):\n    return u.cpp_extension\n", "...cpp_extension"),
 }
 
 
@@ -115,7 +226,37 @@ HONEST = {
     "re.compile and model.eval": "import re\nre.compile('a')\ndef f(model):\n    model.eval()\n",
     "torch.compile": "import torch\nf = torch.compile(lambda x: x + 1)\n",
     "an operator through torch.ops (the guard's business)": "import torch\ntorch.ops.aten._softmax.default\n",
-    "getattr on self": "class A:\n    def f(self, name):\n        return getattr(self, name)\n",
+    "getattr on self with a literal name": "class A:\n    def f(self):\n        return getattr(self, 'x', None)\n",
+    "hasattr with a literal name": "def f(r):\n    return hasattr(r, 'slot')\n",
+    "vars(self)": "class A:\n    def f(self):\n        return vars(self)\n",
+    "type(x).__name__ and super().__init__": ("class A(Exception):\n    def __init__(self, x):\n"
+                                              "        super().__init__(type(x).__name__)\n"),
+    "operator methods and __class__ read": ("class V:\n    def __add__(self, o):\n        return self.__class__()\n"
+                                            "    def __len__(self):\n        return 0\n"),
+    "if __name__ == '__main__'": "if __name__ == '__main__':\n    print(__file__)\n",
+    "__all__ and __slots__": "__all__ = ['f']\nclass A:\n    __slots__ = ('x',)\n",
+    "a NamedTuple with fields": "from typing import NamedTuple\nclass R(NamedTuple):\n    a: int\n    b: 'int' = 0\n",
+    "a dict subclass without read hooks": "class D(dict):\n    def total(self):\n        return sum(self.values())\n",
+    "attributes of the file's own objects": "def f(seq, ctx):\n    seq.last_hash = 1\n    ctx.causal = True\n",
+    "an autograd Function": ("import torch\nclass F(torch.autograd.Function):\n    @staticmethod\n"
+                             "    def forward(ctx, x):\n        return x\n"),
+    "a match on a NamedTuple's fields": "def f(r):\n    match r:\n        case R(slot=s):\n            return s\n",
+    "os.environ": "import os\nflag = os.environ.get('TRITON_INTERPRET') == '1'\n",
+    "strings built from harmless pieces": "x = 'row ' + 'col'\ny = ', '.join(['a', 'b'])\nz = f\"{'a'}b\"[::-1]\n",
+    "a docstring naming the machinery": '"""Do not call sys.settrace or read /proc/uptime."""\n',
+    "import time without the clock rules": "import time\n",
+    "copy and contextlib": "import copy, contextlib\ncopy.deepcopy([1])\n",
+    "a class from a module in a tuple": "import torch\ndef f(x):\n    return isinstance(x, (torch.Tensor, list))\n",
+    "a module aliased once": "import torch\nF = torch.nn.functional\nF.relu\n",
+    "getattr on a module with a literal": "import torch\ndt = getattr(torch, 'float16')\n",
+    "tensor attributes honest code sets": "def f(p, x):\n    p.grad = None\n    x.requires_grad = True\n    p.data = x\n",
+    "ctx attributes named like torch's": "def forward(ctx, q):\n    ctx.shape = q.shape\n    ctx.dtype = q.dtype\n",
+    "the file's own private attributes": ("class S:\n    def __init__(self):\n        self._free = []\n"
+                                          "def n(s):\n    return len(s._free)\n"),
+    "a NamedTuple's API": "def f(r):\n    return r._fields, r._asdict(), r._replace(a=1)\n",
+    "torch.trace, torch.select and torch.signal": ("import torch\ntorch.trace(x)\ntorch.select(x, 0, 1)\n"
+                                                  "torch.signal.windows.hann(4)\n"),
+    "nn.Module.modules()": "def f(model):\n    return list(model.modules())\n",
     "getattr with a constant": "import torch\ngetattr(torch, 'float16')\n",
     "its own variable named compile": "def f(compile=False):\n    return compile\n",
     "torch.load safely": "import torch\ntorch.load('f')\ntorch.load('f', weights_only=True)\n",
@@ -133,6 +274,9 @@ HONEST = {
 @pytest.mark.parametrize("case", HONEST, ids=list(HONEST))
 def test_honest_code_is_not_flagged(case):
     assert tamper.scan(HONEST[case]) == [], f"{case}: {tamper.describe(tamper.scan(HONEST[case]))}"
+    if "time" not in case:
+        findings = tamper.scan(HONEST[case], clocks=True)
+        assert findings == [], f"{case}, with the clock rules: {tamper.describe(findings)}"
 
 
 def test_a_finding_reads_as_line_what_why():
@@ -173,3 +317,97 @@ def test_a_guarded_load_of_an_honest_file_is_the_module(tmp_path):
     path.write_text("def f(x):\n    return x + 1\n")
     session = StudentSession("local", lambda _id: path)
     assert session.load("mod", forbid=["torch.softmax"]).f(1) == 2
+
+
+# --------------------------------------------------------------------------------------------------
+# Rule 8: clocks, only where the structural checks time the code
+
+
+CLOCKED = {
+    "time.sleep": ("import time\ntime.sleep(0.01)\n", "time"),
+    "from time import perf_counter": ("from time import perf_counter\n", "time"),
+    "a busy wait on monotonic through a name": ("def f(clock):\n    return clock.monotonic()\n", "...monotonic"),
+    "datetime.now": ("import datetime\ndatetime.datetime.now()\n", "datetime"),
+    "timeit": ("import timeit\n", "timeit"),
+    "os.times": ("import os\nos.times()\n", "os.times"),
+    "resource.getrusage": ("import resource\n", "resource"),
+    "select with a timeout": ("import select\nselect.select([], [], [], 0.01)\n", "select"),
+    "a queue's timeout": ("import queue\n", "queue"),
+    "asyncio.sleep": ("import asyncio\n", "asyncio"),
+    "uuid1's timestamp": ("import uuid\n", "uuid"),
+    "a file's mtime": ("def f(st):\n    return st.st_mtime_ns\n", "...st_mtime_ns"),
+    "os.stat": ("import os\nos.stat('.')\n", "os.stat"),
+    "open": ("open('f')\n", "open"),
+    "/proc/uptime": ("x = '/proc/' + 'uptime'\n", "'/proc/uptime'"),
+    "pathlib": ("from pathlib import Path\n", "pathlib"),
+    "a CUDA event's elapsed_time": ("def f(a, b):\n    return a.elapsed_time(b)\n", "...elapsed_time"),
+    "torch.profiler": ("import torch\ntorch.profiler.profile()\n", "torch.profiler"),
+    "triton.testing": ("import triton.testing\n", "triton.testing"),
+}
+
+
+@pytest.mark.parametrize("case", CLOCKED, ids=list(CLOCKED))
+def test_clock_reads_are_flagged_with_the_clock_rules_only(case):
+    source, expected = CLOCKED[case]
+    found = [f.what for f in tamper.scan(source, clocks=True)]
+    assert any(what.startswith(expected) for what in found), f"expected {expected!r} in {source!r}, found {found}"
+    assert not any(what.startswith(expected) for what in whats(source)), (
+        f"{case}: reading a clock is no tampering with the forbidden-call guard, found {whats(source)} without clocks"
+    )
+
+
+@pytest.mark.parametrize("path", HONEST_FILES, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
+def test_solutions_and_stubs_scan_clean_with_the_clock_rules(path):
+    findings = tamper.scan_file(path, clocks=True)
+    assert findings == [], f"honest code must never trip the structural gate: {tamper.describe(findings)}"
+
+
+def test_the_structural_gate_uses_the_clock_rules(tmp_path):
+    from grader import structure
+
+    path = tmp_path / "m.py"
+    path.write_text("import time\n\n\ndef f(x):\n    time.sleep(0.01)\n    return x\n")
+    assert tamper.scan_file(path) == [], "the default scan (the forbidden-call guard's) leaves clocks alone"
+    with pytest.raises(tamper.Tampered, match="line 1: time: your code reads a clock or waits"):
+        structure.assert_untampered(path, "the count of lines")
+
+
+# --------------------------------------------------------------------------------------------------
+# The hostile files: each evaded the scan before its rules were tightened
+
+
+HOSTILE_TAMPER = sorted((ROOT / "tests" / "hostile" / "tamper").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", HOSTILE_TAMPER, ids=lambda p: p.stem)
+def test_hostile_files_are_flagged(path):
+    source = path.read_text()
+    expected = re.search(r"^# expect: (.+)$", source, re.M)
+    assert expected, f"{path.name} must say which finding it expects (a '# expect: ...' line)"
+    clocks = "\n# clocks\n" in source
+    found = [f.what for f in tamper.scan(source, clocks=clocks)]
+    assert any(what.startswith(expected.group(1)) for what in found), (
+        f"{path.name}: expected a finding for {expected.group(1)!r}{' (clock rules on)' if clocks else ''}, found {found}"
+    )
+
+
+def test_there_are_hostile_files():
+    assert len(HOSTILE_TAMPER) >= 20, f"expected the hostile files in tests/hostile/tamper, found {len(HOSTILE_TAMPER)}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Folding strings never builds a huge one
+
+
+def test_folding_is_bounded():
+    found = tamper.scan("x = 'a' * 10**12\ny = ('ab' * 100000)[::-1]\nz = 'settrace' * 1\n")
+    assert [f.what for f in found] == ["'settrace'"], found
+
+
+def test_a_long_chain_of_concatenations_scans_quickly():
+    import time
+
+    source = "x = " + " + ".join(f"v{i}" for i in range(3000)) + "\n"
+    start = time.perf_counter()
+    tamper.scan(source)
+    assert time.perf_counter() - start < 5.0, "a 3000-term concatenation took more than 5 s to scan"

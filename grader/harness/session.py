@@ -29,6 +29,7 @@ from grader.harness.client import (
     WorkerProcess,
 )
 from grader.harness.client import allowed_mutations
+from grader.harness.worker import MODULE
 from grader.harness.worker import _import_driver as import_driver
 from grader.harness.worker import changed_tensors, import_file, snapshot_tensors
 
@@ -92,6 +93,10 @@ class StudentSession:
         self._contract = contract or (lambda _id: {})  # CallOptions fields: mutates, parameters
         self._workers: dict[str, WorkerProcess] = {}
         self._local: dict[str, Any] = {}
+        if mode == "sandbox":  # grader.structure.clock(student.mode, ...) times its round trips through this session
+            from grader import structure
+
+            structure.register_session(self)
 
     def load(self, exercise_id: str, forbid: Iterable[str] = (), forbid_why: str = "") -> Any:
         """The student's module for an exercise. `forbid` names library functions it must not call.
@@ -176,6 +181,18 @@ class StudentSession:
             if code_file is not None:
                 return LocalCallable(fn, code_file, CallOptions())
         raise TypeError(f"expected a function, class or method of a module returned by student.load, found {fn!r}")
+
+    def round_trip(self, *args: Any) -> bool:
+        """A call with these arguments to a running worker that runs none of the student's code (the
+        driver grader.support.baseline:nothing): what the request, the probes and the reply cost, which
+        grader.structure.clock times beside the student's calls. False when no worker is running
+        (in-process, or before the first call)."""
+        for worker in self._workers.values():
+            if worker.proc is not None and worker.proc.poll() is None:
+                RemoteCallable(worker, MODULE, [], CallOptions(), worker.generation)._invoke(
+                    args, {}, driver="grader.support.baseline:nothing")
+                return True
+        return False
 
     def warnings(self) -> list[str]:
         return sorted({w for worker in self._workers.values() for w in worker.warnings})

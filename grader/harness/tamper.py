@@ -4,30 +4,106 @@ The forbidden-call guard and the line counter (grader/harness/probes.py) run in 
 runs the student's code, so that code can dismantle them: pop the dispatch mode, switch off the
 trace, patch the harness, find the probe objects through frames or the garbage collector. No probe
 in that process can prove it was left alone. The grader's own process holds the student's file, so
-it reads it here, as text, never importing it, and looks for references to that machinery:
+it reads it here, as text, never importing it, and looks for references to that machinery.
 
-* the dispatch-mode machinery (torch.utils._python_dispatch, TorchDispatchMode, torch._C and the
-  other private torch modules, torch.overrides, torch.library, ``__torch_dispatch__``);
-* tracing (sys.settrace, sys.setprofile, sys.monitoring, threading.settrace, a debugger);
-* the harness (any import of, or name for, ``grader``; sys.modules, where it is loaded);
-* frames and the garbage collector (sys._getframe, f_back, f_globals, tb_frame, gc.get_referrers,
-  inspect.currentframe, ``__subclasses__``, ``__globals__``);
-* native code (ctypes, cffi, torch.utils.cpp_extension);
-* code where the probes are not installed (threads the student starts, new processes);
-* dynamic code that could hide any of the above (exec, eval, compile, __import__, importlib,
-  unpickling, getattr/setattr/delattr with a name computed at run time, ``__builtins__``,
-  ``__dict__`` and ``vars`` of a module, strings that name any of the above).
+The rules, exactly (each finding names its line, what it resolved the reference to, and why):
 
-The list is a deny-list of names, kept narrow enough that honest code never trips it (every file in
-solutions/ and every stub scans clean: tests/test_tamper.py). It proves that the file does not name
-the machinery, directly or through the dynamic constructs it flags. It cannot prove what an
-obfuscated program does at run time by means this list does not name; grader/AUTHORING.md says so.
+1. **Modules and names** (`MODULES`, `NAMES`, matched on whole dotted segments, through import
+   aliases and names assigned once from an aliased chain, ``s = sys``, and again from every segment
+   that names a standard module re-exported there: ``os.sys.modules``, ``F.torch._C``). A module
+   bound by ``import`` may only be the root of an attribute chain, getattr's object with a literal
+   name, or the value of such an alias: anywhere else (in a list, an argument, a conditional, a
+   ``match`` subject) the chain would be lost, so it is flagged. The dispatch-mode machinery
+   (torch.utils._python_dispatch, TorchDispatchMode, torch.overrides, torch.library,
+   ``__torch_dispatch__``); tracing (sys.settrace, sys.setprofile, sys.monitoring, a debugger); the
+   harness (``grader``, except the course helpers grader.testing and grader.support.<module>;
+   sys.modules); frames and the garbage collector (sys._getframe, f_back, gc.get_referrers, all of
+   ``inspect``); native code (ctypes, cffi, torch.utils.cpp_extension); threads, processes, the
+   socket the worker talks over; code run later, outside the calls the probes watch (signal handlers,
+   weakref finalisers, gc callbacks, audit and exception hooks, atexit); dynamic code (exec, eval,
+   compile, __import__, importlib, help, pydoc, pkgutil, unittest.mock, logging.config, runpy,
+   unpickling, string.Formatter, typing.get_type_hints and ForwardRef, ``type(name, bases, ns)``,
+   types.new_class, dataclasses.make_dataclass, codecs).
+2. **Private internals**: a segment starting with one underscore anywhere on a chain rooted at an
+   imported module (torch._C, sys._xoptions, warnings._getcategory), except the operator names of
+   ``torch.ops.<namespace>.<operator>`` (the guard sees those); and a private attribute read off
+   an object the scan cannot resolve (a parameter, an element of a list), unless the file itself
+   defines an attribute of that name or it is a named tuple's API (``_fields``, ``_asdict``).
+   sys.modules and the import machinery's other state read off such an object (not called, as
+   ``model.modules()`` is) count as the harness.
+3. **By-name access**: getattr, setattr, delattr and hasattr only as a direct call whose name is a
+   string literal (or an expression of literals that folds to one, rule 7), and that literal obeys the
+   rules for an attribute (rules 1, 2, 4; a private name counts on any object but ``self`` and
+   ``cls``). Every other use is flagged: a computed name (on ``self`` too), the function as a value
+   (``g = getattr``, ``map(getattr, ...)``, ``functools.reduce(getattr, ...)``, a default argument),
+   ``getattr(*args)``; setattr and delattr on anything but ``self`` and ``cls``, or with a special
+   name. So are globals(), locals(), vars() (but ``vars(self)``), ``__dict__`` (but on
+   ``self`` and ``cls``), operator.attrgetter and operator.methodcaller, and the keyword names of a
+   ``match`` class pattern (``case object(__globals__=g)``), which are attribute reads.
+4. **Special (dunder) names**: an attribute, a bare name, a getattr literal or a string that is a
+   dunder name is flagged unless it is in `ALLOWED_DUNDERS` (``__init__``, ``__name__``,
+   ``__class__`` read but never assigned, the operator methods, ...). ``__self__``, ``__base__``,
+   ``__mro__``, ``__subclasses__``, ``__globals__``, ``__reduce_ex__``, ``__wrapped__``,
+   ``__getattribute__``, ``__match_args__`` and every other special name outside the list are where
+   the classic escapes start (``().__class__.__base__.__subclasses__()``, ``print.__self__`` for the
+   builtins module). Defining ``__del__``, the pickling hooks, ``__class__``, ``__instancecheck__``,
+   ``__subclasscheck__`` or ``__getattribute__`` is flagged (code that runs when the worker sends a
+   reply or collects garbage, outside the probes, or that lies to isinstance); so is a metaclass
+   (``metaclass=``, a subclass of ``type``), a subclass of torch.Tensor, and a subclass of a builtin
+   container (dict, list, tuple, NamedTuple, set, str, ...) that redefines how it is read (the worker
+   reads results by those methods after the call, outside the probes).
+5. **Patching in place**: assigning or deleting an attribute of an imported module or of a chain
+   rooted at one (``time.perf_counter = ...``, ``torch.Tensor.sum = ...``, ``socket.socket.recv =
+   ...``), of ``type(x)``, of a name assigned (once or more) from such a chain or from ``type(x)``,
+   or of a chain through ``__class__``; setattr and delattr on the same. On any other object but
+   ``self``, ``cls`` and autograd's ``ctx``: assigning a special attribute (``C.__enter__ = ...``), or
+   an attribute named like one of torch's, torch.Tensor's or nn.Module's public ones
+   (``[torch.Tensor][0].clone = ...``), except ``data``, ``grad`` and ``requires_grad``.
+6. **String annotations** are code to typing.get_type_hints and functools.singledispatch: every
+   string inside an annotation is parsed and scanned as an expression.
+7. **Strings that name the machinery**: a string constant, or an expression of constants that folds
+   to one (concatenation, %, * by a small count, f-strings of constants, ``"".join`` of constants,
+   slices such as ``[::-1]``, chr() of an int, bytes literals decoded, ``.format``, ``.replace``,
+   ``.upper``/``.lower``), that is a dotted identifier with a segment from rule 1, `STRING_SEGMENTS`
+   (``_C``, ``grader``, ``ctypes``) or rule 4.
+8. **Clocks** (only with ``clocks=True``, which grader.structure's gate uses, since the structural
+   checks time the student's code): reading a clock or waiting: time, datetime, timeit, resource,
+   sched, select, selectors, asyncio, queue, uuid (uuid1 holds a timestamp), psutil, os.times,
+   os.stat and friends and every ``st_*time*`` field (a file's times are a clock), os.open/os.read
+   and the builtin open, io.open, pathlib (``/proc/uptime`` is a clock), torch.profiler,
+   torch.utils.benchmark, triton.testing, torch.distributed (a store's wait takes a timeout), mmap,
+   a CUDA event's elapsed_time, Triton's globaltimer, and the names sleep, perf_counter, monotonic,
+   process_time, thread_time, clock_gettime, now, today, timedelta, datetime64, TCPStore, from_file,
+   fromfile, loadtxt, memmap, read_text wherever they are read; strings that name /proc or /sys.
+9. A file that does not parse, nests deeper than this process can walk, or declares an unusual
+   source encoding, fails closed.
 
-API: ``scan(source) -> list[Finding]`` (source as text, or as bytes decoded as Python would decode
-them) and ``scan_file(path)``; a `Finding` prints as "line 12: sys.settrace: your code changes the
-tracing the grader's probes use". `describe(findings)` joins a few for a message, and
-`tampered_message(findings)` is what a guarded call of a flagged file fails with (as `Tampered`, an
-AssertionError: a verdict on the file, not an error of the grader).
+The list is kept narrow enough that honest code never trips it (every file in solutions/ and every
+stub scans clean, clocks included: tests/test_tamper.py). What it proves: the file does not name the
+machinery, directly or through a by-name lookup, and has no by-name lookup whose name the scan cannot
+read. Not covered (a finding is certain, a clean scan is strong evidence, not proof):
+
+* A by-name channel this list does not know (a library function that resolves a dotted name, a C
+  extension that reaches attributes). The list names the standard library's (pydoc.locate,
+  pkgutil.resolve_name, importlib, unittest.mock.patch, logging.config, string.Formatter.get_field,
+  typing's evaluation of annotations, operator.attrgetter) and torch's private modules.
+* Patching a class the scan cannot trace to its module (taken from a container, a call or a
+  ``match`` capture) under a name that is neither special nor one of torch's: a method of a Python
+  class of the standard library or of a third-party package (``[zipfile.ZipFile][0].write = f``).
+  Rule 5 sees chains it can resolve, special names and torch's names.
+* A module reached as an attribute of an object the scan cannot resolve and put in a list (a
+  submodule imported with ``from torch import utils``: its private and flagged names are still
+  caught, its public ones are not).
+* Work instead of a clock: a loop of fixed length that pads a call without reading any clock is not
+  a clock read; grader/structure.py bounds what a padded call can buy with its round-trip baseline.
+* Objects the student's code receives from torch or the course's helpers and whose attributes lead
+  elsewhere through names that are not special (a torch function's plain attributes).
+
+API: ``scan(source, clocks=False) -> list[Finding]`` (source as text, or as bytes decoded as Python
+would decode them) and ``scan_file(path, clocks=False)``; a `Finding` prints as "line 12:
+sys.settrace: your code changes the tracing the grader's probes use". `describe(findings)` joins a
+few for a message, and `tampered_message(findings)` is what a guarded call of a flagged file fails
+with (as `Tampered`, an AssertionError: a verdict on the file, not an error of the grader).
 """
 
 from __future__ import annotations
@@ -58,13 +134,21 @@ class Finding:
 TRACING = "your code changes the tracing the grader's probes use"
 DISPATCH = "your code reaches torch's dispatch-mode machinery, which the forbidden-call guard is built on"
 TORCH_PRIVATE = "your code uses torch's private internals, which can switch off the grader's probes"
+PRIVATE = "your code uses a module's private internals, which can reach past the grader's checks"
 KERNELS = "your code registers operator kernels, which run where the forbidden-call guard cannot see"
 HARNESS = "your code reaches the grader's own code"
+SOCKET = "your code reaches sockets, and the worker that runs your code talks to the grader over one"
 INTROSPECTION = "your code inspects frames or the garbage collector, which can find and change the grader's probes"
 NATIVE = "your code loads native code, which can change anything in the process"
 THREADS = "your code starts threads of its own, which the grader's probes do not watch"
 PROCESSES = "your code runs code in another process, where the grader's probes are not installed"
+LATER = "your code arranges for code of its own to run later, outside the calls the grader's probes watch"
 DYNAMIC = "your code builds code or names at run time, which hides what it reaches from the grader's checks"
+BY_NAME = "your code looks attributes up by a name the grader cannot read, which hides what it reaches"
+DUNDER = "your code reads a special attribute, the way to the interpreter's internals (globals, builtins, frames)"
+PATCHES = "your code changes a module's or a class's attributes in place, which changes what the grader's probes and drivers call"
+CLASS_HOOK = "your class runs code of its own where the worker reads results or checks types, outside the probes"
+CLOCKS = "your code reads a clock or waits, and the structural checks time your code"
 ENCODING = "your file declares an unusual source encoding, which can show a reader different text than Python runs"
 UNREADABLE = "the grader cannot parse your file, so it cannot check it"
 
@@ -81,17 +165,25 @@ MODULES: dict[str, str] = {
     "sys._getframe": INTROSPECTION, "sys._current_frames": INTROSPECTION, "sys._getframemodulename": INTROSPECTION,
     "sys.modules": HARNESS, "sys.meta_path": HARNESS, "sys.path_hooks": HARNESS, "sys.path_importer_cache": HARNESS,
     "gc.get_referrers": INTROSPECTION, "gc.get_referents": INTROSPECTION, "gc.get_objects": INTROSPECTION,
-    "inspect.currentframe": INTROSPECTION, "inspect.stack": INTROSPECTION, "inspect.trace": INTROSPECTION,
-    "inspect.getouterframes": INTROSPECTION, "inspect.getinnerframes": INTROSPECTION,
+    "inspect": INTROSPECTION,
     "traceback.walk_stack": INTROSPECTION, "traceback.walk_tb": INTROSPECTION,
     "threading": THREADS, "_thread": THREADS, "concurrent": THREADS,
     "multiprocessing": PROCESSES, "torch.multiprocessing": PROCESSES, "subprocess": PROCESSES, "pty": PROCESSES,
     "os.system": PROCESSES, "os.popen": PROCESSES, "os.fork": PROCESSES, "os.forkpty": PROCESSES,
+    "socket": SOCKET, "_socket": SOCKET, "socketserver": SOCKET,
+    "signal": LATER, "_signal": LATER, "weakref": LATER, "_weakref": LATER, "gc.callbacks": LATER,
+    "atexit": LATER, "faulthandler": LATER, "sys.addaudithook": LATER, "sys.excepthook": LATER,
+    "sys.unraisablehook": LATER, "sys.displayhook": LATER,
     "importlib": DYNAMIC, "imp": DYNAMIC, "runpy": DYNAMIC, "builtins": DYNAMIC, "code": DYNAMIC, "codeop": DYNAMIC,
     "pickle": DYNAMIC, "_pickle": DYNAMIC, "cPickle": DYNAMIC, "marshal": DYNAMIC, "shelve": DYNAMIC,
-    "copyreg": DYNAMIC, "dill": DYNAMIC, "cloudpickle": DYNAMIC,
+    "copyreg": DYNAMIC, "dill": DYNAMIC, "cloudpickle": DYNAMIC, "site": DYNAMIC, "zipimport": DYNAMIC,
+    "pydoc": DYNAMIC, "pkgutil": DYNAMIC, "unittest.mock": DYNAMIC, "mock": DYNAMIC, "logging.config": DYNAMIC,
+    "string.Formatter": DYNAMIC, "_string": DYNAMIC, "codecs": DYNAMIC, "annotationlib": DYNAMIC,
+    "typing.get_type_hints": DYNAMIC, "typing.ForwardRef": DYNAMIC, "typing_extensions.get_type_hints": DYNAMIC,
     "types.FunctionType": DYNAMIC, "types.CodeType": DYNAMIC, "types.LambdaType": DYNAMIC,
-    "operator.attrgetter": DYNAMIC, "operator.methodcaller": DYNAMIC,
+    "types.new_class": DYNAMIC, "dataclasses.make_dataclass": DYNAMIC,
+    "operator.attrgetter": BY_NAME, "operator.methodcaller": BY_NAME,
+    "torch.package": DYNAMIC, "torch.hub": DYNAMIC,
 }
 # os.exec*, os.spawn*, os.posix_spawn*: a family of names each.
 _OS_PROCESS = re.compile(r"^os\.(exec|spawn|posix_spawn)\w*$")
@@ -113,30 +205,94 @@ NAMES: dict[str, str] = {
     "get_referrers": INTROSPECTION, "get_referents": INTROSPECTION, "get_objects": INTROSPECTION,
     "currentframe": INTROSPECTION, "__subclasses__": INTROSPECTION, "__globals__": INTROSPECTION,
     "__closure__": INTROSPECTION, "__code__": INTROSPECTION, "__traceback__": INTROSPECTION,
+    "getattr_static": BY_NAME, "getmembers": BY_NAME, "get_field": BY_NAME, "formatter_field_name_split": BY_NAME,
+    "get_type_hints": DYNAMIC, "ForwardRef": DYNAMIC, "make_dataclass": DYNAMIC, "new_class": DYNAMIC,
+    "addaudithook": LATER, "cpp_extension": NATIVE, "load_inline": NATIVE,
     "__builtins__": DYNAMIC, "__import__": DYNAMIC, "__getattribute__": DYNAMIC, "__loader__": DYNAMIC,
     "_start_new_thread": THREADS, "start_new_thread": THREADS, "_start_joinable_thread": THREADS,
 }
-# Names flagged when read as an attribute (x.__getattr__(name) reaches what `x.name` would), but not
-# when a class defines them, as honest classes do.
-ATTRIBUTES_ONLY: dict[str, str] = {"__getattr__": DYNAMIC}
-BUILTINS: dict[str, str] = {"exec": DYNAMIC, "eval": DYNAMIC, "compile": DYNAMIC, "__import__": DYNAMIC}
+BUILTINS: dict[str, str] = {"exec": DYNAMIC, "eval": DYNAMIC, "compile": DYNAMIC, "__import__": DYNAMIC,
+                            "help": DYNAMIC}
+# By-name access builtins: only a direct call with a literal name (rule 3).
+_ATTRIBUTE_CALLS = ("getattr", "setattr", "delattr", "hasattr")
+_NAMESPACE_CALLS = ("globals", "locals", "vars")
+
+# Special names honest code reads, writes or defines (rule 4). `__class__` is read-only here.
+ALLOWED_DUNDERS = frozenset({
+    "__init__", "__name__", "__qualname__", "__doc__", "__module__", "__file__", "__version__", "__all__",
+    "__slots__", "__debug__", "__class__", "__main__", "__future__", "__post_init__",
+    "__len__", "__iter__", "__next__", "__contains__", "__getitem__", "__setitem__", "__delitem__",
+    "__enter__", "__exit__", "__call__", "__repr__", "__str__", "__format__", "__bool__", "__hash__",
+    "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__index__", "__int__", "__float__",
+    "__neg__", "__pos__", "__abs__", "__invert__", "__round__",
+    *(f"__{prefix}{op}__" for op in ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow",
+                                     "and", "or", "xor", "lshift", "rshift") for prefix in ("", "r", "i")),
+})
+# Special methods whose definition is flagged (rule 4): they run outside the call, or fool isinstance.
+HOOK_DEFINITIONS = frozenset({
+    "__del__", "__reduce__", "__reduce_ex__", "__getstate__", "__setstate__", "__getnewargs__",
+    "__getnewargs_ex__", "__class__", "__instancecheck__", "__subclasscheck__", "__getattribute__",
+})
+# A builtin container's subclass may not redefine how the worker reads it back (rule 4).
+_CONTAINERS = frozenset({"dict", "list", "tuple", "set", "frozenset", "str", "bytes", "int", "float", "complex",
+                         "bool", "NamedTuple", "OrderedDict", "defaultdict", "deque", "Counter", "namedtuple"})
+_READ_HOOKS = frozenset({
+    "__iter__", "__getitem__", "__len__", "__contains__", "__bool__", "__index__", "__int__", "__float__",
+    "__eq__", "__hash__", "__str__", "__repr__", "__format__", "items", "keys", "values", "get", "_fields",
+    "_asdict", "__getattr__", "__reversed__", "__copy__", "__deepcopy__", "tolist", "item",
+})
+_TENSOR_BASES = frozenset({"torch.Tensor", "torch.nn.Parameter", "torch.nn.parameter.Parameter"})
+# A module re-exported under another (torch.sys, os.sys, torch.x.time): the chain is checked again from there.
+_REROOT = frozenset({m.split(".")[0] for m in MODULES} - {"trace", "profile", "code", "grader", "mock"})
+_OWN_SUBMODULES = frozenset({"torch.signal"})  # a library's own module named like a standard one: no re-export
+# Names an unresolved object's attribute may not be read by unless called (sys.modules through a parameter).
+_IMPORT_STATE = frozenset({"modules", "meta_path", "path_hooks", "path_importer_cache"})
+# Objects whose attributes honest code sets (autograd's ctx), and tensor attributes honest code sets.
+_OWN = ("self", "cls", "ctx")
+_TENSOR_STORES_OK = frozenset({"data", "grad", "requires_grad"})
+_NAMEDTUPLE_API = frozenset({"_fields", "_asdict", "_replace", "_make", "_field_defaults"})
+
 # Segments that flag a string constant naming them ("_C", "grader.harness.probes"): the name a
-# dynamic lookup would use. Every name in NAMES counts too.
+# dynamic lookup would use. Every name in NAMES, and every special name outside ALLOWED_DUNDERS, counts too.
 STRING_SEGMENTS = frozenset({
     "grader", "ctypes", "_ctypes", "cffi", "_C", "_python_dispatch", "_mode_utils", "_library", "cpp_extension",
-    "_thread", "overrides", "_dynamo", "_subclasses", "_ops",
+    "_thread", "overrides", "_dynamo", "_subclasses", "_ops", "builtins", "importlib", "inspect",
 })
-_ATTRIBUTE_CALLS = ("getattr", "setattr", "delattr")
+
+# Rule 8, with clocks=True: modules and names that read a clock or wait.
+CLOCK_MODULES = frozenset({
+    "time", "datetime", "_datetime", "timeit", "resource", "sched", "select", "selectors", "asyncio", "queue",
+    "_queue", "uuid", "psutil", "pathlib", "io.open", "io.FileIO", "_io", "mmap", "torch.distributed",
+    "os.times", "os.getloadavg", "os.wait3", "os.wait4", "os.stat", "os.fstat", "os.lstat", "os.scandir",
+    "os.open", "os.read", "os.pread", "os.readv", "os.preadv", "os.fdopen", "os.path.getmtime",
+    "os.path.getatime", "os.path.getctime", "os.path.getsize",
+    "torch.profiler", "torch.autograd.profiler", "torch.utils.benchmark", "triton.testing",
+})
+CLOCK_NAMES = frozenset({
+    "sleep", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "process_time", "process_time_ns",
+    "thread_time", "thread_time_ns", "time_ns", "clock_gettime", "clock_gettime_ns", "get_clock_info",
+    "elapsed_time", "st_mtime", "st_mtime_ns", "st_atime", "st_atime_ns", "st_ctime", "st_ctime_ns",
+    "st_birthtime", "getmtime", "getatime", "getctime", "getrusage", "utcnow", "do_bench", "setitimer",
+    "getitimer", "sigtimedwait", "sigwait", "sigwaitinfo", "now", "today", "timedelta", "datetime64",
+    "timedelta64", "TCPStore", "FileStore", "HashStore", "from_file", "fromfile", "loadtxt", "genfromtxt",
+    "memmap", "read_text", "read_bytes", "globaltimer",
+})
+CLOCK_BUILTINS = frozenset({"open"})
+_CLOCK_ROOTS = frozenset({m.split(".")[0] for m in CLOCK_MODULES} - {"select", "torch"})
+_CLOCK_PATHS = ("/proc", "/sys/", "/dev/rtc", "/dev/hpet")
+
 _SELF = ("self", "cls")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _PYTHON_ENCODINGS = ("utf-8", "utf-8-sig", "ascii", "us-ascii", "latin-1", "iso-8859-1")
 _UNSAFE_KEYWORDS = {"weights_only": False, "allow_pickle": True}  # torch.load, numpy.load: unpickling
+_FOLD_LIMIT = 10_000  # characters: a folded string longer than this is not folded (nor built here)
 
 
-def scan(source: str | bytes) -> list[Finding]:
+def scan(source: str | bytes, clocks: bool = False) -> list[Finding]:
     """Every reference in `source` that could tamper with the grader's probes, in line order.
 
-    Bytes are decoded as Python decodes a source file (its coding cookie), so the scan reads the
+    `clocks`: also flag reading a clock or waiting (rule 8), for the structural checks that time the
+    code. Bytes are decoded as Python decodes a source file (its coding cookie), so the scan reads the
     text the interpreter runs. A file that does not parse gives one finding, so that it fails closed."""
     findings: list[Finding] = []
     if isinstance(source, bytes):
@@ -155,15 +311,15 @@ def scan(source: str | bytes) -> list[Finding]:
         line = getattr(exc, "lineno", None) or 1
         return [Finding(line, type(exc).__name__, f"{UNREADABLE} ({getattr(exc, 'msg', exc)})")]
     try:
-        _Scanner(findings).run(tree)
+        _Scanner(findings, clocks).run(tree)
     except RecursionError:  # nested deeper than this process can walk: fail closed
         findings.append(Finding(1, "RecursionError", f"{UNREADABLE} (it nests too deeply)"))
     return sorted(set(findings))
 
 
-def scan_file(path: str | Path) -> list[Finding]:
+def scan_file(path: str | Path, clocks: bool = False) -> list[Finding]:
     """`scan` of a file's bytes (decoded as the interpreter would decode them)."""
-    return scan(Path(path).read_bytes())
+    return scan(Path(path).read_bytes(), clocks=clocks)
 
 
 class Tampered(AssertionError):
@@ -188,11 +344,28 @@ def describe(findings: Sequence[Finding], limit: int = 3) -> str:
 # -- The scanner ------------------------------------------------------------------------------------
 
 
-def _module_rule(path: str) -> str | None:
-    """Why a dotted path is flagged, by the module table, the os process family or torch's privates."""
+def _dunder(name: str) -> bool:
+    return len(name) > 4 and name.startswith("__") and name.endswith("__")
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not _dunder(name)
+
+
+def _module_rule(path: str, clocks: bool) -> str | None:
+    """Why a dotted path is flagged: the module table, the os process family, clocks, private segments,
+    and the same again from every segment that names a module re-exported there (torch.sys.modules)."""
     parts = path.split(".")
+    for start in range(1, len(parts)):
+        if ".".join(parts[:start + 1]) in _OWN_SUBMODULES:
+            continue
+        if parts[start] in _REROOT or (clocks and parts[start] in _CLOCK_ROOTS):
+            why = _module_rule(".".join(parts[start:]), clocks)
+            if why:
+                return why
     for end in range(1, len(parts) + 1):
-        why = MODULES.get(".".join(parts[:end]))
+        prefix = ".".join(parts[:end])
+        why = MODULES.get(prefix) or (CLOCKS if clocks and prefix in CLOCK_MODULES else None)
         if why:
             return why
     if _OS_PROCESS.match(path):
@@ -201,8 +374,10 @@ def _module_rule(path: str) -> str | None:
         # torch.ops.<namespace>.<operator> names an operator (the guard sees those); after it, and
         # everywhere else under torch, a private segment is internals.
         first_free = 4 if parts[1:2] == ["ops"] else 1
-        if any(p.startswith("_") and not (p.startswith("__") and p.endswith("__")) for p in parts[first_free:]):
+        if any(_private(p) for p in parts[first_free:]):
             return TORCH_PRIVATE
+    elif any(_private(p) for p in parts):
+        return PRIVATE
     return None
 
 
@@ -220,38 +395,254 @@ def _is_self(node: ast.AST) -> bool:
     return isinstance(node, ast.Name) and node.id in _SELF
 
 
-def _private(name: str) -> bool:
-    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+def _bounded(text: str | bytes) -> str | bytes | None:
+    return text if len(text) <= _FOLD_LIMIT else None
+
+
+_TORCH_NAMES: list[frozenset[str]] = []
+
+
+def _torch_attribute_names() -> frozenset[str]:
+    """The public attribute names of torch, torch.Tensor and torch.nn.Module in the grader's own torch:
+    an attribute of that name set on an object the scan cannot resolve patches torch (rule 5)."""
+    if not _TORCH_NAMES:
+        try:
+            import torch
+
+            names = {n for source in (torch, torch.Tensor, torch.nn.Module) for n in dir(source) if not n.startswith("_")}
+        except ImportError:  # pragma: no cover - the grader always has torch
+            names = set()
+        _TORCH_NAMES.append(frozenset(names))
+    return _TORCH_NAMES[0]
+
+
+def _small_int(node: ast.AST) -> int | None:
+    if isinstance(node, ast.Constant) and type(node.value) is int and -_FOLD_LIMIT <= node.value <= _FOLD_LIMIT:
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        value = _small_int(node.operand)
+        return None if value is None else -value
+    return None
+
+
+class _Folder:
+    """Folds expressions made only of constants into the string (or bytes) they evaluate to (rule 7).
+
+    Never evaluates anything: each supported form is computed here, bounded in size. None when the
+    expression is not one of those forms."""
+
+    def __init__(self) -> None:
+        self.cache: dict[int, str | bytes | None] = {}
+
+    def __call__(self, node: ast.AST) -> str | bytes | None:
+        key = id(node)
+        if key not in self.cache:
+            self.cache[key] = None  # a cycle is impossible in an AST; this also bounds re-entry
+            try:
+                self.cache[key] = self.fold(node)
+            except (ValueError, TypeError, IndexError, UnicodeError, OverflowError):
+                self.cache[key] = None
+        return self.cache[key]
+
+    def seq(self, node: ast.AST) -> list | None:
+        """A list, tuple or string of constants, element by element."""
+        if isinstance(node, (ast.List, ast.Tuple)):
+            items = [self(e) for e in node.elts]
+            if all(isinstance(i, str) for i in items):
+                return items
+            ints = [_small_int(e) for e in node.elts]
+            return ints if all(i is not None for i in ints) else None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("reversed", "list",
+                                                                                                "tuple") and len(node.args) == 1:
+            inner = self.seq(node.args[0])
+            return None if inner is None else (inner[::-1] if node.func.id == "reversed" else inner)
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "map"
+                and len(node.args) == 2 and isinstance(node.args[0], ast.Name) and node.args[0].id == "chr"):
+            codes = self.seq(node.args[1])
+            return None if codes is None or not all(isinstance(c, int) for c in codes) else [chr(c) for c in codes]
+        text = self(node)
+        return list(text) if isinstance(text, str) else None
+
+    def fold(self, node: ast.AST) -> str | bytes | None:
+        if isinstance(node, ast.Constant):
+            return node.value if isinstance(node.value, (str, bytes)) else None
+        if isinstance(node, ast.JoinedStr):
+            parts = []
+            for value in node.values:
+                part = self(value.value) if isinstance(value, ast.FormattedValue) else self(value)
+                if not isinstance(part, str):
+                    return None
+                parts.append(part)
+            return _bounded("".join(parts))
+        if isinstance(node, ast.BinOp):
+            left = self(node.left)
+            if isinstance(node.op, ast.Add):
+                right = self(node.right)
+                if isinstance(left, str) and isinstance(right, str) or isinstance(left, bytes) and isinstance(right, bytes):
+                    return _bounded(left + right)
+            elif isinstance(node.op, ast.Mult):
+                count = _small_int(node.right)
+                if left is not None and count is not None and len(left) * max(count, 0) <= _FOLD_LIMIT:
+                    return left * count
+            elif isinstance(node.op, ast.Mod) and isinstance(left, str):
+                right = self(node.right)
+                if isinstance(right, str):
+                    return _bounded(left % right)
+                if isinstance(node.right, ast.Tuple):
+                    items = [self(e) for e in node.right.elts]
+                    if all(isinstance(i, str) for i in items):
+                        return _bounded(left % tuple(items))
+            return None
+        if isinstance(node, ast.Subscript):
+            base = self(node.value)
+            if base is None:
+                return None
+            if isinstance(node.slice, ast.Slice):
+                bounds = []
+                for part in (node.slice.lower, node.slice.upper, node.slice.step):
+                    value = None if part is None else _small_int(part)
+                    if part is not None and value is None:
+                        return None
+                    bounds.append(value)
+                return base[slice(*bounds)]
+            index = _small_int(node.slice)
+            return None if index is None or isinstance(base, bytes) else base[index]
+        if isinstance(node, ast.Call):
+            return self.fold_call(node)
+        return None
+
+    def fold_call(self, node: ast.Call) -> str | bytes | None:
+        func, args = node.func, node.args
+        if node.keywords and not (isinstance(func, ast.Attribute) and func.attr in ("decode", "encode")):
+            return None
+        if isinstance(func, ast.Name):
+            if func.id == "chr" and len(args) == 1:
+                code = _small_int(args[0]) if not isinstance(args[0], ast.BinOp) else self.int_expr(args[0])
+                return None if code is None or not 0 <= code < 0x110000 else chr(code)
+            if func.id == "str" and len(args) == 1:
+                return self(args[0]) if isinstance(self(args[0]), str) else None
+            if func.id in ("bytes", "bytearray") and len(args) == 1:
+                codes = self.seq(args[0])
+                return bytes(codes) if codes is not None and all(isinstance(c, int) for c in codes) else None
+            return None
+        if not isinstance(func, ast.Attribute):
+            return None
+        if func.attr == "fromhex" and isinstance(func.value, ast.Name) and func.value.id == "bytes" and len(args) == 1:
+            text = self(args[0])
+            return bytes.fromhex(text) if isinstance(text, str) else None
+        base = self(func.value)
+        if base is None:
+            return None
+        if func.attr == "join" and len(args) == 1:
+            items = self.seq(args[0])
+            if items is not None and all(isinstance(i, type(base)) for i in items):
+                return _bounded(base.join(items))
+            return None
+        if func.attr == "decode" and isinstance(base, bytes):
+            encoding = self(args[0]) if args else "utf-8"
+            for keyword in node.keywords:
+                if keyword.arg == "encoding":
+                    encoding = self(keyword.value)
+            return base.decode(encoding) if isinstance(encoding, str) and encoding.lower() in _PYTHON_ENCODINGS else None
+        if func.attr in ("upper", "lower", "strip", "lstrip", "rstrip", "title", "capitalize", "swapcase") and not args:
+            return getattr(base, func.attr)()
+        if func.attr == "replace" and len(args) == 2:
+            old, new = self(args[0]), self(args[1])
+            if type(old) is type(base) and type(new) is type(base):
+                return _bounded(base.replace(old, new))
+            return None
+        if func.attr == "format" and isinstance(base, str) and "{" in base and "." not in base and "[" not in base:
+            items = [self(a) for a in args]
+            return _bounded(base.format(*items)) if all(isinstance(i, str) for i in items) else None
+        return None
+
+    def int_expr(self, node: ast.AST) -> int | None:
+        """Small integer arithmetic for chr(): chr(100 + 15)."""
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+            left, right = self.int_expr(node.left), self.int_expr(node.right)
+            if left is None or right is None:
+                return None
+            return left + right if isinstance(node.op, ast.Add) else left - right
+        return _small_int(node)
 
 
 class _Scanner(ast.NodeVisitor):
-    def __init__(self, findings: list[Finding]):
+    def __init__(self, findings: list[Finding], clocks: bool = False):
         self.findings = findings
+        self.clocks = clocks
         self.aliases: dict[str, str] = {}  # local name -> the dotted module path it was imported as
         self.bound: set[str] = set()  # names the file binds itself (its own `compile` is no builtin)
+        self.type_names: set[str] = set()  # names assigned from type(x): a class, for rule 5
+        self.direct: set[int] = set()  # ids of getattr & co. names that are the function of a direct call
+        self.modules: set[str] = set()  # names bound to a module by `import` (or assigned from one)
+        self.parents: dict[int, ast.AST] = {}
+        self.own_attributes: set[str] = set(_NAMEDTUPLE_API)  # attribute names the file itself defines
+        self.fold = _Folder()
 
     def flag(self, node: ast.AST, what: str, why: str) -> None:
         self.findings.append(Finding(getattr(node, "lineno", 1), what, why))
 
     def run(self, tree: ast.AST) -> None:
+        stores: dict[str, int] = {}
+        simple: dict[str, ast.AST] = {}  # name -> the value of its one plain assignment
+        values: dict[str, list[ast.AST]] = {}  # name -> every value assigned to it
         for node in ast.walk(tree):  # aliases and bindings first: a function may use a name bound below it
+            for child in ast.iter_child_nodes(node):
+                self.parents[id(child)] = node
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.asname:
                         self.aliases[alias.asname] = alias.name
+                        self.modules.add(alias.asname)
                     else:
                         root = alias.name.split(".")[0]
                         self.aliases[root] = root
+                        self.modules.add(root)
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 for alias in node.names:
                     if alias.name != "*":
                         self.aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
             elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                 self.bound.add(node.id)
+                stores[node.id] = stores.get(node.id, 0) + 1
             elif isinstance(node, ast.arg):
                 self.bound.add(node.arg)
+                stores[node.arg] = stores.get(node.arg, 0) + 1
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 self.bound.add(node.name)
+                stores[node.name] = stores.get(node.name, 0) + 1
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                self.own_attributes.add(node.attr)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                self.own_attributes.add(node.name)
+            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if len(targets) == 1 and isinstance(targets[0], ast.Name) and node.value is not None:
+                    simple[targets[0].id] = node.value
+                    values.setdefault(targets[0].id, []).append(node.value)
+                for target in targets:  # class-body and module-level names are attributes of the file's own
+                    if isinstance(target, ast.Name):
+                        self.own_attributes.add(target.id)
+        # A name assigned once from an aliased chain is that chain (s = sys; T = torch.Tensor), to a fixpoint.
+        changed = True
+        while changed:
+            changed = False
+            for name, value in simple.items():
+                if name in self.aliases or stores.get(name) != 1:
+                    continue
+                path = self.dotted(value)
+                if path is not None:
+                    self.aliases[name] = path
+                    if isinstance(value, ast.Name) and value.id in self.modules:
+                        self.modules.add(name)
+                    changed = True
+                elif self.is_type_call(value):
+                    self.type_names.add(name)
+        # A name assigned, even once among several, from a chain the scan resolves or from type(x): its
+        # attributes are a module's or a class's (rule 5).
+        for name, assigned in values.items():
+            if name not in self.aliases and any(self.dotted(v) is not None or self.is_type_call(v) for v in assigned):
+                self.type_names.add(name)
         self.bound -= set(self.aliases)
         self.visit(tree)
 
@@ -266,13 +657,65 @@ class _Scanner(ast.NodeVisitor):
             return f"{base}.{node.attr}" if base else None
         return None
 
+    def is_type_call(self, node: ast.AST) -> bool:
+        return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "type"
+                and "type" not in self.bound and len(node.args) == 1)
+
+    def rule_for_name(self, name: str) -> str | None:
+        """Why an attribute name is flagged on any object (rules 1, 4 and 8)."""
+        if name in NAMES:
+            return NAMES[name]
+        if self.clocks and name in CLOCK_NAMES:
+            return CLOCKS
+        if _dunder(name) and name not in ALLOWED_DUNDERS:
+            return DUNDER
+        return None
+
     def check_path(self, node: ast.AST, path: str) -> bool:
-        """Flag a resolved dotted path by the module table, torch's privates, or its last name."""
+        """Flag a resolved dotted path by the module table, private segments, or its last name."""
         last = path.rsplit(".", 1)[-1]
-        why = _module_rule(path) or NAMES.get(last) or ATTRIBUTES_ONLY.get(last)
+        why = _module_rule(path, self.clocks) or self.rule_for_name(last)
         if why:
             self.flag(node, path, why)
         return why is not None
+
+    def patch_target(self, node: ast.AST) -> str | None:
+        """What an object whose attribute is assigned stands for, when it is a module, a class from one,
+        type(x) or a chain through __class__ (rule 5); None for the file's own objects."""
+        path = self.dotted(node)
+        if path is not None:
+            return path
+        if self.is_type_call(node):
+            return "type(...)"
+        if isinstance(node, ast.Name) and node.id in self.type_names:
+            return f"{node.id} (= a library object or type(...))"
+        chain = node
+        while isinstance(chain, ast.Attribute):
+            if chain.attr == "__class__":
+                return "...__class__"
+            chain = chain.value
+        return None
+
+    def check_string(self, node: ast.AST, text: str) -> None:
+        """Rule 7 (and 8): a string that names the machinery."""
+        if len(text) <= 200 and _IDENTIFIER.match(text):
+            for part in text.split("."):
+                if (part in NAMES or part in STRING_SEGMENTS or (_dunder(part) and part not in ALLOWED_DUNDERS)
+                        or (self.clocks and part in CLOCK_NAMES)):
+                    self.flag(node, repr(text), f"{DYNAMIC} (a string that names the grader's machinery)")
+                    return
+        elif self.clocks and any(p in text for p in _CLOCK_PATHS) and len(text) <= 4096:
+            self.flag(node, repr(text[:60]), f"{CLOCKS} (/proc and /sys hold the system's clocks)")
+
+    def folded(self, node: ast.AST) -> bool:
+        """Check an expression of constants as the string it folds to; True when it folded."""
+        value = self.fold(node)
+        if isinstance(value, bytes):
+            value = value.decode("latin-1")
+        if isinstance(value, str):
+            self.check_string(node, value)
+            return True
+        return False
 
     # -- visitors
 
@@ -291,67 +734,199 @@ class _Scanner(ast.NodeVisitor):
                     self.check_path(node, f"{node.module}.{alias.name}")
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
+        own = isinstance(node.value, ast.Name) and node.value.id in _OWN
+        if isinstance(node.ctx, (ast.Store, ast.Del)):
+            target = self.patch_target(node.value)
+            if target is not None:
+                self.flag(node, f"{target}.{node.attr} = ...", PATCHES)
+            elif node.attr == "__class__":
+                self.flag(node, "...__class__ = ...", CLASS_HOOK)
+            elif not own and _dunder(node.attr):
+                self.flag(node, f"...{node.attr} = ...", PATCHES)
+            elif not own and node.attr in _torch_attribute_names() and node.attr not in _TENSOR_STORES_OK:
+                self.flag(node, f"...{node.attr} = ...", f"{PATCHES} (torch has an attribute of that name)")
         path = self.dotted(node)
+        if path is None and not own and _private(node.attr) and node.attr not in self.own_attributes:
+            self.flag(node, f"...{node.attr}", PRIVATE)
+        if (path is None and node.attr in _IMPORT_STATE and isinstance(node.ctx, ast.Load)
+                and not isinstance(self.parents.get(id(node)), ast.Call)):
+            self.flag(node, f"...{node.attr}", HARNESS)
         if path is not None:
             if self.check_path(node, path):
                 return  # one finding per chain, not one more for each of its prefixes
             if node.attr == "__dict__":
-                self.flag(node, path, DYNAMIC)
+                self.flag(node, path, BY_NAME)
                 return
-        elif node.attr in NAMES or node.attr in ATTRIBUTES_ONLY:
-            self.flag(node, f"...{node.attr}", NAMES.get(node.attr) or ATTRIBUTES_ONLY[node.attr])
-            return
-        elif node.attr == "__dict__" and not _is_self(node.value):
-            self.flag(node, "...__dict__", DYNAMIC)
-            return
+        elif node.attr == "__dict__":
+            if not _is_self(node.value):
+                self.flag(node, "...__dict__", BY_NAME)
+        else:
+            why = self.rule_for_name(node.attr)
+            if why:
+                self.flag(node, f"...{node.attr}", why)
+        self.generic_visit(node)  # the object it is read from may hold more (globals()[k].__dict__)
+
+    def visit_Expr(self, node: ast.Expr) -> None:
+        if isinstance(node.value, ast.Constant):
+            return  # a docstring, or any bare constant: a statement that does nothing
         self.generic_visit(node)
 
     def visit_Name(self, node: ast.Name) -> None:
-        if node.id in self.bound or node.id in self.aliases:
+        name = node.id
+        if _dunder(name) and name not in ALLOWED_DUNDERS and name not in NAMES:
+            self.flag(node, name, DUNDER)
+        if name == "__class__" and isinstance(node.ctx, ast.Store):
+            self.flag(node, "__class__ = ...", CLASS_HOOK)
+        if name in self.modules and isinstance(node.ctx, ast.Load) and not self.module_reference(node):
+            self.flag(node, f"{name} (a module) used as a value", BY_NAME)
+        if name in self.bound or name in self.aliases:
             return
-        why = BUILTINS.get(node.id) or NAMES.get(node.id)
+        if name in _ATTRIBUTE_CALLS + _NAMESPACE_CALLS and id(node) not in self.direct:
+            self.flag(node, f"{name} used as a value" if name in _ATTRIBUTE_CALLS else f"{name}()", BY_NAME)
+            return
+        why = BUILTINS.get(name) or NAMES.get(name) or (CLOCKS if self.clocks and name in CLOCK_BUILTINS else None)
         if why:
-            self.flag(node, node.id, why)
+            self.flag(node, name, why)
+
+    def module_reference(self, node: ast.Name) -> bool:
+        """A module's name where the scan can follow it: the root of an attribute chain, getattr's object
+        with a literal name, or the value of a name assigned once (an alias)."""
+        parent = self.parents.get(id(node))
+        if isinstance(parent, ast.Attribute) and parent.value is node:
+            return True
+        if (isinstance(parent, ast.Call) and parent.args and parent.args[0] is node and isinstance(parent.func, ast.Name)
+                and parent.func.id in ("getattr", "hasattr") and len(parent.args) >= 2
+                and isinstance(self.fold(parent.args[1]), str)):
+            return True
+        if isinstance(parent, (ast.Assign, ast.AnnAssign)) and parent.value is node:
+            targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
+            return len(targets) == 1 and isinstance(targets[0], ast.Name) and targets[0].id in self.aliases
+        return False
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
         if isinstance(func, ast.Name) and func.id not in self.bound and func.id not in self.aliases:
-            if func.id in _ATTRIBUTE_CALLS and len(node.args) >= 2:
-                self.check_attribute_call(node, func.id, node.args[0], node.args[1])
-            elif func.id == "vars" and node.args and not _is_self(node.args[0]):
-                self.flag(node, "vars(...)", DYNAMIC)
+            if func.id in _ATTRIBUTE_CALLS:
+                self.direct.add(id(func))
+                args = node.args
+                if len(args) >= 2 and not any(isinstance(a, ast.Starred) for a in args[:2]) and not node.keywords:
+                    self.check_attribute_call(node, func.id, args[0], args[1])
+                else:
+                    self.flag(node, f"{func.id} with a computed name", BY_NAME)
+            elif func.id == "vars" and len(node.args) == 1 and _is_self(node.args[0]) and not node.keywords:
+                self.direct.add(id(func))
+            elif func.id == "type" and len(node.args) != 1:
+                self.flag(node, "type(name, bases, namespace)", DYNAMIC)
         for keyword in node.keywords:
             if keyword.arg in _UNSAFE_KEYWORDS:
                 safe = not _UNSAFE_KEYWORDS[keyword.arg]
                 if not (isinstance(keyword.value, ast.Constant) and keyword.value.value is safe):
                     self.flag(keyword.value, f"{keyword.arg}=...", f"{DYNAMIC} (unpickling can call any function)")
-        self.generic_visit(node)
+        if not self.folded(node):
+            self.generic_visit(node)
 
     def check_attribute_call(self, node: ast.Call, call: str, target: ast.AST, name: ast.AST) -> None:
-        """getattr(obj, name) and friends: a constant name is an attribute; a computed one hides it."""
-        if isinstance(name, ast.Constant) and isinstance(name.value, str):
-            base = self.dotted(target)
-            if base is not None:
-                self.check_path(node, f"{base}.{name.value}")
-            elif name.value in NAMES or (_private(name.value) and not _is_self(target)):
-                self.flag(node, f"{call}(..., {name.value!r})", NAMES.get(name.value, DYNAMIC))
-        elif not _is_self(target):
-            self.flag(node, f"{call} with a computed name", DYNAMIC)
+        """getattr(obj, name) and friends: a literal name is an attribute; a computed one hides it."""
+        literal = self.fold(name)
+        if not isinstance(literal, str):
+            self.flag(node, f"{call} with a computed name", BY_NAME)
+            return
+        if call in ("setattr", "delattr"):
+            where = self.patch_target(target)
+            if where is not None:
+                self.flag(node, f"{call}({where}, {literal!r})", PATCHES)
+            elif not _is_self(target) or _dunder(literal):
+                self.flag(node, f"{call}(..., {literal!r})", f"{PATCHES} (setattr and delattr: only on self)")
+        base = self.dotted(target)
+        if base is not None:
+            self.check_path(node, f"{base}.{literal}")
+            return
+        why = self.rule_for_name(literal)
+        if why is None and literal == "__dict__" and not _is_self(target):
+            why = BY_NAME
+        if why is None and _private(literal) and not _is_self(target):
+            why = DYNAMIC
+        if why:
+            self.flag(node, f"{call}(..., {literal!r})", why)
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        if not self.folded(node):
+            self.generic_visit(node)
+
+    def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
+        if not self.folded(node):
+            self.generic_visit(node)
+
+    def visit_Subscript(self, node: ast.Subscript) -> None:
+        if not self.folded(node):
+            self.generic_visit(node)
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        if isinstance(node.value, str):
+            self.check_string(node, node.value)
+
+    def visit_MatchClass(self, node: ast.MatchClass) -> None:
+        # case C(attr=pattern) reads subject.attr: each keyword is an attribute name (rule 3).
+        for attr in node.kwd_attrs:
+            why = self.rule_for_name(attr)
+            if why is None and (attr == "__dict__" or _private(attr)):
+                why = BY_NAME
+            if why:
+                self.flag(node, f"case ...({attr}=...)", why)
+        self.generic_visit(node)
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         if node.name in NAMES:  # defining __torch_dispatch__ makes an object the dispatcher calls into
             self.flag(node, node.name, NAMES[node.name])
+        elif node.name in HOOK_DEFINITIONS:
+            self.flag(node, f"def {node.name}", LATER if node.name in ("__del__",) else CLASS_HOOK)
+        self.scan_annotations([a.annotation for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs,
+                                                      node.args.vararg, node.args.kwarg) if a is not None]
+                              + [node.returns])
         self.generic_visit(node)
 
     visit_AsyncFunctionDef = visit_FunctionDef
 
-    def visit_Constant(self, node: ast.Constant) -> None:
-        text = node.value
-        if isinstance(text, str) and len(text) <= 200 and _IDENTIFIER.match(text):
-            if any(part in NAMES or part in STRING_SEGMENTS for part in text.split(".")):
-                self.flag(node, repr(text), f"{DYNAMIC} (a string that names the grader's machinery)")
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        self.scan_annotations([node.annotation])
+        self.generic_visit(node)
+
+    def scan_annotations(self, annotations: list[ast.AST | None]) -> None:
+        """Rule 6: the strings inside an annotation are expressions that typing may evaluate."""
+        for annotation in annotations:
+            if annotation is None:
+                continue
+            for inner in ast.walk(annotation):
+                if isinstance(inner, ast.Constant) and isinstance(inner.value, str) and len(inner.value) <= _FOLD_LIMIT:
+                    try:
+                        code = ast.parse(inner.value.strip(), mode="eval")
+                    except (SyntaxError, ValueError, RecursionError, MemoryError):
+                        continue
+                    ast.increment_lineno(code, inner.lineno - 1)
+                    self.visit(code)
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        bases = [self.dotted(b) or (b.id if isinstance(b, ast.Name) else getattr(b, "attr", "")) for b in node.bases]
+        for keyword in node.keywords:
+            if keyword.arg == "metaclass":
+                self.flag(node, f"class {node.name}(metaclass=...)", CLASS_HOOK)
+        for base in bases:
+            short = base.rsplit(".", 1)[-1] if base else ""
+            if base in _TENSOR_BASES:
+                self.flag(node, f"class {node.name}({base})", CLASS_HOOK)
+            elif short == "type" or base == "abc.ABCMeta":
+                self.flag(node, f"class {node.name}({base})", CLASS_HOOK)
+            elif short in _CONTAINERS:
+                for item in node.body:
+                    names = ([item.name] if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) else
+                             [t.id for t in getattr(item, "targets", [getattr(item, "target", None)])
+                              if isinstance(t, ast.Name)])
+                    for name in names:
+                        if name in _READ_HOOKS:
+                            self.flag(item, f"class {node.name}({short}).{name}", CLASS_HOOK)
+        self.generic_visit(node)
 
 
-def scan_sources(sources: Iterable[tuple[str, str | bytes]]) -> dict[str, list[Finding]]:
+def scan_sources(sources: Iterable[tuple[str, str | bytes]], clocks: bool = False) -> dict[str, list[Finding]]:
     """`scan` of several named sources: name -> findings (for tests and reports)."""
-    return {name: scan(source) for name, source in sources}
+    return {name: scan(source, clocks=clocks) for name, source in sources}
