@@ -61,7 +61,7 @@ $(VENV)/.test-deps: $(BIN)/grader pyproject.toml
 
 JOBS   ?= 2
 test: $(VENV)/.test-deps          ## the project's own tests (JOBS=n parallel processes)
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadgroup tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadgroup --durations=25 tests
 
 bench: setup                      ## CPU/GPU benchmark of one exercise: make bench EX=<id>
 	@test -n "$(EX)" || (echo "usage: make bench EX=<exercise id>" && exit 2)
