@@ -36,3 +36,27 @@ def test_a_message_names_the_cause(tmp_path, name, check_id, words, not_words):
         assert word in text, f"expected {word!r} in {name}'s {check_id} messages: {text[:1500]}"
     for word in not_words:
         assert word.lower() not in text.lower(), f"{name}'s {check_id} messages should not blame {word!r}: {text[:1500]}"
+
+
+# lazy_batch judges the whole call's memory traffic: slicing an eager update into many small operations does not
+# change the sum (it beat the count of large writes this check used before), and neither does moving the
+# traffic from writes to reads (a left-looking update, one column at a time).
+@pytest.mark.parametrize("name,words", [
+    ("eager_updates_in_column_slices", ["elements per weight of W", "however the update is cut into operations",
+                                        "Busiest: copy_", "sub_"]),
+    ("left_looking_per_column", ["elements per weight of W", "re-reading every earlier column's error",
+                                 "Busiest: mv"]),
+])
+def test_the_lazy_batch_message_names_the_traffic(tmp_path, name, words):
+    check, text = failing_messages(tmp_path, name, "lazy_batch")
+    assert check["points"] == 0, f"{name} must lose lazy_batch: {check}"
+    for word in words:
+        assert word in text, f"expected {word!r} in {name}'s lazy_batch message: {text[:1500]}"
+
+
+@pytest.mark.slow  # about 3 minutes: every CPU check of the exercise
+def test_slicing_the_eager_update_loses_the_lazy_batch_and_nothing_else(tmp_path):
+    folder = write_mutant(ROOT, EXERCISE, BY_NAME["eager_updates_in_column_slices"], tmp_path / "slices")
+    checks = checks_of(grade_folder(folder, ["gptq"]), "gptq")
+    lost = {c for c, check in checks.items() if check["status"] != "not_graded" and check["points"] < check["max_points"]}
+    assert lost == {"lazy_batch"}, f"an eager update is correct, only not lazy: it should lose lazy_batch alone, lost {sorted(lost)}"

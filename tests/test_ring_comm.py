@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grader.support.ring_allreduce import CommError, RankFailed, forbidden_collectives, run_distributed, run_simulated
+from grader.support.ring_allreduce import (CommError, RankFailed, forbidden_collectives, message_digest, run_distributed,
+                                          run_simulated)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,3 +123,59 @@ def test_the_benchmark_reports_volume_and_bus_bandwidth(capsys):
     rows = [line.split() for line in out.splitlines() if line.strip().startswith("2 ") and "0.05" in line]
     assert rows and len(rows[0]) == 5, out  # N, MB, gloo's busbw, the submission's, and their ratio
     assert float(rows[0][4]) > 0, out
+
+
+# --------------------------------------------------------------------------------------------------
+# What a rank sees, and the trace the grader reads
+
+
+def test_a_rank_sees_only_rank_world_size_and_send_recv():
+    seen = {}
+
+    def peek(tensor, comm):
+        seen[comm.rank] = (comm.world_size, sorted(n for n in dir(comm) if not n.startswith("__")))
+        for name in ("_counters", "_ring", "_trace", "_dist", "stats", "messages_sent"):
+            assert not hasattr(comm, name), name
+        with pytest.raises(AttributeError):
+            comm.rank = 5
+        with pytest.raises(AttributeError):
+            comm.send_recv = print
+        pass_right(tensor, comm)
+
+    out = run_simulated(peek, [torch.zeros(2) for _ in range(3)], trace=True)
+    assert seen == {r: (3, ["rank", "send_recv", "world_size"]) for r in range(3)}, seen
+    assert out["messages_sent"] == [1, 1, 1]
+
+
+def test_the_trace_holds_what_was_delivered_and_digests_match_it():
+    def pass_then_scribble(tensor, comm):
+        pass_right(tensor, comm)
+        tensor.fill_(-1.0)  # changing the buffer after sending does not change what was sent
+
+    tensors = [torch.arange(4.0) + 10 * r for r in range(3)]
+    copies = run_simulated(pass_then_scribble, [t.clone() for t in tensors], trace=True)["trace"]
+    digests = run_simulated(pass_then_scribble, [t.clone() for t in tensors], trace="digest")["trace"]
+    for r in range(3):
+        assert torch.equal(copies[r][0]["sent"], tensors[r]), copies[r]
+        assert digests[r][0] == {"dst": (r + 1) % 3, "src": (r - 1) % 3, "dtype": "float32", "numel": 4,
+                                 "digest": message_digest(tensors[r])}, digests[r]
+    with pytest.raises(ValueError, match="trace"):
+        run_simulated(pass_right, tensors, trace="all")
+
+
+def test_a_digest_sees_every_bit_but_the_sign_of_zero():
+    a = torch.tensor([1.0, -0.0, 3.0])
+    assert message_digest(a) == message_digest(torch.tensor([1.0, 0.0, 3.0]))
+    assert message_digest(a) != message_digest(torch.tensor([1.0, 0.0, 3.0000002]))
+    assert message_digest(a) != message_digest(a.double())  # the dtype is part of the message
+    assert message_digest(torch.arange(6)[::2]) == message_digest(torch.tensor([0, 2, 4]))  # any layout: its elements
+    assert message_digest(torch.ones(2, dtype=torch.bfloat16)) != message_digest(torch.ones(3, dtype=torch.bfloat16))
+
+
+def test_real_processes_record_every_message():
+    out = run_distributed(pass_right, [torch.full((3,), float(r)) for r in range(2)], trace="digest")
+    assert out["trace"] == [
+        [{"dst": 1, "src": 1, "dtype": "float32", "numel": 3, "digest": message_digest(torch.zeros(3))}],
+        [{"dst": 0, "src": 0, "dtype": "float32", "numel": 3, "digest": message_digest(torch.ones(3))}],
+    ], out["trace"]
+    assert "trace" not in run_distributed(pass_right, [torch.zeros(1) for _ in range(2)])

@@ -6,13 +6,17 @@ Your functions run on the course's simulated ring (N threads, one per rank) thro
 `student.drive`, which calls grader.support.ring_allreduce.run_simulated(fn, tensors, ...): rank r
 runs fn(tensors[r], comm_r, ...). One test runs them on real processes over torch.distributed.
 The oracles are plain sums over ranks, never a clever implementation.
+
+The ring_allreduce tests also read every message each rank sent (run_simulated(..., trace=True)) and
+compare it with what the ring must send at that step: right sums sent through some other channel (a
+global variable, a file) with dummy messages do not pass.
 """
 
 import pytest
 import torch
 
 from grader.support.ring_allreduce import forbidden_collectives
-from grader.testing import is_close
+from grader.testing import is_close, show
 
 SIMULATED = "grader.support.ring_allreduce:run_simulated"
 DISTRIBUTED = "grader.support.ring_allreduce:run_distributed_cases"
@@ -43,6 +47,42 @@ def chunk_slice(n: int, world: int, c: int) -> slice:
     return slice(start, start + sizes[c])
 
 
+def ring_messages(xs: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """What rank r sends at each step of ring_allreduce, from the contract. Reduce-scatter step s: its partial
+    sum of chunk c = (r - s) % N, x_c + x_(c+1) + ... + x_r (the chunk started on rank c and picked up one rank
+    per hop), in the tensor's dtype. All-gather step s: the finished chunk (r + 1 - s) % N, summed over all N
+    ranks in the same ring order."""
+    world, flats = len(xs), [x.reshape(-1) for x in xs]
+    n = flats[0].numel()
+
+    def ring_sum(c: int, hops: int) -> torch.Tensor:
+        part = chunk_slice(n, world, c)
+        acc = flats[c][part].clone()
+        for k in range(1, hops + 1):
+            acc = acc + flats[(c + k) % world][part]
+        return acc
+
+    return [[ring_sum((r - s) % world, s) for s in range(world - 1)]
+            + [ring_sum((r + 1 - s) % world, world - 1) for s in range(world - 1)] for r in range(world)]
+
+
+def assert_ring_messages(run: dict, xs: list[torch.Tensor], what: str) -> None:
+    """Every message in run["trace"] is the one the ring sends at that step, element for element."""
+    world, want = len(xs), ring_messages(xs)
+    for r in range(world):
+        sent = [m["sent"] for m in run["trace"][r]]
+        assert len(sent) == len(want[r]), f"{what}: rank {r} made {len(sent)} exchanges, expected {len(want[r])}"
+        for e, (got, expected) in enumerate(zip(sent, want[r])):
+            phase, step = ("reduce-scatter", e) if e < world - 1 else ("all-gather", e - world + 1)
+            assert got.dtype == expected.dtype and torch.equal(got, expected), (
+                f"{what}: rank {r}'s message at {phase} step {step} holds {show(got)}, the ring sends "
+                f"{show(expected)} there: "
+                + (f"its partial sum of chunk {(r - step) % world}" if phase == "reduce-scatter" else
+                   f"the finished chunk {(r + 1 - step) % world}")
+                + ". comm.send_recv is the only channel between ranks, and every message must be exactly the ring's"
+            )
+
+
 @pytest.mark.check("rs_public")
 def test_reduce_scatter_three_ranks(student, ra):
     world, n = 3, 7  # chunks of 3, 2, 2 elements
@@ -58,7 +98,7 @@ def test_reduce_scatter_three_ranks(student, ra):
         part = chunk_slice(n, world, owned)
         got, want = run["outputs"][r][part], total[part]
         assert torch.equal(got, want), (
-            f"rank {r}, chunk {owned}: found {got.tolist()}, expected the sum over ranks {want.tolist()}. "
+            f"rank {r}, chunk {owned}: found {show(got)}, expected the sum over ranks {show(want)}. "
             f"At step s, rank r sends chunk (r - s) % N and adds the chunk (r - s - 1) % N it receives."
         )
 
@@ -73,7 +113,7 @@ def test_reduce_scatter_two_ranks_uneven(student, ra):
         owned = (r + 1) % world
         got = run["outputs"][r][chunk_slice(n, world, owned)]
         assert torch.equal(got, total[chunk_slice(n, world, owned)]), (
-            f"rank {r}, chunk {owned}: found {got.tolist()}; with n = 5 and N = 2 the chunks are "
+            f"rank {r}, chunk {owned}: found {show(got)}; with n = 5 and N = 2 the chunks are "
             "[0:3] and [3:5] (torch.tensor_split): the first n % N chunks are one element longer"
         )
 
@@ -92,7 +132,7 @@ def test_all_gather_overwrites(student, ra):
     for r in range(world):
         got = run["outputs"][r]
         assert torch.equal(got, final), (
-            f"rank {r} ends with {got.tolist()}, expected {final.tolist()} everywhere. "
+            f"rank {r} ends with {show(got)}, expected {show(final)} everywhere. "
             + ("Values are off by the stale contents: all-gather must overwrite (copy), never add. "
                if is_close(got, final, atol=5.0) else "")
             + "At step s, send chunk (owned - s) % N and receive chunk (owned - s - 1) % N into place."
@@ -109,7 +149,7 @@ def test_all_gather_uses_owned(student, ra):
     run = student.drive(SIMULATED, ra.ring_all_gather, xs, rank_args=[(r,) for r in range(world)])
     for r in range(world):
         assert torch.equal(run["outputs"][r], final), (
-            f"with owned = rank, rank {r} ends with {run['outputs'][r].tolist()}, expected {final.tolist()}: "
+            f"with owned = rank, rank {r} ends with {show(run['outputs'][r])}, expected {show(final)}: "
             "compute the chunk indices from `owned`, not from the rank"
         )
 
@@ -120,10 +160,11 @@ def test_allreduce_sums(student, ra, world):
     n = 10
     xs = rank_inputs(world, n, torch.int64)
     total = sum(x.clone() for x in xs)
-    run = student.drive(SIMULATED, ra.ring_allreduce, xs)
+    run = student.drive(SIMULATED, ra.ring_allreduce, [x.clone() for x in xs], trace=True)
     for r in range(world):
         got = run["outputs"][r]
         assert got.dtype == torch.int64, f"rank {r}: the tensor became {got.dtype}; keep the caller's dtype"
+        assert got.shape == total.shape, f"rank {r}: the tensor's shape became {tuple(got.shape)}, expected ({n},)"
         bad = (got != total).nonzero().flatten().tolist()
         assert not bad, (
             f"N={world}, rank {r}: position {bad[0]} holds {int(got[bad[0]])}, expected {int(total[bad[0]])} "
@@ -131,6 +172,7 @@ def test_allreduce_sums(student, ra, world):
             + ("It still holds this rank's own value: is the result written into the caller's tensor? "
                if int(got[bad[0]]) == 100 * r + bad[0] else "")
         )
+    assert_ring_messages(run, xs, f"N={world}, n={n}")
 
 
 @pytest.mark.check("allreduce_public")
@@ -139,34 +181,37 @@ def test_allreduce_transposed_input(student, ra):
     bases = [torch.arange(12, dtype=torch.float32).reshape(4, 3) * (r + 1) for r in range(world)]
     xs = [b.t() for b in bases]  # shape [3, 4], not contiguous
     total = sum(x.clone() for x in xs)
-    run = student.drive(SIMULATED, ra.ring_allreduce, xs)
+    originals = [x.clone() for x in xs]
+    run = student.drive(SIMULATED, ra.ring_allreduce, xs, trace=True)
     for r in range(world):
         got = run["outputs"][r]
         assert got.shape == (3, 4), f"rank {r}: shape changed to {tuple(got.shape)}"
         assert torch.equal(got, total), (
-            f"rank {r}: a transposed input came back as {got.tolist()}, expected {total.tolist()}. "
+            f"rank {r}: a transposed input came back as {show(got)}, expected {show(total)}. "
             "tensor.reshape(-1) of a transpose is a copy: work on it, then copy the result back into tensor."
         )
+    assert_ring_messages(run, originals, "N=3, a transposed [3, 4] input")
 
 
 @pytest.mark.check("allreduce_public")
 def test_allreduce_on_real_processes(student, ra):
     world = 2
     cases = [rank_inputs(world, 9, torch.float64), rank_inputs(world, 1, torch.int64)]  # n = 1: one chunk is empty
-    runs = student.drive(DISTRIBUTED, ra.ring_allreduce, cases)
+    runs = student.drive(DISTRIBUTED, ra.ring_allreduce, cases, trace=True)
     for case, run in zip(cases, runs):
         total = case[0] + case[1]
         for r in range(world):
             assert torch.equal(run["outputs"][r], total), (
-                f"on 2 real processes over gloo, rank {r} holds {run['outputs'][r].tolist()}, "
-                f"expected {total.tolist()}; try the same input with run_simulated, which names the culprit"
+                f"on 2 real processes over gloo, rank {r} holds {show(run['outputs'][r])}, "
+                f"expected {show(total)}; try the same input with run_simulated, which names the culprit"
             )
+        assert_ring_messages(run, case, f"on 2 real processes over gloo, n={case[0].numel()}")
 
 
 @pytest.mark.check("volume_public")
 @pytest.mark.parametrize("world, n", [(4, 10), (3, 2)])
 def test_allreduce_sends_the_optimum(student, ra, world, n):
-    run = student.drive(SIMULATED, ra.ring_allreduce, rank_inputs(world, n))
+    run = student.drive(SIMULATED, ra.ring_allreduce, rank_inputs(world, n), trace=True)
     sizes = chunk_sizes(n, world)
     for r in range(world):
         want = 2 * n - sizes[(r + 1) % world] - sizes[(r + 2) % world]
@@ -176,6 +221,7 @@ def test_allreduce_sends_the_optimum(student, ra, world, n):
         )
         assert run["elements_sent"][r] == want, (
             f"N={world}, n={n}: rank {r} sent {run['elements_sent'][r]} elements in messages of "
-            f"{run['message_sizes'][r]}; the ring sends one chunk per step, {want} elements in all "
+            f"{show(run['message_sizes'][r])}; the ring sends one chunk per step, {want} elements in all "
             f"(chunk sizes {sizes})"
         )
+    assert_ring_messages(run, rank_inputs(world, n), f"N={world}, n={n}")

@@ -11,7 +11,8 @@ The student's functions take a communicator ``comm`` with exactly this interface
         # and number of elements as the send buffer on the other side. Returns None.
 
 Two implementations, both counting what each rank sends (``messages_sent``, ``elements_sent``,
-``bytes_sent``, ``message_sizes``):
+``bytes_sent``, ``message_sizes``) and, when asked (``trace=True``, or ``trace="digest"`` for a
+fingerprint of each message instead of a copy), recording every message it sends:
 
 * `SimulatedComm`: N ranks as threads in one process, exchanging through queues. A mismatched
   exchange, a rank waiting for a message that never comes (a deadlock, a peer that returned or
@@ -32,12 +33,20 @@ Run your own code on either (from the repository root)::
     run = run_distributed(ring_allreduce, [torch.arange(10.0) * (r + 1) for r in range(4)])
 
 `run_distributed` forks the calling process (Linux): the ranks inherit your function and inputs.
+
+What a rank's code is handed is a `RankView`: ``rank``, ``world_size`` and ``send_recv``, nothing
+else. The counters and the trace stay with the driver, out of the ranks' reach, because they are the
+evidence the grader reads: the messages a rank sent, each recorded from the very copy that is
+delivered. The ranks share a process (simulated) or a machine (real), so a module-level variable or
+a file could carry data between them; the grader does not try to stop that, it checks the messages:
+each must be exactly what the ring sends at that step (grader/hidden/ring_allreduce, README.md).
 """
 
 from __future__ import annotations
 
 import collections
 import datetime
+import hashlib
 import operator
 import os
 import shutil
@@ -51,8 +60,9 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 
 __all__ = [
-    "Communicator", "CommError", "SimulatedComm", "DistributedComm",
+    "Communicator", "CommError", "SimulatedComm", "DistributedComm", "RankView",
     "run_simulated", "run_distributed", "run_distributed_cases", "run_on_processes", "forbidden_collectives",
+    "message_digest",
 ]
 
 
@@ -60,7 +70,8 @@ class Communicator(Protocol):
     rank: int
     world_size: int
 
-    def send_recv(self, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int) -> None: ...
+    def send_recv(self, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int) -> None:
+        """Send `send` to rank `dst` and, at the same time, receive from rank `src` into `recv`."""
 
 
 class CommError(RuntimeError):
@@ -198,6 +209,71 @@ def _mismatch(rank: int, src: int, got: str, recv: torch.Tensor, theirs: int, mi
     )
 
 
+def message_digest(elements: torch.Tensor) -> str:
+    """A fingerprint of one message: its dtype, its length and its elements' bits, in row-major order.
+
+    Equal for two messages exactly when they are equal element for element as torch.equal sees them
+    (a float -0.0 counts as 0.0); the grader compares it with the digest of the message the ring must
+    send, so a large run need not send every message back."""
+    flat = elements.detach().reshape(-1).to("cpu")
+    flat = torch.empty(flat.numel(), dtype=flat.dtype).copy_(flat)  # stride 1 (a 1-element view may have any)
+    if flat.is_floating_point() or flat.is_complex():
+        flat.add_(0)  # -0.0 + 0 is 0.0: one fingerprint for the two zeros
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{str(flat.dtype).removeprefix('torch.')}:{flat.numel()}:".encode())
+    if flat.numel():
+        h.update(flat.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+_TRACE_MODES = (False, True, "digest")
+
+
+def _trace_mode(trace: Any) -> bool | str:
+    if not any(trace is mode or (isinstance(mode, str) and trace == mode) for mode in _TRACE_MODES):
+        raise ValueError(f"trace must be False, True (a copy of every message) or 'digest', found {trace!r}")
+    return trace
+
+
+def _trace_entry(payload: torch.Tensor, dst: int, src: int, mode: bool | str, private: bool = False) -> dict:
+    """What the trace keeps of one message: its peers and the message (``sent``, a flat copy; `payload`
+    itself when it is `private`, a copy nobody else holds) or, for ``trace="digest"``, its dtype, length
+    and `message_digest`."""
+    if mode == "digest":
+        return {"dst": dst, "src": src, "dtype": str(payload.dtype).removeprefix("torch."), "numel": payload.numel(),
+                "digest": message_digest(payload)}
+    sent = payload if private and payload.device.type == "cpu" else payload.detach().reshape(-1).to("cpu", copy=True)
+    return {"dst": dst, "src": src, "sent": sent}
+
+
+class RankView:
+    """One rank's communicator as the rank's code sees it: ``rank``, ``world_size`` and ``send_recv``.
+
+    It holds the communicator only inside a function, so the counters and trace behind it, which
+    the grader reads, are not attributes a rank can reach; its attributes cannot be set."""
+
+    __slots__ = ("rank", "world_size", "send_recv")
+
+    def __init__(self, comm: Any):
+        exchange = comm.send_recv
+
+        def send_recv(send: torch.Tensor, dst: int, recv: torch.Tensor, src: int) -> None:
+            exchange(send, dst, recv, src)
+
+        send_recv.__doc__ = Communicator.send_recv.__doc__
+        for name, value in (("rank", comm.rank), ("world_size", comm.world_size), ("send_recv", send_recv)):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"the communicator is read-only (tried to set {name!r})")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"the communicator is read-only (tried to delete {name!r})")
+
+    def __repr__(self) -> str:
+        return f"Communicator(rank={self.rank}, world_size={self.world_size})"
+
+
 # --------------------------------------------------------------------------------------------------
 # The simulated ring: threads and queues
 
@@ -232,8 +308,8 @@ class _Ring:
             "Each rank must receive from the rank that sends to it, the same number of times."
         )
 
-    def exchange(self, rank: int, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int) -> None:
-        payload = send.detach().reshape(-1).clone()  # a buffered send: the sender may reuse its buffer
+    def exchange(self, rank: int, payload: torch.Tensor, dst: int, recv: torch.Tensor, src: int) -> None:
+        """`payload`: the sender's own flat copy of the message (a buffered send: it may reuse its buffer)."""
         with self.cond:
             if self.failure:
                 raise PeerFailed(self.failure)
@@ -299,18 +375,20 @@ class _CountedComm:
 class SimulatedComm(_CountedComm):
     """One rank of a simulated ring (see the module docstring). Made by `run_simulated`."""
 
-    def __init__(self, ring: _Ring, rank: int, trace: list | None = None):
+    def __init__(self, ring: _Ring, rank: int, trace: list | None = None, trace_mode: bool | str = True):
         self._ring = ring
         self._counters = _Counters(rank, ring.world_size)
-        self._trace = trace  # with run_simulated(..., trace=True): a copy of every message this rank sends
+        self._trace = trace  # with run_simulated(..., trace=...): every message this rank sends
+        self._trace_mode = trace_mode
         self.rank = rank
         self.world_size = ring.world_size
 
     def send_recv(self, send: torch.Tensor, dst: int, recv: torch.Tensor, src: int) -> None:
         dst, src = self._counters.check(send, dst, recv, src)
+        payload = send.detach().reshape(-1).clone()  # one copy: what is traced is what is delivered
         if self._trace is not None:
-            self._trace.append({"dst": dst, "src": src, "sent": send.detach().reshape(-1).clone()})
-        self._ring.exchange(self.rank, send, dst, recv, src)
+            self._trace.append(_trace_entry(payload, dst, src, self._trace_mode, private=True))
+        self._ring.exchange(self.rank, payload, dst, recv, src)
 
     def __repr__(self) -> str:
         return f"SimulatedComm(rank={self.rank}, world_size={self.world_size})"
@@ -330,24 +408,27 @@ def _rank_args(rank_args: Sequence[Sequence[Any]] | None, world_size: int) -> li
 
 def run_simulated(
     fn: Callable, tensors: Sequence[torch.Tensor], *args: Any,
-    rank_args: Sequence[Sequence[Any]] | None = None, timeout_s: float = 60.0, trace: bool = False,
+    rank_args: Sequence[Sequence[Any]] | None = None, timeout_s: float = 60.0, trace: bool | str = False,
 ) -> dict:
     """Run ``fn(tensors[r], comm_r, *args, *rank_args[r])`` on N = len(tensors) simulated ranks at once.
 
     Each rank is a thread; the tensors are changed in place. Returns a dict of per-rank lists:
     ``outputs`` (the tensors), ``returns`` (what fn returned), ``messages_sent``, ``elements_sent``,
     ``bytes_sent``, ``message_sizes``; with ``trace=True`` also ``trace``: each rank's exchanges in order,
-    as ``{"dst", "src", "sent"}`` (a flat copy of the elements sent). If a rank raises, its exception is
-    raised here (the first one; errors that only follow from it are not reported); a deadlock or a
-    message nobody received raises `CommError`.
+    as ``{"dst", "src", "sent"}`` (a flat copy of the elements sent), or with ``trace="digest"`` as
+    ``{"dst", "src", "dtype", "numel", "digest"}`` (`message_digest` of the elements sent). If a rank
+    raises, its exception is raised here (the first one; errors that only follow from it are not
+    reported); a deadlock or a message nobody received raises `CommError`.
     """
+    trace = _trace_mode(trace)
     world_size = len(tensors)
     if world_size < 1:
         raise ValueError("run_simulated needs one tensor per rank, found none")
     extra = _rank_args(rank_args, world_size)
     ring = _Ring(world_size)
     traces: list[list[dict]] = [[] for _ in range(world_size)]
-    comms = [SimulatedComm(ring, r, traces[r] if trace else None) for r in range(world_size)]
+    comms = [SimulatedComm(ring, r, traces[r] if trace else None, trace) for r in range(world_size)]
+    views = [RankView(c) for c in comms]  # what the ranks get: the counters and traces stay here
     returns: list[Any] = [None] * world_size
     errors: list[tuple[int, BaseException]] = []
     order = threading.Lock()
@@ -355,7 +436,7 @@ def run_simulated(
     def body(rank: int) -> None:
         failed = True
         try:
-            returns[rank] = fn(tensors[rank], comms[rank], *args, *extra[rank])
+            returns[rank] = fn(tensors[rank], views[rank], *args, *extra[rank])
             failed = False
         except BaseException as exc:  # noqa: BLE001 - reported by the driver
             with order:
@@ -412,10 +493,12 @@ class DistributedComm(_CountedComm):
     """
 
     def __init__(self, rank: int, world_size: int, device: torch.device | str = "cpu", tag: int = 0,
-                 checked: bool = True, timeout_s: float = 60.0):
+                 checked: bool = True, timeout_s: float = 60.0, trace: bool | str = False):
         import torch.distributed as dist
 
         self._dist = dist
+        self._trace_mode = _trace_mode(trace)
+        self.trace: list[dict] = []  # with trace=...: every message this rank sends (see run_simulated)
         self._counters = _Counters(rank, world_size)
         self.rank, self.world_size = rank, world_size
         self.device = torch.device(device)
@@ -458,6 +541,8 @@ class DistributedComm(_CountedComm):
                 raise _mismatch(self.rank, src, f"{length} {name} elements", recv, their_exchange, self._exchanges)
         payload = send.detach()
         payload = payload if payload.is_contiguous() else payload.contiguous()
+        if self._trace_mode:  # from the payload itself, just before it goes (one thread: nothing changes it)
+            self.trace.append(_trace_entry(payload, dst, src, self._trace_mode))
         landing = recv if recv.is_contiguous() else torch.empty_like(recv, memory_format=torch.contiguous_format)
         with torch.no_grad():
             self._swap(payload, dst, landing, src)
@@ -601,13 +686,15 @@ def _reap(pids: dict[int, int]) -> None:
 def run_distributed_cases(
     fn: Callable, cases: Sequence[Sequence[torch.Tensor]], *args: Any,
     rank_args: Sequence[Sequence[Any]] | None = None, backend: str = "gloo", timeout_s: float = 60.0,
-    checked: bool = True,
+    checked: bool = True, trace: bool | str = False,
 ) -> list[dict]:
     """`run_distributed` for several inputs on one set of processes (start-up is paid once).
 
     Every case holds one tensor per rank, all cases the same number of ranks. Returns one dict per case
-    (``outputs`` on the CPU, ``returns``, and the per-rank counters, as `run_simulated`).
+    (``outputs`` on the CPU, ``returns``, and the per-rank counters, as `run_simulated`; with `trace`,
+    also ``trace``, as `run_simulated`'s).
     """
+    trace = _trace_mode(trace)
     if not cases:
         return []
     world_size = len(cases[0])
@@ -620,31 +707,31 @@ def run_distributed_cases(
         out = []
         for index, case in enumerate(cases):
             x = case[rank].to(device)
-            comm = DistributedComm(rank, n, device, tag=index, checked=checked, timeout_s=timeout_s / 2)
-            ret = fn(x, comm, *args, *extra[rank])
+            comm = DistributedComm(rank, n, device, tag=index, checked=checked, timeout_s=timeout_s / 2, trace=trace)
+            ret = fn(x, RankView(comm), *args, *extra[rank])  # the counters and trace stay here
             if device.type == "cuda":
                 torch.cuda.synchronize()
-            out.append({"output": x.cpu(), "return": ret, **comm.stats()})
+            out.append({"output": x.cpu(), "return": ret, "trace": comm.trace, **comm.stats()})
         return out
 
     per_rank = run_on_processes(body, world_size, backend, timeout_s, code.co_filename if code else None)
     results = []
     for index in range(len(cases)):
         rows = [per_rank[r][index] for r in range(world_size)]
-        results.append({
-            "outputs": [row["output"] for row in rows],
-            "returns": [row["return"] for row in rows],
-            **_collect(rows),
-        })
+        result = {"outputs": [row["output"] for row in rows], "returns": [row["return"] for row in rows],
+                  **_collect(rows)}
+        results.append({**result, "trace": [row["trace"] for row in rows]} if trace else result)
     return results
 
 
 def run_distributed(
     fn: Callable, tensors: Sequence[torch.Tensor], *args: Any,
     rank_args: Sequence[Sequence[Any]] | None = None, backend: str = "gloo", timeout_s: float = 60.0,
+    trace: bool | str = False,
 ) -> dict:
     """Run ``fn(tensors[r], comm_r, *args, *rank_args[r])`` on N = len(tensors) real processes.
 
     Unlike `run_simulated`, the ranks work on copies: read the results from ``outputs``.
     """
-    return run_distributed_cases(fn, [tensors], *args, rank_args=rank_args, backend=backend, timeout_s=timeout_s)[0]
+    return run_distributed_cases(fn, [tensors], *args, rank_args=rank_args, backend=backend, timeout_s=timeout_s,
+                                 trace=trace)[0]

@@ -4,6 +4,34 @@ from tests.known_wrong import Mutant
 
 _EXACT = ["allreduce", "layouts", "distributed", "allreduce_public"]
 
+_ALLREDUCE_BODY = """    with flat_view(tensor) as flat:
+        owned = ring_reduce_scatter(flat, comm)
+        ring_all_gather(flat, comm, owned)"""
+# ring_allreduce's body for a side channel: {setup} names the run (the k-th call of this rank at this world size:
+# every run calls every rank once), {publish} puts this rank's input there before its first exchange, and {collect}
+# reads all ranks' inputs after N - 1 exchanges: by then every rank has published (each exchange waits for the left
+# neighbour, which published before its own first exchange). The ring order is then summed from the inputs.
+_SIDE_CHANNEL = """    rank, world = comm.rank, comm.world_size
+    right, left = neighbours(comm)
+    calls = _CALLS[(world, rank)] = _CALLS.get((world, rank), 0) + 1
+{setup}    with flat_view(tensor) as flat:
+        chunks = split_chunks(flat, world)
+{publish}        for step in range(world - 1):
+            send, recv = chunks[(rank - step) % world], chunks[(rank - step - 1) % world]
+            comm.send_recv(torch.zeros_like(send), right, torch.empty_like(recv), left)
+        inputs = {collect}
+        for c in range(world):
+            parts = [x.tensor_split(world)[c] for x in inputs]
+            acc = parts[c].clone()
+            for hop in range(1, world):
+                acc = acc + parts[(c + hop) % world]
+            chunks[c].copy_(acc)
+        for step in range(world - 1):
+            send, recv = chunks[(right - step) % world], chunks[(right - step - 1) % world]
+            comm.send_recv(torch.zeros_like(send), right, torch.empty_like(recv), left)"""
+_SIDE_CHANNEL_LOSES = ["allreduce", "float_order", "layouts", "volume", "distributed", "allreduce_public",
+                       "volume_public"]
+
 MUTANTS = [
     Mutant(
         name="wrong_recv_chunk",
@@ -126,6 +154,38 @@ MUTANTS = [
         why="works on tensor.reshape(-1), which is a copy for a transposed tensor, and never writes the result back",
         edits=[("    tensor.copy_(flat.view(tensor.shape))", "    pass")],
         loses=["layouts", "allreduce", "distributed", "allreduce_public"],
+    ),
+    # The red team's side channel: the sums travel outside comm.send_recv, and the ring only carries dummies of the
+    # right sizes, so the counts and the results were right. Only ring_allreduce cheats; its two phases stay honest.
+    Mutant(
+        name="side_channel_files",
+        why="each rank writes its tensor to a file in /tmp and reads everyone's back, and sends zeros of the right "
+            "sizes through the ring: the sums, the message counts and the sizes are all right",
+        edits=[(_ALLREDUCE_BODY, _SIDE_CHANNEL.format(
+            publish="        _save(flat, os.path.join(folder, f'{rank}.pt'))\n",
+            collect="[torch.load(os.path.join(folder, f'{j}.pt')) for j in range(world)]",
+            setup="    folder = os.path.join(tempfile.gettempdir(), f'ring-side-{os.getppid()}-{world}-{calls}')\n"
+                  "    os.makedirs(folder, exist_ok=True)\n")),
+               ("import contextlib\n", "import contextlib\nimport os\nimport tempfile\n"),
+               ("def ring_allreduce(tensor: torch.Tensor, comm: Communicator) -> None:",
+                "def _save(t: torch.Tensor, path: str) -> None:\n"
+                "    torch.save(t.clone(), path + '.tmp')\n"
+                "    os.replace(path + '.tmp', path)\n\n\n"
+                "_CALLS: dict = {}\n\n\n"
+                "def ring_allreduce(tensor: torch.Tensor, comm: Communicator) -> None:")],
+        loses=_SIDE_CHANNEL_LOSES,
+    ),
+    Mutant(
+        name="side_channel_module_global",
+        why="the simulated ranks are threads of one process, so each rank puts its tensor in a module-level dict and "
+            "reads everyone's back, sending zeros of the right sizes through the ring",
+        edits=[(_ALLREDUCE_BODY, _SIDE_CHANNEL.format(
+            publish="        _SHARED[(world, calls, rank)] = flat.clone()\n",
+            collect="[_SHARED[(world, calls, j)] for j in range(world)]", setup="")),
+               ("def ring_allreduce(tensor: torch.Tensor, comm: Communicator) -> None:",
+                "_CALLS: dict = {}\n_SHARED: dict = {}\n\n\n"
+                "def ring_allreduce(tensor: torch.Tensor, comm: Communicator) -> None:")],
+        loses=_SIDE_CHANNEL_LOSES,
     ),
     Mutant(
         name="calls_all_reduce",

@@ -3,10 +3,21 @@
 Oracles, all written out here: chunk bounds from the formula (first n % N chunks one longer), the
 exact sum over ranks in int64, and the ring-order sum in the tensor's dtype, chunk by chunk:
 chunk c is ((x_c + x_(c+1)) + x_(c+2)) + ... + x_(c-1), ranks mod N. The communication volume is
-read from the course's simulated ring, which counts every message each rank sends. Generated cases
-(random N, n, dtype and layout from the run's seed) are traced: the contract says what every message
-holds (rank r's partial sum of chunk (r - s) % N at reduce-scatter step s, a final chunk in the
-all-gather), so a failure names the first message that left the ring and what it holds instead.
+read from the course's simulated ring, which counts every message each rank sends.
+
+Every run that sends a message is traced, and every message is checked: the contract says what each
+holds (rank r's partial sum of chunk (r - s) % N at reduce-scatter step s, in the ring order and the
+tensor's dtype; a finished chunk in the all-gather), so it must equal the oracle's, bit for bit, for
+float and integer inputs alike, on the simulated ring and on real processes. The ranks share a process
+(threads) or a machine (forked processes), so a module-level variable or a file can carry data between
+them, and nothing here stops that; what it proves is that comm.send_recv carried exactly the ring's
+messages. A submission that moves data some other way and sends dummies of the right sizes fails, in
+every check that sends a message; one that computes the ring's messages from data it got another way
+sends what the ring sends, which is the ring. The trace is recorded by the course's communicator from
+the very copy it delivers, and the ranks see only rank, world_size and send_recv (RankView), so the
+trace is not theirs to rewrite without the introspection that the trusted scan fails. Small runs keep a
+copy of every message (a failure names the first that left the ring and what it holds instead); large
+ones and real processes keep a digest of each (grader.support.ring_allreduce.message_digest).
 """
 
 from __future__ import annotations
@@ -17,8 +28,8 @@ from typing import NamedTuple
 import pytest
 import torch
 
-from grader.support.ring_allreduce import forbidden_collectives
-from grader.testing import is_close, mismatches
+from grader.support.ring_allreduce import forbidden_collectives, message_digest
+from grader.testing import is_close, mismatches, show
 
 SIMULATED = "grader.support.ring_allreduce:run_simulated"
 DISTRIBUTED = "grader.support.ring_allreduce:run_distributed_cases"
@@ -147,8 +158,33 @@ def first_wrong(got: torch.Tensor, want: torch.Tensor, world: int) -> str:
             + (" (all close to the sum: the order or dtype of the additions?)" if close else ""))
 
 
-def run_ring(student, fn, xs, **kwargs):
-    return student.drive(SIMULATED, fn, [x.clone() for x in xs], **kwargs)
+def run_ring(student, fn, xs, trace=True, **kwargs):
+    """fn on a simulated ring of copies of xs, every message traced (a copy each, or a digest)."""
+    return student.drive(SIMULATED, fn, [x.clone() for x in xs], trace=trace, **kwargs)
+
+
+RING_ONLY = (
+    "Every message must be exactly what the ring sends at that step: at reduce-scatter step s, rank r's partial "
+    "sum of chunk (r - s) % N (its own values plus what it received for that chunk, in the tensor's dtype); at "
+    "all-gather step s, the finished chunk (owned - s) % N. comm.send_recv is the only channel between ranks: the "
+    "grader checks what it carries, not only the results"
+)
+
+
+def assert_ring_messages(run: dict, flats: list[torch.Tensor], kind: str, what: str, shift: int = 1,
+                         finals: list | None = None) -> None:
+    """Every message of a traced run is the ring's: right peers, dtype, length and elements, bit for bit.
+
+    `flats`: the ranks' inputs, flat, as they were before the run; `kind`: "allreduce", "reduce_scatter" or
+    "all_gather" (owned = (rank + shift) % N, finished chunks `finals`, by default the ring-order sums)."""
+    first = trace_divergence(run, flats, kind, shift, finals)
+    if first:
+        pytest.fail(f"{what}: the messages are not the ring's. The first that left it: {first}. {RING_ONLY}")
+
+
+def flat_copies(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The ranks' inputs as flat, contiguous copies, taken before a run changes them."""
+    return [x.reshape(-1).clone() for x in xs]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -182,6 +218,7 @@ def test_reduce_scatter(student, ra, rng, world):
                 else:
                     assert torch.equal(got, want), explain_float(
                         got, want, exact_sum(xs)[lo:hi], r, label + f", chunk {owned}", hi - lo, world)
+            assert_ring_messages(run, xs, "reduce_scatter", label)
 
 
 @pytest.mark.check("reduce_scatter")
@@ -198,6 +235,7 @@ def test_reduce_scatter_keeps_the_dtype_and_shape(student, ra, rng):
         assert torch.equal(out.reshape(-1)[lo:hi], want), explain_float(
             out.reshape(-1)[lo:hi], want, exact_sum(xs)[lo:hi], r, "ring_reduce_scatter, bfloat16 [5, 7, 3]",
             hi - lo, 3)
+    assert_ring_messages(run, flat_copies(xs), "reduce_scatter", "ring_reduce_scatter, bfloat16 [5, 7, 3]")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -231,6 +269,9 @@ def test_all_gather(student, ra, rng, world):
                         + ("That is the final value plus the stale one: overwrite, never add. " if stale else "")
                         + "At step s send chunk (owned - s) % N, receive chunk (owned - s - 1) % N."
                     )
+            finals = [final[slice(*bounds(n, world, c))] for c in range(world)]
+            assert_ring_messages(run, xs, "all_gather", f"ring_all_gather, N={world}, n={n}, {dtype}, owned = "
+                                 f"(rank + {shift}) % N", shift=shift, finals=finals)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -250,6 +291,7 @@ def test_allreduce_exact(student, ra, seed, world, dtype):
             assert got.dtype == dtype, f"N={world}, n={n}: rank {r}'s tensor became {got.dtype}; keep {dtype}"
             if not torch.equal(got.reshape(-1).to(want.dtype), want):
                 pytest.fail(explain_int(xs, got, want.to(torch.int64), r, f"ring_allreduce, N={world}, n={n}, {dtype}"))
+        assert_ring_messages(run, xs, "allreduce", f"ring_allreduce, N={world}, n={n}, {dtype}")
 
 
 def transposed_int_inputs(world: int, rows: int, cols: int, dtype: torch.dtype, offset: int) -> list[torch.Tensor]:
@@ -275,7 +317,8 @@ def test_allreduce_exact_transposed(student, ra, seed, world, dtype):
     for rows, cols in transposed_shapes(world):
         xs = transposed_int_inputs(world, rows, cols, dtype, offset=seed % 1000)
         want = exact_sum(xs)  # flat, in row-major order
-        run = student.drive(SIMULATED, ra.ring_allreduce, xs)  # the very tensors, strides and all
+        flats = flat_copies(xs)
+        run = student.drive(SIMULATED, ra.ring_allreduce, xs, trace=True)  # the very tensors, strides and all
         label = f"ring_allreduce, N={world}, transposed {dtype} [{rows}, {cols}] (strides (1, {rows}))"
         for r in range(world):
             got = run["outputs"][r]
@@ -288,6 +331,7 @@ def test_allreduce_exact_transposed(student, ra, seed, world, dtype):
                     + " A transposed tensor is chunked in its logical row-major order (tensor.reshape(-1), a "
                     "copy), and the result is copied back into the caller's tensor."
                 )
+        assert_ring_messages(run, flats, "allreduce", label)
 
 
 @pytest.mark.check("allreduce")
@@ -303,12 +347,14 @@ def test_allreduce_large(student, ra, seed, world, dtype, transposed):
         xs = int_inputs(world, BIG, dtype, offset=seed % 1000)
     want = exact_sum(xs)
     label = f"ring_allreduce, N={world}, n=2^20+3, {dtype}" + (", transposed [7, 149797]" if transposed else "")
-    run = student.drive(SIMULATED, ra.ring_allreduce, xs)
+    flats = flat_copies(xs)
+    run = student.drive(SIMULATED, ra.ring_allreduce, xs, trace="digest")
     for r in range(world):
         got = run["outputs"][r]
         assert got.dtype == dtype, f"{label}: rank {r}'s tensor became {got.dtype}; keep {dtype}"
         if not torch.equal(got.reshape(-1).to(want.dtype), want):
             pytest.fail(explain_int(xs, got, want.to(torch.int64), r, label))
+    assert_ring_messages(run, flats, "allreduce", label)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -328,6 +374,7 @@ def test_ring_order(student, ra, rng, world, dtype):
             assert got.dtype == dtype, f"N={world}: rank {r}'s tensor became {got.dtype}; keep {dtype}"
             assert torch.equal(got, want), explain_float(
                 got, want, exact_sum(xs), r, f"N={world}, n={n}, {dtype}", n, world)
+        assert_ring_messages(run, xs, "allreduce", f"ring_allreduce, N={world}, n={n}, {dtype}")
 
 
 @pytest.mark.check("float_order")
@@ -335,12 +382,13 @@ def test_ring_order(student, ra, rng, world, dtype):
 def test_ring_order_large(student, ra, rng, world, dtype):
     xs = rand_inputs(world, BIG, dtype, rng)
     want = ring_order_sum(xs)
-    run = run_ring(student, ra.ring_allreduce, xs)
+    run = run_ring(student, ra.ring_allreduce, xs, trace="digest")
     for r in range(world):
         got = run["outputs"][r]
         assert got.dtype == dtype, f"N={world}, n=2^20+3: rank {r}'s tensor became {got.dtype}; keep {dtype}"
         assert torch.equal(got, want), explain_float(
             got, want, exact_sum(xs), r, f"N={world}, n=2^20+3, {dtype}", BIG, world)
+    assert_ring_messages(run, xs, "allreduce", f"ring_allreduce, N={world}, n=2^20+3, {dtype}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -353,7 +401,8 @@ def _check_layout(student, ra, xs: list[torch.Tensor], label: str) -> None:
         want = ring_order_sum(flat_xs).reshape(xs[0].shape)
     else:
         want = exact_sum(flat_xs).to(xs[0].dtype).reshape(xs[0].shape)
-    run = student.drive(SIMULATED, ra.ring_allreduce, xs)  # the very tensors, strides and all
+    flats = flat_copies(xs)
+    run = student.drive(SIMULATED, ra.ring_allreduce, xs, trace=True)  # the very tensors, strides and all
     for r in range(len(xs)):
         got = run["outputs"][r]
         assert got.shape == want.shape and got.dtype == want.dtype, (
@@ -367,6 +416,7 @@ def _check_layout(student, ra, xs: list[torch.Tensor], label: str) -> None:
                 "non-contiguous tensor has no flat view, so reshape returns a copy: copy the result back into the "
                 "caller's tensor."
             )
+    assert_ring_messages(run, flats, "allreduce", label)
 
 
 @pytest.mark.check("layouts")
@@ -380,7 +430,7 @@ def test_transposed(student, ra, rng, world, dtype):
         want = exact_sum(originals).to(dtype).reshape(37, 29)
     else:
         want = ring_order_sum(originals).reshape(37, 29)
-    run = student.drive(SIMULATED, ra.ring_allreduce, xs)
+    run = student.drive(SIMULATED, ra.ring_allreduce, xs, trace=True)
     for r in range(world):
         got = run["outputs"][r]
         if torch.equal(got, want):
@@ -395,6 +445,7 @@ def test_transposed(student, ra, rng, world, dtype):
             f"{first_wrong(got, want, world)}. Chunk in logical row-major order (tensor.reshape(-1)), not in memory "
             "order, and copy the result back into the caller's tensor."
         )
+    assert_ring_messages(run, flat_copies(originals), "allreduce", f"N={world}, transposed {dtype} [37, 29]")
 
 
 @pytest.mark.check("layouts")
@@ -426,7 +477,7 @@ def test_world_size_one_is_a_no_op(student, ra, rng):
 def test_writes_into_the_callers_tensor(student, ra, rng):
     xs = [torch.randint(-9, 9, (4, 6), generator=rng) for _ in range(3)]
     want = exact_sum(xs).reshape(4, 6)
-    run = student.drive(SIMULATED, ra.ring_allreduce, [x.clone() for x in xs])
+    run = student.drive(SIMULATED, ra.ring_allreduce, [x.clone() for x in xs], trace=True)
     for r in range(3):
         ret = run["returns"][r]
         assert ret is None or isinstance(ret, torch.Tensor), f"rank {r} returned {type(ret).__name__}; return None"
@@ -437,6 +488,7 @@ def test_writes_into_the_callers_tensor(student, ra, rng):
             f"rank {r}: the caller's tensor does not hold the sum: {first_wrong(got, want, 3)}. ring_allreduce works "
             "in place: the result goes into the tensor it was given"
         )
+    assert_ring_messages(run, flat_copies(xs), "allreduce", "ring_allreduce, N=3, int64 [4, 6]")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -448,7 +500,7 @@ def _volume_message(label: str, r: int, run: dict, want_msgs: int, want_elems: i
     if msgs != want_msgs:
         return (
             f"{label}: rank {r} sent {msgs} messages, expected {want_msgs} (one per step, even when a chunk is empty). "
-            f"Message sizes: {run['message_sizes'][r][:12]}"
+            f"Message sizes: {show(run['message_sizes'][r], 12)}"
         )
     if elems != want_elems:
         biggest = max(run["message_sizes"][r], default=0)
@@ -475,9 +527,11 @@ def test_allreduce_volume(student, ra, world):
             expected_sizes = [sizes[(r - s) % world] for s in range(world - 1)] + [
                 sizes[(r + 1 - s) % world] for s in range(world - 1)]
             assert run["message_sizes"][r] == expected_sizes, (
-                f"ring_allreduce, N={world}, n={n}: rank {r} sent messages of {run['message_sizes'][r]} elements, "
-                f"expected {expected_sizes} (chunk (r - s) % N, then chunk (r + 1 - s) % N)"
+                f"ring_allreduce, N={world}, n={n}: rank {r} sent messages of {show(run['message_sizes'][r])} "
+                f"elements, expected {show(expected_sizes)} (chunk (r - s) % N, then chunk (r + 1 - s) % N)"
             )
+        assert_ring_messages(run, int_inputs(world, n, torch.int64, 1), "allreduce",
+                             f"ring_allreduce, N={world}, n={n}")
 
 
 @pytest.mark.check("volume")
@@ -490,6 +544,8 @@ def test_phase_volume(student, ra, world):
         problem = _volume_message(f"ring_reduce_scatter, N={world}, n={n}", r, run, world - 1,
                                   n - sizes[(r + 1) % world], sizes)
         assert problem is None, problem
+    assert_ring_messages(run, int_inputs(world, n, torch.int64, 1), "reduce_scatter",
+                         f"ring_reduce_scatter, N={world}, n={n}")
     shift = 2
     owned = [((r + shift) % world,) for r in range(world)]
     run = run_ring(student, ra.ring_all_gather, int_inputs(world, n, torch.int64, 1), rank_args=owned)
@@ -497,6 +553,10 @@ def test_phase_volume(student, ra, world):
         problem = _volume_message(f"ring_all_gather, N={world}, n={n}, owned=(rank+2)%N", r, run, world - 1,
                                   n - sizes[(r + shift + 1) % world], sizes)
         assert problem is None, problem
+    flats = int_inputs(world, n, torch.int64, 1)
+    finals = [flats[(c - shift) % world][slice(*bounds(n, world, c))] for c in range(world)]
+    assert_ring_messages(run, flats, "all_gather", f"ring_all_gather, N={world}, n={n}, owned=(rank+2)%N", shift=shift,
+                         finals=finals)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -672,6 +732,9 @@ def message_cause(got: torch.Tensor, want: torch.Tensor, state: list, before_gat
     """What a rank most likely did wrong to send `got` where the contract sends `want` (chunk c)."""
     send_rule = ("at reduce-scatter step s rank r sends chunk (r - s) % N" if phase == "reduce-scatter"
                  else "at all-gather step s rank r sends chunk (owned - s) % N")
+    if got.numel() and not got.any() and want.any():
+        return ("the message is all zeros where the ring's is not: a placeholder of the right size? The data must travel "
+                "in the messages themselves")
     for j, held in enumerate(state):
         if j != c and held.numel() == got.numel() and held.numel() and torch.equal(got, held):
             return f"it sent its copy of chunk {j} instead: {send_rule}"
@@ -687,9 +750,11 @@ def message_cause(got: torch.Tensor, want: torch.Tensor, state: list, before_gat
             "receives chunk (r - s - 1) % N from rank (r - 1) % N and adds it into its own copy of that chunk")
 
 
-def trace_divergence(run: dict, case: RingCase, kind: str, shift: int, finals: list | None = None) -> str:
-    """The first exchange (step by step, rank by rank) whose message is not the contract's, explained; '' if none."""
-    world, flats = case.world, case.flats
+def trace_divergence(run: dict, flats: list[torch.Tensor], kind: str, shift: int, finals: list | None = None) -> str:
+    """The first exchange (step by step, rank by rank) whose message is not the contract's, explained; '' if none.
+
+    The trace holds a copy of each message (``sent``) or its digest (``digest``, with ``dtype`` and ``numel``)."""
+    world = len(flats)
     n = flats[0].numel()
     partials = ring_partials(flats)
     finals = finals or [partials[c][world - 1] for c in range(world)]
@@ -706,6 +771,11 @@ def trace_divergence(run: dict, case: RingCase, kind: str, shift: int, finals: l
             if (msg["dst"], msg["src"]) != ((r + 1) % world, (r - 1) % world):
                 return (f"{where}: rank {r} sent to rank {msg['dst']} and received from rank {msg['src']}; in the ring "
                         f"it sends to (r + 1) % N = {(r + 1) % world} and receives from (r - 1) % N = {(r - 1) % world}")
+            if "digest" in msg:
+                problem = digest_divergence(msg, elems, phase, c)
+                if problem:
+                    return f"{where}: {problem}"
+                continue
             got, lo = msg["sent"], bounds(n, world, c)[0]
             state = rank_state(flats, partials, finals, kind, shift, r, phase, step)
             if got.dtype != elems.dtype:
@@ -739,6 +809,23 @@ def trace_divergence(run: dict, case: RingCase, kind: str, shift: int, finals: l
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def digest_divergence(msg: dict, elems: torch.Tensor, phase: str, c: int) -> str:
+    """'' when a digested message is the contract's `elems`; else what differs (dtype, length, or the values)."""
+    if msg["dtype"] != dtype_name(elems.dtype):
+        return (f"it sent {msg['dtype']} elements, the tensor is {dtype_name(elems.dtype)}: accumulate and send in the "
+                "tensor's own dtype (no upcast: each hop rounds)")
+    if msg["numel"] != elems.numel():
+        return f"it sent {msg['numel']} elements, chunk {c} holds {elems.numel()}"
+    if msg["digest"] != message_digest(elems):
+        if elems.any() and msg["digest"] == message_digest(torch.zeros_like(elems)):
+            return (f"it sent {elems.numel()} zeros, as many elements as chunk {c} holds, where the ring's message is not "
+                    "zero: a placeholder of the right size? The data must travel in the messages themselves")
+        what = "its partial sum of" if phase == "reduce-scatter" else "the finished"
+        return (f"it sent {elems.numel()} {dtype_name(elems.dtype)} elements, as many as chunk {c} holds, but not "
+                f"{what} chunk {c} (run the same input on run_simulated with trace=True to see its values)")
+    return ""
 
 
 def result_divergence(got: torch.Tensor, want: torch.Tensor, case: RingCase, r: int, what: str,
@@ -801,13 +888,14 @@ def check_generated_allreduce(student, ra, rng: torch.Generator, dtypes: list, t
         assert_kept_dtype_and_shape(run, case, what)
         for r in range(case.world):
             if not torch.equal(run["outputs"][r].reshape(-1), want):
-                first = trace_divergence(run, case, "allreduce", 1)
+                first = trace_divergence(run, case.flats, "allreduce", 1)
                 pytest.fail(result_divergence(run["outputs"][r], want, case, r, what,
                                               held_before_gather(case, r, "allreduce", 1)) + ". " + (
                     f"The first message that left the ring: {first}" if first else
                     "Every message matched the ring, so the result went wrong in this rank's own buffer: store each "
                     "chunk received in the all-gather in place (overwrite, never add), and copy a non-contiguous "
                     "tensor's flat copy (tensor.reshape(-1)) back"))
+        assert_ring_messages(run, case.flats, "allreduce", what)
 
 
 @pytest.mark.check("allreduce")
@@ -841,11 +929,12 @@ def test_generated_reduce_scatter_ownership(student, ra, rng):
             if not torch.equal(got[lo:hi], want[lo:hi]):
                 full = got.clone()
                 full[lo:hi] = want[lo:hi]  # only the owned chunk is promised
-                first = trace_divergence(run, case, "reduce_scatter", 1)
+                first = trace_divergence(run, case.flats, "reduce_scatter", 1)
                 pytest.fail(result_divergence(got, full, case, r, what + f", owned chunk {owned}") + ". " + (
                     f"The first message that left the ring: {first}" if first else
                     "Every message matched the ring: add the last incoming chunk into this rank's own copy, and copy a "
                     "non-contiguous tensor's flat copy back"))
+        assert_ring_messages(run, case.flats, "reduce_scatter", what)
 
 
 @pytest.mark.check("all_gather")
@@ -875,11 +964,12 @@ def test_generated_all_gather(student, ra, rng):
         assert_kept_dtype_and_shape(run, case, what)
         for r in range(world):
             if not torch.equal(run["outputs"][r].reshape(-1), final):
-                first = trace_divergence(run, case, "all_gather", shift, finals)
+                first = trace_divergence(run, case.flats, "all_gather", shift, finals)
                 pytest.fail(result_divergence(run["outputs"][r], final, case, r, what, case.flats[r], sums=False) + ". " + (
                     f"The first message that left the ring: {first}" if first else
                     "Every message matched the ring: store each incoming chunk in place (overwrite), at chunk "
                     "(owned - s - 1) % N, and copy a non-contiguous tensor's flat copy back"))
+        assert_ring_messages(run, case.flats, "all_gather", what, shift=shift, finals=finals)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -902,9 +992,10 @@ def test_real_processes(student, ra, rng, world):
     if world == 4:
         cases["float32, n=2^20+3 (ring order)"] = rand_inputs(world, BIG, torch.float32, rng)
     labels, inputs = list(cases), list(cases.values())
-    runs = student.drive(DISTRIBUTED, ra.ring_allreduce, inputs)
+    flats = [flat_copies(xs) for xs in inputs]
+    runs = student.drive(DISTRIBUTED, ra.ring_allreduce, inputs, trace="digest")
     assert len(runs) == len(inputs), f"expected {len(inputs)} results, found {len(runs)}"
-    for label, xs, run in zip(labels, inputs, runs):
+    for label, xs, run, flat in zip(labels, inputs, runs, flats):
         if xs[0].dtype in (torch.float32, torch.bfloat16):
             want = ring_order_sum(xs).reshape(xs[0].shape)
         else:
@@ -924,3 +1015,4 @@ def test_real_processes(student, ra, rng, world):
                 f"{world} gloo processes, {label}: rank {r} sent {run['messages_sent'][r]} messages, "
                 f"expected {2 * (world - 1)}"
             )
+        assert_ring_messages(run, flat, "allreduce", f"{world} gloo processes, {label}")
