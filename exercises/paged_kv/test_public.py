@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from grader.harness.probes import KERNELS_ONLY
 from grader.structure import Scaling, assert_flat_on_the_clock, clock
 
 from grader.testing import assert_close
@@ -17,6 +18,14 @@ from grader.testing import assert_close
 @pytest.fixture(scope="module")
 def pk(student):
     return student.load("paged_kv")
+
+
+@pytest.fixture(scope="module")
+def pkk(student):
+    """paged_attention_triton under the kernel rule, as in every check of it (README.md, "How it is graded"):
+    outside a kernel launch the host code may only allocate, view, copy and cast."""
+    return student.load("paged_kv", forbid=[KERNELS_ONLY],
+                        forbid_why="paged_attention_triton walks the block tables inside its kernel")
 
 
 def table_tensor(tables: list[list[int]], width: int) -> torch.Tensor:
@@ -248,9 +257,9 @@ def test_paged_attention_scale(pk):
 
 
 @pytest.mark.check("triton_public")
-def test_paged_attention_triton_small(pk):
+def test_paged_attention_triton_small(pkk):
     q, k, v, tables, seq_lens = small_batch()
-    out = pk.paged_attention_triton(q, k, v, table_tensor(tables, 3), seq_lens)
+    out = pkk.paged_attention_triton(q, k, v, table_tensor(tables, 3), seq_lens)
     want = attention_by_loop(q, k, v, tables, seq_lens)
     assert out.shape == q.shape and out.dtype == q.dtype, f"expected {tuple(q.shape)} {q.dtype}, found {tuple(out.shape)} {out.dtype}"
     assert not torch.isnan(out).any(), "found NaN: a sequence of length 0 must give zeros (guard the division by l = 0)"

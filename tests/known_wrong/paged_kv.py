@@ -230,7 +230,7 @@ MUTANTS = [
         "paged_attention_triton just calls my PyTorch paged_attention; I never wrote the kernel",
         [("    out = torch.empty_like(q)\n    if B == 0:\n        return out\n",
           "    return paged_attention(q, k_cache, v_cache, block_tables, seq_lens, sm_scale)\n")],
-        loses=["triton"],
+        loses=["triton", "triton_public"],
     ),
     Mutant(
         "triton_ignores_sm_scale",
@@ -249,6 +249,43 @@ MUTANTS = [
         "triton_divides_by_zero",
         "my kernel divides by l even for an empty sequence",
         [("out = acc / tl.where(l > 0, l, 1.0)[:, None]", "out = acc / l[:, None]")],
+        loses=["triton", "triton_public"],
+    ),
+    # No kernel doing the work (issue "Trust III"): both passed the `triton` check's "real launch" test.
+    Mutant(
+        "triton_noop_launch_torch_gather",
+        "I launch my kernel with every length 0, so it only writes zeros, then fill the output with my PyTorch "
+        "paged_attention: a real launch, but the gather through the tables happens in torch",
+        [("        q, k_cache, v_cache, block_tables, seq_lens.to(q.device), out, float(scale),",
+          "        q, k_cache, v_cache, block_tables, torch.zeros_like(seq_lens).to(q.device), out, float(scale),"),
+         ("        PRECISION=\"ieee\" if k_cache.dtype == torch.float32 else \"tf32\", num_warps=4,\n    )\n    return out",
+          "        PRECISION=\"ieee\" if k_cache.dtype == torch.float32 else \"tf32\", num_warps=4,\n    )\n"
+          "    out.copy_(paged_attention(q, k_cache, v_cache, block_tables, seq_lens, sm_scale))\n    return out")],
+        loses=["triton", "triton_public"],
+    ),
+    Mutant(
+        "triton_in_numpy",
+        "paged_attention_triton reads the cache and the tables back with .numpy() and walks them in numpy",
+        [("    out = torch.empty_like(q)\n    if B == 0:\n        return out\n", """    import numpy as np
+
+    qq = q.detach().cpu().numpy().astype(np.float64)
+    kc = k_cache.detach().cpu().numpy().astype(np.float64)
+    vc = v_cache.detach().cpu().numpy().astype(np.float64)
+    tables_np, lens = block_tables.cpu().numpy(), seq_lens.cpu().numpy()
+    res = np.zeros(qq.shape)
+    for b in range(B):
+        n = int(lens[b])
+        if n == 0:
+            continue
+        pos = np.arange(n)
+        blocks = tables_np[b, pos // block_size]
+        keys, values = kc[blocks, pos % block_size], vc[blocks, pos % block_size]  # [n, Hkv, D]
+        for h in range(Hq):
+            s = keys[:, h // group] @ qq[b, h] * scale
+            w = np.exp(s - s.max())
+            res[b, h] = (w / w.sum()) @ values[:, h // group]
+    return torch.from_numpy(res).to(q.dtype)
+""")],
         loses=["triton", "triton_public"],
     ),
 ]

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from grader import speed, testing
+from grader.harness.probes import KERNELS_ONLY
 from grader.structure import Scaling, assert_flat_on_the_clock, assert_worker_agrees, clock
 
 DRIVER = "grader.support.paged_kv"
@@ -27,6 +28,14 @@ DRIVER = "grader.support.paged_kv"
 @pytest.fixture(scope="module")
 def pk(student):
     return student.load("paged_kv")
+
+
+@pytest.fixture(scope="module")
+def pkk(student):
+    """paged_attention_triton's calls: under the kernel rule (outside a launch the host code may only allocate,
+    view, copy and cast; the walk through the block tables happens in the kernel)."""
+    return student.load("paged_kv", forbid=[KERNELS_ONLY],
+                        forbid_why="paged_attention_triton walks the block tables inside its kernel")
 
 
 def rand(rng: torch.Generator) -> random.Random:
@@ -215,21 +224,21 @@ def check_records(script: list, expected: list, records: list, num_blocks: int) 
         if "raised" in want:
             assert raised(got, want["raised"]), (
                 f"{where}: expected {want['raised']}, but it "
-                + (f"raised {got['raised']}: {got.get('message', '')}" if "raised" in got else f"returned {got.get('result')!r}")
+                + (f"raised {got['raised']}: {got.get('message', '')}" if "raised" in got else f"returned {testing.show(got.get('result'))}")
             )
         else:
             assert "raised" not in got, f"{where}: expected success, but it raised {got['raised']}: {got.get('message', '')}"
             if op in ("add", "append"):
                 result = got["result"] if op == "add" else pairs(got["result"])
                 what = "cached prompt tokens" if op == "add" else "copy-on-write pairs"
-                assert result == want["result"], f"{where}: expected {what} {want['result']!r}, found {result!r}"
+                assert result == want["result"], f"{where}: expected {what} {want['result']!r}, found {testing.show(result)}"
         state = got.get("state", {})
         for key in ("free", "tables", "tokens", "refs"):
             value = state.get(key)
             assert not isinstance(value, dict), f"{where}: reading the state failed: {value and value.get('error')}"
         tables, refs, free = state["tables"], state["refs"], state["free"]
         for seq, table in zip(live, tables):
-            assert len(set(table)) == len(table), f"{where}: block_table({seq!r}) = {table} holds a block twice"
+            assert len(set(table)) == len(table), f"{where}: block_table({seq!r}) = {testing.show(table)} holds a block twice"
         holders = [0] * num_blocks
         for table in tables:
             for b in table:
@@ -246,9 +255,9 @@ def check_records(script: list, expected: list, records: list, num_blocks: int) 
             "every block must be either free or held by a table"
         )
         assert state["tokens"] == want_state["tokens"], (
-            f"{where}: num_tokens of {live} is {state['tokens']}, expected {want_state['tokens']}"
+            f"{where}: num_tokens of {live} is {testing.show(state['tokens'])}, expected {want_state['tokens']}"
         )
-        assert free == want_state["free"], f"{where}: num_free_blocks is {free}, expected {want_state['free']}"
+        assert free == want_state["free"], f"{where}: num_free_blocks is {testing.show(free)}, expected {want_state['free']}"
         for seq, table, want_table in zip(live, tables, want_state["tables"]):
             assert table == want_table, (
                 f"{where}: block_table({seq!r}) is {table}, expected {want_table}. Blocks come from the front of "
@@ -979,7 +988,7 @@ def step_divergence(op: str, args: tuple, live: list, want: dict, want_state: di
     if "raised" in want:
         if not raised(got, want["raised"]):
             found = (f"raised {got['raised']} ({got.get('message', '')})" if "raised" in got
-                     else f"returned {got.get('result')!r}")
+                     else f"returned {testing.show(got.get('result'))}")
             cause = why_error_differs(op, ctx, want, got)
             result = got.get("result")
             if (want["raised"] == "OutOfBlocks" and op == "add" and isinstance(result, int) and result % block_size == 0
@@ -995,18 +1004,18 @@ def step_divergence(op: str, args: tuple, live: list, want: dict, want_state: di
         n = len(args[1])
         result = got["result"]
         if not isinstance(result, int) or isinstance(result, bool) or result < 0 or result % block_size:
-            return (f"the model finds {want['result']} cached prompt token(s), your manager returned {result!r}",
+            return (f"the model finds {want['result']} cached prompt token(s), your manager returned {testing.show(result)}",
                     "add_sequence returns a count of tokens: whole blocks only, a multiple of block_size")
         table = got.get("state", {}).get("tables")
         mine = table[live.index(args[0])] if isinstance(table, list) and args[0] in live else []
-        seen = f" (table {mine})" if mine else ""
+        seen = f" (table {testing.show(mine)})" if mine else ""
         return (f"the model finds {want['result']} cached prompt token(s) (table "
                 f"{want_state['tables'][live.index(args[0])]}), your manager returned {result}{seen}",
                 why_hits_differ(ctx, want["result"] // block_size, result // block_size, n, block_size,
                                 reused=mine[want["result"] // block_size] if len(mine) > want["result"] // block_size
                                 else None))
     elif op == "append" and pairs(got["result"]) != want["result"]:
-        return (f"the model returns the copies {want['result']}, your manager returned {pairs(got['result'])!r}",
+        return (f"the model returns the copies {want['result']}, your manager returned {testing.show(pairs(got['result']))}",
                 why_copies_differ(ctx, want["result"], got["result"]))
     state = got.get("state", {})
     for key in ("free", "tables", "tokens", "refs"):
@@ -1019,7 +1028,7 @@ def step_divergence(op: str, args: tuple, live: list, want: dict, want_state: di
         unchanged = (f"a call that raises {want['raised']} leaves every table, token count, ref count and the free "
                      "queue as they were: check first (for OutOfBlocks, count the blocks it needs), change second")
     if state["tokens"] != want_state["tokens"]:
-        return (f"num_tokens of {live} are {want_state['tokens']} in the model, {state['tokens']} in your manager{atomic}",
+        return (f"num_tokens of {live} are {want_state['tokens']} in the model, {testing.show(state['tokens'])} in your manager{atomic}",
                 unchanged if atomic else "num_tokens counts the prompt plus every appended token")
     for seq, table, want_table in zip(live, state["tables"], want_state["tables"]):
         if table != want_table:
@@ -1033,14 +1042,14 @@ def step_divergence(op: str, args: tuple, live: list, want: dict, want_state: di
                 cause = f"a copy on write replaces only the last block; {QUEUE_RULE}"
             else:
                 cause = QUEUE_RULE
-            return f"block_table({seq!r}) is {want_table} in the model, {table} in your manager{atomic}", cause
+            return f"block_table({seq!r}) is {want_table} in the model, {testing.show(table)} in your manager{atomic}", cause
     for b in range(num_blocks):
         if state["refs"][b] != want_state["refs"][b]:
-            return (f"ref_count({b}) is {want_state['refs'][b]} in the model, {state['refs'][b]} in your manager{atomic}",
+            return (f"ref_count({b}) is {want_state['refs'][b]} in the model, {testing.show(state['refs'][b])} in your manager{atomic}",
                     unchanged if atomic else "a block's ref count is the number of live tables holding it: a hit and a "
                     "fork add one, a copy on write moves one from the shared block to the copy, free drops one")
     if state["free"] != want_state["free"]:
-        return (f"num_free_blocks is {want_state['free']} in the model, {state['free']} in your manager{atomic}",
+        return (f"num_free_blocks is {want_state['free']} in the model, {testing.show(state['free'])} in your manager{atomic}",
                 unchanged if atomic else "the free queue holds every block with ref count 0, cached ones included, "
                 "and nothing else")
     return None
@@ -1162,6 +1171,9 @@ def slot_case(n: int, r: random.Random, block_size: int = 4):
 def check_slots(got, tables_t, positions, block_size, tables) -> None:
     want = [[-1 if p < 0 else tables[b][p // block_size] * block_size + p % block_size for p in row]
             for b, row in enumerate(positions.tolist())]
+    assert isinstance(got, torch.Tensor) and got.shape == positions.shape, (
+        f"slot_mapping must return a tensor of the positions' shape {tuple(positions.shape)}, found {testing.show(got)}"
+    )
     assert got.tolist() == want, (
         f"slot_mapping is wrong on {positions.shape[0]} sequences (timed on the grader's clock): slot = "
         "table[p // block_size] * block_size + p % block_size, -1 for padding"
@@ -1271,7 +1283,7 @@ def test_paged_attention_all_empty(pk):
     k = torch.randn(3, 4, 2, 8)
     tables = torch.full((2, 2), -1, dtype=torch.int32)
     out = pk.paged_attention(q, k, k.clone(), tables, torch.zeros(2, dtype=torch.int64))
-    assert torch.equal(out, torch.zeros_like(q)), f"every sequence is empty: expected zeros, found {out.flatten()[:6].tolist()}..."
+    assert torch.equal(out, torch.zeros_like(q)), f"every sequence is empty: expected zeros, found {testing.show(out)}"
 
 
 def clocked_attention_case(r: random.Random, B: int, max_len: int):
@@ -1328,12 +1340,12 @@ TRITON_CASES = [
 
 @pytest.mark.check("triton")
 @pytest.mark.parametrize("case", TRITON_CASES, ids=lambda c: f"Hq{c[1]}-Hkv{c[2]}-D{c[3]}-bs{c[4]}-{str(c[5])[6:]}")
-def test_paged_attention_triton_matches_the_oracle(pk, rng, case):
+def test_paged_attention_triton_matches_the_oracle(pkk, rng, case):
     B, Hq, Hkv, D, block_size, dtype, lengths, sm_scale = case
     r = rand(rng)
     q, k, v, tables_t, tables, lengths = attention_case(r, B, Hq, Hkv, D, block_size, dtype, 0, lengths=lengths)
     kwargs = {} if sm_scale is None else {"sm_scale": sm_scale}
-    out = pk.paged_attention_triton(q, k, v, tables_t, torch.tensor(lengths, dtype=torch.int32), **kwargs)
+    out = pkk.paged_attention_triton(q, k, v, tables_t, torch.tensor(lengths, dtype=torch.int32), **kwargs)
     check_attention(out, attention_oracle(q, k, v, tables, lengths, sm_scale), q, lengths,
                     1e-4 if dtype == torch.float32 else 5e-3,
                     f"paged_attention_triton, {dtype}, Hq={Hq}, Hkv={Hkv}, block size {block_size}"
@@ -1341,21 +1353,27 @@ def test_paged_attention_triton_matches_the_oracle(pk, rng, case):
 
 
 @pytest.mark.check("triton")
-def test_paged_attention_triton_launches_one_kernel_per_batch(student, pk, rng):
+def test_paged_attention_triton_launches_one_kernel_per_batch(student, pkk, rng):
     r = rand(rng)
     launches = {}
     for lengths in ([3, 6], [40, 0, 13, 28, 7, 64, 1, 33, 21]):
         q, k, v, tables_t, tables, lengths = attention_case(r, len(lengths), 4, 2, 16, 4, torch.float32, 0,
                                                             lengths=lengths)
-        got = student.drive(f"{DRIVER}:triton_launches", pk.paged_attention_triton, q, k, v, tables_t,
+        # Under the kernel rule, with the launches recorded: the host code can only allocate, view, copy and
+        # cast (the gather through the tables is the kernel's), and the output must be handed to a launch.
+        got = student.drive("grader.support.kernels:launches", pkk.paged_attention_triton, q, k, v, tables_t,
                             torch.tensor(lengths, dtype=torch.int32))
         check_attention(got["out"], attention_oracle(q, k, v, tables, lengths, None), q, lengths, 1e-4,
                         "paged_attention_triton")
-        launches[len(lengths)] = got["launches"]
+        assert got["handed"] == [True], (
+            f"paged_attention_triton's output was never handed to a kernel launch (launches: "
+            f"{testing.show(got['launches'])}): allocate the output, pass it to your kernel, and return that same tensor"
+        )
+        launches[len(lengths)] = len(got["launches"])
     (few, n_few), (many, n_many) = launches.items()
     # The launches are counted beside the student's code; no trusted cross-check exists under the CPU's
     # interpreter (AUTHORING.md), so a file that tampers with the count fails.
-    student.assert_untampered(pk.paged_attention_triton, "the count of Triton launches")
+    student.assert_untampered(pkk.paged_attention_triton, "the count of Triton launches")
     assert n_few >= 1, (
         "paged_attention_triton returned the right answer without launching a Triton kernel: write a "
         "@triton.jit kernel that walks the block tables and launch it as kernel[grid](...); calling "
@@ -1400,14 +1418,14 @@ def clocked_scaling(student, pk):
     def check(result, bm, n: int) -> None:
         assert isinstance(result, dict) and result.get("free") == n, (
             f"after the workload every block of the pool is free again: expected num_free_blocks = {n}, found "
-            f"{result.get('free') if isinstance(result, dict) else result!r}"
+            f"{testing.show(result.get('free') if isinstance(result, dict) else result)}"
         )
         phase = "cold" if calls.get(n, 0) == 0 else "warm"
         calls[n] = calls.get(n, 0) + 1
         want = hits.setdefault(phase, result["hits"])
         assert result["hits"] == want, (
-            f"the same operations gave other cached-token counts with {n} blocks ({result['hits']}) than before "
-            f"({want}): neither the pool's size nor the number of runs may change what the manager does"
+            f"the same operations gave other cached-token counts with {n} blocks ({testing.show(result['hits'])}) than before "
+            f"({testing.show(want)}): neither the pool's size nor the number of runs may change what the manager does"
         )
 
     workload = lambda bm, n: student.drive(f"{DRIVER}:workload", pk.slot_mapping, bm)  # noqa: E731
@@ -1453,7 +1471,16 @@ def test_manager_time_does_not_grow_with_the_pool(student, pk, scaling, clocked_
 
 @pytest.mark.cuda
 @pytest.mark.check("triton_speed")
-def test_paged_attention_triton_bandwidth(student, pk, score):
+def test_paged_attention_triton_bandwidth(student, pk, pkk, score):
+    # The timing loop makes fresh inputs beside the call, so it runs without the kernel rule: the function
+    # must first pass under the rule, on a small batch of the timed kind.
+    r = random.Random(4321)
+    q, k, v, tables_t, tables, lengths = attention_case(r, 4, 32, 8, 128, 16, torch.float16, 0,
+                                                        lengths=[1, 16, 17, 300])
+    out = pkk.paged_attention_triton(q.cuda(), k.cuda(), v.cuda(), tables_t.cuda(),
+                                     torch.tensor(lengths, dtype=torch.int32, device="cuda"))
+    check_attention(out.cpu(), attention_oracle(q, k, v, tables, lengths, None), q, lengths, 5e-3,
+                    "paged_attention_triton under the kernel rule")
     g = torch.Generator().manual_seed(1234)
     B, Hq, Hkv, D, block_size = 64, 32, 8, 128, 16
     lengths = torch.randint(512, 4097, (B,), generator=g)
