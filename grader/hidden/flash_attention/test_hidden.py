@@ -799,9 +799,9 @@ def check_under_the_kernel_rule(student, fa, rng, head_dim, causal):
     """The timing loop makes fresh inputs beside the call, so it runs without the kernel rule: the functions it
     times must first pass under the rule, forward and backward, on a small input of the same kind."""
     q, k, v = make_qkv(rng, 1, 2, 2, 300, 300, head_dim, BF16, "cuda")
-    check_forward(fa, q, k, v, causal=causal, what="bf16 o under the kernel rule")
+    check_forward(fa, q, k, v, causal=causal, what="bf16 o, once before the timing")
     do = torch.randn(q.shape, generator=rng).to(device="cuda", dtype=BF16)
-    check_training_step(student, fa, q, k, v, do, causal, None, "bf16 under the kernel rule")
+    check_training_step(student, fa, q, k, v, do, causal, None, "bf16, once before the timing")
 
 
 @pytest.mark.cuda
