@@ -641,3 +641,26 @@ def test_every_host_op_exists():
     computing = {"aten::exp", "aten::mm", "aten::index", "aten::gather", "aten::add", "aten::mul", "aten::where",
                  "aten::_local_scalar_dense", "aten::lift_fresh", "aten::set_", "aten::index_select", "aten::cat"}
     assert not computing & probes.HOST_OPS, f"HOST_OPS holds operators that compute: {sorted(computing & probes.HOST_OPS)}"
+
+
+@interpreted
+def test_the_launches_driver_tells_an_output_a_kernel_wrote_from_one_it_never_saw():
+    from grader.support.kernels import launches
+
+    def cast_after_the_kernel(x):  # the kernel writes a buffer; the host returns a cast copy of it
+        return _launch_exp(x).to(torch.float64).t().contiguous()
+
+    def constant_after_a_launch(x):  # a launch happened, but the result is a constant the host made
+        _launch_exp(x)
+        return torch.full_like(x, 0.5)
+
+    with probes.forbidden(KERNEL_RULE):
+        written = launches(_launch_exp, X)
+        cast = launches(cast_after_the_kernel, X)
+        copied = launches(constant_after_a_launch, X)
+        none = launches(lambda x: torch.zeros_like(x), X)
+    assert written["handed"] == [True] and written["launches"] == [{"kernel": "_exp_kernel", "grid": [2, 1, 1],
+                                                                    "programs": 2}], written
+    assert cast["handed"] == [True], "a kernel's result, cast and copied on the host, is still the kernel's"
+    assert copied["handed"] == [False] and len(copied["launches"]) == 1, copied
+    assert none["handed"] == [False] and none["launches"] == [], none

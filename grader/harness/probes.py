@@ -362,6 +362,35 @@ class Launch:
         return 0 if self.grid is None else self.grid[0] * self.grid[1] * self.grid[2]
 
 
+class LaunchLog(list):
+    """The launches made while it is active, in order; `derived` holds the storages the host code filled by
+    copying (clone, a cast, copy_) from memory a launch was handed, so that a kernel's result copied or cast
+    into the returned tensor still counts as the kernel's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.derived: set[int] = set()
+
+    def kernel_storages(self) -> set[int]:
+        return set().union(*(launch.storages for launch in self)) | self.derived
+
+
+# Allowed host operators whose result holds the values of their input (a copy or a cast, not a view).
+_COPIES = frozenset({"aten::clone", "aten::_to_copy", "aten::copy_", "aten::_copy_from", "aten::_copy_from_and_resize",
+                     "aten::contiguous", "aten::to"})
+
+
+def _note_copies(name: str, args: tuple, out: Any) -> None:
+    """Follow a kernel's result through a host copy, for every active LaunchLog."""
+    if name not in _COPIES or not _ACTIVE_LOGS:
+        return
+    sources = [a for a in args[1:]] if name in ("aten::copy_", "aten::_copy_from") else [args[0]] if args else []
+    targets = [args[0]] if name == "aten::copy_" else [out] if name != "aten::_copy_from" else [args[1]]
+    for log in list(_ACTIVE_LOGS):
+        if _tensor_storages(sources) & log.kernel_storages():
+            log.derived |= _tensor_storages(targets)
+
+
 def storage_of(tensor: torch.Tensor) -> int:
     """The address of a tensor's storage (the same for every view of it), through an unpatched method."""
     return _TENSOR_STORAGE(tensor).data_ptr()
@@ -440,6 +469,7 @@ class OperatorGuard(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if name in UNINITIALISED and isinstance(out, torch.Tensor) and out.is_floating_point():
             out.fill_(_NAN)  # below this mode: the handler runs with the mode popped
+        _note_copies(name, args, out)
         return out
 
 
@@ -515,7 +545,7 @@ def operator_guard(names: Iterable[str], why: str = "") -> Iterator[OperatorGuar
 # -- Kernel launches: recorded, checked, and the rule suspended while they run
 
 
-_ACTIVE_LOGS: list[list[Launch]] = []
+_ACTIVE_LOGS: list[LaunchLog] = []
 _WATCH_LOCK = threading.Lock()
 _WATCH: dict[str, Any] = {"depth": 0, "restore": []}
 # Triton's own functions a launch runs through: each must still be Triton's when a guarded call starts,
@@ -689,9 +719,10 @@ def watching_launches() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def recording_launches() -> Iterator[list[Launch]]:
-    """The Triton launches made in the block, in order (a driver returns them for a coverage check)."""
-    log: list[Launch] = []
+def recording_launches() -> Iterator[LaunchLog]:
+    """The Triton launches made in the block, in order (a driver returns them for a coverage check); under
+    the kernel rule it also follows their results through the host's copies (`LaunchLog.derived`)."""
+    log = LaunchLog()
     with watching_launches():
         _ACTIVE_LOGS.append(log)
         try:

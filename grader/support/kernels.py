@@ -4,8 +4,8 @@ It runs where the student's code runs (the worker), inside the same probes as an
 it came from: with the kernel rule (grader.harness.probes.KERNELS_ONLY) the host code is held to the
 allow-list while the launches are recorded here. What it returns is plain data for the trusted test
 to judge: a launch's kernel name, its grid and its number of programs, and for each tensor the call
-returned, whether a launch was handed that tensor's memory (an output no kernel was given was not
-written by one).
+returned, whether a launch was handed that tensor's memory, or the host copied or cast it from memory
+a launch was handed (an output neither way was not written by a kernel).
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ def launches(fn: Callable, *args: Any, **kwargs: Any) -> dict:
     """``fn(*args, **kwargs)`` with its Triton launches recorded.
 
     Returns {"out": the result, "launches": [{"kernel", "grid", "programs"}] in launch order,
-    "handed": [bool] for each tensor in the result (flattened in order): a launch received its storage}.
+    "handed": [bool] for each tensor in the result (flattened in order): a launch received its storage, or
+    the host copied it from one that did (followed under the kernel rule)}.
     """
     with probes.recording_launches() as log:
         out = fn(*args, **kwargs)
-    handed = set().union(*(launch.storages for launch in log)) if log else set()
+    handed = log.kernel_storages()
     outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
     return {
         "out": out,
