@@ -57,6 +57,7 @@ import time
 import traceback
 from typing import Any, Callable, Protocol, Sequence
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -214,16 +215,24 @@ def message_digest(elements: torch.Tensor) -> str:
 
     Equal for two messages exactly when they are equal element for element as torch.equal sees them
     (a float -0.0 counts as 0.0); the grader compares it with the digest of the message the ring must
-    send, so a large run need not send every message back."""
+    send, so a large run need not send every message back. Hashed from the tensor's memory with numpy
+    (no torch operation: in a guarded call every operation passes through the guard)."""
     flat = elements.detach().reshape(-1).to("cpu")
-    flat = torch.empty(flat.numel(), dtype=flat.dtype).copy_(flat)  # stride 1 (a 1-element view may have any)
-    if flat.is_floating_point() or flat.is_complex():
-        flat.add_(0)  # -0.0 + 0 is 0.0: one fingerprint for the two zeros
-    h = hashlib.blake2b(digest_size=16)
-    h.update(f"{str(flat.dtype).removeprefix('torch.')}:{flat.numel()}:".encode())
+    if flat.numel() and flat.stride() != (1,):  # torch counts a 1-element view of any stride as contiguous
+        flat = torch.empty(flat.numel(), dtype=flat.dtype).copy_(flat)
+    h = hashlib.sha256(f"{str(flat.dtype).removeprefix('torch.')}:{flat.numel()}:".encode())
     if flat.numel():
-        h.update(flat.view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+        bits = flat.view(torch.view_as_real(flat).dtype) if flat.is_complex() else flat
+        if bits.is_floating_point():  # the sign bit alone is -0.0: count it as 0.0
+            width = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[bits.element_size()]
+            words = bits.view(width).numpy()
+            negative_zero = words == np.iinfo(words.dtype).min
+            if negative_zero.any():
+                words = np.where(negative_zero, 0, words).astype(words.dtype)
+            h.update(words.view(np.uint8))
+        else:
+            h.update(bits.view(torch.uint8).numpy())
+    return h.hexdigest()[:32]
 
 
 _TRACE_MODES = (False, True, "digest")
