@@ -8,7 +8,7 @@ float64, never by a clever implementation.
 import pytest
 import torch
 
-from grader.testing import assert_close
+from grader.testing import assert_close, show
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def test_fit_quantizer_asymmetric_by_hand(gq):
     ))
     assert_close(scale[2], 2 / 3, atol=1e-5, rtol=1e-5, what="scale of the all-zero row 2",
                  hint="An all-zero row should use xmin = -1, xmax = 1 (scale 2/3)")
-    assert zero.tolist() == [1.0, 0.0, 2.0], f"zero {zero.tolist()}, expected [1, 0, 2]: zero = round(-xmin / scale), a whole number"
+    assert zero.tolist() == [1.0, 0.0, 2.0], f"zero {show(zero)}, expected [1, 0, 2]: zero = round(-xmin / scale), a whole number"
 
 
 @pytest.mark.check("quantizer_public")
@@ -48,15 +48,17 @@ def test_fit_quantizer_symmetric_uses_the_full_range(gq):
         "Symmetric grids span [-xmax, xmax] with "
         "xmax = max(|xmin|, xmax), for every row, also rows with no negative value"
     ))
-    assert zero.tolist() == [4.0, 4.0], f"zero {zero.tolist()}, expected [4, 4] = (maxq + 1) / 2"
+    assert zero.shape == (2,), f"expected zero of shape [2], found {tuple(zero.shape)}"
+    assert zero.tolist() == [4.0, 4.0], f"zero {show(zero)}, expected [4, 4] = (maxq + 1) / 2"
 
 
 @pytest.mark.check("quantizer_public")
 def test_rtn_with_a_partial_last_group(gq):
     W = torch.tensor([[0.0, 3.0, -2.0, 1.0, 0.4], [0.9, 2.0, 0.0, 0.0, -0.8]])
     res = gq.quantize_rtn(W, bits=2, group_size=2)  # groups: columns {0, 1}, {2, 3}, {4}
+    assert res.g_idx.shape == (5,), f"g_idx should have one entry per column, [5], found {tuple(res.g_idx.shape)}"
     assert res.g_idx.dtype == torch.int64 and res.g_idx.tolist() == [0, 0, 1, 1, 2], (
-        f"g_idx should be int64 [0, 0, 1, 1, 2] (the group of each column), found {res.g_idx.dtype} {res.g_idx.tolist()}"
+        f"g_idx should be int64 [0, 0, 1, 1, 2] (the group of each column), found {res.g_idx.dtype} {show(res.g_idx)}"
     )
     assert tuple(res.scale.shape) == (2, 3), f"scale should be [rows, n_groups] = [2, 3], found {tuple(res.scale.shape)}"
     assert res.loss is None, "round-to-nearest has no GPTQ loss: return loss=None"
@@ -160,5 +162,6 @@ def test_gptq_keeps_the_dtype_and_shapes(gq):
         f"with group_size 4 on 12 columns scale and zero are [rows, 3], found {tuple(res.scale.shape)}, {tuple(res.zero.shape)}"
     )
     assert res.scale.dtype == torch.float32 and res.zero.dtype == torch.float32, "scale and zero are fp32"
-    assert res.g_idx.tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2], f"g_idx should be j // 4, found {res.g_idx.tolist()}"
+    assert res.g_idx.shape == (12,), f"g_idx should have one entry per column, [12], found {tuple(res.g_idx.shape)}"
+    assert res.g_idx.tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2], f"g_idx should be j // 4, found {show(res.g_idx)}"
     assert res.loss > 0, "the loss should be positive: 4-bit rounding of random weights is not exact"
