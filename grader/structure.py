@@ -8,9 +8,12 @@ the counter or the driver, and the figure then says whatever they like. So no su
 points on its own. Each check also asks:
 
 * `scan_source`: does the student's file tamper with what measured the figure (tracing, dispatch
-  modes, the harness, frame introspection, dynamic code), or read a clock or wait (the clock below
-  times their code)? The static scan of grader/harness/tamper.py runs here, on the file's text, in the
-  trusted process, with its clock rules on; any finding fails the check (`assert_untampered`).
+  modes, the harness, frame introspection, dynamic code), or patch modules and classes in place (what
+  the drivers call)? The static scan of grader/harness/tamper.py runs here, on the file's text, in
+  the trusted process, with its structural rules on; any finding fails the check
+  (`assert_untampered`). Before `clock` times anything, the files the session loaded are scanned with
+  the clock rules too (a clock read, a wait, a socket: what can pad a timed call), and any finding
+  fails the timed check (`assert_no_clocks`).
 * `clock`: what does the grader's own wall clock say? The remote call is timed here, around the proxy
   call (the round trip to the worker included), at a small size and at a size hundreds of times
   larger, alternating, keeping the best of several runs at each. The sizes are chosen so that
@@ -33,16 +36,25 @@ ratio is large / cap. `assert_flat_on_the_clock` also refuses a line count over 
 at the small size, which a padded Python loop cannot stay under (the count of a vectorised call is a
 few dozen lines, whatever the size).
 
+The sizes stay the tables' own: sizes drawn from the seed would not help, since the code that draws
+them is in the student's release and a padded loop would pad to the top of any range it can read;
+the cap is what bounds padding, whatever the sizes.
+
 What this does not cover (grader/AUTHORING.md, "What each structural check can and cannot prove"):
 
-* a loop cheaper at the large size than ``bar * small_cap`` round trips (the cap's slack over an
-  honest call, about ``small_cap`` times the honest code's own large-size cost);
+* a loop cheaper at the large size than ``bar * small_cap`` round trips, padded with work (no clock)
+  at the small size: honest small calls measured 0.3-3x their round trip (speculative, moe_router,
+  paged_kv, pipeline_1f1b under load), so with the default cap of 5 such a loop can be up to about
+  ``small_cap`` times slower than the slowest honest call the bar lets through; a table with its own
+  measurements can set a tighter `small_cap`;
 * in-process (``make check``), no round trip exists to measure and the student's code shares this
   process: the ratio alone decides there, and nothing there is proof;
-* anything that slows the worker's own request loop as much as the student's calls (it would inflate
-  the round trip too): the scan flags the ways a file can reach that loop (the socket, signals, gc
-  callbacks, finalisers, patched modules), and a uniform slowdown of the worker's process leaves
-  every ratio as it was.
+* anything that slows the worker's request machinery as much as the student's calls (it would inflate
+  the round trip too): the scan flags the ways a file can reach it (the socket, signals, gc callbacks,
+  finalisers, patching torch's classes and any module it can trace), but a Python class of the
+  standard library patched through an object the scan cannot trace is not seen
+  (grader/harness/tamper.py, "Not covered"); a uniform slowdown of the worker's process (its
+  priority) leaves every ratio as it was.
 
 `Scaling` holds one check's sizes and bar as data; the tests keep a table of them beside themselves.
 Set ``GRADER_CLOCK_LOG`` to a file name to append one JSON line per clock (sizes, best times, the
@@ -175,31 +187,46 @@ class Timing:
 
 
 class SupportsRoundTrip(Protocol):
-    """What `clock` needs of the `student` session: its mode, and a round trip that runs no student code."""
+    """What `clock` needs of the `student` session: its mode, a round trip that runs no student code,
+    and the student's files it has loaded (scanned for clocks before the timing)."""
 
     mode: str
 
     def round_trip(self, *args: Any) -> bool: ...
 
+    def student_files(self) -> list[Path]: ...
 
-_registered: list[SupportsRoundTrip] = []  # the sandboxed session of this process (register_session)
+
+_registered: list[SupportsRoundTrip] = []  # the session of this process (register_session)
 
 
 def register_session(session: SupportsRoundTrip) -> None:
-    """Where `clock(student.mode, ...)` finds its round trip: the sandboxed `StudentSession` registers
-    itself here when it is made (one per grading process; the latest wins)."""
+    """Where `clock(student.mode, ...)` finds the session: `StudentSession` registers itself here when it
+    is made (one per grading process; the latest wins)."""
     _registered[:] = [session]
 
 
 def _session_for(student: str | SupportsRoundTrip) -> tuple[str, SupportsRoundTrip | None]:
     if not isinstance(student, str):
         return student.mode, student
-    if student == "sandbox":
-        if not _registered:
-            raise RuntimeError("grader.structure.clock in the sandbox needs the session (pass `student`, or "
-                               "make a StudentSession first) to time a round trip to the worker")
-        return student, _registered[0]
-    return student, None
+    session = _registered[0] if _registered and _registered[0].mode == student else None
+    if student == "sandbox" and session is None:
+        raise RuntimeError("grader.structure.clock in the sandbox needs the session (pass `student`, or "
+                           "make a StudentSession first) to time a round trip to the worker")
+    return student, session
+
+
+def assert_no_clocks(session: SupportsRoundTrip | None) -> None:
+    """Fail when a student file the session loaded reads a clock, waits, or reaches a socket (the scan's
+    rule 8, with rule 5's patching): the grader's clock times that code, and those can pad the calls."""
+    for path in session.student_files() if session is not None else []:
+        findings = _scan(path, clocks=True)
+        if findings:
+            raise tamper.Tampered(
+                f"the grader's own clock times your calls, and your file reaches for a clock, a wait or a socket "
+                f"({tamper.describe(findings)}), which can pad the calls it times, so the check fails. Remove that "
+                "code: this exercise needs none of it"
+            )
 
 
 ROUND_TRIPS_PER_RUN = 1  # as many round trips as small calls: the best of each is taken over as many samples
@@ -226,6 +253,7 @@ def clock(student: str | SupportsRoundTrip, call: Callable[..., Any], make: Call
     import torch
 
     mode, session = _session_for(student)
+    assert_no_clocks(session)
     small, large = scaling.sizes(mode)
     timing = Timing(scaling, small, large, scaling.bar_for(mode))
     threads = torch.get_num_threads()
@@ -237,7 +265,7 @@ def clock(student: str | SupportsRoundTrip, call: Callable[..., Any], make: Call
         for run in range(scaling.max_runs):
             for n, times in ((small, timing.small_s), (large, timing.large_s)):
                 args = tuple(make(n))
-                if session is not None and n == small:
+                if session is not None and mode == "sandbox" and n == small:
                     timing.base_s.append(_round_trip(session, args))
                 start = perf_counter()
                 result = call(*args)
@@ -317,23 +345,27 @@ def assert_worker_agrees(timing: Timing, what: str, worker_says: str) -> None:
 # --------------------------------------------------------------------------------------------------
 # The trusted static scan of the student's source
 
-_scanned: dict[tuple[str, int, int], list] = {}
+_scanned: dict[tuple[str, int, int, bool], list] = {}
 
 
-def scan_source(path: str | Path) -> list:
-    """The tamper findings (grader.harness.tamper, clock rules included) for the student's file, read
-    here as bytes, never imported."""
+def _scan(path: str | Path, clocks: bool) -> list:
     path = Path(path)
     stat = path.stat()
-    key = (str(path), stat.st_mtime_ns, stat.st_size)
+    key = (str(path), stat.st_mtime_ns, stat.st_size, clocks)
     if key not in _scanned:
-        _scanned[key] = list(tamper.scan_file(path, clocks=True))
+        _scanned[key] = list(tamper.scan_file(path, structural=True, clocks=clocks))
     return _scanned[key]
 
 
+def scan_source(path: str | Path) -> list:
+    """The tamper findings (grader.harness.tamper, with its structural rules: patching in place) for the
+    student's file, read here as bytes, never imported."""
+    return _scan(path, clocks=False)
+
+
 def assert_untampered(path: str | Path, figure: str) -> None:
-    """Fail when the student's file tampers with what measures `figure` (a worker-side count), or reads a
-    clock or waits (which the grader's clock times)."""
+    """Fail when the student's file tampers with what measures `figure` (a worker-side count), or patches
+    a module or a class in place (what the course's drivers call)."""
     findings = scan_source(path)
     if findings:
         raise tamper.Tampered(

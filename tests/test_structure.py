@@ -42,13 +42,16 @@ class FakeSession:
 
     mode = "sandbox"
 
-    def __init__(self, round_trip_s: float = 0.002):
-        self.round_trip_s, self.trips = round_trip_s, 0
+    def __init__(self, round_trip_s: float = 0.002, files: tuple = ()):
+        self.round_trip_s, self.trips, self.files = round_trip_s, 0, list(files)
 
     def round_trip(self, *args) -> bool:
         self.trips += 1
         time.sleep(self.round_trip_s)
         return True
+
+    def student_files(self) -> list:
+        return self.files
 
 
 SANDBOX = FakeSession()
@@ -182,16 +185,32 @@ def test_the_mode_string_uses_the_registered_session_and_refuses_without_one(mon
     assert session.trips >= 2, "clock(student.mode, ...) in the sandbox times its round trips through the session"
 
 
-def test_a_sandboxed_session_registers_itself_and_a_round_trip_needs_a_worker(monkeypatch):
+def test_a_session_registers_itself_and_a_round_trip_needs_a_worker(monkeypatch, tmp_path):
     from grader import structure
     from grader.harness.session import StudentSession
 
     monkeypatch.setattr(structure, "_registered", [])
     session = StudentSession("sandbox", lambda _id: ROOT / "nowhere.py")
     assert structure._registered == [session]
-    assert session.round_trip(1, 2) is False, "no worker running: nothing to time"
-    StudentSession("local", lambda _id: ROOT / "nowhere.py")
-    assert structure._registered == [session], "an in-process session has no round trip to offer"
+    assert session.round_trip(1, 2) is False and session.student_files() == [], "no worker running: nothing to time"
+    path = tmp_path / "mod.py"
+    path.write_text("def f(n):\n    return n\n")
+    local = StudentSession("local", lambda _id: path)
+    assert structure._registered == [local], "the latest session is the one the tests use"
+    local.load("mod")
+    assert local.student_files() == [path.resolve()], local.student_files()
+    with pytest.raises(RuntimeError, match="needs the session"):
+        clock("sandbox", sleeping_call(0.0), lambda n: (n,), lambda got, n: None, Scaling(1, 10, bar=3.0))
+
+
+def test_the_clock_refuses_a_file_that_reads_a_clock_before_timing_anything(tmp_path):
+    path = tmp_path / "padded.py"
+    path.write_text("import time\n\n\ndef f(n):\n    if n < 50:\n        time.sleep(0.03)\n    return n\n")
+    calls = []
+    with pytest.raises(tamper.Tampered, match=r"the grader's own clock times your calls.*line 1: time"):
+        clock(FakeSession(files=(path,)), lambda n: calls.append(n) or n, lambda n: (n,), lambda got, n: None,
+              Scaling(1, 100, bar=3.0))
+    assert calls == [], "nothing is timed once the file is refused"
 
 
 def test_a_line_count_beyond_max_lines_fails_even_on_a_flat_clock():
@@ -305,11 +324,12 @@ IMPORT_FUNCTOOLS = ("from collections.abc import Callable\n", "import functools\
 DRAW = "extra = torch.multinomial(residual, 1, generator=generator).squeeze(1)  # normalises internally"
 MAP_PADDED = Mutant(
     name="map_loop_padded_to_a_fixed_length",
-    why="one draw per row through map() (the lines stay flat), over max(B, 16384) rows, so that the small call "
-        "already costs what the large one does and the ratio reads flat",
+    why="one draw per row through map() (the lines stay flat), padded with one-entry rows to max(B, 16384) draws, so "
+        "that the small call already costs what the large one does and the ratio reads flat",
     edits=[IMPORT_FUNCTOOLS, (DRAW,
            "draw = functools.partial(torch.multinomial, num_samples=1, generator=generator)\n"
-           "    extra = torch.cat(list(map(draw, list(residual.unbind(0)) + [residual[0]] * max(0, 16384 - B))))[:B]")],
+           "    pad = [residual.new_ones(1)] * max(0, 16384 - B)\n"
+           "    extra = torch.cat(list(map(draw, list(residual.unbind(0)) + pad)))[:B]")],
     loses=["vectorised"],
 )
 MAP_SLEEPING = Mutant(
@@ -326,10 +346,12 @@ LOOP_PADDED = Mutant(
     why="a Python loop over max(B, 8192) rows: the same (huge) line count at both traced sizes, the same time at both "
         "clocked sizes",
     edits=[(DRAW, "extra = torch.zeros(B, dtype=torch.long)\n"
+                  "    one = residual.new_ones(1)\n"
                   "    for b in range(max(B, 8192)):\n"
-                  "        pick = torch.multinomial(residual[min(b, B - 1)], 1, generator=generator)\n"
                   "        if b < B:\n"
-                  "            extra[b] = pick[0]")],
+                  "            extra[b] = torch.multinomial(residual[b], 1, generator=generator)[0]\n"
+                  "        else:\n"
+                  "            torch.multinomial(one, 1, generator=generator)")],
     loses=["vectorised"],
 )
 SETTRACE_BY_NAME = Mutant(
@@ -345,7 +367,7 @@ SETTRACE_BY_NAME = Mutant(
 BALLAST = [  # a small pool moves a ballast list as long as the large pool's free list: the same cost per op
     ("self._free = list(range(num_blocks))", "self._free = list(range(num_blocks))\n"
                                             "        self._ballast = [None] * max(0, 131072 - num_blocks)"),
-    ("        block = self._free.pop(0)", "        for _ in range(2 if self._ballast else 0):\n"
+    ("        block = self._free.pop(0)", "        for _ in range(8 if self._ballast else 0):\n"
                                           "            self._ballast.append(self._ballast.pop(0))\n"
                                           "        block = self._free.pop(0)"),
 ]
@@ -366,7 +388,7 @@ ATTACKS = [
                         FREE_LIST + BALLAST, ["manager_speed"]), "disagree"),
 ]
 EXTRA_SOURCE = {"free_list_behind_a_flat_clock": FLAT_CLOCK, "free_list_behind_a_patched_driver": PATCHED_DRIVER}
-MESSAGES = {"tampered": "your file reaches for what measures it", "clock": "on the grader's own clock",
+MESSAGES = {"tampered": "your file reaches for", "clock": "on the grader's own clock",
             "disagree": "disagree with the grader's own clock", "padded": "round trips only",
             "lines": "whatever the size"}
 

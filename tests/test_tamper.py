@@ -90,7 +90,6 @@ FLAGGED = {
     "__import__": ("__import__('sys')\n", "__import__"),
     "importlib": ("import importlib\n", "importlib"),
     "a computed getattr": ("import torch\nname = 'soft' + 'max'\ngetattr(torch, name)\n", "getattr with a computed name"),
-    "setattr on a module": ("import torch\nsetattr(torch, n, 1)\n", "setattr with a computed name"),
     "__builtins__": ("__builtins__['exec']\n", "__builtins__"),
     "a module's __dict__": ("import torch\ntorch.__dict__['softmax']\n", "torch.__dict__"),
     "vars of a module": ("import torch\nvars(torch)\n", "vars()"),
@@ -157,17 +156,9 @@ FLAGGED = {
                                                  "warnings._getcategory"),
     "a private module": ("import _io\n", "_io"),
     # rule 5: patching in place
-    "a module function replaced": ("import time\ntime.perf_counter = lambda: 0.0\n", "time.perf_counter = ..."),
-    "a torch method replaced": ("import torch\ntorch.Tensor.sum = None\n", "torch.Tensor.sum = ..."),
-    "a class bound to a name, then patched": ("import torch\nT = torch.Tensor\nT.sum = None\n",
-                                               "torch.Tensor.sum = ..."),
-    "type(x) patched": ("def f(x):\n    type(x).sum = None\n", "type(...).sum = ..."),
-    "a name bound to type(x), patched": ("def f(x):\n    T = type(x)\n    T.sum = None\n", "T (= a library object or type(...)).sum = ..."),
-    "del of a module attribute": ("import math\ndel math.pi\n", "math.pi = ..."),
-    "setattr on a module": ("import math\nsetattr(math, 'pi', 3)\n", "setattr(math, 'pi')"),
+    "setattr with a computed name on a module": ("import torch\nsetattr(torch, n, 1)\n", "setattr with a computed name"),
     "a patched driver's clock": ("import grader.support.paged_kv as d\nd.time = None\n", "grader.support.paged_kv"),
     # rule 1: the worker's socket, code that runs later
-    "socket": ("import socket\n", "socket"),
     "signal": ("import signal\nsignal.alarm(1)\n", "signal"),
     "weakref.finalize": ("import weakref\nweakref.finalize(object(), print)\n", "weakref"),
     "gc.callbacks": ("import gc\ngc.callbacks.append(print)\n", "gc.callbacks"),
@@ -200,14 +191,10 @@ FLAGGED = {
     "a private attribute off an object the scan cannot resolve": ("def f(m):\n    return m._python_dispatch\n",
                                                                   "..._python_dispatch"),
     "__annotations__": ("def f(g):\n    g.__annotations__ = {}\n", "...__annotations__"),
-    "a special attribute set on another object": ("def f(C):\n    C.__enter__ = None\n", "...__enter__ = ..."),
-    "a torch method's name set on an unresolved object": ("def f(T):\n    T.clone = None\n", "...clone = ..."),
-    "a name bound twice, once to a library class": ("import torch\nT = None\nT = torch.Tensor\nT.sum = None\n",
-                                                     "T (= a library object or type(...)).sum = ..."),
-    "setattr on another object": ("def f(x):\n    setattr(x, 'y', 1)\n", "setattr(..., 'y')"),
-    "setattr of a special name on self": ("class A:\n    def f(self):\n        setattr(self, '__call__', 1)\n",
-                                          "setattr(..., '__call__')"),
     "cpp_extension off any object": ("def f(u):\n    return u.cpp_extension\n", "...cpp_extension"),
+    "a module kept as a class attribute": ("import torch\nclass A:\n    m = torch\n", "torch (a module) used as a value"),
+    "/proc/self/mem": ("path = '/proc/' + 'self/mem'\n", "'/proc/self/mem'"),
+    "/dev/mem": ("path = '/dev/mem'\n", "'/dev/mem'"),
 }
 
 
@@ -275,8 +262,8 @@ HONEST = {
 def test_honest_code_is_not_flagged(case):
     assert tamper.scan(HONEST[case]) == [], f"{case}: {tamper.describe(tamper.scan(HONEST[case]))}"
     if "time" not in case:
-        findings = tamper.scan(HONEST[case], clocks=True)
-        assert findings == [], f"{case}, with the clock rules: {tamper.describe(findings)}"
+        findings = tamper.scan(HONEST[case], structural=True, clocks=True)
+        assert findings == [], f"{case}, with every rule: {tamper.describe(findings)}"
 
 
 def test_a_finding_reads_as_line_what_why():
@@ -320,10 +307,32 @@ def test_a_guarded_load_of_an_honest_file_is_the_module(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------------
-# Rule 8: clocks, only where the structural checks time the code
+# Rule 5 (patching in place) for the structural gate, rule 8 (sockets, clocks, waits) for the clock
 
 
+STRUCTURAL = {
+    "setattr of a literal name on a module": ("import math\nsetattr(math, 'pi', 3)\n", "setattr(math, 'pi')"),
+    "a module function replaced": ("import time\ntime.perf_counter = lambda: 0.0\n", "time.perf_counter = ..."),
+    "a torch method replaced": ("import torch\ntorch.Tensor.sum = None\n", "torch.Tensor.sum = ..."),
+    "a class bound to a name, then patched": ("import torch\nT = torch.Tensor\nT.sum = None\n",
+                                               "torch.Tensor.sum = ..."),
+    "type(x) patched": ("def f(x):\n    type(x).sum = None\n", "type(...).sum = ..."),
+    "a name bound to type(x), patched": ("def f(x):\n    T = type(x)\n    T.sum = None\n", "T (= a library object or type(...)).sum = ..."),
+    "del of a module attribute": ("import math\ndel math.pi\n", "math.pi = ..."),
+    "a special attribute set on another object": ("def f(C):\n    C.__enter__ = None\n", "...__enter__ = ..."),
+    "a torch method's name set on an unresolved object": ("def f(T):\n    T.clone = None\n", "...clone = ..."),
+    "a name bound twice, once to a library class": ("import torch\nT = None\nT = torch.Tensor\nT.sum = None\n",
+                                                     "T (= a library object or type(...)).sum = ..."),
+    "setattr on another object": ("def f(x):\n    setattr(x, 'y', 1)\n", "setattr(..., 'y')"),
+    "setattr of a special name on self": ("class A:\n    def f(self):\n        setattr(self, '__call__', 1)\n",
+                                          "setattr(..., '__call__')"),
+    "open": ("open('f')\n", "open"),
+    "pathlib": ("from pathlib import Path\n", "pathlib"),
+    "os.write": ("import os\nos.write(fd, b'')\n", "os.write"),
+    "shutil": ("import shutil\n", "shutil"),
+}
 CLOCKED = {
+    "socket": ("import socket\n", "socket"),
     "time.sleep": ("import time\ntime.sleep(0.01)\n", "time"),
     "from time import perf_counter": ("from time import perf_counter\n", "time"),
     "a busy wait on monotonic through a name": ("def f(clock):\n    return clock.monotonic()\n", "...monotonic"),
@@ -337,39 +346,67 @@ CLOCKED = {
     "uuid1's timestamp": ("import uuid\n", "uuid"),
     "a file's mtime": ("def f(st):\n    return st.st_mtime_ns\n", "...st_mtime_ns"),
     "os.stat": ("import os\nos.stat('.')\n", "os.stat"),
-    "open": ("open('f')\n", "open"),
     "/proc/uptime": ("x = '/proc/' + 'uptime'\n", "'/proc/uptime'"),
-    "pathlib": ("from pathlib import Path\n", "pathlib"),
     "a CUDA event's elapsed_time": ("def f(a, b):\n    return a.elapsed_time(b)\n", "...elapsed_time"),
     "torch.profiler": ("import torch\ntorch.profiler.profile()\n", "torch.profiler"),
     "triton.testing": ("import triton.testing\n", "triton.testing"),
 }
 
 
-@pytest.mark.parametrize("case", CLOCKED, ids=list(CLOCKED))
-def test_clock_reads_are_flagged_with_the_clock_rules_only(case):
-    source, expected = CLOCKED[case]
-    found = [f.what for f in tamper.scan(source, clocks=True)]
+@pytest.mark.parametrize("case", STRUCTURAL, ids=list(STRUCTURAL))
+def test_patching_is_flagged_with_the_structural_rules_only(case):
+    source, expected = STRUCTURAL[case]
+    found = [f.what for f in tamper.scan(source, structural=True)]
     assert any(what.startswith(expected) for what in found), f"expected {expected!r} in {source!r}, found {found}"
     assert not any(what.startswith(expected) for what in whats(source)), (
-        f"{case}: reading a clock is no tampering with the forbidden-call guard, found {whats(source)} without clocks"
+        f"{case}: no tampering with the forbidden-call guard, found {whats(source)} without the structural rules"
+    )
+
+
+@pytest.mark.parametrize("case", CLOCKED, ids=list(CLOCKED))
+def test_sockets_clocks_and_waits_are_flagged_with_the_clock_rules_only(case):
+    source, expected = CLOCKED[case]
+    found = [f.what for f in tamper.scan(source, structural=True, clocks=True)]
+    assert any(what.startswith(expected) for what in found), f"expected {expected!r} in {source!r}, found {found}"
+    without = [f.what for f in tamper.scan(source, structural=True)]
+    assert not any(what.startswith(expected) for what in without), (
+        f"{case}: a clock read fails the timed checks only, found {without} with the structural rules alone"
     )
 
 
 @pytest.mark.parametrize("path", HONEST_FILES, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
-def test_solutions_and_stubs_scan_clean_with_the_clock_rules(path):
-    findings = tamper.scan_file(path, clocks=True)
-    assert findings == [], f"honest code must never trip the structural gate: {tamper.describe(findings)}"
+def test_solutions_and_stubs_scan_clean_with_every_rule(path):
+    findings = tamper.scan_file(path, structural=True, clocks=True)
+    assert findings == [], f"honest code must never trip the structural gate or the clock: {tamper.describe(findings)}"
 
 
-def test_the_structural_gate_uses_the_clock_rules(tmp_path):
+class FilesOnly:
+    """A session as grader.structure.assert_no_clocks sees it: the student's files it loaded."""
+
+    mode = "local"
+
+    def __init__(self, *files):
+        self.files = list(files)
+
+    def student_files(self):
+        return self.files
+
+
+def test_the_gates_use_their_rules(tmp_path):
     from grader import structure
 
-    path = tmp_path / "m.py"
-    path.write_text("import time\n\n\ndef f(x):\n    time.sleep(0.01)\n    return x\n")
-    assert tamper.scan_file(path) == [], "the default scan (the forbidden-call guard's) leaves clocks alone"
-    with pytest.raises(tamper.Tampered, match="line 1: time: your code reads a clock or waits"):
-        structure.assert_untampered(path, "the count of lines")
+    timed = tmp_path / "timed.py"
+    timed.write_text("import time\n\n\ndef f(x):\n    time.sleep(0.01)\n    return x\n")
+    patched = tmp_path / "patched.py"
+    patched.write_text("import torch\n\ntorch.Tensor.sum = None\n")
+    assert tamper.scan_file(timed) == [] and tamper.scan_file(patched) == [], "the guard's scan leaves both alone"
+    structure.assert_untampered(timed, "the count of big writes")  # a figure no clock measures: time is fine
+    with pytest.raises(tamper.Tampered, match="line 3: torch.Tensor.sum = ...: your code changes"):
+        structure.assert_untampered(patched, "the count of lines")
+    with pytest.raises(tamper.Tampered, match="the grader's own clock times your calls.*line 1: time: your code reads a "
+                                              "clock or waits"):
+        structure.assert_no_clocks(FilesOnly(timed))
+    structure.assert_no_clocks(FilesOnly())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -384,10 +421,11 @@ def test_hostile_files_are_flagged(path):
     source = path.read_text()
     expected = re.search(r"^# expect: (.+)$", source, re.M)
     assert expected, f"{path.name} must say which finding it expects (a '# expect: ...' line)"
-    clocks = "\n# clocks\n" in source
-    found = [f.what for f in tamper.scan(source, clocks=clocks)]
+    structural, clocks = "\n# structural\n" in source, "\n# clocks\n" in source
+    found = [f.what for f in tamper.scan(source, structural=structural, clocks=clocks)]
+    rules = " (structural rules)" * structural + " (clock rules)" * clocks
     assert any(what.startswith(expected.group(1)) for what in found), (
-        f"{path.name}: expected a finding for {expected.group(1)!r}{' (clock rules on)' if clocks else ''}, found {found}"
+        f"{path.name}: expected a finding for {expected.group(1)!r}{rules}, found {found}"
     )
 
 

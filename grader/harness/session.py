@@ -93,10 +93,9 @@ class StudentSession:
         self._contract = contract or (lambda _id: {})  # CallOptions fields: mutates, parameters
         self._workers: dict[str, WorkerProcess] = {}
         self._local: dict[str, Any] = {}
-        if mode == "sandbox":  # grader.structure.clock(student.mode, ...) times its round trips through this session
-            from grader import structure
+        from grader import structure
 
-            structure.register_session(self)
+        structure.register_session(self)  # grader.structure.clock(student.mode, ...) finds the session here
 
     def load(self, exercise_id: str, forbid: Iterable[str] = (), forbid_why: str = "") -> Any:
         """The student's module for an exercise. `forbid` names library functions it must not call.
@@ -193,6 +192,11 @@ class StudentSession:
                     args, {}, driver="grader.support.baseline:nothing")
                 return True
         return False
+
+    def student_files(self) -> list[Path]:
+        """The student's files this session has loaded, in either mode (grader.structure.clock scans them)."""
+        return [*(Path(w.module_path) for w in self._workers.values()),
+                *(self._locate(exercise_id).resolve() for exercise_id in self._local)]
 
     def warnings(self) -> list[str]:
         return sorted({w for worker in self._workers.values() for w in worker.warnings})

@@ -6,6 +6,15 @@ trace, patch the harness, find the probe objects through frames or the garbage c
 in that process can prove it was left alone. The grader's own process holds the student's file, so
 it reads it here, as text, never importing it, and looks for references to that machinery.
 
+Three rule sets. The default (rules 1-4, 6, 7, 9) guards the probes themselves: the forbidden-call
+guard's load (grader.harness.session) uses it. ``structural=True`` adds rule 5 (patching modules and
+classes in place), for the structural checks' gate (grader.structure.assert_untampered), whose
+figures also come from the course drivers the student's process runs. ``clocks=True`` adds rule 8
+(sockets, clocks, waits), for grader.structure.clock, which times the student's calls: a file that
+reads a clock fails the timed checks, not the others. Rules 5 and 8 are kept out of the default
+because they do not touch the guard, and the sandbox's own hostile tests (a socket that sends half a
+reply, a patched torch.allclose) must reach the worker.
+
 The rules, exactly (each finding names its line, what it resolved the reference to, and why):
 
 1. **Modules and names** (`MODULES`, `NAMES`, matched on whole dotted segments, through import
@@ -18,8 +27,7 @@ The rules, exactly (each finding names its line, what it resolved the reference 
    ``__torch_dispatch__``); tracing (sys.settrace, sys.setprofile, sys.monitoring, a debugger); the
    harness (``grader``, except the course helpers grader.testing and grader.support.<module>;
    sys.modules); frames and the garbage collector (sys._getframe, f_back, gc.get_referrers, all of
-   ``inspect``); native code (ctypes, cffi, torch.utils.cpp_extension); threads, processes, the
-   socket the worker talks over; code run later, outside the calls the probes watch (signal handlers,
+   ``inspect``); native code (ctypes, cffi, torch.utils.cpp_extension); threads, processes; code run later, outside the calls the probes watch (signal handlers,
    weakref finalisers, gc callbacks, audit and exception hooks, atexit); dynamic code (exec, eval,
    compile, __import__, importlib, help, pydoc, pkgutil, unittest.mock, logging.config, runpy,
    unpickling, string.Formatter, typing.get_type_hints and ForwardRef, ``type(name, bases, ns)``,
@@ -36,8 +44,7 @@ The rules, exactly (each finding names its line, what it resolved the reference 
    rules for an attribute (rules 1, 2, 4; a private name counts on any object but ``self`` and
    ``cls``). Every other use is flagged: a computed name (on ``self`` too), the function as a value
    (``g = getattr``, ``map(getattr, ...)``, ``functools.reduce(getattr, ...)``, a default argument),
-   ``getattr(*args)``; setattr and delattr on anything but ``self`` and ``cls``, or with a special
-   name. So are globals(), locals(), vars() (but ``vars(self)``), ``__dict__`` (but on
+   ``getattr(*args)``. So are globals(), locals(), vars() (but ``vars(self)``), ``__dict__`` (but on
    ``self`` and ``cls``), operator.attrgetter and operator.methodcaller, and the keyword names of a
    ``match`` class pattern (``case object(__globals__=g)``), which are attribute reads.
 4. **Special (dunder) names**: an attribute, a bare name, a getattr literal or a string that is a
@@ -52,13 +59,18 @@ The rules, exactly (each finding names its line, what it resolved the reference 
    (``metaclass=``, a subclass of ``type``), a subclass of torch.Tensor, and a subclass of a builtin
    container (dict, list, tuple, NamedTuple, set, str, ...) that redefines how it is read (the worker
    reads results by those methods after the call, outside the probes).
-5. **Patching in place**: assigning or deleting an attribute of an imported module or of a chain
-   rooted at one (``time.perf_counter = ...``, ``torch.Tensor.sum = ...``, ``socket.socket.recv =
-   ...``), of ``type(x)``, of a name assigned (once or more) from such a chain or from ``type(x)``,
-   or of a chain through ``__class__``; setattr and delattr on the same. On any other object but
-   ``self``, ``cls`` and autograd's ``ctx``: assigning a special attribute (``C.__enter__ = ...``), or
-   an attribute named like one of torch's, torch.Tensor's or nn.Module's public ones
-   (``[torch.Tensor][0].clone = ...``), except ``data``, ``grad`` and ``requires_grad``.
+5. **Patching in place** (``structural=True``): assigning or deleting an attribute of an imported
+   module or of a chain rooted at one (``time.perf_counter = ...``, ``torch.Tensor.sum = ...``,
+   ``socket.socket.recv = ...``), of ``type(x)``, of a name assigned (once or more) from such a chain
+   or from ``type(x)``, or of a chain through ``__class__``; setattr and delattr on anything but
+   ``self`` and ``cls`` (and on those, with a special name). On any other object but ``self``,
+   ``cls`` and autograd's ``ctx``: assigning a special attribute (``C.__enter__ = ...``), or an
+   attribute named like one of torch's, torch.Tensor's or nn.Module's public ones
+   (``[torch.Tensor][0].clone = ...``), except ``data``, ``grad`` and ``requires_grad``. Assigning
+   ``__class__`` is flagged by the default rules (rule 4). Opening files, too (the builtin open,
+   io.open, os.open/os.read/os.write and friends, pathlib, mmap, shutil, tempfile, linecache):
+   ``/proc/self/mem`` lets a process rewrite its own memory, and with it every probe and driver in it.
+   The default rules flag a string that names a process's memory (``/proc/self/mem``, ``/dev/mem``).
 6. **String annotations** are code to typing.get_type_hints and functools.singledispatch: every
    string inside an annotation is parsed and scanned as an expression.
 7. **Strings that name the machinery**: a string constant, or an expression of constants that folds
@@ -66,12 +78,12 @@ The rules, exactly (each finding names its line, what it resolved the reference 
    slices such as ``[::-1]``, chr() of an int, bytes literals decoded, ``.format``, ``.replace``,
    ``.upper``/``.lower``), that is a dotted identifier with a segment from rule 1, `STRING_SEGMENTS`
    (``_C``, ``grader``, ``ctypes``) or rule 4.
-8. **Clocks** (only with ``clocks=True``, which grader.structure's gate uses, since the structural
-   checks time the student's code): reading a clock or waiting: time, datetime, timeit, resource,
-   sched, select, selectors, asyncio, queue, uuid (uuid1 holds a timestamp), psutil, os.times,
-   os.stat and friends and every ``st_*time*`` field (a file's times are a clock), os.open/os.read
-   and the builtin open, io.open, pathlib (``/proc/uptime`` is a clock), torch.profiler,
-   torch.utils.benchmark, triton.testing, torch.distributed (a store's wait takes a timeout), mmap,
+8. **Clocks and sockets** (``clocks=True``: the grader's clock times the student's code, and the
+   worker's round trip over its socket is its baseline): socket; reading a clock or waiting: time,
+   datetime, timeit, resource, sched, select, selectors, asyncio, queue, uuid (uuid1 holds a
+   timestamp), psutil, os.times, os.stat and friends and every ``st_*time*`` field (a file's times are a clock), the file access of
+   rule 5 (``/proc/uptime`` is a clock; clock() scans with both rule sets), torch.profiler,
+   torch.utils.benchmark, triton.testing, torch.distributed (a store's wait takes a timeout),
    a CUDA event's elapsed_time, Triton's globaltimer, and the names sleep, perf_counter, monotonic,
    process_time, thread_time, clock_gettime, now, today, timedelta, datetime64, TCPStore, from_file,
    fromfile, loadtxt, memmap, read_text wherever they are read; strings that name /proc or /sys.
@@ -79,7 +91,7 @@ The rules, exactly (each finding names its line, what it resolved the reference 
    source encoding, fails closed.
 
 The list is kept narrow enough that honest code never trips it (every file in solutions/ and every
-stub scans clean, clocks included: tests/test_tamper.py). What it proves: the file does not name the
+stub scans clean, with every rule set: tests/test_tamper.py). What it proves: the file does not name the
 machinery, directly or through a by-name lookup, and has no by-name lookup whose name the scan cannot
 read. Not covered (a finding is certain, a clean scan is strong evidence, not proof):
 
@@ -96,12 +108,17 @@ read. Not covered (a finding is certain, a clean scan is strong evidence, not pr
   caught, its public ones are not).
 * Work instead of a clock: a loop of fixed length that pads a call without reading any clock is not
   a clock read; grader/structure.py bounds what a padded call can buy with its round-trip baseline.
+* /proc/self/mem under the default rules: a path built at run time and opened from a file checked by
+  the forbidden-call guard only (the structural rules flag every open()). The sandboxed worker could
+  write its own memory when this was written (measured: a write through /proc/self/mem changed a
+  buffer in the worker); a non-dumpable worker (``prctl(PR_SET_DUMPABLE, 0)`` after its last exec)
+  cannot open it, which closes this for every rule set.
 * Objects the student's code receives from torch or the course's helpers and whose attributes lead
   elsewhere through names that are not special (a torch function's plain attributes).
 
-API: ``scan(source, clocks=False) -> list[Finding]`` (source as text, or as bytes decoded as Python
-would decode them) and ``scan_file(path, clocks=False)``; a `Finding` prints as "line 12:
-sys.settrace: your code changes the tracing the grader's probes use". `describe(findings)` joins a
+API: ``scan(source, structural=False, clocks=False) -> list[Finding]`` (source as text, or as bytes
+decoded as Python would decode them) and ``scan_file(path, structural=False, clocks=False)``; a
+`Finding` prints as "line 12: sys.settrace: your code changes the tracing the grader's probes use". `describe(findings)` joins a
 few for a message, and `tampered_message(findings)` is what a guarded call of a flagged file fails
 with (as `Tampered`, an AssertionError: a verdict on the file, not an error of the grader).
 """
@@ -137,7 +154,7 @@ TORCH_PRIVATE = "your code uses torch's private internals, which can switch off 
 PRIVATE = "your code uses a module's private internals, which can reach past the grader's checks"
 KERNELS = "your code registers operator kernels, which run where the forbidden-call guard cannot see"
 HARNESS = "your code reaches the grader's own code"
-SOCKET = "your code reaches sockets, and the worker that runs your code talks to the grader over one"
+SOCKET = "your code reaches sockets, and the worker that runs your code talks to the grader over one, which the grader's clock times"
 INTROSPECTION = "your code inspects frames or the garbage collector, which can find and change the grader's probes"
 NATIVE = "your code loads native code, which can change anything in the process"
 THREADS = "your code starts threads of its own, which the grader's probes do not watch"
@@ -148,7 +165,7 @@ BY_NAME = "your code looks attributes up by a name the grader cannot read, which
 DUNDER = "your code reads a special attribute, the way to the interpreter's internals (globals, builtins, frames)"
 PATCHES = "your code changes a module's or a class's attributes in place, which changes what the grader's probes and drivers call"
 CLASS_HOOK = "your class runs code of its own where the worker reads results or checks types, outside the probes"
-CLOCKS = "your code reads a clock or waits, and the structural checks time your code"
+CLOCKS = "your code reads a clock or waits, and the grader's clock times your code"
 ENCODING = "your file declares an unusual source encoding, which can show a reader different text than Python runs"
 UNREADABLE = "the grader cannot parse your file, so it cannot check it"
 
@@ -170,7 +187,6 @@ MODULES: dict[str, str] = {
     "threading": THREADS, "_thread": THREADS, "concurrent": THREADS,
     "multiprocessing": PROCESSES, "torch.multiprocessing": PROCESSES, "subprocess": PROCESSES, "pty": PROCESSES,
     "os.system": PROCESSES, "os.popen": PROCESSES, "os.fork": PROCESSES, "os.forkpty": PROCESSES,
-    "socket": SOCKET, "_socket": SOCKET, "socketserver": SOCKET,
     "signal": LATER, "_signal": LATER, "weakref": LATER, "_weakref": LATER, "gc.callbacks": LATER,
     "atexit": LATER, "faulthandler": LATER, "sys.addaudithook": LATER, "sys.excepthook": LATER,
     "sys.unraisablehook": LATER, "sys.displayhook": LATER,
@@ -244,7 +260,8 @@ _READ_HOOKS = frozenset({
 _TENSOR_BASES = frozenset({"torch.Tensor", "torch.nn.Parameter", "torch.nn.parameter.Parameter"})
 # A module re-exported under another (torch.sys, os.sys, torch.x.time): the chain is checked again from there.
 _REROOT = frozenset({m.split(".")[0] for m in MODULES} - {"trace", "profile", "code", "grader", "mock"})
-_OWN_SUBMODULES = frozenset({"torch.signal"})  # a library's own module named like a standard one: no re-export
+_OWN_SUBMODULES = frozenset({"torch.signal"})
+_PUBLIC_UNDERSCORED = frozenset({"os._exit"})  # documented public names that start with an underscore  # a library's own module named like a standard one: no re-export
 # Names an unresolved object's attribute may not be read by unless called (sys.modules through a parameter).
 _IMPORT_STATE = frozenset({"modules", "meta_path", "path_hooks", "path_importer_cache"})
 # Objects whose attributes honest code sets (autograd's ctx), and tensor attributes honest code sets.
@@ -262,10 +279,9 @@ STRING_SEGMENTS = frozenset({
 # Rule 8, with clocks=True: modules and names that read a clock or wait.
 CLOCK_MODULES = frozenset({
     "time", "datetime", "_datetime", "timeit", "resource", "sched", "select", "selectors", "asyncio", "queue",
-    "_queue", "uuid", "psutil", "pathlib", "io.open", "io.FileIO", "_io", "mmap", "torch.distributed",
+    "_queue", "uuid", "psutil", "torch.distributed",
     "os.times", "os.getloadavg", "os.wait3", "os.wait4", "os.stat", "os.fstat", "os.lstat", "os.scandir",
-    "os.open", "os.read", "os.pread", "os.readv", "os.preadv", "os.fdopen", "os.path.getmtime",
-    "os.path.getatime", "os.path.getctime", "os.path.getsize",
+    "os.path.getmtime", "os.path.getatime", "os.path.getctime", "os.path.getsize",
     "torch.profiler", "torch.autograd.profiler", "torch.utils.benchmark", "triton.testing",
 })
 CLOCK_NAMES = frozenset({
@@ -277,8 +293,18 @@ CLOCK_NAMES = frozenset({
     "timedelta64", "TCPStore", "FileStore", "HashStore", "from_file", "fromfile", "loadtxt", "genfromtxt",
     "memmap", "read_text", "read_bytes", "globaltimer",
 })
-CLOCK_BUILTINS = frozenset({"open"})
-_CLOCK_ROOTS = frozenset({m.split(".")[0] for m in CLOCK_MODULES} - {"select", "torch"})
+CLOCK_BUILTINS: frozenset[str] = frozenset()
+# Rule 5's file access (structural=True): /proc/self/mem rewrites the process's own memory, /proc holds clocks.
+FILES = "your code opens files, and /proc/self/mem lets a process rewrite its own memory (and the probes in it)"
+FILE_MODULES = frozenset({"io.open", "io.FileIO", "_io", "os.open", "os.fdopen", "os.read", "os.pread", "os.readv",
+                          "os.preadv", "os.write", "os.pwrite", "os.writev", "os.pwritev", "os.sendfile",
+                          "os.copy_file_range", "os.splice", "pathlib", "mmap", "shutil", "fileinput",
+                          "linecache", "tempfile"})
+FILE_BUILTINS = frozenset({"open"})
+_OWN_MEMORY = re.compile(r"/proc/[^/\s]+/(task/[^/\s]+/)?mem\b|/dev/k?mem\b|/dev/port\b")
+CLOCK_TABLE: dict[str, str] = {**{m: CLOCKS for m in CLOCK_MODULES}, "socket": SOCKET, "_socket": SOCKET,
+                                      "socketserver": SOCKET}
+_CLOCK_ROOTS = frozenset({m.split(".")[0] for m in (*CLOCK_TABLE, *FILE_MODULES)} - {"select", "torch"})
 _CLOCK_PATHS = ("/proc", "/sys/", "/dev/rtc", "/dev/hpet")
 
 _SELF = ("self", "cls")
@@ -288,11 +314,12 @@ _UNSAFE_KEYWORDS = {"weights_only": False, "allow_pickle": True}  # torch.load, 
 _FOLD_LIMIT = 10_000  # characters: a folded string longer than this is not folded (nor built here)
 
 
-def scan(source: str | bytes, clocks: bool = False) -> list[Finding]:
+def scan(source: str | bytes, structural: bool = False, clocks: bool = False) -> list[Finding]:
     """Every reference in `source` that could tamper with the grader's probes, in line order.
 
-    `clocks`: also flag reading a clock or waiting (rule 8), for the structural checks that time the
-    code. Bytes are decoded as Python decodes a source file (its coding cookie), so the scan reads the
+    `structural`: also flag patching modules and classes in place (rule 5), for the structural checks'
+    gate, whose figures come from the course's drivers. `clocks`: also flag sockets, reading a clock
+    and waiting (rule 8), for grader.structure.clock, which times the code. Bytes are decoded as Python decodes a source file (its coding cookie), so the scan reads the
     text the interpreter runs. A file that does not parse gives one finding, so that it fails closed."""
     findings: list[Finding] = []
     if isinstance(source, bytes):
@@ -311,15 +338,15 @@ def scan(source: str | bytes, clocks: bool = False) -> list[Finding]:
         line = getattr(exc, "lineno", None) or 1
         return [Finding(line, type(exc).__name__, f"{UNREADABLE} ({getattr(exc, 'msg', exc)})")]
     try:
-        _Scanner(findings, clocks).run(tree)
+        _Scanner(findings, structural, clocks).run(tree)
     except RecursionError:  # nested deeper than this process can walk: fail closed
         findings.append(Finding(1, "RecursionError", f"{UNREADABLE} (it nests too deeply)"))
     return sorted(set(findings))
 
 
-def scan_file(path: str | Path, clocks: bool = False) -> list[Finding]:
+def scan_file(path: str | Path, structural: bool = False, clocks: bool = False) -> list[Finding]:
     """`scan` of a file's bytes (decoded as the interpreter would decode them)."""
-    return scan(Path(path).read_bytes(), clocks=clocks)
+    return scan(Path(path).read_bytes(), structural=structural, clocks=clocks)
 
 
 class Tampered(AssertionError):
@@ -352,20 +379,21 @@ def _private(name: str) -> bool:
     return name.startswith("_") and not _dunder(name)
 
 
-def _module_rule(path: str, clocks: bool) -> str | None:
+def _module_rule(path: str, clocks: bool, structural: bool = False) -> str | None:
     """Why a dotted path is flagged: the module table, the os process family, clocks, private segments,
     and the same again from every segment that names a module re-exported there (torch.sys.modules)."""
     parts = path.split(".")
     for start in range(1, len(parts)):
         if ".".join(parts[:start + 1]) in _OWN_SUBMODULES:
             continue
-        if parts[start] in _REROOT or (clocks and parts[start] in _CLOCK_ROOTS):
-            why = _module_rule(".".join(parts[start:]), clocks)
+        if parts[start] in _REROOT or ((clocks or structural) and parts[start] in _CLOCK_ROOTS):
+            why = _module_rule(".".join(parts[start:]), clocks, structural)
             if why:
                 return why
     for end in range(1, len(parts) + 1):
         prefix = ".".join(parts[:end])
-        why = MODULES.get(prefix) or (CLOCKS if clocks and prefix in CLOCK_MODULES else None)
+        why = (MODULES.get(prefix) or (CLOCK_TABLE.get(prefix) if clocks else None)
+               or (FILES if structural and prefix in FILE_MODULES else None))
         if why:
             return why
     if _OS_PROCESS.match(path):
@@ -376,7 +404,7 @@ def _module_rule(path: str, clocks: bool) -> str | None:
         first_free = 4 if parts[1:2] == ["ops"] else 1
         if any(_private(p) for p in parts[first_free:]):
             return TORCH_PRIVATE
-    elif any(_private(p) for p in parts):
+    elif any(_private(p) for p in parts) and path not in _PUBLIC_UNDERSCORED:
         return PRIVATE
     return None
 
@@ -567,8 +595,9 @@ class _Folder:
 
 
 class _Scanner(ast.NodeVisitor):
-    def __init__(self, findings: list[Finding], clocks: bool = False):
+    def __init__(self, findings: list[Finding], structural: bool = False, clocks: bool = False):
         self.findings = findings
+        self.structural = structural
         self.clocks = clocks
         self.aliases: dict[str, str] = {}  # local name -> the dotted module path it was imported as
         self.bound: set[str] = set()  # names the file binds itself (its own `compile` is no builtin)
@@ -674,7 +703,7 @@ class _Scanner(ast.NodeVisitor):
     def check_path(self, node: ast.AST, path: str) -> bool:
         """Flag a resolved dotted path by the module table, private segments, or its last name."""
         last = path.rsplit(".", 1)[-1]
-        why = _module_rule(path, self.clocks) or self.rule_for_name(last)
+        why = _module_rule(path, self.clocks, self.structural) or self.rule_for_name(last)
         if why:
             self.flag(node, path, why)
         return why is not None
@@ -704,6 +733,8 @@ class _Scanner(ast.NodeVisitor):
                         or (self.clocks and part in CLOCK_NAMES)):
                     self.flag(node, repr(text), f"{DYNAMIC} (a string that names the grader's machinery)")
                     return
+        elif len(text) <= 4096 and _OWN_MEMORY.search(text):
+            self.flag(node, repr(text[:60]), f"{NATIVE} (a process's memory as a file)")
         elif self.clocks and any(p in text for p in _CLOCK_PATHS) and len(text) <= 4096:
             self.flag(node, repr(text[:60]), f"{CLOCKS} (/proc and /sys hold the system's clocks)")
 
@@ -736,11 +767,13 @@ class _Scanner(ast.NodeVisitor):
     def visit_Attribute(self, node: ast.Attribute) -> None:
         own = isinstance(node.value, ast.Name) and node.value.id in _OWN
         if isinstance(node.ctx, (ast.Store, ast.Del)):
-            target = self.patch_target(node.value)
-            if target is not None:
-                self.flag(node, f"{target}.{node.attr} = ...", PATCHES)
-            elif node.attr == "__class__":
+            target = self.patch_target(node.value) if self.structural else None
+            if node.attr == "__class__":
                 self.flag(node, "...__class__ = ...", CLASS_HOOK)
+            elif not self.structural:
+                pass  # patching in place changes what drivers and clocks call: the structural gate's rule 5
+            elif target is not None:
+                self.flag(node, f"{target}.{node.attr} = ...", PATCHES)
             elif not own and _dunder(node.attr):
                 self.flag(node, f"...{node.attr} = ...", PATCHES)
             elif not own and node.attr in _torch_attribute_names() and node.attr not in _TENSOR_STORES_OK:
@@ -784,7 +817,8 @@ class _Scanner(ast.NodeVisitor):
         if name in _ATTRIBUTE_CALLS + _NAMESPACE_CALLS and id(node) not in self.direct:
             self.flag(node, f"{name} used as a value" if name in _ATTRIBUTE_CALLS else f"{name}()", BY_NAME)
             return
-        why = BUILTINS.get(name) or NAMES.get(name) or (CLOCKS if self.clocks and name in CLOCK_BUILTINS else None)
+        why = (BUILTINS.get(name) or NAMES.get(name) or (CLOCKS if self.clocks and name in CLOCK_BUILTINS else None)
+               or (FILES if self.structural and name in FILE_BUILTINS else None))
         if why:
             self.flag(node, name, why)
 
@@ -800,7 +834,9 @@ class _Scanner(ast.NodeVisitor):
             return True
         if isinstance(parent, (ast.Assign, ast.AnnAssign)) and parent.value is node:
             targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
-            return len(targets) == 1 and isinstance(targets[0], ast.Name) and targets[0].id in self.aliases
+            in_class = isinstance(self.parents.get(id(parent)), ast.ClassDef)  # a class attribute: A.m, self.m
+            return (len(targets) == 1 and isinstance(targets[0], ast.Name) and targets[0].id in self.aliases
+                    and not in_class)
         return False
 
     def visit_Call(self, node: ast.Call) -> None:
@@ -831,7 +867,7 @@ class _Scanner(ast.NodeVisitor):
         if not isinstance(literal, str):
             self.flag(node, f"{call} with a computed name", BY_NAME)
             return
-        if call in ("setattr", "delattr"):
+        if call in ("setattr", "delattr") and self.structural:
             where = self.patch_target(target)
             if where is not None:
                 self.flag(node, f"{call}({where}, {literal!r})", PATCHES)
@@ -927,6 +963,7 @@ class _Scanner(ast.NodeVisitor):
         self.generic_visit(node)
 
 
-def scan_sources(sources: Iterable[tuple[str, str | bytes]], clocks: bool = False) -> dict[str, list[Finding]]:
+def scan_sources(sources: Iterable[tuple[str, str | bytes]], structural: bool = False,
+                 clocks: bool = False) -> dict[str, list[Finding]]:
     """`scan` of several named sources: name -> findings (for tests and reports)."""
-    return {name: scan(source, clocks=clocks) for name, source in sources}
+    return {name: scan(source, structural=structural, clocks=clocks) for name, source in sources}

@@ -1,5 +1,6 @@
 """A library class bound to a name, then patched through it: torch.Tensor's method replaced."""
 # expect: torch.Tensor.clone = ...
+# structural
 import torch
 
 T = torch.Tensor

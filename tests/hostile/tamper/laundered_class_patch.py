@@ -1,5 +1,6 @@
 """torch.Tensor taken out of a list, then patched: no chain the scan can resolve, but a torch method's name."""
 # expect: ...clone = ...
+# structural
 import torch
 
 _T = [torch.Tensor][0]
