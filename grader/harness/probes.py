@@ -311,8 +311,9 @@ HOST_OPS = UNINITIALISED | frozenset({
 
 # Ways to read a tensor's values on the host that never reach the dispatcher, patched for a guarded call
 # (`.item()`, `int(t)` and `bool(t)` reach aten::_local_scalar_dense, which HOST_OPS leaves out). A
-# property is patched as a property. Reached through the base class (torch._C.TensorBase, which cannot be
-# patched) they stay open: the trusted scan flags torch._C; see AUTHORING.md.
+# property is patched as a property. Reached through the base class, which cannot be patched
+# (torch._C.TensorBase: super(torch.Tensor, t).tolist(), torch.Tensor.__base__.numpy(t)), they stay open at
+# run time: that is the trusted scan's to flag (it flags torch._C; tests/test_probes.py shows the rest).
 HOST_READS: dict[str, str] = {
     "torch.Tensor.numpy": "Tensor.numpy()",
     "torch.Tensor.tolist": "Tensor.tolist()",
@@ -375,20 +376,24 @@ class LaunchLog(list):
         return set().union(*(launch.storages for launch in self)) | self.derived
 
 
-# Allowed host operators whose result holds the values of their input (a copy or a cast, not a view).
-_COPIES = frozenset({"aten::clone", "aten::_to_copy", "aten::copy_", "aten::_copy_from", "aten::_copy_from_and_resize",
-                     "aten::contiguous", "aten::to"})
+# Allowed host operators whose result holds the values of an input (a copy or a cast, not a view), as
+# operator -> (index of the source argument, index of the target argument or None for the result).
+_COPIES = {
+    "aten::clone": (0, None), "aten::_to_copy": (0, None), "aten::contiguous": (0, None), "aten::to": (0, None),
+    "aten::copy_": (1, 0), "aten::_copy_from": (0, 1), "aten::_copy_from_and_resize": (0, 1),
+}
 
 
 def _note_copies(name: str, args: tuple, out: Any) -> None:
     """Follow a kernel's result through a host copy, for every active LaunchLog."""
-    if name not in _COPIES or not _ACTIVE_LOGS:
+    where = _COPIES.get(name)
+    if where is None or not _ACTIVE_LOGS or len(args) <= max(i for i in where if i is not None):
         return
-    sources = [a for a in args[1:]] if name in ("aten::copy_", "aten::_copy_from") else [args[0]] if args else []
-    targets = [args[0]] if name == "aten::copy_" else [out] if name != "aten::_copy_from" else [args[1]]
+    source, target = where
+    written = _tensor_storages([args[source]])
     for log in list(_ACTIVE_LOGS):
-        if _tensor_storages(sources) & log.kernel_storages():
-            log.derived |= _tensor_storages(targets)
+        if written & log.kernel_storages():
+            log.derived |= _tensor_storages([out if target is None else args[target]])
 
 
 def storage_of(tensor: torch.Tensor) -> int:
