@@ -423,6 +423,46 @@ def test_the_worker_cannot_make_namespaces_of_its_own(tmp_path):
     assert tool != 0, "unshare(1) in the worker made a user namespace"
 
 
+OWN_MEMORY = '''
+import ctypes, os
+
+SECRET = ctypes.create_string_buffer(b"probe-state")
+
+def rewrite():
+    """Try to rewrite this process's own memory, as a submission would to switch off the probes."""
+    name = "/".join(["", "proc", "self", "m" + "em"])
+    try:
+        fd = os.open(name, os.O_RDWR)
+    except OSError as exc:
+        return "refused", exc.errno
+    try:
+        os.pwrite(fd, b"PWNED", ctypes.addressof(SECRET))
+    finally:
+        os.close(fd)
+    return "wrote", SECRET.value.decode()
+
+def dumpable():
+    return ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
+'''
+
+
+@as_root
+def test_the_worker_cannot_rewrite_its_own_memory(tmp_path):
+    """The probes live in the worker's memory: /proc/self/mem must not open for the student's code."""
+    import errno
+
+    (tmp_path / "mem.py").write_text(OWN_MEMORY)
+    session = StudentSession("sandbox", lambda _id: tmp_path / "mem.py", Sandbox(), lambda _id: 60.0)
+    try:
+        module = session.load("mem")
+        outcome, detail = module.rewrite()
+        flag = module.dumpable()
+    finally:
+        session.close()
+    assert flag == 0, "the worker is dumpable: its /proc files are its own uid's"
+    assert (outcome, detail) == ("refused", errno.EACCES), f"the worker rewrote its own memory: {outcome} {detail}"
+
+
 def test_the_seccomp_program_refuses_what_it_says():
     from grader.harness import seccomp
 

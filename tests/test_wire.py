@@ -123,3 +123,45 @@ def test_a_view_that_repeats_a_tiny_storage_is_counted_by_what_it_stands_for():
     small = wire.encode_reply({"ok": True, "value": torch.arange(3.0)[:1].expand(1000)}, lambda obj: 0)
     value = wire.decode_reply(small, lambda *a: None, max_bytes=1 << 20)["value"]
     assert value.shape == (1000,) and value.untyped_storage().nbytes() == 4000 and value.stride() == (1,)
+
+
+def test_to_wire_runs_none_of_the_students_code():
+    """The reply is built after the call, outside the probes: a subclass that computes when read
+    (its own __iter__, __int__, __torch_function__) travels as a handle, never through its methods."""
+    import collections
+
+    from grader.harness.wire import to_wire
+
+    ran = []
+
+    class Rows(list):
+        def __iter__(self):
+            ran.append("list.__iter__")
+            return super().__iter__()
+
+    class Count(int):
+        def __int__(self):
+            ran.append("int.__int__")
+            return 0
+
+    class Lazy(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            ran.append("__torch_function__")
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    Point = collections.namedtuple("Point", "x y")
+
+    class Sneaky(Point):
+        def __iter__(self):
+            ran.append("namedtuple.__iter__")
+            return super().__iter__()
+
+    class Route(Point):  # an honest subclass of a named tuple still travels as one
+        __slots__ = ()
+
+    for value in (Rows([1]), Count(3), torch.ones(2).as_subclass(Lazy), Sneaky(1, 2)):
+        wired = to_wire(value, keep=lambda _v: 5)
+        assert wired["__wire__"] == "handle", f"{type(value).__name__} travelled as {wired}"
+    assert ran == [], f"to_wire ran the student's {ran}"
+    assert to_wire(Route(1, torch.ones(1)), keep=lambda _v: 5)["fields"] == ["x", "y"]

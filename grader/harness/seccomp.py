@@ -9,7 +9,8 @@ PR_SET_NO_NEW_PRIVS, so no privilege is needed), refuses with EPERM:
   fork() are unaffected; clone3, whose flags a filter cannot read, answers ENOSYS, so the C library
   falls back to clone);
 * mounting and changing the root: mount, umount2, pivot_root, chroot, and the new mount API;
-* kernel surfaces no grade needs: bpf, io_uring, userfaultfd, perf_event_open, keyrings, ptrace,
+* kernel surfaces no grade needs: bpf, io_uring, userfaultfd, perf_event_open, keyrings, ptrace and
+  process_vm_readv/writev (another process's memory), pidfd_getfd (another's descriptors),
   kexec and module loading;
 * any system call of another architecture's ABI (32-bit calls on a 64-bit kernel, x32).
 
@@ -39,7 +40,8 @@ _RET = 0x06  # BPF_RET | BPF_K
 _DENIED = ("unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "open_tree", "move_mount", "fsopen",
            "fsconfig", "fsmount", "fspick", "mount_setattr", "bpf", "io_uring_setup", "io_uring_enter",
            "io_uring_register", "userfaultfd", "perf_event_open", "keyctl", "add_key", "request_key", "ptrace",
-           "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module")
+           "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "process_vm_readv",
+           "process_vm_writev", "pidfd_getfd")
 _TABLES = {
     "x86_64": (0xC000003E, True, {
         "clone": 56, "clone3": 435, "unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155,
@@ -47,14 +49,16 @@ _TABLES = {
         "fspick": 433, "mount_setattr": 442, "bpf": 321, "io_uring_setup": 425, "io_uring_enter": 426,
         "io_uring_register": 427, "userfaultfd": 323, "perf_event_open": 298, "keyctl": 250, "add_key": 248,
         "request_key": 249, "ptrace": 101, "kexec_load": 246, "kexec_file_load": 320, "init_module": 175,
-        "finit_module": 313, "delete_module": 176}),
+        "finit_module": 313, "delete_module": 176, "process_vm_readv": 310, "process_vm_writev": 311,
+        "pidfd_getfd": 438}),
     "aarch64": (0xC00000B7, False, {
         "clone": 220, "clone3": 435, "unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41,
         "chroot": 51, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
         "fspick": 433, "mount_setattr": 442, "bpf": 280, "io_uring_setup": 425, "io_uring_enter": 426,
         "io_uring_register": 427, "userfaultfd": 282, "perf_event_open": 241, "keyctl": 219, "add_key": 217,
         "request_key": 218, "ptrace": 117, "kexec_load": 104, "kexec_file_load": 294, "init_module": 105,
-        "finit_module": 273, "delete_module": 106}),
+        "finit_module": 273, "delete_module": 106, "process_vm_readv": 270, "process_vm_writev": 271,
+        "pidfd_getfd": 438}),
 }
 _TABLES["arm64"] = _TABLES["aarch64"]
 

@@ -239,8 +239,28 @@ def changed_tensors(snapshots: list) -> list:
     return [(list(path), t.detach()) for path, t, before in snapshots if not same_tensor(t.detach(), before)]
 
 
+PR_SET_DUMPABLE = 4
+
+
+def not_dumpable() -> None:
+    """Make this process non-dumpable before any student code runs.
+
+    The probes (forbidden-call guard, kernel rule, line counter) live in this process's memory, and
+    /proc/self/mem would let the student's code rewrite them. A non-dumpable process's /proc files
+    belong to root, so the worker's own uid cannot open them, and no other process of that uid may
+    ptrace it or read its memory (process_vm_readv). exec resets the flag, so it is set here, after
+    the launcher's exec.
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+
+
 def main(argv: list[str]) -> None:
     fd, module_path = int(argv[1]), argv[2]
+    not_dumpable()
     sock = socket.socket(fileno=fd)
     Worker(sock, module_path).serve()
 
