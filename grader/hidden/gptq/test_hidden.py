@@ -971,8 +971,12 @@ def test_the_lazy_batch_is_real(student, gq, rng):
         ties[apart] = obq64(W[apart], H, bits=4, reinvert=False).ties
     assert_same_q(Q, plain.Q, step_of(plain), f"block_size={block} against block_size=1 on a [{rows}, {cols}] layer",
                   ties=ties)
-    assert output_error(W, Q, H) < 0.8 * output_error(W, rtn_rule(W, 4)[0], H), (
-        "the counted run's Q is no better than round-to-nearest: the error feedback is missing"
+    # The reference reaches 0.35 of round-to-nearest's output error on this layer (seeds 0-2: 0.350-0.354); rows of
+    # the plain inverse H^-1 as the feedback reach 0.74, no feedback at all 0.99.
+    ratio = output_error(W, Q, H) / output_error(W, rtn_rule(W, 4)[0], H)
+    assert ratio < 0.6, (
+        f"the counted run's Q has {ratio:.2f} of round-to-nearest's output error; a correct GPTQ reaches about 0.35 on "
+        "this layer: the error feedback is missing or wrong (row i of U, the upper Cholesky factor of H^-1)"
     )
 
 
