@@ -141,7 +141,7 @@ def test_gptq_on_two_columns_by_hand(gq):
     assert_close(res.Q[:, 0], q0, atol=1e-5, rtol=1e-5, what="column 0 of Q", hint="Column 0 is plain rounding")
     assert_close(res.Q[:, 1], q1, atol=1e-5, rtol=1e-5, what="column 1 of Q", hint=(
         f"Before rounding it, column 1 should have moved "
-        f"by (w0 - q0) * H01 / H11 to {w1.tolist()}. Is the feedback err * U[0, 1] with err = (w0 - q0) / U[0, 0] and "
+        f"by (w0 - q0) * H01 / H11 to {show(w1)}. Is the feedback err * U[0, 1] with err = (w0 - q0) / U[0, 0] and "
         "U the UPPER Cholesky factor of H^-1?"
     ))
     # loss: column 0 has d^2 = (H^-1)[0, 0] = c / (ac - b^2); column 1 then has d^2 = 1 / c

@@ -12,7 +12,7 @@ import torch
 from grader.harness.probes import KERNELS_ONLY
 from grader.structure import Scaling, assert_flat_on_the_clock, clock
 
-from grader.testing import assert_close
+from grader.testing import assert_close, show
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +178,7 @@ def test_slot_mapping_small(pk):
     want = torch.tensor([[28, 31, 8, -1], [18, 1, 20, 21]])
     assert got.dtype == torch.int64, f"expected int64 slots, found {got.dtype}"
     assert torch.equal(got, want), (
-        f"expected {want.tolist()}, found {got.tolist()}: position p lives in block table[p // block_size] "
+        f"expected {show(want)}, found {show(got)}: position p lives in block table[p // block_size] "
         "at offset p % block_size, so its slot is block * block_size + p % block_size; padding (-1) maps to -1"
     )
 

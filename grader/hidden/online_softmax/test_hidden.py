@@ -279,7 +279,7 @@ def test_long_fp16_rows_accumulate_in_fp32(sm, rng):
     m, l = sm.online_normalizer(chunks_of(x, [0, n // 2, n]))
     want = naive_state(x)[1]
     assert_close(l, want, atol=1e-8, rtol=1e-4, what=f"l of fp16 rows of {n}", hint=(
-        f"The row sums are {want.tolist()}: accumulate in fp32, not in the input's dtype"
+        f"The row sums are {show(want)}: accumulate in fp32, not in the input's dtype"
     ))
 
 

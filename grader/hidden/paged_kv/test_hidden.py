@@ -900,7 +900,7 @@ def why_reused(ctx: dict, i: int, reused, bs: int) -> str | None:
     held = ctx["holds"].get(reused, ())
     if held and len(held) % bs == 0 and held[-bs:] == p["tokens"][-bs:] and held != p["tokens"]:
         by, step = ctx["filled_by"].get(reused, ("", -1))
-        reasons.append((step, f"block {reused} holds the same {bs} token(s) after a different prefix ({list(held)}): "
+        reasons.append((step, f"block {reused} holds the same {bs} token(s) after a different prefix ({testing.show(held)}): "
                               + (FORKED_KEY if "forked child" in by else CHAIN_RULE)))
     reasons = [why for _, why in sorted(reasons, key=lambda sr: -sr[0])[:2]]
     return ("either " if len(reasons) > 1 else "") + "; or ".join(reasons) if reasons else None
