@@ -962,7 +962,8 @@ def test_the_lazy_batch_is_real(student, gq, rng):
     )
     Q = out["result"][0]
     assert isinstance(Q, torch.Tensor) and Q.shape == W.shape, (
-        f"the counted run's Q should have W's shape {tuple(W.shape)}, found {getattr(Q, 'shape', type(Q).__name__)}"
+        f"the counted run's Q should be a tensor of W's shape {tuple(W.shape)}, found "
+        f"{tuple(Q.shape) if isinstance(Q, torch.Tensor) else type(Q).__name__}"
     )
     plain = gq.gptq_quantize(W, H, bits=4, block_size=1)
     apart = differing_rows(Q, plain.Q, step_of(plain))
