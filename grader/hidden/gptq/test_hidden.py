@@ -1028,7 +1028,8 @@ def assert_timed_quantisation(out, W, H):
     """The checked rep's Q, every row, against RTN's output error on the same H (in float64 on the GPU)."""
     Q = out[0] if isinstance(out, tuple) else out
     assert isinstance(Q, torch.Tensor) and Q.shape == W.shape, (
-        f"gptq_quantize's Q should have W's shape {tuple(W.shape)}, found {getattr(Q, 'shape', type(Q).__name__)}"
+        f"gptq_quantize's Q should be a tensor of W's shape {tuple(W.shape)}, found "
+        f"{tuple(Q.shape) if isinstance(Q, torch.Tensor) else type(Q).__name__}"
     )
     assert bool(torch.isfinite(Q).all()), "Q holds NaN or inf"
     rtn = output_error(W, rtn_rule(W.cpu(), 4)[0].to(W.device), H)
