@@ -575,6 +575,7 @@ def _triton_class(module: str, name: str) -> type | None:
         return None
 
 
+@functools.lru_cache(maxsize=1)
 def _triton_dir() -> str | None:
     try:
         import triton
@@ -583,10 +584,15 @@ def _triton_dir() -> str | None:
     return str(Path(triton.__file__).resolve().parent)
 
 
+@functools.lru_cache(maxsize=64)
+def _resolved(filename: str) -> str:
+    return str(Path(filename).resolve())
+
+
 def _is_tritons_own(fn: Any, root: str) -> bool:
     code = getattr(fn, "__code__", None)
     filename = getattr(code, "co_filename", "")
-    return bool(filename) and str(Path(filename).resolve()).startswith(root + "/")
+    return isinstance(filename, str) and bool(filename) and _resolved(filename).startswith(root + "/")
 
 
 def _assert_launch_machinery_intact() -> None:
