@@ -195,6 +195,13 @@ FLAGGED = {
     "a module kept as a class attribute": ("import torch\nclass A:\n    m = torch\n", "torch (a module) used as a value"),
     "/proc/self/mem": ("path = '/proc/' + 'self/mem'\n", "'/proc/self/mem'"),
     "/dev/mem": ("path = '/dev/mem'\n", "'/dev/mem'"),
+    # the unpatchable base class: the kernel rule patches Tensor.tolist, not TensorBase.tolist
+    "super with a named base": ("import torch\ndef f(t):\n    return super(torch.Tensor, t).tolist()\n",
+                                "super(...) with arguments"),
+    "a base by mro()": ("import torch\ndef f(t):\n    return torch.Tensor.mro()[1].numpy(t)\n", "torch.Tensor.mro"),
+    "Triton's runtime": ("from triton.runtime import driver\n", "triton.runtime"),
+    "Triton's launch hooks": ("import triton\ntriton.knobs.runtime.launch_enter_hook = print\n", "triton.knobs"),
+    "Triton's compiled kernels": ("from triton.compiler import CompiledKernel\n", "triton.compiler"),
 }
 
 

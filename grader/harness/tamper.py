@@ -168,6 +168,8 @@ CLASS_HOOK = "your class runs code of its own where the worker reads results or 
 CLOCKS = "your code reads a clock or waits, and the grader's clock times your code"
 ENCODING = "your file declares an unusual source encoding, which can show a reader different text than Python runs"
 UNREADABLE = "the grader cannot parse your file, so it cannot check it"
+LAUNCHER = ("your code reaches Triton's launch machinery (runtime, compiler, backends, knobs), where the kernel rule "
+            "is suspended while a launch runs")
 
 # Modules (and everything under them), matched on whole dotted segments.
 MODULES: dict[str, str] = {
@@ -200,6 +202,7 @@ MODULES: dict[str, str] = {
     "types.new_class": DYNAMIC, "dataclasses.make_dataclass": DYNAMIC,
     "operator.attrgetter": BY_NAME, "operator.methodcaller": BY_NAME,
     "torch.package": DYNAMIC, "torch.hub": DYNAMIC,
+    "triton.runtime": LAUNCHER, "triton.compiler": LAUNCHER, "triton.backends": LAUNCHER, "triton.knobs": LAUNCHER,
 }
 # os.exec*, os.spawn*, os.posix_spawn*: a family of names each.
 _OS_PROCESS = re.compile(r"^os\.(exec|spawn|posix_spawn)\w*$")
@@ -226,6 +229,8 @@ NAMES: dict[str, str] = {
     "addaudithook": LATER, "cpp_extension": NATIVE, "load_inline": NATIVE,
     "__builtins__": DYNAMIC, "__import__": DYNAMIC, "__getattribute__": DYNAMIC, "__loader__": DYNAMIC,
     "_start_new_thread": THREADS, "start_new_thread": THREADS, "_start_joinable_thread": THREADS,
+    # a class's bases reached by method: the way around a patched method to the unpatched base (TensorBase)
+    "mro": DUNDER, "TensorBase": TORCH_PRIVATE,
 }
 BUILTINS: dict[str, str] = {"exec": DYNAMIC, "eval": DYNAMIC, "compile": DYNAMIC, "__import__": DYNAMIC,
                             "help": DYNAMIC}
@@ -853,6 +858,8 @@ class _Scanner(ast.NodeVisitor):
                 self.direct.add(id(func))
             elif func.id == "type" and len(node.args) != 1:
                 self.flag(node, "type(name, bases, namespace)", DYNAMIC)
+            elif func.id == "super" and (node.args or node.keywords):
+                self.flag(node, "super(...) with arguments", DUNDER)  # a named base: torch.Tensor's is TensorBase
         for keyword in node.keywords:
             if keyword.arg in _UNSAFE_KEYWORDS:
                 safe = not _UNSAFE_KEYWORDS[keyword.arg]
