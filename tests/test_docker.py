@@ -126,7 +126,7 @@ def test_grade_one_submission_in_a_container_from_the_command_line(image, tmp_pa
     result = json.loads(out.read_text())
     public = {cid: c for cid, c in checks_of(result, EXERCISE).items() if c["visibility"] == "public"}
     assert result["state"] == "complete" and all(c["status"] == "passed" for c in public.values()), public
-    assert result["score"] == sum(c["max_points"] for c in public.values()) == 20
+    assert result["score"] == sum(c["max_points"] for c in public.values()) == 22
     digest = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", image], capture_output=True,
                             text=True).stdout.strip()
     assert result["image"] == {"runtime": "docker", "name": image, "digest": digest}, "the result names its image"

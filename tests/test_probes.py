@@ -543,6 +543,26 @@ def test_a_callable_grid_is_recorded_as_resolved():
 
 
 @interpreted
+def test_host_work_in_a_callable_grid_is_refused():
+    """The grid callable is the student's host code that the launcher runs: a red team computed a whole
+    softmax in it around a kernel that did nothing, while the rule was suspended for the launch."""
+    src = X.reshape(-1).clone()
+    out = torch.empty_like(src)
+
+    def grid(meta):
+        out.copy_(src.exp())  # the work, on the host
+        return (triton.cdiv(src.numel(), meta["BLOCK"]),)
+
+    with pytest.raises(probes.ForbiddenCall, match="aten::exp"):
+        with probes.forbidden(KERNEL_RULE):
+            _noop_kernel[grid](out, src.numel(), BLOCK=4)
+    with probes.recording_launches() as log:  # arithmetic on sizes in a grid is what grids are for
+        with probes.forbidden(KERNEL_RULE):
+            _exp_kernel[lambda meta: (triton.cdiv(src.numel(), meta["BLOCK"]),)](src, out, src.numel(), BLOCK=4)
+    assert log[0].grid == (4, 1, 1) and torch.allclose(out, src.exp())
+
+
+@interpreted
 def test_an_output_no_kernel_writes_stays_nan():
     with probes.forbidden(KERNEL_RULE):
         out = torch.empty(10)

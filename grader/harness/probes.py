@@ -683,7 +683,12 @@ def _wrap_run(cls: type, original: Any) -> Any:
             grid = kwargs.get("grid")
             if callable(grid):
                 def resolve(meta, _grid=grid):
-                    dims = _grid(meta)
+                    # The grid callable is the student's host code, run by the launcher: the rule holds there.
+                    depth, _LAUNCH_STATE.depth = _LAUNCH_STATE.depth, 0
+                    try:
+                        dims = _grid(meta)
+                    finally:
+                        _LAUNCH_STATE.depth = depth
                     launch.grid = _grid_dims(dims)
                     return dims
                 kwargs["grid"] = resolve
