@@ -463,6 +463,38 @@ def test_the_worker_cannot_rewrite_its_own_memory(tmp_path):
     assert (outcome, detail) == ("refused", errno.EACCES), f"the worker rewrote its own memory: {outcome} {detail}"
 
 
+SOCKETS = '''
+import socket
+
+def families():
+    found = {}
+    for name in ("AF_UNIX", "AF_INET", "AF_INET6", "AF_VSOCK", "AF_ALG", "AF_PACKET"):
+        try:
+            socket.socket(getattr(socket, name), socket.SOCK_STREAM if name != "AF_ALG" else socket.SOCK_SEQPACKET).close()
+            found[name] = "made"
+        except OSError as exc:
+            found[name] = exc.errno
+    return found
+'''
+
+
+def test_the_worker_gets_local_sockets_only(tmp_path):
+    """AF_VSOCK reaches a VM grader's hypervisor past the network namespace (a red team could listen on it)."""
+    import errno
+
+    (tmp_path / "sockets.py").write_text(SOCKETS)
+    session = StudentSession("sandbox", lambda _id: tmp_path / "sockets.py", Sandbox(), lambda _id: 60.0)
+    try:
+        found = session.load("sockets").families()
+        warnings = session.warnings()
+    finally:
+        session.close()
+    if any("seccomp" in w for w in warnings):
+        pytest.skip(f"no seccomp filter here: {warnings}")
+    assert found["AF_UNIX"] == found["AF_INET"] == "made", found
+    assert found["AF_VSOCK"] == found["AF_ALG"] == found["AF_PACKET"] == errno.EAFNOSUPPORT, found
+
+
 def test_the_seccomp_program_refuses_what_it_says():
     from grader.harness import seccomp
 

@@ -456,3 +456,12 @@ def test_a_long_chain_of_concatenations_scans_quickly():
     start = time.perf_counter()
     tamper.scan(source)
     assert time.perf_counter() - start < 5.0, "a 3000-term concatenation took more than 5 s to scan"
+
+
+def test_a_file_too_large_to_parse_safely_fails_closed():
+    """Parsing costs the grader ~500 bytes per source byte: a 16 MiB list literal took 8 GB. Over the cap
+    the file is not parsed at all, and every guarded use fails."""
+    source = "x = [" + "0," * (tamper.MAX_SOURCE_BYTES // 2) + "]\n"
+    findings = tamper.scan(source)
+    assert len(findings) == 1 and "over the 1 MiB" in findings[0].why, findings
+    assert tamper.scan(source.encode())[0].what.endswith("bytes")

@@ -165,3 +165,15 @@ def test_to_wire_runs_none_of_the_students_code():
         assert wired["__wire__"] == "handle", f"{type(value).__name__} travelled as {wired}"
     assert ran == [], f"to_wire ran the student's {ran}"
     assert to_wire(Route(1, torch.ones(1)), keep=lambda _v: 5)["fields"] == ["x", "y"]
+
+
+def test_the_worker_sends_a_bounded_exception_text():
+    """The grader reads what the worker sends: a 200 MB exception message is cut in the worker."""
+    from grader.harness import worker
+
+    try:
+        raise ValueError("x" * (worker.MAX_TEXT * 4))
+    except ValueError as exc:
+        text, trace = worker._exception_text(exc), worker.student_traceback(exc, __file__)
+    assert len(text) < worker.MAX_TEXT + 100 and text.endswith("more characters)")
+    assert len(trace) < worker.MAX_TEXT + 100

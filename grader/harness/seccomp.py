@@ -12,6 +12,8 @@ PR_SET_NO_NEW_PRIVS, so no privilege is needed), refuses with EPERM:
 * kernel surfaces no grade needs: bpf, io_uring, userfaultfd, perf_event_open, keyrings, ptrace and
   process_vm_readv/writev (another process's memory), pidfd_getfd (another's descriptors),
   kexec and module loading;
+* sockets of any family but unix, IPv4, IPv6 and netlink (AF_VSOCK reaches a VM's host past the
+  network namespace);
 * any system call of another architecture's ABI (32-bit calls on a 64-bit kernel, x32).
 
 Docker's default profile refuses the same for containers; this gives the local backend the same wall.
@@ -36,6 +38,11 @@ _JGE = 0x35  # BPF_JMP | BPF_JGE | BPF_K
 _JSET = 0x45  # BPF_JMP | BPF_JSET | BPF_K
 _RET = 0x06  # BPF_RET | BPF_K
 
+# socket() only for these families: unix, IPv4, IPv6 (loopback only, in the worker's network namespace) and
+# netlink (getifaddrs, which gloo uses). Every other family is a kernel surface a grade has no use for, and
+# some reach past the network namespace: AF_VSOCK talks to the hypervisor of a VM grader.
+SOCKET_FAMILIES = (1, 2, 10, 16)  # AF_UNIX, AF_INET, AF_INET6, AF_NETLINK
+
 # (audit arch, x32 bit, {name: number}) per machine
 _DENIED = ("unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "open_tree", "move_mount", "fsopen",
            "fsconfig", "fsmount", "fspick", "mount_setattr", "bpf", "io_uring_setup", "io_uring_enter",
@@ -49,7 +56,7 @@ _TABLES = {
         "fspick": 433, "mount_setattr": 442, "bpf": 321, "io_uring_setup": 425, "io_uring_enter": 426,
         "io_uring_register": 427, "userfaultfd": 323, "perf_event_open": 298, "keyctl": 250, "add_key": 248,
         "request_key": 249, "ptrace": 101, "kexec_load": 246, "kexec_file_load": 320, "init_module": 175,
-        "finit_module": 313, "delete_module": 176, "process_vm_readv": 310, "process_vm_writev": 311,
+        "finit_module": 313, "delete_module": 176, "socket": 41, "process_vm_readv": 310, "process_vm_writev": 311,
         "pidfd_getfd": 438}),
     "aarch64": (0xC00000B7, False, {
         "clone": 220, "clone3": 435, "unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41,
@@ -57,7 +64,7 @@ _TABLES = {
         "fspick": 433, "mount_setattr": 442, "bpf": 280, "io_uring_setup": 425, "io_uring_enter": 426,
         "io_uring_register": 427, "userfaultfd": 282, "perf_event_open": 241, "keyctl": 219, "add_key": 217,
         "request_key": 218, "ptrace": 117, "kexec_load": 104, "kexec_file_load": 294, "init_module": 105,
-        "finit_module": 273, "delete_module": 106, "process_vm_readv": 270, "process_vm_writev": 271,
+        "finit_module": 273, "delete_module": 106, "socket": 198, "process_vm_readv": 270, "process_vm_writev": 271,
         "pidfd_getfd": 438}),
 }
 _TABLES["arm64"] = _TABLES["aarch64"]
@@ -76,9 +83,16 @@ def program(machine: str | None = None) -> list[tuple[int, int, int, int]]:
     if x32:
         body.append((_JGE, "deny", 0, 0x40000000))  # the x32 ABI's numbers
     body += [(_JEQ, "deny", 0, nr) for nr in denied]
-    body += [(_JEQ, "nosys", 0, numbers["clone3"]), (_JEQ, "clone", 0, numbers["clone"]), (_RET, 0, 0, RET_ALLOW)]
+    body += [(_JEQ, "nosys", 0, numbers["clone3"]), (_JEQ, "clone", 0, numbers["clone"]),
+             (_JEQ, "socket", 0, numbers["socket"]), (_RET, 0, 0, RET_ALLOW)]
     labels = {"clone": len(body)}
     body += [(_LD_ABS, 0, 0, 16), (_JSET, "deny", 0, CLONE_NEW_FLAGS), (_RET, 0, 0, RET_ALLOW)]  # args[0], low word
+    labels["socket"] = len(body)
+    body.append((_LD_ABS, 0, 0, 16))  # args[0], the address family
+    body += [(_JEQ, "allow", 0, family) for family in SOCKET_FAMILIES]
+    body.append((_RET, 0, 0, RET_ERRNO | errno.EAFNOSUPPORT))
+    labels["allow"] = len(body)
+    body.append((_RET, 0, 0, RET_ALLOW))
     labels["deny"] = len(body)
     body.append((_RET, 0, 0, RET_ERRNO | errno.EPERM))
     labels["nosys"] = len(body)

@@ -317,6 +317,9 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _PYTHON_ENCODINGS = ("utf-8", "utf-8-sig", "ascii", "us-ascii", "latin-1", "iso-8859-1")
 _UNSAFE_KEYWORDS = {"weights_only": False, "allow_pickle": True}  # torch.load, numpy.load: unpickling
 _FOLD_LIMIT = 10_000  # characters: a folded string longer than this is not folded (nor built here)
+# Parsing costs the grader's own process about 500 bytes of memory per source byte (a 16 MiB file of one
+# long list literal took 8 GB): a file over this is not parsed, and fails closed.
+MAX_SOURCE_BYTES = 1 << 20
 
 
 def scan(source: str | bytes, structural: bool = False, clocks: bool = False) -> list[Finding]:
@@ -327,6 +330,10 @@ def scan(source: str | bytes, structural: bool = False, clocks: bool = False) ->
     and waiting (rule 8), for grader.structure.clock, which times the code. Bytes are decoded as Python decodes a source file (its coding cookie), so the scan reads the
     text the interpreter runs. A file that does not parse gives one finding, so that it fails closed."""
     findings: list[Finding] = []
+    if len(source) > MAX_SOURCE_BYTES:
+        return [Finding(1, f"a file of {len(source):,} {'bytes' if isinstance(source, bytes) else 'characters'}",
+                        f"{UNREADABLE} (it is over the {MAX_SOURCE_BYTES >> 20} MiB the grader reads: keep data out of "
+                        "your source file)")]
     if isinstance(source, bytes):
         try:
             encoding, _ = tokenize.detect_encoding(io.BytesIO(source).readline)

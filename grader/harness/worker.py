@@ -165,7 +165,19 @@ def _import_driver(spec: str):
     return getattr(importlib.import_module(module_name), attr)
 
 
+MAX_TEXT = 64 << 10  # characters of an exception's text or traceback sent to the grader
+
+
+def _bounded(text: str) -> str:
+    """The grader reads what the worker sends: a 200 MB exception message cost it gigabytes and minutes."""
+    return text if len(text) <= MAX_TEXT else text[:MAX_TEXT] + f"... ({len(text) - MAX_TEXT:,} more characters)"
+
+
 def _exception_text(exc: BaseException) -> str:
+    return _bounded(_exception_text_whole(exc))
+
+
+def _exception_text_whole(exc: BaseException) -> str:
     if isinstance(exc, SystemExit):
         return f"your code called sys.exit({exc.code!r}); a graded function must return, not exit"
     if isinstance(exc, KeyboardInterrupt):
@@ -185,8 +197,8 @@ def student_traceback(exc: BaseException, module_path: str) -> str:
         lines.append(f'  File "{where}", line {f.lineno}, in {f.name}')
         if f.line:
             lines.append(f"    {f.line.strip()}")
-    lines.extend(traceback.format_exception_only(type(exc), exc))
-    return "\n".join(line.rstrip("\n") for line in lines)
+    lines.extend(_bounded(line) for line in traceback.format_exception_only(type(exc), exc))
+    return _bounded("\n".join(line.rstrip("\n") for line in lines))
 
 
 def _short(filename: str) -> str:
