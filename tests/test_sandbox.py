@@ -495,6 +495,35 @@ def test_the_worker_gets_local_sockets_only(tmp_path):
     assert found["AF_VSOCK"] == found["AF_ALG"] == found["AF_PACKET"] == errno.EAFNOSUPPORT, found
 
 
+CGROUPS = '''
+def groups():
+    with open("/proc/self/cgroup") as f:
+        return f.read()
+'''
+
+
+@as_root
+def test_the_worker_and_all_it_starts_share_one_cpu_weight(tmp_path):
+    """A worker that split into 250 sessions of spinners took a classmate's grade from 90 to 59.5 points:
+    with a cpu group per worker, all of them together weigh as much as one classmate's worker."""
+    from grader.harness import cgroup
+
+    if not (cgroup.ROOT / "cpu").is_dir() and not (cgroup.ROOT / "cgroup.controllers").exists():
+        pytest.skip("no cpu controller on this host")
+    (tmp_path / "groups.py").write_text(CGROUPS)
+    session = StudentSession("sandbox", lambda _id: tmp_path / "groups.py", Sandbox(), lambda _id: 60.0)
+    try:
+        seen = session.load("groups").groups()
+        warnings = session.warnings()
+    finally:
+        session.close()
+    if any("cgroup" in w for w in warnings):
+        pytest.skip(f"no cgroup for the worker here: {warnings}")
+    lines = {line.split(":")[1]: line.split(":", 2)[2] for line in seen.splitlines()}
+    cpu = next((path for names, path in lines.items() if "cpu" in names.split(",")), lines.get(""))
+    assert cpu is not None and "llm-lab-worker-" in cpu, f"the worker is in no cpu group of its own: {seen}"
+
+
 def test_the_seccomp_program_refuses_what_it_says():
     from grader.harness import seccomp
 
