@@ -59,3 +59,39 @@ def test_generated_cases_name_the_first_divergence_and_its_cause(tmp_path, names
         message = message_of(result, check, test)
         for phrase in phrases:
             assert phrase in message, f"{mutant.name}: {test}'s message should say {phrase!r}, found: {message}"
+
+
+RAISES_ON_EVERYTHING = '''
+from typing import NamedTuple
+
+
+class SimResult(NamedTuple):
+    makespan: float
+    bubble_fraction: float
+    peak_activations: list
+    timeline: list
+
+
+def _refuse(*args, **kwargs):
+    raise ValueError(f"refused {args!r}")  # repr of the schedule names any "stuck op" a test looks for
+
+
+gpipe_schedule = one_f_one_b_schedule = interleaved_schedule = simulate = run_pipeline = _refuse
+
+
+def stage_of_chunk(chunk, num_stages):
+    return chunk % num_stages
+'''
+
+
+def test_a_file_that_raises_on_everything_earns_no_rejection_points(tmp_path):
+    """Every "rejects bad sizes" and "names the stuck op" test passed for a file that only raises (a red
+    team scored 29 of 100 so): a rejection counts only where the same function accepts a valid input."""
+    folder = tmp_path / "refuser"
+    folder.mkdir()
+    (folder / "pipeline_1f1b.py").write_text(RAISES_ON_EVERYTHING)
+    checks = ["schedules_public", "simulate_public", "run_pipeline_public", "gpipe", "one_f_one_b", "interleaved",
+              "simulate", "run_pipeline"]
+    result = grade_folder(folder, ["pipeline_1f1b"], checks=checks)
+    earned = {c: v["points"] for c, v in checks_of(result, "pipeline_1f1b").items() if c in checks and v["points"]}
+    assert earned == {}, f"a file that raises on every call earned {earned}"

@@ -97,8 +97,19 @@ def test_interleaved_two_stages_two_chunks(pm):
         )
 
 
+def must_accept(label: str, call) -> None:
+    """A function that raises on everything would pass every rejection test: a rejection counts only
+    from a function that, in the same test, accepts a valid input."""
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - any failure here means the rejection below proves nothing
+        pytest.fail(f"{label} is valid and raised {type(exc).__name__}: {str(exc)[:200]}. A rejection counts only "
+                    "from a function that accepts valid input")
+
+
 @pytest.mark.check("schedules_public")
 def test_interleaved_needs_whole_groups(pm):
+    must_accept("interleaved_schedule(2, 4, 2)", lambda: pm.interleaved_schedule(2, 4, 2))
     with pytest.raises(ValueError):
         pm.interleaved_schedule(4, 6, 2)
         pytest.fail("interleaved_schedule(4, 6, 2) should raise ValueError: m = 6 is not a multiple of p = 4")
@@ -137,6 +148,7 @@ def test_simulate_charges_p2p_only_across_stages(pm):
 
 @pytest.mark.check("simulate_public")
 def test_simulate_names_a_deadlock(pm):
+    must_accept("simulate([[('F', 0), ('B', 0)]])", lambda: pm.simulate([[("F", 0), ("B", 0)]]))
     sched = [[("F", 0), ("B", 0)], [("B", 0), ("F", 0)]]
     with pytest.raises(ValueError) as info:
         pm.simulate(sched)
@@ -146,6 +158,7 @@ def test_simulate_names_a_deadlock(pm):
 
 @pytest.mark.check("simulate_public")
 def test_simulate_refuses_a_missing_op(pm):
+    must_accept("simulate([[('F', 0), ('B', 0)]])", lambda: pm.simulate([[("F", 0), ("B", 0)]]))
     with pytest.raises(ValueError):
         pm.simulate([[("F", 0), ("F", 1), ("B", 0), ("B", 1)], [("F", 0), ("F", 1), ("B", 1)]])
         pytest.fail("stage 1 never runs ('B', 0): simulate should raise ValueError")

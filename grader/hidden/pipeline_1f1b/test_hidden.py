@@ -466,9 +466,20 @@ def test_gpipe_work_is_linear(student, pm):
     assert_linear_on_the_clock(student, pm.gpipe_schedule, expected_gpipe, "plain", "gpipe_schedule")
 
 
+def must_accept(label: str, call) -> None:
+    """A function that raises on everything passes every rejection test: a rejection earns its points only
+    from a function that, in the same test, accepts a valid input."""
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - any failure here means the rejection below proves nothing
+        pytest.fail(f"{label} is valid and raised {type(exc).__name__}: {str(exc)[:200]}. A rejection counts only "
+                    "from a function that accepts valid input")
+
+
 @pytest.mark.check("gpipe")
 @pytest.mark.parametrize("args", [(0, 4), (3, 0), (-1, 2), (2.0, 4)])
 def test_gpipe_rejects_bad_sizes(pm, args):
+    must_accept("gpipe_schedule(2, 3)", lambda: pm.gpipe_schedule(2, 3))
     with pytest.raises(ValueError):
         pm.gpipe_schedule(*args)
         pytest.fail(f"gpipe_schedule{args} should raise ValueError: sizes are positive ints")
@@ -546,6 +557,7 @@ def test_1f1b_work_is_linear(student, pm):
 
 @pytest.mark.check("one_f_one_b")
 def test_1f1b_rejects_bad_sizes(pm):
+    must_accept("one_f_one_b_schedule(2, 3)", lambda: pm.one_f_one_b_schedule(2, 3))
     for args in [(0, 3), (2, 0), (2, -3)]:
         with pytest.raises(ValueError):
             pm.one_f_one_b_schedule(*args)
@@ -634,6 +646,7 @@ def test_interleaved_work_is_linear(student, pm):
 @pytest.mark.check("interleaved")
 @pytest.mark.parametrize("args", [(4, 6, 2), (4, 8, 1), (3, 5, 2), (0, 4, 2), (2, 4, 0)])
 def test_interleaved_rejects_bad_sizes(pm, args):
+    must_accept("interleaved_schedule(2, 4, 2)", lambda: pm.interleaved_schedule(2, 4, 2))
     with pytest.raises(ValueError):
         pm.interleaved_schedule(*args)
         pytest.fail(f"interleaved_schedule{args} should raise ValueError: it needs m % p == 0 and v >= 2")
@@ -990,6 +1003,7 @@ def test_simulate_flags_exactly_the_invalid_schedules(pm, rng):
 ])
 def test_simulate_names_the_stuck_ops(pm, case):
     sched, stuck = case
+    must_accept("simulate([[('F', 0), ('B', 0)]])", lambda: pm.simulate([[("F", 0), ("B", 0)]]))
     with pytest.raises(ValueError) as info:
         pm.simulate(sched)
         pytest.fail(f"simulate({sched}) deadlocks and should raise ValueError")
@@ -1008,6 +1022,7 @@ def test_simulate_names_the_stuck_ops(pm, case):
     ([[("F", -1), ("B", -1)]], "a negative microbatch"),
 ])
 def test_simulate_rejects_malformed_schedules(pm, sched, why):
+    must_accept("simulate([[('F', 0), ('B', 0)]])", lambda: pm.simulate([[("F", 0), ("B", 0)]]))
     with pytest.raises(ValueError):
         pm.simulate(sched)
         pytest.fail(f"simulate({sched}) should raise ValueError: {why}")
@@ -1330,6 +1345,8 @@ def test_run_pipeline_with_your_own_1f1b(student, pm, rng, seed):
 def test_run_pipeline_refuses_a_deadlock(pm, seed):
     stages = mlp_stages(seed, widths=(6, 8, 3))
     xs, ys = [torch.ones(2, 6)] * 2, [torch.zeros(2, 3)] * 2
+    valid = [[("F", 0), ("F", 1), ("B", 0), ("B", 1)], [("F", 0), ("B", 0), ("F", 1), ("B", 1)]]
+    must_accept("run_pipeline on a valid 2-stage schedule", lambda: pm.run_pipeline(stages, xs, ys, valid, torch.nn.MSELoss()))
     sched = [[("F", 0), ("B", 0), ("F", 1), ("B", 1)], [("F", 1), ("F", 0), ("B", 0), ("B", 1)]]
     with pytest.raises(ValueError):
         pm.run_pipeline(stages, xs, ys, sched, torch.nn.MSELoss())
