@@ -997,7 +997,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         if args.gpus is not None and not gpus:
             raise BatchError(f"expected --gpus as a comma-separated list of device numbers, found {args.gpus!r}")
         opts = BatchOptions(
-            submissions=Path(args.submissions), out=Path(args.out), jobs=args.jobs or (len(gpus) if gpus else 1),
+            submissions=Path(args.submissions).absolute(), out=Path(args.out).absolute(), jobs=args.jobs or (len(gpus) if gpus else 1),
             gpus=gpus, regrade=args.regrade, only=args.only or None, allow_shared_identity=args.allow_shared_identity,
             grade=GradeOptions(exercises=args.exercise or None, seed=args.seed, tests=args.tests, checks=args.check or None,
                                call_timeout_s=args.call_timeout, time_limit_s=args.time_limit),

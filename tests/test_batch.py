@@ -272,6 +272,19 @@ def test_cli_resumes_regrades_and_notices_changed_options(tmp_path):
     assert "ann: not gradable" in run.stdout and "not a readable archive" in run.stdout
 
 
+def test_cli_takes_folders_relative_to_where_it_runs(tmp_path):
+    """`grader batch subs --out results` from the folder holding them: every grade once failed with "no
+    submission at subs/ann" (the grading child runs elsewhere)."""
+    (tmp_path / "subs" / "ann").mkdir(parents=True)
+    (tmp_path / "subs" / "ann" / f"{EXERCISE}.py").write_text("x = 1\n")
+    run = subprocess.run([sys.executable, "-m", "grader.batch", "batch", "subs", "--out", "results", "-e", EXERCISE,
+                          "--tests", "public", "--check", "normalizer_public"], cwd=tmp_path, capture_output=True,
+                         text=True, env={**os.environ, "COLUMNS": "160", "GRADER_COURSE_ROOT": str(ROOT)}, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    result = result_of(tmp_path / "results", "ann")
+    assert result["state"] == "complete", result.get("errors")
+
+
 def test_cli_bad_input_exits_2_with_a_message(tmp_path, capsys):
     parser = __import__("argparse").ArgumentParser()
     batch.add_commands(parser.add_subparsers(dest="command"))
