@@ -21,7 +21,7 @@ import torch
 from grader.harness.wire import OnceIterable
 
 __all__ = ["OnceIterable", "assert_close", "assert_equal", "assert_equal_up_to_ties", "is_close", "mismatches",
-           "near_midpoint", "show"]
+           "must_accept", "near_midpoint", "show"]
 
 Hint = Union[str, Callable[[tuple[int, ...]], str]]  # a hint, or one built from the first bad index
 
@@ -370,6 +370,18 @@ def _count(n: int, total: int) -> str:
 
 def _shape(shape: torch.Size) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def must_accept(label: str, call: Callable[[], Any]) -> None:
+    """A function that raises on everything passes every rejection test: a rejection earns its points only
+    from a function that, in the same test, accepts a valid input (`call`, described by `label`)."""
+    import pytest
+
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - any failure here means the rejection that follows proves nothing
+        pytest.fail(f"{label} is valid and raised {type(exc).__name__}: {str(exc)[:200]}. A rejection counts only "
+                    "from a function that accepts valid input")
 
 
 def show(value: Any, limit: int = 16) -> str:

@@ -10,7 +10,7 @@ import copy
 import pytest
 import torch
 
-from grader.testing import assert_close
+from grader.testing import assert_close, must_accept
 
 
 @pytest.fixture(scope="module")
@@ -95,16 +95,6 @@ def test_interleaved_two_stages_two_chunks(pm):
             f"interleaved_schedule(2, 4, 2), stage {s}:\n{show([got[s]])}\nexpected\n{show([want[s]])}\n"
             "stage s holds global chunks s and s + p; warm-up is 2(p - s - 1) + (v - 1)p forwards"
         )
-
-
-def must_accept(label: str, call) -> None:
-    """A function that raises on everything would pass every rejection test: a rejection counts only
-    from a function that, in the same test, accepts a valid input."""
-    try:
-        call()
-    except Exception as exc:  # noqa: BLE001 - any failure here means the rejection below proves nothing
-        pytest.fail(f"{label} is valid and raised {type(exc).__name__}: {str(exc)[:200]}. A rejection counts only "
-                    "from a function that accepts valid input")
 
 
 @pytest.mark.check("schedules_public")

@@ -778,15 +778,20 @@ def host_reads_refused(why: str = "") -> Iterator[None]:
             patched.append((owner, attr, original))
         yield
     finally:
-        for owner, attr, original in reversed(patched):
-            if original is _INHERITED:
-                delattr(owner, attr)
-            else:
-                setattr(owner, attr, original)
+        _restore(patched)
 
 
 # --------------------------------------------------------------------------------------------------
 # Layer 1: the named attributes, patched for the call
+
+
+def _restore(patched: list[tuple[Any, str, Any]]) -> None:
+    """Undo patches, last first; an attribute a class only inherited is deleted, not set."""
+    for owner, attr, original in reversed(patched):
+        if original is _INHERITED:
+            delattr(owner, attr)
+        else:
+            setattr(owner, attr, original)
 
 
 def _resolve(dotted: str):
@@ -825,11 +830,7 @@ def patched_attributes(names: Iterable[str], why: str = "") -> Iterator[None]:
             patched.append((owner, attr, original))
         yield
     finally:
-        for owner, attr, original in reversed(patched):
-            if original is _INHERITED:
-                delattr(owner, attr)
-            else:
-                setattr(owner, attr, original)
+        _restore(patched)
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ import torch
 
 from grader.structure import Scaling, assert_flat_on_the_clock, clock
 from grader.support import pipeline_1f1b as support
-from grader.testing import assert_close, is_close, show
+from grader.testing import assert_close, is_close, show, must_accept
 
 DRIVER = "grader.support.pipeline_1f1b:census"
 GRID = [(p, m) for p in range(1, 9) for m in range(1, 17)]
@@ -464,16 +464,6 @@ def assert_linear_on_the_clock(student, fn, oracle, kind: str, what: str) -> Non
 def test_gpipe_work_is_linear(student, pm):
     assert_linear_work(student, pm.gpipe_schedule, (4, 8), (32, 32), "gpipe_schedule")
     assert_linear_on_the_clock(student, pm.gpipe_schedule, expected_gpipe, "plain", "gpipe_schedule")
-
-
-def must_accept(label: str, call) -> None:
-    """A function that raises on everything passes every rejection test: a rejection earns its points only
-    from a function that, in the same test, accepts a valid input."""
-    try:
-        call()
-    except Exception as exc:  # noqa: BLE001 - any failure here means the rejection below proves nothing
-        pytest.fail(f"{label} is valid and raised {type(exc).__name__}: {str(exc)[:200]}. A rejection counts only "
-                    "from a function that accepts valid input")
 
 
 @pytest.mark.check("gpipe")
