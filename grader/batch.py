@@ -5,7 +5,9 @@
                  [--backend local|docker|apptainer] [--image IMAGE] [--memory MB] [--cpus N] ...
 
 Each sub-folder or archive of SUBMISSIONS_DIR is one submission, named by the student's id (the
-archive's name without .zip/.tar/.tar.gz/.tgz). Its canonical result is written atomically to
+archive's name without .zip/.tar/.tar.gz/.tgz; a name that cannot name a result file, such as
+"summary" or one over 200 bytes, gets a stable safe id and the console says which; entries starting
+with "." or "__MACOSX" are not submissions and are listed as skipped). Its canonical result is written atomically to
 RESULTS_DIR/<id>.json (the runner rewrites it after every test, so a batch killed half-way leaves
 ``"state": "running"`` files that the next run regrades). At the end RESULTS_DIR/summary.json and
 RESULTS_DIR/scores.png summarise the whole batch, and the same tables are printed.
@@ -94,6 +96,12 @@ class Entry:
 
 
 def submission_id(path: Path) -> str:
+    """The id of the submission at `path`: its name without an archive suffix, made safe to be a file
+    name in the results folder (see `safe_id`)."""
+    return safe_id(_natural_id(path))
+
+
+def _natural_id(path: Path) -> str:
     name = path.name
     if path.is_file():
         for suffix in ARCHIVE_SUFFIXES:
@@ -101,6 +109,32 @@ def submission_id(path: Path) -> str:
                 return name[: -len(suffix)]
         return path.stem or name
     return name
+
+
+# A result is RESULTS_DIR/<id>.json, written through a temporary ".<id>.json.XXXXXXXX" beside it: an id
+# of at most this many bytes keeps both within the 255 bytes most file systems allow in one name.
+MAX_ID_BYTES = 200
+
+
+def safe_id(natural: str) -> str:
+    """`natural` itself where it can name a result file; otherwise a stable id that can, made of its
+    first printable characters, "~" and 12 hex digits of its hash. That covers an id the batch keeps for
+    itself ("summary", in any case: a case-insensitive file system would mix the two files up), one too
+    long for a file name, and one whose bytes are not text (or hold control characters). Grading one
+    student must never depend on another's choice of name, and never stop the batch."""
+    raw = natural.encode("utf-8", "surrogateescape")
+    printable = natural.isprintable() and not any(0xD800 <= ord(c) <= 0xDFFF for c in natural)
+    if printable and len(raw) <= MAX_ID_BYTES and natural.lower() not in RESERVED_IDS and natural:
+        return natural
+    head = "".join(c for c in natural if c.isprintable() and not 0xD800 <= ord(c) <= 0xDFFF)
+    while len(head.encode()) > 96:
+        head = head[:-1]
+    return f"{head}~{hashlib.sha256(raw).hexdigest()[:12]}"
+
+
+def hidden_entries(folder: Path) -> list[str]:
+    """Names in `folder` that are not submissions: dot files and macOS's "__MACOSX" archive folders."""
+    return sorted(p.name for p in Path(folder).iterdir() if p.name.startswith((".", "__MACOSX")))
 
 
 def discover(folder: Path) -> tuple[list[Entry], dict[str, list[Path]]]:
@@ -115,13 +149,20 @@ def discover(folder: Path) -> tuple[list[Entry], dict[str, list[Path]]]:
         if path.name.startswith((".", "__MACOSX")):
             continue
         by_id.setdefault(submission_id(path), []).append(path)
-    reserved = sorted(set(by_id) & RESERVED_IDS)
-    if reserved:
-        raise BatchError(f"submission id {reserved[0]!r} ({by_id[reserved[0]][0].name}) would overwrite the batch's "
-                         f"{SUMMARY_FILE}; expected any other name, rename that submission")
     entries = [Entry(i, paths[0]) for i, paths in sorted(by_id.items())]
     conflicts = {i: paths for i, paths in by_id.items() if len(paths) > 1 or any(p.is_symlink() for p in paths)}
     return entries, conflicts
+
+
+def describe_entries(folder: Path, entries: list[Entry]) -> list[str]:
+    """Lines for the console about entries graded under another name, and names that are not graded."""
+    lines = [f"{e.path.name!r} is graded as {e.id!r} (its own name cannot name a result file: reserved, "
+             f"too long or not printable)" for e in entries if e.id != _natural_id(e.path)]
+    hidden = hidden_entries(folder)
+    if hidden:
+        shown = ", ".join(repr(n) for n in hidden[:5]) + (f" and {len(hidden) - 5} more" if len(hidden) > 5 else "")
+        lines.append(f"not submissions, skipped: {shown} (names starting with '.' or '__MACOSX'; rename to grade)")
+    return lines
 
 
 def content_fingerprint(course: Course, entry: Entry, exercise_ids: list[str]) -> tuple[str | None, str | None]:
@@ -594,6 +635,8 @@ def run_batch(course: Course, root: Path, opts: BatchOptions, backend: Backend |
     exercise_ids = [e.id for e in exercises]
     entries, conflicts = discover(opts.submissions)
     ids = [e.id for e in entries]
+    for line in describe_entries(opts.submissions, entries):
+        console.print(inert(line), markup=False, highlight=False)
     if opts.only:
         missing = sorted(set(opts.only) - set(ids))
         if missing:

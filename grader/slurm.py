@@ -257,6 +257,8 @@ def submit(course: Course, root: Path, submissions: Path, out_dir: Path, grade: 
     if unknown:
         raise SlurmError(f"unknown exercise {unknown[0]!r}; expected one of {[e.id for e in course.exercises]}")
     entries, conflicts = batch.discover(submissions)
+    for line in batch.describe_entries(submissions, entries):
+        console.print(inert(line), markup=False, highlight=False)
     entries = [e for e in entries if e.id not in conflicts]
     if not entries and not conflicts:
         raise SlurmError(f"expected at least one submission (a folder or an archive) in {submissions}, found none")

@@ -295,7 +295,7 @@ def test_cli_bad_input_exits_2_with_a_message(tmp_path, capsys):
     assert "expected a folder of submissions" in capsys.readouterr().err
 
 
-def test_conflicting_and_reserved_ids(tmp_path):
+def test_conflicting_ids(tmp_path):
     subs = tmp_path / "subs"
     (subs / "alice").mkdir(parents=True)
     (subs / "alice.zip").write_bytes(b"PK")
@@ -303,9 +303,43 @@ def test_conflicting_and_reserved_ids(tmp_path):
     alice = result_of(tmp_path / "out", "alice")
     assert report.graded == [] and alice["gradable"] is False
     assert "found 2: alice, alice.zip" in alice["format_errors"][0]
-    (subs / "summary").mkdir()
-    with pytest.raises(BatchError, match="'summary'.*would overwrite"):
-        batch_run(subs, tmp_path / "out")
+
+
+@pytest.mark.parametrize("natural, why", [
+    ("summary", "the batch's own summary.json"),
+    ("SUMMARY", "summary.json on a case-insensitive file system"),
+    ("s" * 250, "too long for <id>.json and its temporary file"),
+    ("tab\there", "a control character"),
+    ("bad-\udcff-bytes", "bytes that are not UTF-8"),
+])
+def test_an_id_that_cannot_name_a_result_file_gets_a_stable_one_that_can(natural, why):
+    safe = batch.safe_id(natural)
+    assert safe != natural and safe == batch.safe_id(natural), f"{why}: expected a stable replacement, found {safe!r}"
+    assert safe.isprintable() and len(safe.encode()) <= batch.MAX_ID_BYTES and safe.lower() != "summary", safe
+    assert batch.safe_id(natural + "x") != safe, "two names must not share a replacement"
+
+
+def test_names_the_batch_cannot_use_are_graded_under_safe_ids_and_the_batch_goes_on(tmp_path):
+    """A submission called `summary` used to refuse the whole batch, and one whose name is too long for
+    a file name was an internal error on every rerun; names starting with a dot were skipped silently."""
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    long_name = "student-" + "x" * 240
+    for name in ("summary", long_name):
+        (subs / name).mkdir(parents=True)
+        (subs / name / f"{EXERCISE}.py").write_text(STUB)
+    (subs / ".DS_Store").write_text("")
+    console = quiet()
+    report = batch_run(subs, out, console=console, jobs=1)
+    printed = console.file.getvalue()
+    assert len(report.graded) == 2 and report.internal_errors == [], report
+    for natural in ("summary", long_name):
+        safe = batch.safe_id(natural)
+        result = result_of(out, safe)
+        assert result["state"] == "complete" and result["gradable"] is True and result["score"] == 0, result
+        assert f"is graded as {safe!r}" in printed, printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["submissions"] == 2, "summary.json must be the batch's summary, not a submission's result"
+    assert "'.DS_Store'" in printed and "skipped" in printed, printed
 
 
 class FlakyBackend(LocalBackend):
