@@ -331,6 +331,36 @@ def assert_flat_on_the_clock(timing: Timing, what: str, advice: str, lines: tupl
     raise AssertionError(f"{what}: {told}{timing.describe()}: {loop}. {advice}".strip())
 
 
+class SupportsWork(Protocol):
+    """What `assert_no_hidden_loop` reads of the worker's counts (grader.harness.session.Work)."""
+
+    ops: int
+    reads: int
+
+
+def assert_no_hidden_loop(what: str, sizes: tuple[str, str], small: SupportsWork, big: SupportsWork,
+                          advice: str, slack: int = 10) -> None:
+    """Fail when the torch operators a call dispatched, or the tensor elements it read back into Python,
+    grow from the small size to the big one (`sizes` names them, "T=48" and "T=480"): a loop over the data
+    that runs in C (``map``, ``sorted`` with a key, a comprehension over ``.tolist()``) executes no line per
+    element, but it dispatches an operator per element or reads every element back. Vectorised code keeps
+    both counts whatever the size. Worker figures: call `assert_untampered` first (the session's
+    `work_executed` does)."""
+    if big.ops > small.ops + slack:
+        raise AssertionError(
+            f"{what} dispatched {small.ops} torch operators for {sizes[0]} and {big.ops} for {sizes[1]}: the count "
+            "grows with the input, so something runs operators once per element (a loop, perhaps run by map() or "
+            f"a comprehension, over rows, tokens or their values). {advice}".strip()
+        )
+    if big.reads > small.reads + slack:
+        raise AssertionError(
+            f"{what} read {small.reads} tensor elements back into Python for {sizes[0]} and {big.reads} for "
+            f"{sizes[1]} (.tolist(), .item(), .numpy(), iterating or printing a tensor): the work is done on Python "
+            "values, element by element, where the GPU cannot help; vectorised code keeps the data in tensors. "
+            f"{advice}".strip()
+        )
+
+
 def assert_worker_agrees(timing: Timing, what: str, worker_says: str) -> None:
     """Fail when the grader's clock contradicts the worker's figures (`worker_says`, which the test has
     already found within its own bar)."""

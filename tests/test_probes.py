@@ -641,7 +641,9 @@ def test_the_kernel_rule_leaves_nothing_behind():
         with probes.forbidden(KERNEL_RULE):
             X.tolist()
     assert vars(InterpretedFunction)["run"] is run, "Triton's launcher must be put back"
-    assert not {"tolist", "numpy", "data_ptr", "untyped_storage"} & set(vars(torch.Tensor)), "inherited methods restored"
+    # The read-backs stay watched (installed once, before any student import), and pass through outside a call.
+    assert getattr(torch.Tensor.tolist, "__wrapped__", None) is torch._C.TensorBase.tolist
+    assert probes._READS["refuse"] == 0 and probes._READS["counters"] == []
     assert X.tolist()[0] and repr(X).startswith("tensor(") and torch.exp(X).shape == X.shape
     assert torch._C._len_torch_dispatch_stack() == 0 and not probes.in_launch()
 
@@ -684,3 +686,52 @@ def test_the_launches_driver_tells_an_output_a_kernel_wrote_from_one_it_never_sa
     assert cast["handed"] == [True], "a kernel's result, cast and copied on the host, is still the kernel's"
     assert copied["handed"] == [False] and len(copied["launches"]) == 1, copied
     assert none["handed"] == [False] and none["launches"] == [], none
+
+
+# --------------------------------------------------------------------------------------------------
+# Read-backs watched from before the student's import; the work counter
+
+
+def test_a_read_back_bound_at_import_is_still_refused(tmp_path):
+    """`_np = torch.Tensor.numpy` at import used to keep the unpatched method: the kernel rule patched the
+    class only for the call. The worker now installs the watch before it imports the student's file."""
+    from grader.harness.client import Sandbox
+    from grader.harness.session import StudentSession
+
+    path = tmp_path / "bound.py"
+    path.write_text("import torch\nNP = torch.Tensor.numpy\nTL = torch.Tensor.tolist\n"
+                    "def forward(x):\n    return torch.from_numpy(NP(x) * 2)\n"
+                    "def listed(x):\n    return TL(x)\n")
+    student = StudentSession("sandbox", lambda _id: path, Sandbox(), lambda _id: 30.0)
+    try:
+        mod = student.load("bound", forbid=[probes.KERNELS_ONLY])
+        for fn, words in ((mod.forward, "Tensor.numpy()"), (mod.listed, "Tensor.tolist()")):
+            with pytest.raises(Exception, match="may not read tensor values") as caught:
+                fn(torch.ones(3))
+            assert words in str(caught.value), caught.value
+    finally:
+        student.close()
+
+
+LOOPS_IN_C = {  # a per-element loop that runs no line of the file per element, and what grows
+    "map over .tolist()": ("torch.tensor(list(map(abs, x.flatten().tolist())))", "reads"),
+    "map over unbind": ("torch.stack(list(map(torch.Tensor.sum, x.unbind(0))))", "ops"),
+    "int() of every element": ("torch.tensor(list(map(int, x.flatten())))", "reads"),
+    "numpy, element by element": ("torch.tensor(sorted(x.numpy().ravel()))", "reads"),
+}
+
+
+@pytest.mark.parametrize("form", LOOPS_IN_C, ids=list(LOOPS_IN_C))
+def test_the_work_counter_sees_a_loop_that_runs_in_c(tmp_path, form):
+    from grader.harness.session import StudentSession
+
+    body, grows = LOOPS_IN_C[form]
+    path = tmp_path / "loops.py"
+    path.write_text(f"import torch\ndef loop(x):\n    return {body}\ndef vectorised(x):\n    return x.abs().sum(-1)\n")
+    student = StudentSession("local", lambda _id: path)
+    mod = student.load("loops")
+    small, big = (student.work_executed(mod.loop, torch.randn(n, 2))[1] for n in (8, 80))
+    assert small.lines == big.lines, "the loop runs in C: the line count stays flat"
+    assert getattr(big, grows) >= getattr(small, grows) + 72, f"{form}: {small} -> {big}"
+    flat = [student.work_executed(mod.vectorised, torch.randn(n, 2))[1] for n in (8, 80)]
+    assert flat[0] == flat[1] and flat[0].reads == 0, f"vectorised code keeps every count: {flat}"

@@ -374,7 +374,7 @@ BALLAST = [  # a small pool moves a ballast list as long as the large pool's fre
 ATTACKS = [
     ("speculative", SETTRACE_LOOP, "tampered"),
     ("speculative", SETTRACE_BY_NAME, "tampered"),
-    ("speculative", next(m for m in SPECULATIVE_MUTANTS if m.name == "one_draw_per_row_through_map"), "clock"),
+    ("speculative", next(m for m in SPECULATIVE_MUTANTS if m.name == "one_draw_per_row_through_map"), "ops"),
     ("speculative", MAP_PADDED, "padded"),
     ("speculative", MAP_SLEEPING, "tampered"),
     ("speculative", LOOP_PADDED, "lines"),
@@ -389,6 +389,7 @@ ATTACKS = [
 ]
 EXTRA_SOURCE = {"free_list_behind_a_flat_clock": FLAT_CLOCK, "free_list_behind_a_patched_driver": PATCHED_DRIVER}
 MESSAGES = {"tampered": "your file reaches for", "clock": "on the grader's own clock",
+            "ops": "torch operators for B=16, V=16 and",
             "disagree": "disagree with the grader's own clock", "padded": "round trips only",
             "lines": "whatever the size"}
 

@@ -43,7 +43,7 @@ class Payload:
 
 
 def test_a_reply_that_would_run_code_is_rejected():
-    with pytest.raises(wire.MalformedReply, match="decoded safely"):
+    with pytest.raises(wire.MalformedReply, match="not a torch.save archive"):
         wire.decode_reply(pickle.dumps({"ok": True, "value": Payload()}), make_handle=None)
     buf = io.BytesIO()
     torch.save({"ok": True, "value": Payload()}, buf)
@@ -177,3 +177,73 @@ def test_the_worker_sends_a_bounded_exception_text():
         text, trace = worker._exception_text(exc), worker.student_traceback(exc, __file__)
     assert len(text) < worker.MAX_TEXT + 100 and text.endswith("more characters)")
     assert len(trace) < worker.MAX_TEXT + 100
+
+
+def _resources(fn):
+    """(seconds, peak resident MiB growth) of fn() in this process, and what it raised."""
+    import resource
+    import time
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.monotonic()
+    try:
+        fn()
+        raised = None
+    except Exception as exc:  # noqa: BLE001 - the test inspects it
+        raised = exc
+    return time.monotonic() - start, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024, raised
+
+
+def _raw_reply(tree) -> bytes:
+    """Bytes a hostile worker could send: any tree torch.save writes, not only what to_wire makes."""
+    buf = io.BytesIO()
+    torch.save(tree, buf)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("what, tree, expect", [
+    ("500,000 0-d tensors", lambda: [torch.zeros(()) for _ in range(500_000)], "more than 4096 tensors"),
+    ("a list shared 2**22 times", lambda: _shared_dag(22), "more than 500,000 values"),
+    ("20,000,000 empty lists", lambda: [[] for _ in range(2_000_000)] * 10, "more than 8 MiB to describe"),
+])
+def test_a_reply_of_many_small_values_is_refused_before_it_costs_the_grader(what, tree, expect):
+    """Decoding used to rebuild whatever the worker sent: half a million 0-d tensors cost the grader's
+    process 1.2-3 GB and ran past the call's deadline. The archive's entries and its pickle are bounded
+    before torch.load runs, and values are counted as they are rebuilt (a shared list counts each time)."""
+    data = _raw_reply(tree())
+    seconds, grew_mib, raised = _resources(lambda: wire.decode_reply(data, lambda *a: None))
+    assert isinstance(raised, wire.MalformedReply) and expect in str(raised), f"{what}: found {raised!r}"
+    assert seconds < 5 and grew_mib < 300, f"{what}: refusing took {seconds:.1f} s and {grew_mib:.0f} MiB"
+
+
+def _shared_dag(depth: int) -> list:
+    x = [0]
+    for _ in range(depth):
+        x = [x, x]
+    return x
+
+
+def test_an_archive_unlike_torch_saves_is_refused():
+    """torch.save writes stored (uncompressed) entries: a compressed one could expand past every limit."""
+    import zipfile
+
+    data = _raw_reply([torch.zeros(1000)])
+    source = zipfile.ZipFile(io.BytesIO(data))
+    packed = io.BytesIO()
+    with zipfile.ZipFile(packed, "w", compression=zipfile.ZIP_DEFLATED) as out:
+        for info in source.infolist():
+            out.writestr(info.filename, source.read(info))
+    with pytest.raises(wire.MalformedReply, match="compressed entry"):
+        wire.decode_reply(packed.getvalue(), lambda *a: None)
+    with pytest.raises(wire.MalformedReply, match="not a torch.save archive"):
+        wire.decode_reply(b"\x80\x04K\x01.", lambda *a: None)
+    assert torch.equal(wire.decode_reply(data, lambda *a: None)[0], torch.zeros(1000))
+
+
+def test_rebuilding_a_reply_stops_at_its_deadline():
+    import time
+
+    data = wire.encode_reply({"ok": True, "value": [[i] for i in range(100_000)]}, lambda obj: 0)
+    with pytest.raises(wire.MalformedReply, match="longer to rebuild than the call's time limit"):
+        wire.decode_reply(data, lambda *a: None, deadline=time.monotonic() - 1)
+    assert len(wire.decode_reply(data, lambda *a: None, deadline=time.monotonic() + 60)["value"]) == 100_000

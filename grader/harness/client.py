@@ -125,6 +125,9 @@ class Sandbox:
 
 _PASS_ENV = ("CUDA_VISIBLE_DEVICES", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "LD_LIBRARY_PATH", "GRADER_IN_CONTAINER")
 LOG_TAIL_BYTES = 4000
+# Past a call's deadline, how long rebuilding its reply may take (an honest reply takes milliseconds; a
+# hostile one is bounded by wire.check_archive and wire.MAX_NODES, and by this).
+DECODE_GRACE_S = 5.0
 
 
 class WorkerProcess:
@@ -388,7 +391,8 @@ class WorkerProcess:
             self.close()
             raise StudentCrash(f"your code returned an unusable result: {exc}") from None
         try:
-            reply = wire.decode_reply(payload, self._make_handle, self.sandbox.max_result_mb << 20)
+            reply = wire.decode_reply(payload, self._make_handle, self.sandbox.max_result_mb << 20,
+                                      deadline + DECODE_GRACE_S)
         except wire.MalformedReply as exc:
             self.close()
             raise StudentCrash(str(exc)) from None
@@ -563,7 +567,8 @@ class RemoteCallable:
         self._options, self._generation = options, generation
         self._qualname = ".".join([owner, *path] if owner else path)
 
-    def _invoke(self, args: tuple, kwargs: dict, count_lines: bool = False, driver: str | None = None) -> tuple[Any, int | None]:
+    def _invoke(self, args: tuple, kwargs: dict, count_lines: bool = False, driver: str | None = None) -> tuple[Any, Any]:
+        """The call's value, and (with `count_lines`) the worker's counts of its work, unchecked."""
         worker = self._worker
         if isinstance(self._target, int) and self._generation != worker.generation:
             raise StudentCrash("this object lived in a worker that has since been restarted")
@@ -587,7 +592,7 @@ class RemoteCallable:
             # copied in, as an in-process call would have made them. A driver owns its arguments.
             _copy_back((args, kwargs), allowed_mutations(self._qualname, mutated, self._options))
         value = _attach_options(reply.get("value"), self._options)
-        return value, reply.get("lines")
+        return value, reply.get("work")
 
     def __call__(self, *args, **kwargs):
         return self._invoke(args, kwargs)[0]

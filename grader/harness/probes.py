@@ -482,27 +482,35 @@ class GuardRemoved(ForbiddenCall):
     """The operator guard was not where it was put when the call ended: the call changed the mode stack."""
 
 
-def _enter(guard: OperatorGuard) -> None:
-    _MODE_ENTER(guard)
+def _enter_mode(mode: TorchDispatchMode, what: str) -> None:
+    _MODE_ENTER(mode)
     depth = _STACK_LEN()
-    if depth == 0 or _STACK_AT(depth - 1) is not guard:
-        raise GuardRemoved("the forbidden-call guard could not be installed: torch's dispatch modes were tampered with")
+    if depth == 0 or _STACK_AT(depth - 1) is not mode:
+        raise GuardRemoved(f"{what} could not be installed: torch's dispatch modes were tampered with")
+
+
+def _leave_mode(mode: TorchDispatchMode, what: str) -> None:
+    depth = _STACK_LEN()
+    if depth and _STACK_AT(depth - 1) is mode:
+        _MODE_EXIT(mode, None, None, None)
+        return
+    # Something was pushed and left on top, or the mode was popped: put the stack back as it was.
+    stack = [_STACK_AT(i) for i in range(depth)]
+    if any(m is mode for m in stack):
+        while _STACK_LEN() and _STACK_POP() is not mode:
+            pass
+    raise GuardRemoved(
+        f"{what} was removed or covered during the call (torch's dispatch mode stack changed): "
+        "the call cannot be trusted"
+    )
+
+
+def _enter(guard: OperatorGuard) -> None:
+    _enter_mode(guard, "the forbidden-call guard")
 
 
 def _leave(guard: OperatorGuard) -> None:
-    depth = _STACK_LEN()
-    if depth and _STACK_AT(depth - 1) is guard:
-        _MODE_EXIT(guard, None, None, None)
-        return
-    # Something was pushed and left on top, or the guard was popped: put the stack back as it was.
-    stack = [_STACK_AT(i) for i in range(depth)]
-    if any(mode is guard for mode in stack):
-        while _STACK_LEN() and _STACK_POP() is not guard:
-            pass
-    raise GuardRemoved(
-        "the forbidden-call guard was removed or covered during the call (torch's dispatch mode stack changed): "
-        "the call cannot be trusted"
-    )
+    _leave_mode(guard, "the forbidden-call guard")
 
 
 @contextlib.contextmanager
@@ -747,11 +755,42 @@ def recording_launches() -> Iterator[LaunchLog]:
             _ACTIVE_LOGS.remove(log)
 
 
-@contextlib.contextmanager
-def host_reads_refused(why: str = "") -> Iterator[None]:
-    """The routes in `HOST_READS` raise `ForbiddenCall` outside kernel launches while the block runs."""
-    patched = []
+# -- Host reads: watched from before the student's module is imported
+#
+# A patch made only for the duration of a call misses a reference the student's module took at import
+# (``_np = torch.Tensor.numpy``). So the routes in `HOST_READS` are replaced once, before any student
+# module is imported (the worker and the session call `install_host_read_watch` first), by wrappers that
+# pass through unless a guarded call is running: then they refuse (the kernel rule) or count the elements
+# read (`WorkCounter`). A reference taken at import is the wrapper.
+
+_READS: dict[str, Any] = {"installed": False, "refuse": 0, "why": "", "counters": []}
+_READS_LOCK = threading.Lock()
+
+
+def _elements(value: Any) -> int:
     try:
+        return int(torch._C.TensorBase.numel(value)) if isinstance(value, torch.Tensor) else 0
+    except RuntimeError:
+        return 0
+
+
+def _watched_read(fn: Any, what: str, args: tuple, kwargs: dict) -> Any:
+    if not in_launch():
+        if _READS["refuse"]:
+            raise host_read_refused(what, _READS["why"])
+        if _READS["counters"]:
+            n = _elements(args[0]) if args else 0
+            for counter in _READS["counters"]:
+                counter.reads += n
+    return fn(*args, **kwargs)
+
+
+def install_host_read_watch() -> None:
+    """Replace each route in `HOST_READS` by a wrapper that refuses or counts during guarded calls and
+    otherwise passes through; once per process, before any student module is imported."""
+    with _READS_LOCK:
+        if _READS["installed"]:
+            return
         for dotted, what in HOST_READS.items():
             try:
                 owner, attr = _resolve(dotted)
@@ -760,25 +799,57 @@ def host_reads_refused(why: str = "") -> Iterator[None]:
             if not hasattr(owner, attr):
                 continue
             original = vars(owner).get(attr, _INHERITED) if isinstance(owner, type) else getattr(owner, attr)
-            current = getattr(owner, attr)
+            current = getattr(owner, attr) if not isinstance(original, property) else original
             if isinstance(original, property):
                 def getter(self, _prop=original, _what=what):
-                    if in_launch():
-                        return _prop.__get__(self, type(self))
-                    raise host_read_refused(_what, why)
+                    return _watched_read(_prop.__get__, _what, (self, type(self)), {})
 
                 replacement: Any = property(getter)
             else:
+                @functools.wraps(current)
                 def replacement(*args, _fn=current, _what=what, **kwargs):
-                    if in_launch():
-                        return _fn(*args, **kwargs)
-                    raise host_read_refused(_what, why)
+                    return _watched_read(_fn, _what, args, kwargs)
 
             setattr(owner, attr, replacement)
-            patched.append((owner, attr, original))
+        _READS["installed"] = True
+
+
+class ReadCounter:
+    """Tensor elements read back into Python or numpy (`HOST_READS`) while `reads_counted` is active."""
+
+    reads = 0
+
+
+@contextlib.contextmanager
+def reads_counted(counter: Any = None) -> Iterator[Any]:
+    """Count, into `counter` (a new ReadCounter by default), every tensor element the block reads back
+    through the routes of `HOST_READS` (`.numpy()`, `.tolist()`, `__array__`, storages, printing ...),
+    outside kernel launches."""
+    counter = ReadCounter() if counter is None else counter
+    install_host_read_watch()
+    with _READS_LOCK:
+        _READS["counters"].append(counter)
+    try:
+        yield counter
+    finally:
+        with _READS_LOCK:
+            if counter in _READS["counters"]:
+                _READS["counters"].remove(counter)
+
+
+@contextlib.contextmanager
+def host_reads_refused(why: str = "") -> Iterator[None]:
+    """The routes in `HOST_READS` raise `ForbiddenCall` outside kernel launches while the block runs."""
+    install_host_read_watch()
+    with _READS_LOCK:
+        _READS["refuse"] += 1
+        previous, _READS["why"] = _READS["why"], why
+    try:
         yield
     finally:
-        _restore(patched)
+        with _READS_LOCK:
+            _READS["refuse"] -= 1
+            _READS["why"] = previous
 
 
 # --------------------------------------------------------------------------------------------------
@@ -881,12 +952,69 @@ class LineCounter:
             self.count = self.TAMPERED
 
 
+
+# Operators that hand a tensor's value to Python (a number or a bool): each counts as one element read.
+_SCALAR_READS = frozenset({"aten::_local_scalar_dense", "aten::equal", "aten::is_nonzero", "aten::is_same_size"})
+
+
+class _OperatorCounter(TorchDispatchMode):
+    """Counts the operators dispatched under it (and the scalars they hand to Python) into a WorkCounter."""
+
+    def __init__(self, counter: "WorkCounter"):
+        super().__init__()
+        self.counter = counter
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counter.ops += 1
+        if operator_name(func) in _SCALAR_READS:
+            self.counter.reads += 1
+        return func(*args, **(kwargs or {}))
+
+
+class WorkCounter(LineCounter):
+    """What one call did, by three counts that vectorised code keeps whatever the input's size: the lines
+    of the student's file it executed, the torch operators it dispatched, and the tensor elements it read
+    back into Python (``.tolist()``, ``.item()``, ``.numpy()``, iteration, printing; `HOST_READS`).
+
+    Lines alone miss a per-token loop that runs in C: ``list(map(f, t.tolist()))`` executes one line for
+    any number of tokens, and so does ``list(map(torch.Tensor.sum, t.unbind()))``; the first reads every
+    element back, the second dispatches an operator per token. Like the line count, these figures come from
+    the process that runs the student's code: the trusted scan and the grader's clock back them.
+    """
+
+    def __init__(self, filename: str):
+        super().__init__(filename)
+        self.ops = 0
+        self.reads = 0
+        self._mode = _OperatorCounter(self)
+
+    def __enter__(self) -> "WorkCounter":
+        self._reads = reads_counted(self)
+        self._reads.__enter__()
+        _enter_mode(self._mode, "the operator counter")
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        super().__exit__(*exc)
+        try:
+            _leave_mode(self._mode, "the operator counter")
+        except GuardRemoved:
+            self.count = self.TAMPERED
+        finally:
+            self._reads.__exit__(None, None, None)
+
+
 @contextlib.contextmanager
 def around_call(filename: str, forbid: Iterable[str] = (), forbid_why: str = "", count_lines: bool = False):
-    """Apply the requested probes around one call; yields the LineCounter (or None)."""
+    """Apply the requested probes around one call; yields the WorkCounter (or None)."""
     with forbidden(forbid, forbid_why):
         if count_lines:
-            with LineCounter(filename) as counter:
+            with WorkCounter(filename) as counter:
                 yield counter
         else:
             yield None

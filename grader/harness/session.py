@@ -10,12 +10,14 @@ Tests are written once against this API::
     sm = student.load("online_softmax", forbid=["torch.softmax"])
     out = sm.online_softmax(x)                      # a call, local or remote
     out, lines = student.lines_executed(sm.online_softmax, x)
+    out, work = student.work_executed(sm.online_softmax, x)   # lines, torch operators, elements read back
 """
 
 from __future__ import annotations
 
 import functools
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -32,6 +34,7 @@ from grader.harness.client import allowed_mutations
 from grader.harness.worker import MODULE
 from grader.harness.worker import _import_driver as import_driver
 from grader.harness.worker import changed_tensors, import_file, snapshot_tensors
+from grader.text import inert
 
 
 class LocalModule:
@@ -63,7 +66,7 @@ class LocalCallable:
         except AttributeError:  # some callables lack __name__ and friends
             pass
 
-    def _invoke(self, args: tuple, kwargs: dict, count_lines: bool = False, driver: str | None = None) -> tuple[Any, int | None]:
+    def _invoke(self, args: tuple, kwargs: dict, count_lines: bool = False, driver: str | None = None) -> tuple[Any, Any]:
         fn = self._fn
         if driver:
             fn, args = import_driver(driver), (fn, *args)
@@ -72,10 +75,30 @@ class LocalCallable:
             value = fn(*args, **kwargs)
         if snapshots:  # the same contract on arguments as the sandboxed worker's calls
             allowed_mutations(self._qualname, changed_tensors(snapshots), self._options)
-        return value, (counter.count if counter is not None else None)
+        work = None if counter is None else {"lines": counter.count, "ops": counter.ops, "reads": counter.reads}
+        return value, work
 
     def __call__(self, *args, **kwargs):
         return self._invoke(args, kwargs)[0]
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one call did, as the worker counted it (probes.WorkCounter)."""
+
+    lines: int  # lines of the student's file executed
+    ops: int  # torch operators dispatched
+    reads: int  # tensor elements read back into Python
+
+    @classmethod
+    def from_reply(cls, counts: Any) -> "Work | None":
+        """The counts of a reply, or None when they are missing, not plain integers, or show no line run."""
+        if not isinstance(counts, dict):
+            return None
+        values = [counts.get(k) for k in ("lines", "ops", "reads")]
+        if not all(type(v) is int and v >= 0 for v in values) or values[0] <= 0:
+            return None
+        return cls(*values)
 
 
 class StudentSession:
@@ -130,28 +153,36 @@ class StudentSession:
         if exercise_id not in self._local:
             if not path.is_file():
                 raise FileNotFoundError(f"expected the student's file at {path}, found nothing there")
+            probes.install_host_read_watch()
             self._local[exercise_id] = import_file(path)
         return self._local[exercise_id]
 
     def lines_executed(self, fn: Any, *args, **kwargs) -> tuple[Any, int]:
-        """Call `fn` and count the lines of the student's module it executed.
+        """Call `fn` and count the lines of the student's module it executed (`work_executed`'s lines)."""
+        value, work = self.work_executed(fn, *args, **kwargs)
+        return value, work.lines
 
-        The structural test for vectorisation: a loop over tokens executes more lines when there are
-        more tokens; vectorised code executes the same lines whatever the size. The count is taken in
-        the process that runs the student's code, so it is a figure the student can forge: a file that
-        the trusted static scan (grader.structure.scan_source) finds tampering with tracing or the
-        harness fails here, and the tests cross-check a flat count with the grader's own clock
-        (grader.structure.clock).
+    def work_executed(self, fn: Any, *args, **kwargs) -> tuple[Any, "Work"]:
+        """Call `fn` and count its work: the lines of the student's module it executed, the torch operators
+        it dispatched and the tensor elements it read back into Python (probes.WorkCounter).
+
+        The structural test for vectorisation: a loop over tokens grows one of the three with the number of
+        tokens, a Python loop the lines, a loop run by C (``map``) the operators or the elements read back;
+        vectorised code keeps all three whatever the size. The counts are taken in the process that runs the
+        student's code, so they are figures the student can forge: a file that the trusted static scan
+        (grader.structure.scan_source) finds tampering with tracing or the harness fails here, and the tests
+        cross-check flat counts with the grader's own clock (grader.structure.clock).
         """
         target = self._callable(fn)
         self.assert_untampered(target, "the count of lines your code executed")
-        value, lines = target._invoke(args, kwargs, count_lines=True)
-        if not isinstance(lines, int) or isinstance(lines, bool) or lines <= 0:
+        value, counts = target._invoke(args, kwargs, count_lines=True)
+        work = Work.from_reply(counts)
+        if work is None:
             raise AssertionError(
-                f"no line of your module was counted during the call (found {lines!r}): "
+                f"no line of your module was counted during the call (found {inert(repr(counts), 200)}): "
                 "line tracing was disabled or tampered with"
             )
-        return value, lines
+        return value, work
 
     def assert_untampered(self, fn: Any, figure: str) -> None:
         """Fail when the student's file, scanned here as text, tampers with what measures `figure`.

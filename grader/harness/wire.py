@@ -23,6 +23,7 @@ import pickle
 import socket
 import struct
 import time
+import zipfile
 from typing import Any, Callable
 
 TAG = "__wire__"
@@ -275,19 +276,63 @@ def _namedtuple(name: str, fields: list[str]) -> type:
     return _namedtuple_types[key]
 
 
-class _Budget:
-    """What one reply may hold once rebuilt: its tensors' logical bytes and its number of values. A
-    tensor travels as its storage, so a view that repeats a small storage (``zeros(1).expand(2**28)``)
-    is a few bytes on the wire and a huge tensor here: it is counted by what it stands for, and
-    materialised, so nothing downstream meets an overlapping view."""
+# What an honest reply needs, measured over every hidden test of the reference solutions (one grade of
+# solutions/): a pickle of at most 150 KB, 156 archive entries, 33,000 values. The limits below leave
+# margins of 50x and more, and bound what decoding a hostile reply can cost the grader before any value is
+# rebuilt: the pickle's size bounds what torch.load builds, the entry count bounds its tensors.
+MAX_PICKLE_BYTES = 8 << 20
+MAX_ENTRIES = 4096
+MAX_NODES = 500_000
+_ZIP_END = b"PK\x05\x06"  # end of central directory record (22 bytes, then a comment of up to 64 KiB)
 
-    def __init__(self, max_bytes: int, max_nodes: int = 2_000_000):
+
+def check_archive(data: bytes, max_bytes: int) -> None:
+    """Refuse a reply archive (torch.save's zip) that would cost more to load than any honest reply: too
+    many entries, a pickle over `MAX_PICKLE_BYTES`, compressed entries, or entries whose sizes add up to
+    more than `max_bytes`. Reads the central directory only after its own size and count are checked."""
+    end = data.rfind(_ZIP_END, max(0, len(data) - (1 << 16) - 22))
+    if end < 0 or len(data) < end + 22:
+        raise MalformedReply("the worker's reply is not a torch.save archive")
+    entries, directory_size, directory_at = struct.unpack("<HII", data[end + 10:end + 20])
+    if entries > MAX_ENTRIES or directory_size > MAX_ENTRIES * 1024:  # 0xFFFF: a zip64 count, past the limit too
+        raise MalformedReply(f"the result holds more than {MAX_ENTRIES} tensors")
+    if directory_size >= 0xFFFFFFFF or directory_at >= 0xFFFFFFFF:
+        raise MalformedReply("the worker's reply is a zip64 archive; no reply needs one")
+    try:
+        infos = zipfile.ZipFile(io.BytesIO(data)).infolist()
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, struct.error) as exc:
+        raise MalformedReply(f"the worker's reply is not a readable archive: {type(exc).__name__}") from None
+    if len(infos) > MAX_ENTRIES:
+        raise MalformedReply(f"the result holds more than {MAX_ENTRIES} tensors")
+    total = 0
+    for info in infos:
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise MalformedReply("the worker's reply holds a compressed entry; torch.save writes none")
+        if info.filename.endswith("/data.pkl") and info.file_size > MAX_PICKLE_BYTES:
+            raise MalformedReply(f"the result's structure takes more than {MAX_PICKLE_BYTES >> 20} MiB to describe "
+                                 "(hundreds of thousands of values): return tensors, not long lists of numbers")
+        total += info.file_size
+    if total > max_bytes + MAX_PICKLE_BYTES:
+        raise MalformedReply(f"the result's tensors hold more than {max_bytes >> 20} MiB in all")
+
+
+class _Budget:
+    """What one reply may hold once rebuilt: its tensors' logical bytes and its number of values, by a
+    deadline. A tensor travels as its storage, so a view that repeats a small storage
+    (``zeros(1).expand(2**28)``) is a few bytes on the wire and a huge tensor here: it is counted by what
+    it stands for, and materialised, so nothing downstream meets an overlapping view. Values are counted
+    as they are rebuilt, so a list that appears many times (shared in the pickle) counts every time."""
+
+    def __init__(self, max_bytes: int, max_nodes: int = MAX_NODES, deadline: float | None = None):
         self.bytes_left, self.nodes_left, self.max_bytes = max_bytes, max_nodes, max_bytes
+        self.max_nodes, self.deadline = max_nodes, deadline
 
     def node(self) -> None:
         self.nodes_left -= 1
         if self.nodes_left < 0:
-            raise MalformedReply("the result holds more than 2,000,000 values")
+            raise MalformedReply(f"the result holds more than {self.max_nodes:,} values")
+        if self.deadline is not None and self.nodes_left % 4096 == 0 and time.monotonic() > self.deadline:
+            raise MalformedReply("the result took longer to rebuild than the call's time limit")
 
     def tensor(self, t: Any) -> Any:
         logical = t.numel() * t.element_size()
@@ -298,7 +343,6 @@ class _Budget:
         if logical and t.untyped_storage().nbytes() < logical:
             t = t.contiguous() if not t.is_contiguous() else t.clone()  # an expanded or overlapping view
         return t
-
 
 def from_wire(tree: Any, make_handle: Callable[[int, str], Any], budget: _Budget | None = None) -> Any:
     """Rebuild a value from its wire tree, checking every node's type (and, with `budget`, the reply's
@@ -344,16 +388,19 @@ def from_wire(tree: Any, make_handle: Callable[[int, str], Any], budget: _Budget
     raise MalformedReply(f"unexpected {type(tree).__name__} in reply")
 
 
-def decode_reply(data: bytes, make_handle: Callable[[int, str], Any], max_bytes: int = 1 << 30) -> Any:
-    """Decode untrusted reply bytes. Raises MalformedReply for anything but a well-formed tree, or for
-    one whose tensors stand for more than `max_bytes` once rebuilt."""
+def decode_reply(data: bytes, make_handle: Callable[[int, str], Any], max_bytes: int = 1 << 30,
+                 deadline: float | None = None) -> Any:
+    """Decode untrusted reply bytes. Raises MalformedReply for anything but a well-formed tree, for one
+    whose tensors stand for more than `max_bytes` once rebuilt, for one larger than any honest reply in
+    structure (`check_archive`, `MAX_NODES`), and for one not rebuilt by `deadline` (time.monotonic())."""
     import torch
 
+    check_archive(data, max_bytes)
     try:
         tree = torch.load(io.BytesIO(data), weights_only=True, map_location=None)
     except Exception as exc:  # noqa: BLE001 - any failure to decode hostile bytes is a malformed reply
         raise MalformedReply(f"the worker's reply could not be decoded safely: {type(exc).__name__}") from None
     try:
-        return from_wire(tree, make_handle, _Budget(max_bytes))
+        return from_wire(tree, make_handle, _Budget(max_bytes, deadline=deadline))
     except (KeyError, TypeError, ValueError, RecursionError) as exc:
         raise MalformedReply(f"malformed reply: {exc}") from None

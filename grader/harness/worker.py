@@ -108,7 +108,7 @@ class Worker:
             value = fn(*args, **kwargs)
         reply = {"value": value, "mutated": changed_tensors(snapshots)}
         if counter is not None:
-            reply["lines"] = counter.count
+            reply["work"] = {"lines": counter.count, "ops": counter.ops, "reads": counter.reads}
         return reply
 
     def handle(self, request: dict) -> dict:
@@ -273,6 +273,7 @@ def not_dumpable() -> None:
 def main(argv: list[str]) -> None:
     fd, module_path = int(argv[1]), argv[2]
     not_dumpable()
+    probes.install_host_read_watch()  # before the student's module: a reference it takes is the watched one
     sock = socket.socket(fileno=fd)
     Worker(sock, module_path).serve()
 

@@ -10,8 +10,12 @@ block's own columns after each column, and the rest once per block. Chunking an 
 small operations does not change the sum.
 
 What the count cannot see: work that never reaches torch's dispatcher (numpy, plain Python, a
-kernel of one's own). It runs beside the student's code, so it is theirs to forge; the trusted
-static scan (grader/harness/tamper.py) fails a file that reaches for the dispatch-mode machinery.
+kernel of one's own). So it also counts the tensor elements the call reads back into Python or
+numpy (grader.harness.probes.reads_counted: `.numpy()`, `.tolist()`, `__array__`, storages ...,
+watched from before the student's file was imported): work done outside torch must first read the
+weights out, and the test bounds that count far below one copy of W. It runs beside the student's
+code, so it is theirs to forge; the trusted static scan (grader/harness/tamper.py) fails a file that
+reaches for the dispatch-mode machinery.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from grader.harness.probes import reads_counted, storage_of
 from grader.support.timing import Randn
 
 # Operations that create, reinterpret or inspect memory without reading or writing its values.
@@ -92,9 +97,11 @@ class TrafficCounter(TorchDispatchMode):
             else:
                 read += sum(distinct_elements(t) for t in tensors)
         written += sum(distinct_elements(t) for t in targets)
-        storages = {t.untyped_storage().data_ptr() for t in targets if t.numel()}
+        # probes.storage_of reads the address through torch's own base class: Tensor.untyped_storage is watched
+        # as a read-back during the call (count_traffic counts those), and this is the counter's code, not the call's.
+        storages = {storage_of(t) for t in targets if t.numel()}
         for t in tree_flatten(out)[0]:  # fresh outputs (an in-place operation returns its target)
-            if isinstance(t, torch.Tensor) and t.numel() and t.untyped_storage().data_ptr() not in storages:
+            if isinstance(t, torch.Tensor) and t.numel() and storage_of(t) not in storages:
                 written += distinct_elements(t)
         self.read += read
         self.written += written
@@ -108,13 +115,14 @@ def count_traffic(fn: Callable, W: torch.Tensor, H: torch.Tensor, **kwargs: Any)
     """Run ``fn(W, H, **kwargs)`` and add up the elements its operations read and wrote.
 
     Returns {"result": fn's return value, "read": elements read, "written": elements written,
-    "ops": {aten name: [read, written]}}.
+    "ops": {aten name: [read, written]}, "host_reads": tensor elements read back into Python or numpy}.
     """
     counter = TrafficCounter()
-    with counter:
+    with reads_counted() as host, counter:
         result = fn(W, H, **kwargs)
     return {"result": tuple(result) if isinstance(result, tuple) else result, "read": counter.read,
-            "written": counter.written, "ops": {name: list(v) for name, v in counter.ops.items()}}
+            "written": counter.written, "ops": {name: list(v) for name, v in counter.ops.items()},
+            "host_reads": host.reads}
 
 
 # --------------------------------------------------------------------------------------------------

@@ -47,6 +47,17 @@ MUTANTS = [
         loses=["lazy_batch"],
     ),
     Mutant(
+        name="eager_updates_in_numpy",
+        why="I apply every column's feedback to all later columns right away, in numpy on a view of W (no torch "
+            "operator runs for it, so a count of torch's memory traffic never sees the eager update)",
+        edits=[
+            (_IN_BLOCK, _IN_BLOCK + "\n            view = W.numpy()\n"
+                        "            view[:, i2:] -= err.numpy()[:, None] * U[col, i2:].numpy()[None, :]"),
+            (_TAIL, "        pass"),
+        ],
+        loses=["lazy_batch"],
+    ),
+    Mutant(
         name="eager_updates_in_row_slices",
         why="The same eager update of all later columns after every column, cut into slices of 32 rows",
         edits=[

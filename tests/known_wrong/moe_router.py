@@ -57,6 +57,23 @@ MUTANTS = [
         loses=["vectorised"],
     ),
     Mutant(
+        name="running_count_run_by_map",
+        why="keeps a running count per expert over the Python list of choices, with map() and itertools.count, "
+            "so no line of my file runs per token (the line count stays flat; the values read back grow)",
+        edits=[
+            ("import math\n", "import collections\nimport itertools\nimport math\nimport operator\nfrom functools import partial\n"),
+            ("    grouped, by_expert = torch.sort(sequence, stable=True)\n"
+             "    ids = torch.arange(num_experts, device=sequence.device)\n",
+             "    counters = collections.defaultdict(itertools.count)\n"
+             "    ranks = list(map(next, map(partial(operator.getitem, counters), sequence.tolist())))\n"
+             "    return (torch.tensor(ranks, dtype=torch.long, device=sequence.device),\n"
+             "            torch.bincount(sequence, minlength=num_experts))\n"
+             "    grouped, by_expert = torch.sort(sequence, stable=True)\n"
+             "    ids = torch.arange(num_experts, device=sequence.device)\n"),
+        ],
+        loses=["vectorised"],
+    ),
+    Mutant(
         name="bf16_softmax",
         why="takes the softmax in the logits' own dtype and casts afterwards",
         edits=[("    return torch.softmax(logits.float(), dim=-1)", "    return torch.softmax(logits, dim=-1).float()")],

@@ -118,6 +118,19 @@ MUTANTS = [
         loses=["vectorised"],
     ),
     Mutant(
+        name="leading_accepts_counted_by_map",
+        why="I counted each row's leading accepted tokens on the Python list of rows, with map() and "
+            "itertools.takewhile, so no line runs per row (the values read back grow with the batch)",
+        edits=[
+            ("from collections.abc import Callable\n",
+             "import itertools\nfrom functools import partial\nfrom collections.abc import Callable\n"),
+            ("    num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)              # [B], in 0..gamma\n",
+             "    leading = map(len, map(list, map(partial(itertools.takewhile, bool), accepted.tolist())))\n"
+             "    num_accepted = torch.tensor(list(leading), dtype=torch.long, device=device)\n"),
+        ],
+        loses=["vectorised"],
+    ),
+    Mutant(
         name="coins_from_a_generator_of_my_own",
         why="I seeded a generator of my own for the acceptance coins, so every call draws the same coins",
         edits=[("u = _uniform_open_closed((B, gamma), generator, device)",

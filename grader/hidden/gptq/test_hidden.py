@@ -935,6 +935,12 @@ def lazy_budget(rows: int, cols: int, block: int) -> int:
     return int(6 * touched + 48 * rows * cols + 24 * cols * cols)
 
 
+def host_read_budget(cols: int) -> int:
+    """Tensor elements the call may read back into Python or numpy: a few per column (the reference reads the
+    group of each column, `cols`), far below one copy of W (rows * cols), which work outside torch must read."""
+    return 4 * cols + 1024
+
+
 def busiest(ops: dict, per: int, limit: int = 4) -> str:
     top = sorted(ops.items(), key=lambda kv: -(kv[1][0] + kv[1][1]))[:limit]
     return ", ".join(f"{name} ({read / per:.0f} read, {written / per:.0f} written)" for name, (read, written) in top)
@@ -950,6 +956,13 @@ def test_the_lazy_batch_is_real(student, gq, rng):
     student.assert_untampered(gq.gptq_quantize, "the count of elements your code read and wrote")
     read, written, ops = out["read"], out["written"], out["ops"]
     weights, budget = rows * cols, lazy_budget(rows, cols, block)
+    host_reads = out["host_reads"]
+    assert type(host_reads) is int and 0 <= host_reads <= host_read_budget(cols), (
+        f"your gptq_quantize read {show(host_reads)} tensor elements back into Python or numpy (.numpy(), .tolist(), "
+        f"numpy.asarray ...) on a [{rows}, {cols}] layer; at most {host_read_budget(cols)} may be (a few per "
+        "column: the reference reads the group of each column once). The traffic count sees torch's operators only, "
+        "so the column loop's work must stay in torch tensors: keep W, H and the errors in torch"
+    )
     naive = rows * cols * cols / 2
     assert read <= budget and written <= budget, (
         f"with block_size={block} on a [{rows}, {cols}] layer, your gptq_quantize read {read / weights:.0f} and wrote "

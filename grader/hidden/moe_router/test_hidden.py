@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from grader.structure import Scaling, assert_flat_on_the_clock, clock
+from grader.structure import Scaling, assert_flat_on_the_clock, assert_no_hidden_loop, clock
 from grader.support.moe_router import Routing, as_routing
 from grader.testing import assert_close, assert_equal, show
 
@@ -1177,17 +1177,18 @@ CLOCK_E, CLOCK_D = 8, 4
 def assert_flat(student, fn, make_args, check, name: str, clocked=None) -> None:
     """Run `fn` at T=48 and T=480: the results must be right (`check`) and the line count flat. Then, when
     `clocked` = (make, check) is given, the grader's own clock at MOE_CLOCK's sizes must agree."""
-    counts = {}
+    work = {}
     for T in (48, 480):
         args = make_args(T)
-        result, counts[T] = student.lines_executed(fn, *args)
+        result, work[T] = student.work_executed(fn, *args)
         check(result, *args)
-    small, big = counts[48], counts[480]
+    small, big = work[48].lines, work[480].lines
     advice = ("Use whole-tensor operations: a cumulative sum of one-hot rows gives every assignment its slot at once.")
     assert big <= small + 10, (
         f"{name} executed {small} lines of your file for T=48 and {big} for T=480: the count grows with the "
         f"number of tokens, so something loops over tokens (or over slots) in Python. {advice}"
     )
+    assert_no_hidden_loop(name, ("T=48", "T=480"), work[48], work[480], advice)
     if clocked is not None:
         make, fast_check = clocked
         timing = clock(student.mode, fn, make, fast_check, MOE_CLOCK)

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import torch
 
-from grader.structure import Scaling, assert_flat_on_the_clock, clock
+from grader.structure import Scaling, assert_flat_on_the_clock, assert_no_hidden_loop, clock
 from grader.testing import assert_close, show
 
 V, GAMMA, N = 10, 4, 100_000
@@ -1094,14 +1094,17 @@ def check_decided(result, draft, q, p, generator, want) -> None:
 def test_speculative_accept_is_vectorised(student, sm, rng, grow):
     small = accept_inputs(16, 16, rng)
     big = accept_inputs(512, 16, rng) if grow == "batch" else accept_inputs(16, 512, rng)
-    _, lines_small = student.lines_executed(sm.speculative_accept, *small, fresh_generator(rng))
-    _, lines_big = student.lines_executed(sm.speculative_accept, *big, fresh_generator(rng))
+    _, work_small = student.work_executed(sm.speculative_accept, *small, fresh_generator(rng))
+    _, work_big = student.work_executed(sm.speculative_accept, *big, fresh_generator(rng))
+    lines_small, lines_big = work_small.lines, work_big.lines
     advice = ("Do it for all rows at once: gather, cumprod, torch.where, one torch.multinomial over [B, V]")
     assert lines_big <= lines_small + SLACK_LINES, (
         f"speculative_accept executed {lines_small} lines of your module for B=16, V=16 but {lines_big} for "
         f"{'B=512' if grow == 'batch' else 'V=512'}: a Python loop over the {'rows' if grow == 'batch' else 'vocabulary'} "
         f"(perhaps only around the resampling draw). {advice}"
     )
+    assert_no_hidden_loop("speculative_accept", ("B=16, V=16", "B=512" if grow == "batch" else "V=512"),
+                          work_small, work_big, advice)
 
     def make(n: int):
         B, V = (n, CLOCK_V) if grow == "batch" else (4, n)
@@ -1138,12 +1141,15 @@ def check_greedy_decided(result, draft, target, want) -> None:
 def test_greedy_accept_is_vectorised(student, sm, rng):
     small = accept_inputs(16, 16, rng)
     big = accept_inputs(512, 16, rng)
-    _, lines_small = student.lines_executed(sm.greedy_accept, small[0], small[2])
-    _, lines_big = student.lines_executed(sm.greedy_accept, big[0], big[2])
+    _, work_small = student.work_executed(sm.greedy_accept, small[0], small[2])
+    _, work_big = student.work_executed(sm.greedy_accept, big[0], big[2])
+    lines_small, lines_big = work_small.lines, work_big.lines
     assert lines_big <= lines_small + SLACK_LINES, (
         f"greedy_accept executed {lines_small} lines for 16 rows and {lines_big} for 512: a loop over rows; "
         "compare with the argmax for all rows at once"
     )
+    assert_no_hidden_loop("greedy_accept", ("16 rows", "512 rows"), work_small, work_big,
+                          "Compare with the argmax for all rows at once")
 
     def make(n: int):
         args, want = decided_greedy_inputs(n, CLOCK_V, CLOCK_GAMMA, rng)
