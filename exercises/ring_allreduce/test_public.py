@@ -155,8 +155,13 @@ def test_all_gather_uses_owned(student, ra):
 
 
 @pytest.mark.check("allreduce_public")
-@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("world", [2, 4])
 def test_allreduce_sums(student, ra, world):
+    for world in ([1, 2] if world == 2 else [world]):  # noqa: B020 - one rank (the identity) only beside two
+        check_allreduce_sums(student, ra, world)
+
+
+def check_allreduce_sums(student, ra, world: int) -> None:
     n = 10
     xs = rank_inputs(world, n, torch.int64)
     total = sum(x.clone() for x in xs)
