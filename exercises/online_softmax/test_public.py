@@ -24,8 +24,11 @@ WHY = "the exercise is to compute the normaliser yourself"
 
 @pytest.fixture(scope="module")
 def sm(student):
-    """Every public check calls your functions under the hidden checks' rules: a file that calls the library's
-    softmax earns no point for the function that calls it, here as in the hidden checks."""
+    return student.load("online_softmax")
+
+
+@pytest.fixture(scope="module")
+def sm_ruled(student):
     return student.load("online_softmax", forbid=SOFTMAX_FORBID, forbid_why=WHY)
 
 
@@ -203,9 +206,9 @@ def rule_broken(exc: BaseException) -> bool:
 
 @pytest.mark.check("rules_public")
 @pytest.mark.parametrize("function", list(RULE_CALLS))
-def test_the_grading_rules_hold(sm, smk, device, function):
+def test_the_grading_rules_hold(sm_ruled, smk, device, function):
     x = (torch.randn(3, 7, generator=torch.Generator().manual_seed(10)) * 3).to(device)
-    module = smk if function == "softmax_triton" else sm
+    module = smk if function == "softmax_triton" else sm_ruled
     try:
         result = RULE_CALLS[function](module, x)
     except Exception as exc:  # noqa: BLE001 - a rule broken is reported as such; anything else as itself
