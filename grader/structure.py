@@ -127,6 +127,8 @@ class Timing:
     small_s: list[float] = field(default_factory=list)
     large_s: list[float] = field(default_factory=list)
     base_s: list[float] = field(default_factory=list)  # round trips that run none of the student's code (sandbox)
+    linear_small_s: list[float] = field(default_factory=list)  # the trusted linear baseline, when the test gave one
+    linear_large_s: list[float] = field(default_factory=list)
 
     @property
     def best_small(self) -> float:
@@ -158,8 +160,23 @@ class Timing:
         return self.best_small if allowance is None else min(self.best_small, allowance)
 
     @property
-    def ratio(self) -> float:
+    def growth(self) -> float:
+        """How many times as long the large call took as the small one (counted as `counted_small`)."""
         return self.best_large / max(self.counted_small, 1e-9)
+
+    @property
+    def linear_growth(self) -> float | None:
+        """How many times as long the trusted linear baseline took at the large size (None without one)."""
+        if not self.linear_small_s or not self.linear_large_s:
+            return None
+        return min(self.linear_large_s) / max(min(self.linear_small_s), 1e-9)
+
+    @property
+    def ratio(self) -> float:
+        """The figure the bar applies to: the growth, or with a linear baseline, the growth beyond the
+        baseline's (what linear work of the same size grew by in the same runs, on the same machine)."""
+        linear = self.linear_growth
+        return self.growth if linear is None else self.growth / max(linear, 1.0)
 
     @property
     def flat(self) -> bool:
@@ -171,13 +188,23 @@ class Timing:
                    f"{prefix}_large_ms": round(self.best_large * 1e3, 3), f"{prefix}_ratio": round(self.ratio, 2)}
         if self.best_base is not None:
             figures[f"{prefix}_round_trip_ms"] = round(self.best_base * 1e3, 3)
+        if self.linear_growth is not None:
+            figures[f"{prefix}_linear_growth"] = round(self.linear_growth, 2)
         return figures
 
     def describe(self) -> str:
         s = self.scaling
-        text = (f"the call at {self.large / self.small:g}x the {s.unit} ({self.large} against {self.small}) took "
-                f"{self.ratio:.1f}x as long on the grader's own clock ({self.counted_small * 1e3:.2f} ms against "
-                f"{self.best_large * 1e3:.2f} ms, best of {len(self.large_s)} runs each; the bar is {self.bar:g}x)")
+        linear = self.linear_growth
+        if linear is None:
+            text = (f"the call at {self.large / self.small:g}x the {s.unit} ({self.large} against {self.small}) took "
+                    f"{self.ratio:.1f}x as long on the grader's own clock ({self.counted_small * 1e3:.2f} ms against "
+                    f"{self.best_large * 1e3:.2f} ms, best of {len(self.large_s)} runs each; the bar is {self.bar:g}x)")
+        else:
+            text = (f"the call at {self.large / self.small:g}x the {s.unit} ({self.large} against {self.small}) took "
+                    f"{self.growth:.1f}x as long on the grader's own clock ({self.counted_small * 1e3:.2f} ms against "
+                    f"{self.best_large * 1e3:.2f} ms, best of {len(self.large_s)} runs each), where linear work of the "
+                    f"same sizes took {linear:.1f}x as long in the same runs: your code's cost grows {self.ratio:.1f} "
+                    f"times as fast as linear work's (the bar is {self.bar:g}x)")
         if self.padded:
             text += (f". The call at {self.small} {s.unit} itself took {self.best_small * 1e3:.2f} ms where the same "
                      f"arguments make the round trip to the worker in {self.best_base * 1e3:.2f} ms, so it counts for "
@@ -233,7 +260,8 @@ ROUND_TRIPS_PER_RUN = 1  # as many round trips as small calls: the best of each 
 
 
 def clock(student: str | SupportsRoundTrip, call: Callable[..., Any], make: Callable[[int], Sequence[Any]],
-          check: Callable[..., None], scaling: Scaling, work: Callable[..., float] | None = None) -> Timing:
+          check: Callable[..., None], scaling: Scaling, work: Callable[..., float] | None = None,
+          linear: Callable[..., Any] | None = None) -> Timing:
     """Time ``call(*make(n))`` on this process's clock at the two sizes of `scaling`.
 
     `student` is the `student` session, or its mode ("sandbox" or "local"; in the sandbox the session
@@ -249,6 +277,12 @@ def clock(student: str | SupportsRoundTrip, call: Callable[..., Any], make: Call
     `work(result, *args)`, when given, is the size of each call as the grader counts it (the ops in a
     returned schedule): each time is then scaled to exactly n, so that `make` may vary the sizes a
     little from run to run (no two calls alike) and the ratio still compares like with like.
+
+    `linear(*args)`, when given, is a trusted baseline: course code that does linear work of the same size
+    by the same path (a driver that builds an output as large, with the student's function not called). It
+    is timed beside each call, and the bar then applies to the call's growth beyond the baseline's
+    (`Timing.ratio`): on a loaded machine linear work itself grows faster than its size (the allocator, the
+    caches, the other jobs), and measuring that in the same runs keeps honest code under the bar.
     """
     import torch
 
@@ -262,11 +296,19 @@ def clock(student: str | SupportsRoundTrip, call: Callable[..., Any], make: Call
         for n in (small, large):  # warm-up, checked too
             args = tuple(make(n))
             check(call(*args), *args)
+            if linear is not None:
+                linear(*args)
         for run in range(scaling.max_runs):
             for n, times in ((small, timing.small_s), (large, timing.large_s)):
                 args = tuple(make(n))
                 if session is not None and mode == "sandbox" and n == small:
                     timing.base_s.append(_round_trip(session, args))
+                if linear is not None:
+                    start = perf_counter()
+                    baseline = linear(*args)
+                    elapsed = perf_counter() - start
+                    scaled = elapsed if work is None else elapsed * n / max(work(baseline, *args), 1e-9)
+                    (timing.linear_small_s if n == small else timing.linear_large_s).append(scaled)
                 start = perf_counter()
                 result = call(*args)
                 elapsed = perf_counter() - start
@@ -301,6 +343,8 @@ def _log(timing: Timing, mode: str, **extra: Any) -> None:
               "bar": timing.bar, "small_ms": round(timing.best_small * 1e3, 3),
               "large_ms": round(timing.best_large * 1e3, 3), "ratio": round(timing.ratio, 2),
               "round_trip_ms": None if timing.best_base is None else round(timing.best_base * 1e3, 3),
+              "growth": round(timing.growth, 2),
+              "linear_growth": None if timing.linear_growth is None else round(timing.linear_growth, 2),
               "runs": len(timing.large_s), **extra}
     with open(path, "a") as out:
         out.write(json.dumps(record) + "\n")

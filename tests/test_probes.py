@@ -735,3 +735,49 @@ def test_the_work_counter_sees_a_loop_that_runs_in_c(tmp_path, form):
     assert getattr(big, grows) >= getattr(small, grows) + 72, f"{form}: {small} -> {big}"
     flat = [student.work_executed(mod.vectorised, torch.randn(n, 2))[1] for n in (8, 80)]
     assert flat[0] == flat[1] and flat[0].reads == 0, f"vectorised code keeps every count: {flat}"
+
+
+class _DuckTensor:
+    """Not a tensor: an object with the methods a launcher calls, which runs host code inside the launch."""
+
+    def __init__(self, base: torch.Tensor):
+        self.base = base
+        self.host_work = 0
+
+    def data_ptr(self) -> int:
+        self.host_work += 1  # a red-team file computed the whole answer here, with the rule suspended
+        return self.base.data_ptr()
+
+
+def test_a_launch_takes_only_tensors_numbers_and_dtypes():
+    """An empty kernel handed an object of the student's own once earned flash_attention its full 76 gradable
+    points: the launcher called the object's methods inside the launch, where the kernel rule is suspended."""
+    src = torch.zeros(8)
+    out = torch.empty(8)
+    duck = _DuckTensor(out)
+    with pytest.raises(probes.ForbiddenCall, match="an object of type _DuckTensor as its argument 1"):
+        with probes.forbidden(KERNEL_RULE):
+            _exp_kernel[(1,)](src, duck, 8, BLOCK=8)
+    assert duck.host_work == 0, "the object's methods must not run at all"
+
+    class Sub(torch.Tensor):
+        pass
+
+    with pytest.raises(probes.ForbiddenCall, match="Sub"):
+        with probes.forbidden(KERNEL_RULE):
+            _exp_kernel[(1,)](src, out.as_subclass(Sub), 8, BLOCK=8)
+    with probes.forbidden(KERNEL_RULE):  # Triton's own wrapper of an exact tensor is fine
+        _exp_kernel[(1,)](src, triton.reinterpret(out, torch.float32), 8, BLOCK=8)
+    assert torch.equal(out, torch.ones(8))
+
+
+def test_a_read_through_a_view_counts_what_it_exposes():
+    """`t.view(-1)[:1].numpy()` once counted one element while numpy's strides reached all of them (a per-token
+    loop over the values kept moe_router's vectorised 10/10): routes that hand over memory count its storage."""
+    x = torch.arange(1000.0)
+    for read, exposed in ((lambda: x[:1].numpy(), 1000), (lambda: __import__("numpy").asarray(x[:1]), 1000),
+                          (lambda: x[:1].untyped_storage(), 1000), (lambda: x[:1].tolist(), 1),
+                          (lambda: x[:5].tolist(), 5)):
+        with probes.reads_counted() as counter:
+            read()
+        assert counter.reads == exposed, f"expected {exposed} elements counted, found {counter.reads}"

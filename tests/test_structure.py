@@ -410,3 +410,18 @@ def test_a_forged_structural_figure_loses_its_check(tmp_path, exercise_id, mutan
         )
         messages = " ".join(t.get("message", "") for t in check["tests"])
         assert MESSAGES[kind] in messages, f"expected {MESSAGES[kind]!r} in the messages of {check_id}, found: {messages}"
+
+
+def test_a_linear_baseline_measured_in_the_same_runs_takes_the_machines_own_growth_out():
+    """Linear work that grows faster than its size on a loaded machine (here: 1 ms per 10 units, plus 2 ms)
+    reads as the baseline's growth, not as the bar; work that grows with the square of the size does not."""
+    linear_call = sleeping_call(0.0001)
+    scaling = Scaling(10, 400, bar=3.0, unit="ops", runs=2, max_runs=4)
+    honest = clock(SANDBOX, linear_call, lambda n: (n,), lambda got, n: None, scaling, linear=sleeping_call(0.0001))
+    assert honest.linear_growth is not None and honest.growth > 3.0, "the plain growth alone would fail the bar"
+    assert honest.flat and honest.ratio < 3.0, honest.describe()
+    quadratic = clock(SANDBOX, lambda n: time.sleep(0.002 + 0.0000025 * n * n) or n, lambda n: (n,),
+                      lambda got, n: None, scaling, linear=sleeping_call(0.0001))
+    assert not quadratic.flat, quadratic.describe()
+    text = quadratic.describe()
+    assert "linear work of the same sizes took" in text and "grows" in text and "the bar is 3x" in text, text

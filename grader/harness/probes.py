@@ -681,11 +681,91 @@ def _tensor_storages(values: Iterable[Any]) -> frozenset[int]:
     return frozenset(found)
 
 
+_LAUNCH_SCALARS = (bool, int, float, str, type(None), torch.dtype)
+_LAUNCH_OPTIONS = ("grid", "warmup")  # the launcher's own keywords, checked where they are used
+
+
+@functools.lru_cache(maxsize=1)
+def _triton_arg_types() -> tuple[frozenset[type], frozenset[type], frozenset[type]]:
+    """(Triton's tensor wrappers, its dtype and constexpr classes, numpy's scalar types): exact classes whose
+    methods are the libraries' own."""
+    import numpy as np
+
+    wrappers, values = set(), set()
+    try:
+        from triton.runtime.jit import TensorWrapper
+        wrappers.add(TensorWrapper)
+    except ImportError:
+        pass
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        wrappers.add(TensorDescriptor)
+    except ImportError:
+        pass
+    try:
+        import triton.language as tl
+        values |= {tl.constexpr, tl.dtype, tl.pointer_type}
+    except (ImportError, AttributeError):
+        pass
+    numbers = frozenset(t for t in set(np.sctypeDict.values()) if t.__module__ == "numpy")
+    return frozenset(wrappers), frozenset(values), numbers
+
+
+def _launch_argument_refused(value: Any, depth: int = 0) -> str | None:
+    """Why `value` may not be handed to a kernel launch (None when it may). Inside a launch the kernel rule
+    is suspended, and the launcher calls methods of its arguments (data_ptr, untyped_storage, stride): an
+    object of the student's own, or a subclass of Tensor, would run host code there unwatched. So a launch
+    takes exact tensors, Triton's own wrappers of them, numbers, strings, dtypes, and tuples of those."""
+    kind = type(value)
+    if kind is torch.Tensor or kind is torch.nn.Parameter or kind in _LAUNCH_SCALARS:
+        return None
+    wrappers, values, numbers = _triton_arg_types()
+    if kind in numbers:
+        return None
+    if kind in wrappers:  # every field: the base tensor, its shape, strides, device, dtype, padding
+        fields = object.__getattribute__(value, "__dict__")
+        if type(fields.get("base")) not in (torch.Tensor, torch.nn.Parameter):
+            return f"a {_type_name(kind)} over {_type_name(type(fields.get('base')))}"
+        for field_value in dict.values(fields):
+            why = None if type(field_value) in (torch.device, torch.Size) else _launch_argument_refused(field_value, depth + 1)
+            if why:
+                return f"a {_type_name(kind)} holding {why}"
+        return None
+    if kind in values:
+        inner = vars(value).get("value") if kind.__name__ == "constexpr" else None
+        return None if inner is None or depth > 4 else _launch_argument_refused(inner, depth + 1)
+    if kind in (tuple, list) and depth <= 4:
+        for item in (tuple.__iter__(value) if kind is tuple else list.__iter__(value)):
+            why = _launch_argument_refused(item, depth + 1)
+            if why:
+                return why
+        return None
+    return f"an object of type {_type_name(kind)}"
+
+
+def _type_name(kind: type) -> str:
+    return str(type.__dict__["__name__"].__get__(kind, type))[:100]
+
+
+def _check_arguments(name: str, args: tuple, kwargs: dict) -> None:
+    for key, value in [*enumerate(args), *((k, v) for k, v in kwargs.items() if k not in _LAUNCH_OPTIONS)]:
+        why = _launch_argument_refused(value)
+        if why:
+            where = f"argument {key}" if isinstance(key, int) else f"argument {key!r}"
+            raise ForbiddenCall(
+                f"the kernel {name} was launched with {why} as its {where}: a launch takes tensors (exactly "
+                "torch.Tensor, or triton.reinterpret of one), numbers, strings and dtypes. Code that runs inside a "
+                "launch is trusted as kernel code, and the launcher calls methods of its arguments, so an object "
+                "of your own (or a subclass of Tensor) would run host code there. Pass the tensors themselves."
+            )
+
+
 def _wrap_run(cls: type, original: Any) -> Any:
     def run(self, *args, **kwargs):
         if type(self) is not cls:
             return original(self, *args, **kwargs)  # a subclass's run is not Triton's: no launch, no suspension
         _check_launch(self)
+        _check_arguments(getattr(self, "__name__", "kernel"), args, kwargs)
         if not kwargs.get("warmup"):  # a warm-up only compiles: not recorded
             launch = Launch(getattr(self, "__name__", "kernel"), storages=_tensor_storages((*args, *kwargs.values())))
             grid = kwargs.get("grid")
@@ -767,22 +847,50 @@ _READS: dict[str, Any] = {"installed": False, "refuse": 0, "why": "", "counters"
 _READS_LOCK = threading.Lock()
 
 
-def _elements(value: Any) -> int:
+# The routes that hand over a tensor's memory, not a copy of its values: what they expose is the whole storage
+# (a one-element view's .numpy() reaches every element through numpy's strides), so they count its size.
+_EXPOSING = frozenset({
+    "torch.Tensor.numpy", "torch.Tensor.__array__", "torch.Tensor.__dlpack__", "torch.Tensor.__cuda_array_interface__",
+    "torch.Tensor.__reduce_ex__", "torch.Tensor.untyped_storage", "torch.Tensor.storage", "torch.Tensor.data_ptr",
+    "torch.utils.dlpack.to_dlpack", "torch.to_dlpack",
+})
+
+
+def _elements(value: Any, whole_storage: bool) -> int:
+    """The elements a read of `value` reaches: its own, or (`whole_storage`) every element of its storage."""
+    if not isinstance(value, torch.Tensor):
+        return 0
     try:
-        return int(torch._C.TensorBase.numel(value)) if isinstance(value, torch.Tensor) else 0
+        if whole_storage:
+            size = max(int(torch._C.TensorBase.element_size(value)), 1)
+            return -(-int(_TENSOR_STORAGE(value).nbytes()) // size)
+        return int(torch._C.TensorBase.numel(value))
     except RuntimeError:
         return 0
 
 
-def _watched_read(fn: Any, what: str, args: tuple, kwargs: dict) -> Any:
+class _ReadState(threading.local):
+    reading: tuple = ()  # ids of the tensors whose watched read is running in this thread
+
+
+_READ_STATE = _ReadState()
+
+
+def _watched_read(fn: Any, what: str, args: tuple, kwargs: dict, whole_storage: bool = False) -> Any:
+    target = id(args[0]) if args else None
     if not in_launch():
         if _READS["refuse"]:
             raise host_read_refused(what, _READS["why"])
-        if _READS["counters"]:
-            n = _elements(args[0]) if args else 0
+        if _READS["counters"] and target not in _READ_STATE.reading:  # numpy.asarray(t) calls t.numpy(): once
+            n = _elements(args[0], whole_storage) if args else 0
             for counter in _READS["counters"]:
                 counter.reads += n
-    return fn(*args, **kwargs)
+    outer = _READ_STATE.reading
+    _READ_STATE.reading = outer + (target,)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _READ_STATE.reading = outer
 
 
 def install_host_read_watch() -> None:
@@ -800,15 +908,16 @@ def install_host_read_watch() -> None:
                 continue
             original = vars(owner).get(attr, _INHERITED) if isinstance(owner, type) else getattr(owner, attr)
             current = getattr(owner, attr) if not isinstance(original, property) else original
+            whole = dotted in _EXPOSING
             if isinstance(original, property):
-                def getter(self, _prop=original, _what=what):
-                    return _watched_read(_prop.__get__, _what, (self, type(self)), {})
+                def getter(self, _prop=original, _what=what, _whole=whole):
+                    return _watched_read(_prop.__get__, _what, (self, type(self)), {}, _whole)
 
                 replacement: Any = property(getter)
             else:
                 @functools.wraps(current)
-                def replacement(*args, _fn=current, _what=what, **kwargs):
-                    return _watched_read(_fn, _what, args, kwargs)
+                def replacement(*args, _fn=current, _what=what, _whole=whole, **kwargs):
+                    return _watched_read(_fn, _what, args, kwargs, _whole)
 
             setattr(owner, attr, replacement)
         _READS["installed"] = True

@@ -107,6 +107,44 @@ def schedule_digest(fn: Callable, *args: Any) -> dict:
     return {"ops": sum(len(row) for row in schedule), "digest": digest(schedule)}
 
 
+def linear_schedule(p: int, m: int, v: int | None = None) -> list[list[tuple]]:
+    """A schedule-shaped list of as many ops as a real schedule of these sizes holds (2 * m per stage, times v
+    chunks), built by the simplest loop: not a valid schedule, only linear work of the same size."""
+    if v is None:
+        return [[(kind, mb) for kind in KINDS for mb in range(m)] for _ in range(p)]
+    return [[(kind, mb, c) for kind in KINDS for c in range(v) for mb in range(m)] for _ in range(p)]
+
+
+def schedule_baseline(fn: Callable, *args: Any) -> dict:
+    """What `schedule_digest` costs for a schedule of the same size built by `linear_schedule` (`fn`, the
+    student's generator, is not called): the grader's clock times it beside the student's calls, in the same
+    runs and through the same round trip, so that what makes linear work grow on a busy machine (the
+    allocator, the caches, the load) is measured, not assumed."""
+    with _no_gc():
+        schedule = linear_schedule(*args)
+    return {"ops": sum(len(row) for row in schedule), "digest": digest(schedule)}
+
+
+def simulate_baseline(fn: Callable, ops: torch.Tensor, lengths: list[int]) -> dict:
+    """What `simulate_packed` costs with a single pass over the ops in place of the student's `simulate` (not
+    called): unpacked the same way, each op's finish time from the op it depends on and the last on its stage
+    (not the schedule's makespan: the stages are visited once, in order)."""
+    flat = [(KINDS[op[0]], *op[1:]) for op in ops.tolist()]
+    schedule, at = [], 0
+    for n in lengths:
+        schedule.append(flat[at : at + n])
+        at += n
+    with _no_gc():  # per op what any simulation does: look up the op it depends on, record its finish time
+        finish: dict[tuple, float] = {}
+        for stage, row in enumerate(schedule):
+            t = 0.0
+            for op in row:
+                forward = op[0] == "F"
+                t = max(t, finish.get((stage - 1 if forward else stage + 1, *op), 0.0)) + (1.0 if forward else 2.0)
+                finish[(stage, *op)] = t
+    return {"makespan": max(finish.values(), default=0.0)}
+
+
 @contextlib.contextmanager
 def _no_gc():
     """The cyclic garbage collector off for the call: its full collections cost in proportion to every live
