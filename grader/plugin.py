@@ -43,6 +43,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--grader-checks", default="", help="comma-separated check ids: run only their tests")
     group.addoption("--grader-prestart", default=None, help="start this exercise's worker before collection")
     group.addoption("--grader-call-timeout", type=float, default=None, help="override course.yaml's call_timeout_s")
+    group.addoption("--grader-first-failure", action="store_true",
+                    help="stop each check at its first test below full marks (its later tests score zero)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -312,7 +314,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     events.flush()
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.config.getoption("--grader-first-failure"):  # before any fixture is set up: the test does not run
+        marker = item.get_closest_marker("check")
+        check = marker.args[0] if marker and marker.args else None
+        if check in item.config.stash[_STATE].get("lost", set()):
+            pytest.fail(f"not run: an earlier test of {check} lost points (--grader-first-failure)", pytrace=False)
     bad = item.get_closest_marker("grader_misconfigured")
     if bad:
         raise RuntimeError(f"grader configuration error: test {item.name} {bad.args[0]}")
@@ -383,14 +391,17 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     outcome = item.stash.get(_OUTCOME, {"status": "error", "message": "the test did not run"})
     score = item.stash.get(_SCORE, None)
     fraction = 1.0 if outcome["status"] == "passed" else 0.0
+    if score is not None and outcome["status"] == "passed" and score.fraction is not None:
+        fraction = score.fraction
+    marker = item.get_closest_marker("check")
+    if fraction < 1.0 and outcome["status"] != "not_graded" and marker and marker.args:
+        item.config.stash[_STATE].setdefault("lost", set()).add(marker.args[0])  # for --grader-first-failure
     message = outcome.get("message", "")
     figures: dict[str, float] = {}
     if score is not None:
         figures = score.figures
         if outcome["status"] == "passed" and score.fraction is not None:
-            fraction = score.fraction
             message = score.message
-    marker = item.get_closest_marker("check")
     event = {
         "event": "test",
         "exercise": exercise_id,

@@ -48,6 +48,9 @@ class GradeOptions:
     call_timeout_s: float | None = None  # override course.yaml's per-call limit
     time_limit_s: float | None = None  # override course.yaml's per-exercise limit
     checks: list[str] | None = None  # run only these checks' tests (the others: "not run")
+    # Stop each check at its first test below full marks; the check's later tests score zero, "not run". For
+    # the project's own tests of known-wrong submissions, which need only know that a check lost points.
+    first_failure: bool = False
 
 
 def selected_exercises(course: Course, opts: GradeOptions) -> list[Exercise]:
@@ -101,6 +104,8 @@ def run_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed: i
         cmd += ["--grader-checks", ",".join(opts.checks)]
     if opts.call_timeout_s is not None:
         cmd += ["--grader-call-timeout", str(opts.call_timeout_s)]
+    if opts.first_failure:
+        cmd.append("--grader-first-failure")
     # The seed travels in the environment, which only this user can read (/proc/PID/environ), not on
     # the command line, which any process on the machine (or in the grading container) can.
     env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", PYTHONDONTWRITEBYTECODE="1", GRADER_SEED=str(seed))

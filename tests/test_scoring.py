@@ -63,7 +63,8 @@ def test_every_exercise_has_known_wrong_submissions(exercise_id):
 def test_known_wrong_submission_loses_its_checks(tmp_path, exercise, mutant):
     folder = write_mutant(ROOT, exercise, mutant, tmp_path / mutant.name)
     assert mutant.loses, f"mutant {mutant.name} must name the checks it loses"
-    result = grade_folder(folder, [exercise.id], checks=mutant.loses)  # only the checks it must lose: fast
+    # Only the checks it must lose, each stopped at its first loss (first_failure): all this test needs to know.
+    result = grade_folder(folder, [exercise.id], checks=mutant.loses, first_failure=True)
     checks = checks_of(result, exercise.id)
     for check_id in mutant.loses:
         check = checks[check_id]

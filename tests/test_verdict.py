@@ -162,3 +162,24 @@ def test_a_failed_public_test_shows_its_teaching_message_without_pytests_dump():
     bare = AssertionError("assert 3 == 4\n +  where 3 = len([1, 2, 3])")
     assert classify(bare, "public", "t")["message"].startswith("assert 3 == 4"), "a bare public assert keeps its detail"
     assert classify(bare, "hidden", "t")["message"] == "a check in t failed", "a hidden test's source never shows"
+
+
+def test_first_failure_mode_stops_a_check_at_its_first_loss_and_scores_the_rest_zero(tmp_path):
+    """GradeOptions(first_failure=True), for the project's tests of known-wrong submissions: a check that lost
+    points runs no further test (each scores zero, "not run"), and a check without a loss runs them all."""
+    from tests.conftest import COURSE, ROOT, grade_folder
+    from tests.known_wrong import load_mutants, write_mutant
+
+    exercise = next(e for e in COURSE.exercises if e.id == "online_softmax")
+    mutant = next(m for m in load_mutants("online_softmax") if m.name == "no_rescale")
+    folder = write_mutant(ROOT, exercise, mutant, tmp_path / mutant.name)
+    checks = checks_of(grade_folder(folder, ["online_softmax"], tests="public", first_failure=True), "online_softmax")
+    lost = [c for c in checks.values() if c["tests"] and c["points"] < c["max_points"]]  # public checks only ran
+    assert lost, "the mutant must lose a public check"
+    for check in lost:
+        outcomes = [t["status"] for t in check["tests"]]
+        first = next(i for i, t in enumerate(check["tests"]) if t["status"] != "passed")
+        rest = check["tests"][first + 1:]
+        assert all(t["status"] == "failed" and "not run: an earlier test" in t["message"] for t in rest), outcomes
+    triton = checks["triton_public"]
+    assert triton["points"] == triton["max_points"], "a check without a loss keeps every test and its points"
