@@ -8,6 +8,7 @@ guard is entered), which is what defeated the attribute patches alone.
 from __future__ import annotations
 
 import ast
+import re
 import io
 import pickle
 import subprocess
@@ -766,9 +767,21 @@ def test_a_launch_takes_only_tensors_numbers_and_dtypes():
     with pytest.raises(probes.ForbiddenCall, match="Sub"):
         with probes.forbidden(KERNEL_RULE):
             _exp_kernel[(1,)](src, out.as_subclass(Sub), 8, BLOCK=8)
-    with probes.forbidden(KERNEL_RULE):  # Triton's own wrapper of an exact tensor is fine
-        _exp_kernel[(1,)](src, triton.reinterpret(out, torch.float32), 8, BLOCK=8)
+    with probes.forbidden(KERNEL_RULE):  # Triton's own wrapper of an exact tensor is fine, and a plain constexpr
+        _exp_kernel[(1,)](src, triton.reinterpret(out, torch.float32), 8, BLOCK=tl.constexpr(8))
     assert torch.equal(out, torch.ones(8))
+    # The launcher's duck typing also sees attributes set on an allowed object: a constexpr given its own
+    # untyped_storage (red team: flash_attention 74/76 with an empty kernel), a tensor given its own data_ptr.
+    hook = tl.constexpr(0)
+    hook.data_ptr = duck.data_ptr
+    shadowed = torch.zeros(8)
+    shadowed.data_ptr = duck.data_ptr
+    for value, words in ((hook, "a constexpr with attributes Triton never sets (data_ptr)"),
+                         (shadowed, "a tensor with attributes of its own (data_ptr)")):
+        with pytest.raises(probes.ForbiddenCall, match=re.escape(words)):
+            with probes.forbidden(KERNEL_RULE):
+                _exp_kernel[(1,)](src, value, 8, BLOCK=8)
+    assert duck.host_work == 0
 
 
 def test_a_read_through_a_view_counts_what_it_exposes():
@@ -781,3 +794,23 @@ def test_a_read_through_a_view_counts_what_it_exposes():
         with probes.reads_counted() as counter:
             read()
         assert counter.reads == exposed, f"expected {exposed} elements counted, found {counter.reads}"
+
+
+def test_a_copy_into_numpys_memory_counts_as_a_read_and_breaks_the_kernel_rule():
+    """`torch.from_numpy(host).copy_(t)` then `host.tolist()` read t's values with no read-back route at all (red
+    team: moe_router vectorised 10/10, an eager gptq in numpy 5/5): a tensor over memory Python reads without
+    torch counts its storage when it is made, and the kernel rule refuses it."""
+    import numpy as np
+
+    x = torch.arange(1000.0)
+    for make in (torch.from_numpy, torch.as_tensor, torch.asarray):
+        with probes.reads_counted() as counter:
+            host = np.zeros(1000)
+            make(host).copy_(x)
+        assert counter.reads == 1000 and host[999] == 999.0, f"{make.__name__}: {counter.reads}"
+    with probes.reads_counted() as counter:  # a copy of Python data, or of a tensor, reads nothing back
+        torch.as_tensor([1, 2, 3]), torch.as_tensor(x), torch.asarray(x)
+    assert counter.reads == 0
+    with pytest.raises(probes.ForbiddenCall, match="torch.from_numpy"):
+        with probes.forbidden(KERNEL_RULE):
+            torch.from_numpy(np.zeros(3))

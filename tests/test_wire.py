@@ -204,7 +204,7 @@ def _raw_reply(tree) -> bytes:
 @pytest.mark.parametrize("what, tree, expect", [
     ("500,000 0-d tensors", lambda: [torch.zeros(()) for _ in range(500_000)], "more than 4096 tensors"),
     ("a list shared 2**22 times", lambda: _shared_dag(22), "more than 500,000 values"),
-    ("20,000,000 empty lists", lambda: [[] for _ in range(2_000_000)] * 10, "more than 8 MiB to describe"),
+    ("20,000,000 empty lists", lambda: [[] for _ in range(2_000_000)] * 10, "more than 2 MiB to describe"),
 ])
 def test_a_reply_of_many_small_values_is_refused_before_it_costs_the_grader(what, tree, expect):
     """Decoding used to rebuild whatever the worker sent: half a million 0-d tensors cost the grader's
@@ -247,3 +247,59 @@ def test_rebuilding_a_reply_stops_at_its_deadline():
     with pytest.raises(wire.MalformedReply, match="longer to rebuild than the call's time limit"):
         wire.decode_reply(data, lambda *a: None, deadline=time.monotonic() - 1)
     assert len(wire.decode_reply(data, lambda *a: None, deadline=time.monotonic() + 60)["value"]) == 100_000
+
+
+def _archive(pickled: bytes) -> bytes:
+    """A reply archive laid out as torch.save's, holding the given pickle: what a worker that writes its own
+    frame to the socket can send."""
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as out:
+        out.writestr("archive/data.pkl", pickled)
+        out.writestr("archive/version", "3\n")
+    return buf.getvalue()
+
+
+def _colliding_dict(n: int) -> bytes:
+    """A protocol-2 pickle of one dict whose n int keys all hash alike (k * (2**61 - 1)): quadratic to build."""
+    body = b"".join(pickle.dumps(k * (2**61 - 1), protocol=2)[2:-1] + b"N" for k in range(1, n + 1))
+    return b"\x80\x02}(" + body + b"u."
+
+
+@pytest.mark.parametrize("what, pickled, expect", [
+    ("a dict of colliding keys", _colliding_dict(20_000), "dict of more than 16 items"),
+    ("a set", b"\x80\x02]\x8f(K\x01K\x02\x90.", "opcode the wire never writes (EMPTY_SET)"),
+    ("an OrderedDict built from pairs", b"\x80\x02ccollections\nOrderedDict\n]("
+     + b"".join(b"K%cK\x00\x86" % i for i in range(100)) + b"e\x85R.", "more arguments than any reply needs"),
+    ("a global the wire never writes", b"\x80\x02cos\nsystem\nX\x02\x00\x00\x00id\x85R.", "global the wire never writes"),
+], ids=["colliding dict", "set", "OrderedDict of pairs", "os.system"])
+def test_a_pickle_the_wire_never_writes_is_refused_before_torch_load(what, pickled, expect):
+    """A worker can write its own frame to the socket. A dict of 20,000 colliding keys cost torch.load 4 s (580,000
+    would take hours, in C, past every deadline) and 8 MiB of EMPTY_SET opcodes 1.9 GB: the pickle is scanned first."""
+    seconds, grew_mib, raised = _resources(lambda: wire.decode_reply(_archive(pickled), lambda *a: None))
+    assert isinstance(raised, wire.MalformedReply) and expect in str(raised), f"{what}: found {raised!r}"
+    assert seconds < 2 and grew_mib < 100, f"{what}: refusing took {seconds:.1f} s and {grew_mib:.0f} MiB"
+
+
+def test_a_named_tuple_of_many_fields_is_refused_before_its_class_is_made():
+    """600,000 field names cost 2 bytes each on the wire (one memoised string) and ~200 MB per million in the
+    grader, where collections.namedtuple built the class before anything counted the fields."""
+    tree = {wire.TAG: "namedtuple", "name": "Evil", "fields": ["a"] * 600_000, "values": [1]}
+    data = _raw_reply(tree)
+    seconds, grew_mib, raised = _resources(lambda: wire.decode_reply(data, lambda *a: None))
+    assert isinstance(raised, wire.MalformedReply) and "at most 256" in str(raised), raised
+    assert seconds < 3 and grew_mib < 150, f"refusing took {seconds:.1f} s and {grew_mib:.0f} MiB"
+
+
+def test_a_mutation_path_indexes_only_by_ints_and_strs():
+    """A reply's `mutated` paths are walked here: a tensor key ([25000, 1] and [1, 25000] zeros) used to build a
+    25000 x 25000 tensor by advanced indexing in the grader (2.7 GB from a 400 KB reply)."""
+    from grader.harness.client import _copy_back
+
+    H = torch.zeros(4, 4)
+    a, b = torch.zeros(25000, 1, dtype=torch.int64), torch.zeros(1, 25000, dtype=torch.int64)
+    seconds, grew_mib, raised = _resources(lambda: _copy_back(([H], {}), [[[0, 0, (a, b)], torch.ones(4, 4)]]))
+    assert raised is None and grew_mib < 100 and torch.equal(H, torch.zeros(4, 4)), (raised, grew_mib)
+    _copy_back(([H], {}), [[[0, 0], torch.ones(4, 4)]])
+    assert torch.equal(H, torch.ones(4, 4)), "a plain path still copies the allowed change back"

@@ -406,9 +406,12 @@ class WorkerProcess:
     def _student_error(self, error: Any) -> Exception:
         if not isinstance(error, dict):
             return StudentCrash("the worker reported an error in an unreadable form")
-        cls = remote_exception_class(str(error.get("type", "Exception")), [str(n) for n in error.get("mro", [])])
-        exc = cls(inert(str(error.get("message", ""))))
-        exc.student_traceback = inert(str(error.get("traceback", "")))
+        mro = error.get("mro", [])
+        cls = remote_exception_class(str(error.get("type", "Exception"))[:100],
+                                     [str(n)[:100] for n in (mro[:32] if isinstance(mro, list) else [])])
+        # The worker cuts these to wire.MAX_TEXT, but the reply is the student's to forge: cut them again here.
+        exc = cls(inert(str(error.get("message", ""))[: wire.MAX_TEXT]))
+        exc.student_traceback = inert(str(error.get("traceback", ""))[: wire.MAX_TEXT])
         return exc
 
     def _crashed(self, why: str | None = None) -> None:
@@ -487,7 +490,7 @@ def allowed_mutations(qualname: str, mutated: list, options: CallOptions) -> lis
     ok = []
     for entry in mutated:
         path = list(entry[0]) if isinstance(entry, (list, tuple)) and entry else []
-        if len(path) < 2 or path[0] not in (0, 1):
+        if len(path) < 2 or path[0] not in (0, 1) or not _plain_path(path):
             continue
         name = argument_name(path, parameters)
         if name.split("[", 1)[0] in allowed:
@@ -538,6 +541,13 @@ class _IterArg:
         return (iter, (self.items,))
 
 
+def _plain_path(path: Any) -> bool:
+    """A path into the call's arguments as the worker writes it: a short list of ints and strs. The path comes
+    from the worker's reply, so a key that indexes by more (a tensor, a tuple of tensors: advanced indexing that
+    builds a huge tensor here) is refused."""
+    return isinstance(path, list) and len(path) <= 32 and all(type(k) in (int, str) for k in path)
+
+
 def _copy_back(args: Any, mutated: list) -> None:
     """Apply in-place changes the student made to tensor arguments, as an in-process call would."""
     import torch
@@ -546,6 +556,8 @@ def _copy_back(args: Any, mutated: list) -> None:
         try:
             path, new = entry
         except (TypeError, ValueError):
+            continue
+        if not _plain_path(path):
             continue
         target = args
         try:

@@ -332,7 +332,15 @@ HOST_READS: dict[str, str] = {
     "torch.frombuffer": "torch.frombuffer (a tensor built from host bytes)",
     "torch.from_dlpack": "torch.from_dlpack (a tensor built from another library's memory)",
     "torch.utils.dlpack.from_dlpack": "torch.utils.dlpack.from_dlpack",
+    "torch.from_numpy": "torch.from_numpy (a tensor over numpy's memory, which Python reads without torch)",
+    "torch.as_tensor": "torch.as_tensor of a numpy array or a buffer (a tensor over memory Python reads without torch)",
+    "torch.asarray": "torch.asarray of a numpy array or a buffer (a tensor over memory Python reads without torch)",
 }
+# Of those, the routes that build a tensor over memory that Python can read without torch (numpy's, a buffer's):
+# a copy into it (`torch.from_numpy(a).copy_(t)`) reads t's values with no read-back route. They count the new
+# tensor's storage, and pass through when handed a tensor or plain Python data (a list, a number: a copy).
+_CREATING = frozenset({"torch.frombuffer", "torch.from_dlpack", "torch.utils.dlpack.from_dlpack", "torch.from_numpy",
+                       "torch.as_tensor", "torch.asarray"})
 
 _TENSOR_STORAGE = torch._C.TensorBase.untyped_storage  # taken before any student code, never patched
 _NAN = float("nan")
@@ -717,8 +725,12 @@ def _launch_argument_refused(value: Any, depth: int = 0) -> str | None:
     object of the student's own, or a subclass of Tensor, would run host code there unwatched. So a launch
     takes exact tensors, Triton's own wrappers of them, numbers, strings, dtypes, and tuples of those."""
     kind = type(value)
-    if kind is torch.Tensor or kind is torch.nn.Parameter or kind in _LAUNCH_SCALARS:
+    if kind in _LAUNCH_SCALARS:
         return None
+    if kind is torch.Tensor or kind is torch.nn.Parameter:
+        # A tensor's own attributes (t.data_ptr = f) would shadow its methods for the launcher's duck typing.
+        return f"a tensor with attributes of its own ({', '.join(sorted(map(str, _own(value))))[:80]})" if _own(value) \
+            else None
     wrappers, values, numbers = _triton_arg_types()
     if kind in numbers:
         return None
@@ -731,9 +743,17 @@ def _launch_argument_refused(value: Any, depth: int = 0) -> str | None:
             if why:
                 return f"a {_type_name(kind)} holding {why}"
         return None
-    if kind in values:
-        inner = vars(value).get("value") if kind.__name__ == "constexpr" else None
-        return None if inner is None or depth > 4 else _launch_argument_refused(inner, depth + 1)
+    if kind in values:  # a constexpr, dtype or pointer type: only the fields Triton gives one, of plain values
+        fields = _own(value)
+        extra = set(map(str, fields)) - _TRITON_FIELDS.get(_type_name(kind), frozenset())
+        if extra:
+            return f"a {_type_name(kind)} with attributes Triton never sets ({', '.join(sorted(extra))[:80]})"
+        for field_value in dict.values(fields):
+            why = None if type(field_value) in _triton_field_types() else (
+                "a value nested too deep" if depth > 4 else _launch_argument_refused(field_value, depth + 1))
+            if why:
+                return f"a {_type_name(kind)} holding {why}"
+        return None
     if kind in (tuple, list) and depth <= 4:
         for item in (tuple.__iter__(value) if kind is tuple else list.__iter__(value)):
             why = _launch_argument_refused(item, depth + 1)
@@ -745,6 +765,34 @@ def _launch_argument_refused(value: Any, depth: int = 0) -> str | None:
 
 def _type_name(kind: type) -> str:
     return str(type.__dict__["__name__"].__get__(kind, type))[:100]
+
+
+def _own(value: Any) -> dict:
+    """An object's own attributes, read without calling anything of its class."""
+    try:
+        fields = object.__getattribute__(value, "__dict__")
+    except AttributeError:
+        return {}
+    return fields if type(fields) is dict else {"__dict__": fields}
+
+
+# The attributes Triton itself gives its values (triton 3.x): anything else was set by the student's code.
+_TRITON_FIELDS = {
+    "constexpr": frozenset({"value", "type"}),
+    "dtype": frozenset({"name", "primitive_bitwidth", "itemsize", "fp_mantissa_width", "exponent_bias", "int_signedness",
+                        "int_bitwidth", "fp_exponent_width"}),
+    "pointer_type": frozenset({"element_ty", "address_space", "const", "name"}),
+}
+
+
+@functools.lru_cache(maxsize=1)
+def _triton_field_types() -> frozenset[type]:
+    """Classes of Triton's own that its values hold as fields (a constexpr's type, a dtype's signedness)."""
+    try:
+        import triton.language as tl
+        return frozenset({tl.core.constexpr_type, tl.dtype.SIGNEDNESS, tl.dtype, tl.pointer_type})
+    except (ImportError, AttributeError):
+        return frozenset()
 
 
 def _check_arguments(name: str, args: tuple, kwargs: dict) -> None:
@@ -893,6 +941,20 @@ def _watched_read(fn: Any, what: str, args: tuple, kwargs: dict, whole_storage: 
         _READ_STATE.reading = outer
 
 
+def _watched_create(fn: Any, what: str, args: tuple, kwargs: dict) -> Any:
+    source = args[0] if args else next(iter(kwargs.values()), None)
+    if in_launch() or isinstance(source, (torch.Tensor, list, tuple, int, float, bool, complex)) or source is None:
+        return fn(*args, **kwargs)
+    if _READS["refuse"]:
+        raise host_read_refused(what, _READS["why"])
+    out = fn(*args, **kwargs)
+    if _READS["counters"]:
+        n = _elements(out, whole_storage=True)
+        for counter in _READS["counters"]:
+            counter.reads += n
+    return out
+
+
 def install_host_read_watch() -> None:
     """Replace each route in `HOST_READS` by a wrapper that refuses or counts during guarded calls and
     otherwise passes through; once per process, before any student module is imported."""
@@ -914,6 +976,10 @@ def install_host_read_watch() -> None:
                     return _watched_read(_prop.__get__, _what, (self, type(self)), {}, _whole)
 
                 replacement: Any = property(getter)
+            elif dotted in _CREATING:
+                @functools.wraps(current)
+                def replacement(*args, _fn=current, _what=what, **kwargs):
+                    return _watched_create(_fn, _what, args, kwargs)
             else:
                 @functools.wraps(current)
                 def replacement(*args, _fn=current, _what=what, _whole=whole, **kwargs):

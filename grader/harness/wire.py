@@ -27,6 +27,8 @@ import zipfile
 from typing import Any, Callable
 
 TAG = "__wire__"
+MAX_TEXT = 64 << 10  # characters of an exception's text or traceback that cross (cut in the worker, again here)
+MAX_FIELDS = 256  # fields of a named tuple in a reply (the course's have at most 6)
 _HEADER = struct.Struct(">Q")
 
 
@@ -270,9 +272,12 @@ def _namedtuple(name: str, fields: list[str]) -> type:
         name = "Result"
     if not all(isinstance(f, str) for f in fields):
         raise MalformedReply("named tuple field names must be strings")
-    key = (name, tuple(fields))
+    key = (name[:100], tuple(fields))
     if key not in _namedtuple_types:
-        _namedtuple_types[key] = collections.namedtuple(name, fields, rename=True)
+        made = collections.namedtuple(name[:100], fields, rename=True)
+        if len(_namedtuple_types) >= 256:  # reply data chooses the names: a bounded cache, not one class per reply
+            return made
+        _namedtuple_types[key] = made
     return _namedtuple_types[key]
 
 
@@ -280,9 +285,11 @@ def _namedtuple(name: str, fields: list[str]) -> type:
 # solutions/): a pickle of at most 150 KB, 156 archive entries, 33,000 values. The limits below leave
 # margins of 50x and more, and bound what decoding a hostile reply can cost the grader before any value is
 # rebuilt: the pickle's size bounds what torch.load builds, the entry count bounds its tensors.
-MAX_PICKLE_BYTES = 8 << 20
+MAX_PICKLE_BYTES = 2 << 20
 MAX_ENTRIES = 4096
 MAX_NODES = 500_000
+MAX_DICT_ITEMS = 16  # the wire's own dicts hold at most 4 keys (tagged nodes); torch's tensor metadata none
+MAX_REDUCE_ARGS = 64  # a tensor's rebuild takes a storage, an offset, its size and strides (one per dimension)
 _ZIP_END = b"PK\x05\x06"  # end of central directory record (22 bytes, then a comment of up to 64 KiB)
 
 
@@ -308,12 +315,118 @@ def check_archive(data: bytes, max_bytes: int) -> None:
     for info in infos:
         if info.compress_type != zipfile.ZIP_STORED:
             raise MalformedReply("the worker's reply holds a compressed entry; torch.save writes none")
-        if info.filename.endswith("/data.pkl") and info.file_size > MAX_PICKLE_BYTES:
-            raise MalformedReply(f"the result's structure takes more than {MAX_PICKLE_BYTES >> 20} MiB to describe "
-                                 "(hundreds of thousands of values): return tensors, not long lists of numbers")
+        if info.filename.endswith("/data.pkl"):
+            if info.file_size > MAX_PICKLE_BYTES:
+                raise MalformedReply(f"the result's structure takes more than {MAX_PICKLE_BYTES >> 20} MiB to describe "
+                                     "(hundreds of thousands of values): return tensors, not long lists of numbers")
+            pickled = info
         total += info.file_size
     if total > max_bytes + MAX_PICKLE_BYTES:
         raise MalformedReply(f"the result's tensors hold more than {max_bytes >> 20} MiB in all")
+    if "pickled" not in locals():
+        raise MalformedReply("the worker's reply holds no data.pkl")
+    check_pickle(zipfile.ZipFile(io.BytesIO(data)).read(pickled))
+
+
+# The opcodes of what torch.save writes for a wire tree (protocol 2): memo, containers, scalars, strings, bytes,
+# globals and persistent ids (the tensors). Everything else is refused: sets (EMPTY_SET, ADDITEMS), BUILD, INST,
+# OBJ, NEWOBJ, extension codes, text-mode opcodes. What torch.load builds from the rest is bounded below.
+_OPCODES = frozenset({
+    "PROTO", "FRAME", "STOP", "MARK", "POP", "POP_MARK", "DUP", "BINPUT", "LONG_BINPUT", "MEMOIZE", "BINGET",
+    "LONG_BINGET", "EMPTY_LIST", "APPEND", "APPENDS", "EMPTY_TUPLE", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3",
+    "EMPTY_DICT", "SETITEM", "SETITEMS", "BININT", "BININT1", "BININT2", "LONG1", "BINFLOAT", "BINUNICODE",
+    "SHORT_BINUNICODE", "BINUNICODE8", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8", "NONE", "NEWTRUE", "NEWFALSE",
+    "GLOBAL", "REDUCE", "BINPERSID",
+})
+_GLOBALS = frozenset({"torch._utils _rebuild_tensor_v2", "collections OrderedDict", "_codecs encode"})
+
+
+class _Node:
+    """What the scan knows of one value on the unpickler's stack: a container's size so far."""
+
+    __slots__ = ("kind", "size", "name", "items")
+
+    def __init__(self, kind: str = "any", size: int = 0, name: str = "", items: tuple = ()):
+        self.kind, self.size, self.name, self.items = kind, size, name, items
+
+
+def _allowed_global(name: str) -> bool:
+    module, _, attr = name.partition(" ")
+    if name in _GLOBALS:
+        return True
+    if module != "torch":
+        return False
+    import torch
+
+    return attr.endswith("Storage") or isinstance(getattr(torch, attr, None), torch.dtype)
+
+
+def check_pickle(data: bytes) -> None:
+    """Refuse a reply pickle that would cost torch.load more than any honest reply: an opcode the wire never
+    writes, a global other than a tensor's rebuild, a storage, a dtype or the bytes codec, a dict of more than
+    `MAX_DICT_ITEMS` items (the unpickler builds dicts in C: colliding keys make that quadratic, past any deadline),
+    or a call with more than `MAX_REDUCE_ARGS` arguments (`OrderedDict(pairs)` builds a dict too). The scan
+    follows the unpickler's stack and memo, so a dict fetched again from the memo is still the same dict."""
+    import pickletools
+
+    stack: list[_Node] = []
+    marks: list[int] = []
+    memo: dict[int, _Node] = {}
+    try:
+        for op, arg, _pos in pickletools.genops(data):
+            name = op.name
+            if name not in _OPCODES:
+                raise MalformedReply(f"the worker's reply holds a pickle opcode the wire never writes ({name})")
+            if name == "MARK":
+                marks.append(len(stack))
+            elif name in ("BINPUT", "LONG_BINPUT"):
+                memo[arg] = stack[-1]
+            elif name == "MEMOIZE":
+                memo[len(memo)] = stack[-1]
+            elif name in ("BINGET", "LONG_BINGET"):
+                stack.append(memo[arg])
+            elif name == "GLOBAL":
+                if not _allowed_global(arg):
+                    raise MalformedReply(f"the worker's reply names a global the wire never writes ({arg[:80]!r})")
+                stack.append(_Node("global", name=arg))
+            elif name in ("EMPTY_DICT", "EMPTY_LIST", "EMPTY_TUPLE"):
+                stack.append(_Node(name[6:].lower()))
+            elif name in ("SETITEMS", "APPENDS", "TUPLE", "POP_MARK"):
+                at = marks.pop()
+                items = len(stack) - at
+                popped = tuple(stack[at:]) if name == "TUPLE" and items <= MAX_REDUCE_ARGS else ()
+                del stack[at:]
+                if name == "TUPLE":
+                    stack.append(_Node("tuple", items, items=popped))
+                elif name != "POP_MARK":
+                    stack[-1].size += items // 2 if name == "SETITEMS" else items
+            elif name in ("SETITEM", "APPEND"):
+                del stack[-(2 if name == "SETITEM" else 1):]
+                stack[-1].size += 1
+            elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
+                n = int(name[-1])
+                popped = tuple(stack[len(stack) - n:])
+                del stack[len(stack) - n:]
+                stack.append(_Node("tuple", n, items=popped))
+            elif name == "REDUCE":
+                args = stack.pop()
+                stack.pop()
+                if args.size > MAX_REDUCE_ARGS or any(item.size > MAX_REDUCE_ARGS for item in args.items):
+                    raise MalformedReply("the worker's reply rebuilds a value from more arguments than any reply needs")
+                stack.append(_Node())
+            elif name == "DUP":
+                stack.append(stack[-1])
+            elif name in ("POP", "BINPERSID"):
+                stack.pop()
+                if name == "BINPERSID":
+                    stack.append(_Node())
+            elif name not in ("PROTO", "FRAME", "STOP"):
+                stack.append(_Node())  # a scalar, a string, bytes or None
+            if stack and stack[-1].kind == "dict" and stack[-1].size > MAX_DICT_ITEMS:
+                raise MalformedReply(f"the worker's reply holds a dict of more than {MAX_DICT_ITEMS} items; the wire "
+                                     "never writes one")
+    except (IndexError, KeyError, ValueError) as exc:
+        raise MalformedReply(f"the worker's reply is not a well-formed pickle: {type(exc).__name__}") from None
 
 
 class _Budget:
@@ -366,11 +479,14 @@ def from_wire(tree: Any, make_handle: Callable[[int, str], Any], budget: _Budget
     if isinstance(tree, dict):
         kind = tree.get(TAG)
         if kind == "namedtuple":
-            cls = _namedtuple(tree["name"], list(tree["fields"]))
-            values = [again(v) for v in tree["values"]]
-            if len(values) != len(cls._fields):
-                raise MalformedReply("named tuple with a wrong number of values")
-            return cls(*values)
+            fields, values = tree["fields"], tree["values"]
+            if not isinstance(fields, list) or not isinstance(values, list) or len(fields) != len(values) \
+                    or len(fields) > MAX_FIELDS:
+                raise MalformedReply(f"named tuple with a wrong number of fields or values (at most {MAX_FIELDS})")
+            for _ in fields:
+                budget.node()
+            cls = _namedtuple(tree["name"], list(fields))
+            return cls(*[again(v) for v in values])
         if kind == "dict":
             return {again(k): again(v) for k, v in tree["items"]}
         if kind == "set":

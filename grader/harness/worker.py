@@ -165,7 +165,7 @@ def _import_driver(spec: str):
     return getattr(importlib.import_module(module_name), attr)
 
 
-MAX_TEXT = 64 << 10  # characters of an exception's text or traceback sent to the grader
+MAX_TEXT = wire.MAX_TEXT  # characters of an exception's text or traceback sent to the grader
 
 
 def _bounded(text: str) -> str:
