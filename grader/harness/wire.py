@@ -285,7 +285,7 @@ def _namedtuple(name: str, fields: list[str]) -> type:
 # solutions/): a pickle of at most 150 KB, 156 archive entries, 33,000 values. The limits below leave
 # margins of 50x and more, and bound what decoding a hostile reply can cost the grader before any value is
 # rebuilt: the pickle's size bounds what torch.load builds, the entry count bounds its tensors.
-MAX_PICKLE_BYTES = 2 << 20
+MAX_PICKLE_BYTES = 1 << 20
 MAX_ENTRIES = 4096
 MAX_NODES = 500_000
 MAX_DICT_ITEMS = 16  # the wire's own dicts hold at most 4 keys (tagged nodes); torch's tensor metadata none
@@ -444,7 +444,11 @@ class _Budget:
         self.nodes_left -= 1
         if self.nodes_left < 0:
             raise MalformedReply(f"the result holds more than {self.max_nodes:,} values")
-        if self.deadline is not None and self.nodes_left % 4096 == 0 and time.monotonic() > self.deadline:
+        if self.nodes_left % 4096 == 0:
+            self.check_deadline()
+
+    def check_deadline(self) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
             raise MalformedReply("the result took longer to rebuild than the call's time limit")
 
     def tensor(self, t: Any) -> Any:
@@ -456,6 +460,22 @@ class _Budget:
         if logical and t.untyped_storage().nbytes() < logical:
             t = t.contiguous() if not t.is_contiguous() else t.clone()  # an expanded or overlapping view
         return t
+
+_HASH_SAFE = 1 << 60  # ints and floats below this magnitude hash to themselves: no two such keys collide
+
+
+def _key(value: Any, budget: _Budget, index: int) -> Any:
+    """A dict key or set member from a reply, checked before it is hashed here. Numbers of large magnitude can be
+    chosen to share one hash (k * (2**61 - 1)), which makes building the dict quadratic: refused (no contract
+    returns such keys); a tuple's members likewise. Strings and bytes hash with a per-process secret."""
+    numbers = value if isinstance(value, tuple) else (value,)
+    for n in numbers:
+        if isinstance(n, (int, float)) and not isinstance(n, bool) and not -_HASH_SAFE < n < _HASH_SAFE:
+            raise MalformedReply("the result holds a dict key or set member of a magnitude no contract returns")
+    if index % 256 == 255:
+        budget.check_deadline()
+    return value
+
 
 def from_wire(tree: Any, make_handle: Callable[[int, str], Any], budget: _Budget | None = None) -> Any:
     """Rebuild a value from its wire tree, checking every node's type (and, with `budget`, the reply's
@@ -488,9 +508,12 @@ def from_wire(tree: Any, make_handle: Callable[[int, str], Any], budget: _Budget
             cls = _namedtuple(tree["name"], list(fields))
             return cls(*[again(v) for v in values])
         if kind == "dict":
-            return {again(k): again(v) for k, v in tree["items"]}
+            built: dict = {}
+            for i, (k, v) in enumerate(tree["items"]):
+                built[_key(again(k), budget, i)] = again(v)
+            return built
         if kind == "set":
-            return {again(v) for v in tree["items"]}
+            return {_key(again(v), budget, i) for i, v in enumerate(tree["items"])}
         if kind == "ndarray":
             data = tree["data"]
             if not isinstance(data, torch.Tensor):
