@@ -488,6 +488,7 @@ HOST_WORK = {  # what a Triton-contract function's host code may not do, each wi
     "torch.save": (lambda: torch.save(X, io.BytesIO()), "pickling"),
     "untyped_storage": (lambda: X.untyped_storage(), "untyped_storage"),
     "data_ptr": (lambda: X.data_ptr(), "data_ptr"),
+    "apply_ with a builtin": (lambda: X.clone().apply_(abs), "Tensor.apply_"),
     "torch.frombuffer": (lambda: torch.frombuffer(bytearray(8), dtype=torch.float32), "frombuffer"),
 }
 

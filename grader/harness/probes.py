@@ -327,6 +327,9 @@ HOST_READS: dict[str, str] = {
     "torch.Tensor.untyped_storage": "Tensor.untyped_storage()",
     "torch.Tensor.storage": "Tensor.storage()",
     "torch.Tensor.data_ptr": "Tensor.data_ptr() (an address to read memory through)",
+    "torch.Tensor.apply_": "Tensor.apply_ (a Python function run on every value)",
+    "torch.Tensor.map_": "Tensor.map_ (a Python function run on every pair of values)",
+    "torch.Tensor.map2_": "Tensor.map2_ (a Python function run on every triple of values)",
     "torch.utils.dlpack.to_dlpack": "torch.utils.dlpack.to_dlpack",
     "torch.to_dlpack": "torch.to_dlpack",
     "torch.frombuffer": "torch.frombuffer (a tensor built from host bytes)",
@@ -900,6 +903,7 @@ _READS_LOCK = threading.Lock()
 _EXPOSING = frozenset({
     "torch.Tensor.numpy", "torch.Tensor.__array__", "torch.Tensor.__dlpack__", "torch.Tensor.__cuda_array_interface__",
     "torch.Tensor.__reduce_ex__", "torch.Tensor.untyped_storage", "torch.Tensor.storage", "torch.Tensor.data_ptr",
+    "torch.Tensor.apply_", "torch.Tensor.map_", "torch.Tensor.map2_",
     "torch.utils.dlpack.to_dlpack", "torch.to_dlpack",
 })
 
@@ -930,7 +934,7 @@ def _watched_read(fn: Any, what: str, args: tuple, kwargs: dict, whole_storage: 
         if _READS["refuse"]:
             raise host_read_refused(what, _READS["why"])
         if _READS["counters"] and target not in _READ_STATE.reading:  # numpy.asarray(t) calls t.numpy(): once
-            n = _elements(args[0], whole_storage) if args else 0
+            n = sum(_elements(a, whole_storage) for a in args)  # Tensor.map_(other, f) reads both
             for counter in _READS["counters"]:
                 counter.reads += n
     outer = _READ_STATE.reading

@@ -27,7 +27,9 @@ The rules, exactly (each finding names its line, what it resolved the reference 
    ``__torch_dispatch__``); tracing (sys.settrace, sys.setprofile, sys.monitoring, a debugger); the
    harness (``grader``, except the course helpers grader.testing and grader.support.<module>;
    sys.modules); frames and the garbage collector (sys._getframe, f_back, gc.get_referrers, all of
-   ``inspect``); native code (ctypes, cffi, torch.utils.cpp_extension); threads, processes; code run later, outside the calls the probes watch (signal handlers,
+   ``inspect``); native code (ctypes, cffi, torch.utils.cpp_extension); code compiled below the probes
+   (TorchScript's torch.jit, torch.fx, torch.export, CUDA graphs: a scripted ``x.tolist()`` reads values past
+   the read-back watch and the dispatcher); threads, processes; code run later, outside the calls the probes watch (signal handlers,
    weakref finalisers, gc callbacks, audit and exception hooks, atexit); dynamic code (exec, eval,
    compile, __import__, importlib, help, pydoc, pkgutil, unittest.mock, logging.config, runpy,
    unpickling, string.Formatter, typing.get_type_hints and ForwardRef, ``type(name, bases, ns)``,
@@ -168,6 +170,9 @@ CLASS_HOOK = "your class runs code of its own where the worker reads results or 
 CLOCKS = "your code reads a clock or waits, and the grader's clock times your code"
 ENCODING = "your file declares an unusual source encoding, which can show a reader different text than Python runs"
 UNREADABLE = "the grader cannot parse your file, so it cannot check it"
+COMPILED = ("your code compiles torch code (TorchScript, FX, export, CUDA graphs), which runs below "
+            "the grader's probes: its reads of tensor values and its loops reach neither the read-back watch, the "
+            "operator guard nor the line count")
 LAUNCHER = ("your code reaches Triton's launch machinery (runtime, compiler, backends, knobs), where the kernel rule "
             "is suspended while a launch runs")
 
@@ -203,6 +208,10 @@ MODULES: dict[str, str] = {
     "operator.attrgetter": BY_NAME, "operator.methodcaller": BY_NAME,
     "torch.package": DYNAMIC, "torch.hub": DYNAMIC,
     "triton.runtime": LAUNCHER, "triton.compiler": LAUNCHER, "triton.backends": LAUNCHER, "triton.knobs": LAUNCHER,
+    # torch.compile is not here: under the probes' dispatch modes it runs eagerly, seen like any Python code.
+    "torch.jit": COMPILED, "torch.fx": COMPILED, "torch.export": COMPILED, "torch._export": COMPILED,
+    "torch.cuda.graph": COMPILED, "torch.cuda.graphs": COMPILED, "torch.cuda.CUDAGraph": COMPILED,
+    "torch.cuda.make_graphed_callables": COMPILED, "torch.ScriptModule": COMPILED, "torch.ScriptFunction": COMPILED,
 }
 # os.exec*, os.spawn*, os.posix_spawn*: a family of names each.
 _OS_PROCESS = re.compile(r"^os\.(exec|spawn|posix_spawn)\w*$")
