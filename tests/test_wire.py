@@ -313,3 +313,37 @@ def test_dict_keys_that_share_one_hash_are_refused():
         wire.decode_reply(data, lambda *a: None)
     fine = wire.encode_reply({"ok": True, "value": {i: -i for i in range(5000)}}, lambda obj: 0)
     assert wire.decode_reply(fine, lambda *a: None)["value"][4999] == -4999
+
+
+def _nested_encode(depth: int) -> bytes:
+    """encode(encode(...encode('a', 'latin1')..., 'hex'), 'hex'): each level doubles the bytes."""
+    body = b"c_codecs\nencode\nX\x01\x00\x00\x00aX\x06\x00\x00\x00latin1\x86R"
+    for _ in range(depth):
+        body = b"c_codecs\nencode\n" + body + b"X\x03\x00\x00\x00hex\x86R"
+    return b"\x80\x02" + body + b"."
+
+
+@pytest.mark.parametrize("what, pickled", [
+    ("nested hex, 2**30 bytes from 1.6 KB", _nested_encode(30)),
+    ("punycode of many distinct characters", b"\x80\x02c_codecs\nencode\nX" + len("".join(map(chr, range(0x10000, 0x10400))).encode()).to_bytes(4, "little")
+     + "".join(map(chr, range(0x10000, 0x10400))).encode() + b"X\x08\x00\x00\x00punycode\x86R."),
+], ids=["hex", "punycode"])
+def test_bytes_are_rebuilt_only_the_way_torch_save_writes_them(what, pickled):
+    """The unpickler runs _codecs.encode for bytes; with any codec it grew 1.6 KB into 11 GB (nested 'hex') or spent
+    240 s on 190 KB ('punycode') inside torch.load, before any budget or deadline. Only encode(<str>, 'latin1')."""
+    seconds, grew_mib, raised = _resources(lambda: wire.decode_reply(_archive(pickled), lambda *a: None))
+    assert isinstance(raised, wire.MalformedReply) and "a call the wire never writes" in str(raised), raised
+    assert seconds < 2 and grew_mib < 50, f"{what}: {seconds:.1f} s, {grew_mib:.0f} MiB"
+
+
+def test_the_pickle_scanned_is_the_one_torch_load_reads():
+    """A hostile pickle first and a benign one last under the same name: torch.load read the first, the scan the
+    last (an EMPTY_SET reply passed). Repeated or mixed entries are refused."""
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as out:
+        out.writestr("archive/data.pkl", b"\x80\x02]\x8f(K\x01\x90.")
+        out.writestr("archive/data.pkl", b"\x80\x02N.")
+    with pytest.raises(wire.MalformedReply, match="repeats an entry"):
+        wire.decode_reply(buf.getvalue(), lambda *a: None)

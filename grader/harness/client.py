@@ -391,11 +391,14 @@ class WorkerProcess:
             self.close()
             raise StudentCrash(f"your code returned an unusable result: {exc}") from None
         try:
-            reply = wire.decode_reply(payload, self._make_handle, self.sandbox.max_result_mb << 20,
-                                      deadline + DECODE_GRACE_S)
+            reply, problem = wire.decode_reply(payload, self._make_handle, self.sandbox.max_result_mb << 20,
+                                               deadline + DECODE_GRACE_S), None
         except wire.MalformedReply as exc:
+            reply, problem = None, str(exc)
+        del payload
+        if problem is not None:  # raised outside the handler: no __context__ keeps the half-decoded reply alive
             self.close()
-            raise StudentCrash(str(exc)) from None
+            raise StudentCrash(problem)
         if not isinstance(reply, dict) or not isinstance(reply.get("ok"), bool):
             self.close()
             raise StudentCrash("the worker's reply is not a well-formed reply")

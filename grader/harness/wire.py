@@ -311,11 +311,15 @@ def check_archive(data: bytes, max_bytes: int) -> None:
         raise MalformedReply(f"the worker's reply is not a readable archive: {type(exc).__name__}") from None
     if len(infos) > MAX_ENTRIES:
         raise MalformedReply(f"the result holds more than {MAX_ENTRIES} tensors")
+    names = [info.filename for info in infos]
+    folder = names[0].split("/", 1)[0] if names else ""
+    if len(set(names)) != len(names) or any(n.split("/", 1)[0] != folder for n in names):
+        raise MalformedReply("the worker's reply repeats an entry or mixes folders; torch.save writes neither")
     total = 0
     for info in infos:
         if info.compress_type != zipfile.ZIP_STORED:
             raise MalformedReply("the worker's reply holds a compressed entry; torch.save writes none")
-        if info.filename.endswith("/data.pkl"):
+        if info.filename == f"{folder}/data.pkl":  # the one torch.load reads
             if info.file_size > MAX_PICKLE_BYTES:
                 raise MalformedReply(f"the result's structure takes more than {MAX_PICKLE_BYTES >> 20} MiB to describe "
                                      "(hundreds of thousands of values): return tensors, not long lists of numbers")
@@ -359,6 +363,25 @@ def _allowed_global(name: str) -> bool:
     import torch
 
     return attr.endswith("Storage") or isinstance(getattr(torch, attr, None), torch.dtype)
+
+
+def _check_call(function: _Node, args: _Node) -> None:
+    """The calls the wire's pickles make, with the arguments torch.save gives them: bytes as
+    ``_codecs.encode(<a string>, 'latin1')`` (any other codec can grow its input without bound, or take time
+    quadratic in it: nested 'hex' made 11 GB of 1.6 KB, 'punycode' 240 s of 190 KB), ``OrderedDict()`` empty
+    (a tensor's hooks), and a tensor's rebuild. Anything else, or a call fed a call's result, is refused."""
+    name = function.name if function.kind == "global" else ""
+    if name == "_codecs encode":
+        ok = (args.kind == "tuple" and args.size == 2 and len(args.items) == 2
+              and args.items[0].kind == "str" and args.items[1].kind == "str" and args.items[1].name == "latin1")
+    elif name == "collections OrderedDict":
+        ok = args.kind == "tuple" and args.size == 0
+    elif name == "torch._utils _rebuild_tensor_v2":
+        ok = args.kind == "tuple" and all(item.kind != "reduced" or item is args.items[-1] for item in args.items)
+    else:
+        ok = False
+    if not ok:
+        raise MalformedReply(f"the worker's reply makes a call the wire never writes ({name or 'a computed function'})")
 
 
 def check_pickle(data: bytes) -> None:
@@ -410,18 +433,21 @@ def check_pickle(data: bytes) -> None:
                 stack.append(_Node("tuple", n, items=popped))
             elif name == "REDUCE":
                 args = stack.pop()
-                stack.pop()
+                function = stack.pop()
                 if args.size > MAX_REDUCE_ARGS or any(item.size > MAX_REDUCE_ARGS for item in args.items):
                     raise MalformedReply("the worker's reply rebuilds a value from more arguments than any reply needs")
-                stack.append(_Node())
+                _check_call(function, args)
+                stack.append(_Node("reduced"))
             elif name == "DUP":
                 stack.append(stack[-1])
             elif name in ("POP", "BINPERSID"):
                 stack.pop()
                 if name == "BINPERSID":
                     stack.append(_Node())
+            elif name in ("BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8"):
+                stack.append(_Node("str", name=arg if len(arg) <= 16 else ""))
             elif name not in ("PROTO", "FRAME", "STOP"):
-                stack.append(_Node())  # a scalar, a string, bytes or None
+                stack.append(_Node())  # a number, bytes or None
             if stack and stack[-1].kind == "dict" and stack[-1].size > MAX_DICT_ITEMS:
                 raise MalformedReply(f"the worker's reply holds a dict of more than {MAX_DICT_ITEMS} items; the wire "
                                      "never writes one")
