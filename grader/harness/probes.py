@@ -56,6 +56,8 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from grader.harness.wire import type_name
+
 _INHERITED = object()
 
 # Taken when this module is imported, before any student code has run.
@@ -740,22 +742,22 @@ def _launch_argument_refused(value: Any, depth: int = 0) -> str | None:
     if kind in wrappers:  # every field: the base tensor, its shape, strides, device, dtype, padding
         fields = object.__getattribute__(value, "__dict__")
         if type(fields.get("base")) not in (torch.Tensor, torch.nn.Parameter):
-            return f"a {_type_name(kind)} over {_type_name(type(fields.get('base')))}"
+            return f"a {type_name(kind)} over {type_name(type(fields.get('base')))}"
         for field_value in dict.values(fields):
             why = None if type(field_value) in (torch.device, torch.Size) else _launch_argument_refused(field_value, depth + 1)
             if why:
-                return f"a {_type_name(kind)} holding {why}"
+                return f"a {type_name(kind)} holding {why}"
         return None
     if kind in values:  # a constexpr, dtype or pointer type: only the fields Triton gives one, of plain values
         fields = _own(value)
-        extra = set(map(str, fields)) - _TRITON_FIELDS.get(_type_name(kind), frozenset())
+        extra = set(map(str, fields)) - _TRITON_FIELDS.get(type_name(kind), frozenset())
         if extra:
-            return f"a {_type_name(kind)} with attributes Triton never sets ({', '.join(sorted(extra))[:80]})"
+            return f"a {type_name(kind)} with attributes Triton never sets ({', '.join(sorted(extra))[:80]})"
         for field_value in dict.values(fields):
             why = None if type(field_value) in _triton_field_types() else (
                 "a value nested too deep" if depth > 4 else _launch_argument_refused(field_value, depth + 1))
             if why:
-                return f"a {_type_name(kind)} holding {why}"
+                return f"a {type_name(kind)} holding {why}"
         return None
     if kind in (tuple, list) and depth <= 4:
         for item in (tuple.__iter__(value) if kind is tuple else list.__iter__(value)):
@@ -763,11 +765,7 @@ def _launch_argument_refused(value: Any, depth: int = 0) -> str | None:
             if why:
                 return why
         return None
-    return f"an object of type {_type_name(kind)}"
-
-
-def _type_name(kind: type) -> str:
-    return str(type.__dict__["__name__"].__get__(kind, type))[:100]
+    return f"an object of type {type_name(kind)}"
 
 
 def _own(value: Any) -> dict:

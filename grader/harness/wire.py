@@ -181,7 +181,7 @@ def to_wire(value: Any, keep: Callable[[Any], int]) -> Any:
     if fields is not None:
         return {
             TAG: "namedtuple",
-            "name": _type_name(kind),
+            "name": type_name(kind),
             "fields": list(fields),
             "values": [to_wire(v, keep) for v in tuple.__iter__(value)],
         }
@@ -191,7 +191,7 @@ def to_wire(value: Any, keep: Callable[[Any], int]) -> Any:
         return {TAG: "ndarray", "data": torch.from_numpy(np.ascontiguousarray(value).copy())}
     if kind in _numpy_scalars():
         return value.item()
-    return {TAG: "handle", "id": keep(value), "type": _type_name(kind)}
+    return {TAG: "handle", "id": keep(value), "type": type_name(kind)}
 
 
 _SCALARS = (bool, int, float, str, bytes)
@@ -201,7 +201,7 @@ _DICTS = (dict, collections.OrderedDict, collections.defaultdict)
 _READING = ("__iter__", "__getitem__", "__len__", "__reduce__", "__reduce_ex__", "__getattribute__", "__getattr__")
 
 
-def _type_name(kind: type) -> str:
+def type_name(kind: type) -> str:
     """A class's name, read by type's own descriptor (a metaclass cannot answer for it)."""
     return str(type.__dict__["__name__"].__get__(kind, type))[:100]
 
