@@ -306,7 +306,8 @@ def check_archive(data: bytes, max_bytes: int) -> None:
     if directory_size >= 0xFFFFFFFF or directory_at >= 0xFFFFFFFF:
         raise MalformedReply("the worker's reply is a zip64 archive; no reply needs one")
     try:
-        infos = zipfile.ZipFile(io.BytesIO(data)).infolist()
+        archive = zipfile.ZipFile(io.BytesIO(data))
+        infos = archive.infolist()
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, struct.error) as exc:
         raise MalformedReply(f"the worker's reply is not a readable archive: {type(exc).__name__}") from None
     if len(infos) > MAX_ENTRIES:
@@ -329,7 +330,7 @@ def check_archive(data: bytes, max_bytes: int) -> None:
         raise MalformedReply(f"the result's tensors hold more than {max_bytes >> 20} MiB in all")
     if "pickled" not in locals():
         raise MalformedReply("the worker's reply holds no data.pkl")
-    check_pickle(zipfile.ZipFile(io.BytesIO(data)).read(pickled))
+    check_pickle(archive.read(pickled))
 
 
 # The opcodes of what torch.save writes for a wire tree (protocol 2): memo, containers, scalars, strings, bytes,
