@@ -478,17 +478,21 @@ def families():
 '''
 
 
+def call_in_worker(tmp_path, name: str, source: str, function: str):
+    """(`function()` of a module `source` run in a sandboxed worker, the session's warnings)."""
+    (tmp_path / f"{name}.py").write_text(source)
+    session = StudentSession("sandbox", lambda _id: tmp_path / f"{name}.py", Sandbox(), lambda _id: 60.0)
+    try:
+        return getattr(session.load(name), function)(), session.warnings()
+    finally:
+        session.close()
+
+
 def test_the_worker_gets_local_sockets_only(tmp_path):
     """AF_VSOCK reaches a VM grader's hypervisor past the network namespace (a red team could listen on it)."""
     import errno
 
-    (tmp_path / "sockets.py").write_text(SOCKETS)
-    session = StudentSession("sandbox", lambda _id: tmp_path / "sockets.py", Sandbox(), lambda _id: 60.0)
-    try:
-        found = session.load("sockets").families()
-        warnings = session.warnings()
-    finally:
-        session.close()
+    found, warnings = call_in_worker(tmp_path, "sockets", SOCKETS, "families")
     if any("seccomp" in w for w in warnings):
         pytest.skip(f"no seccomp filter here: {warnings}")
     assert found["AF_UNIX"] == found["AF_INET"] == "made", found
@@ -510,13 +514,7 @@ def test_the_worker_and_all_it_starts_share_one_cpu_weight(tmp_path):
 
     if not (cgroup.ROOT / "cpu").is_dir() and not (cgroup.ROOT / "cgroup.controllers").exists():
         pytest.skip("no cpu controller on this host")
-    (tmp_path / "groups.py").write_text(CGROUPS)
-    session = StudentSession("sandbox", lambda _id: tmp_path / "groups.py", Sandbox(), lambda _id: 60.0)
-    try:
-        seen = session.load("groups").groups()
-        warnings = session.warnings()
-    finally:
-        session.close()
+    seen, warnings = call_in_worker(tmp_path, "groups", CGROUPS, "groups")
     if any("cgroup" in w for w in warnings):
         pytest.skip(f"no cgroup for the worker here: {warnings}")
     lines = {line.split(":")[1]: line.split(":", 2)[2] for line in seen.splitlines()}
