@@ -531,3 +531,13 @@ def test_the_seccomp_program_refuses_what_it_says():
         _, _, numbers = seccomp._TABLES[machine]
         ks = {k for code, _, _, k in prog if code == seccomp._JEQ}
         assert {numbers[n] for n in ("unshare", "setns", "mount", "bpf", "ptrace", "clone3")} <= ks, machine
+
+
+def test_a_reply_written_ahead_of_its_request_is_refused(tmp_path):
+    """Every request carries a fresh nonce that its reply must echo: a frame the worker wrote on its own
+    cannot be taken for the answer to a call."""
+    result = grade_hostile(hand_in(tmp_path, "replies_ahead"), call_timeout_s=10, time_limit_s=120)
+    tests = [t for c in checks_of(result, EXERCISE).values() for t in c["tests"]]
+    refused = [t for t in tests if "does not answer the request it was sent" in t["message"]]
+    assert refused, f"no call refused the forged frame: {[t['message'][:80] for t in tests]}"
+    assert result["score"] == 0

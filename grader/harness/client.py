@@ -22,6 +22,7 @@ import builtins
 import json
 import os
 import pwd
+import secrets
 import select
 import shutil
 import signal
@@ -366,8 +367,11 @@ class WorkerProcess:
         worker, or one that sends half a reply and stops, is a timeout, never a hang."""
         assert self.sock is not None
         deadline = time.monotonic() + timeout
+        # A fresh nonce the reply must echo: a frame the worker wrote before this request arrived (or a
+        # second reply to an earlier one) cannot be taken for this request's answer.
+        nonce = secrets.randbits(63)
         try:
-            wire.send_frame(self.sock, wire.encode_request(message), deadline)
+            wire.send_frame(self.sock, wire.encode_request({**message, "nonce": nonce}), deadline)
         except wire.FrameTimeout:
             raise self._timeout(timeout, " (it stopped reading requests)") from None
         except OSError:
@@ -402,6 +406,10 @@ class WorkerProcess:
         if not isinstance(reply, dict) or not isinstance(reply.get("ok"), bool):
             self.close()
             raise StudentCrash("the worker's reply is not a well-formed reply")
+        if reply.get("nonce") != nonce:
+            self.close()
+            raise StudentCrash("the worker's reply does not answer the request it was sent (a frame written "
+                               "ahead of the request, or a second reply to an earlier one)")
         if not reply["ok"]:
             raise self._student_error(reply.get("error"))
         return reply

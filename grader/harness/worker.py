@@ -136,15 +136,17 @@ class Worker:
                 request = wire.decode_request(wire.recv_frame(self.sock, max_bytes))
             except EOFError:
                 return
+            nonce = request.pop("nonce", None)
             try:
                 reply = {"ok": True, **self.handle(request)}
             except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt included
                 reply = {"ok": False, "error": self.describe(exc)}
             try:
-                payload = wire.encode_reply(reply, self.keep)
+                payload = wire.encode_reply({**reply, "nonce": nonce}, self.keep)
             except BaseException as exc:  # noqa: BLE001 - a value that cannot be encoded
                 payload = wire.encode_reply(
-                    {"ok": False, "error": self.describe(exc, prefix="the result could not be sent back: ")},
+                    {"ok": False, "error": self.describe(exc, prefix="the result could not be sent back: "),
+                     "nonce": nonce},
                     self.keep,
                 )
             wire.send_frame(self.sock, payload)
