@@ -349,3 +349,33 @@ def test_the_pickle_scanned_is_the_one_torch_load_reads():
         out.writestr("archive/data.pkl", b"\x80\x02N.")
     with pytest.raises(wire.MalformedReply, match="repeats an entry"):
         wire.decode_reply(buf.getvalue(), lambda *a: None)
+
+
+def _with_pickle_edit(data: bytes, old: bytes, new: bytes) -> bytes:
+    """An honest reply archive with one edit to its pickle: what a worker writing its own frame can send."""
+    import zipfile
+
+    src, buf = zipfile.ZipFile(io.BytesIO(data)), io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as out:
+        for info in src.infolist():
+            body = src.read(info)
+            if info.filename.endswith("/data.pkl"):
+                assert old in body, "the honest pickle changed shape; update the edit"
+                body = body.replace(old, new, 1)
+            out.writestr(info.filename, body)
+    return buf.getvalue()
+
+
+def test_a_tensor_larger_than_its_storage_is_refused_before_torch_load():
+    """torch.load's rebuild calls set_, which resizes a resizable storage to what the view claims. The scan checks
+    each tensor's extent (offset, sizes, strides) against its storage's length before torch.load runs, so the
+    grader does not rest on torch refusing to resize a storage read from the archive (torch 2.13 does)."""
+    honest = wire.encode_reply({"ok": True, "value": torch.zeros(1)}, lambda obj: 0)
+    assert torch.equal(wire.decode_reply(honest, lambda *a: None)["value"], torch.zeros(1))
+    forged = _with_pickle_edit(honest, b"QK\x00K\x01\x85", b"QK\x00J\xff\xff\xff\x7f\x85")
+    seconds, grew_mib, raised = _resources(lambda: wire.decode_reply(forged, lambda *a: None))
+    assert isinstance(raised, wire.MalformedReply) and "claims more elements than its storage" in str(raised), raised
+    assert seconds < 2 and grew_mib < 50, f"refusing took {seconds:.1f} s and {grew_mib:.0f} MiB"
+    offset_past_end = _with_pickle_edit(honest, b"QK\x00K\x01\x85", b"QK\x01K\x01\x85")
+    with pytest.raises(wire.MalformedReply, match="claims more elements"):
+        wire.decode_reply(offset_past_end, lambda *a: None)

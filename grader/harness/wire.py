@@ -347,7 +347,8 @@ _GLOBALS = frozenset({"torch._utils _rebuild_tensor_v2", "collections OrderedDic
 
 
 class _Node:
-    """What the scan knows of one value on the unpickler's stack: a container's size so far."""
+    """What the scan knows of one value on the unpickler's stack: a container's size so far, an int's value,
+    a storage's number of elements (all in `size`)."""
 
     __slots__ = ("kind", "size", "name", "items")
 
@@ -379,10 +380,30 @@ def _check_call(function: _Node, args: _Node) -> None:
         ok = args.kind == "tuple" and args.size == 0
     elif name == "torch._utils _rebuild_tensor_v2":
         ok = args.kind == "tuple" and all(item.kind != "reduced" or item is args.items[-1] for item in args.items)
+        if ok:
+            _check_tensor_extent(args.items)
     else:
         ok = False
     if not ok:
         raise MalformedReply(f"the worker's reply makes a call the wire never writes ({name or 'a computed function'})")
+
+
+def _check_tensor_extent(items: tuple) -> None:
+    """A tensor's rebuild (storage, offset, size, stride, ...) must stay inside its storage: the rebuild's
+    ``set_`` resizes a resizable storage to whatever the view claims, before any budget could count it (torch
+    2.13 refuses to resize a storage read from the archive; the scan does not rest on that)."""
+    def ints(node: _Node) -> list[int] | None:
+        if node.kind != "tuple" or len(node.items) != node.size or any(i.kind != "int" for i in node.items):
+            return None
+        return [i.size for i in node.items]
+
+    if len(items) < 4 or items[0].kind != "storage" or items[1].kind != "int":
+        raise MalformedReply("the worker's reply rebuilds a tensor in a form torch.save never writes")
+    size, stride, offset = ints(items[2]), ints(items[3]), items[1].size
+    if size is None or stride is None or len(size) != len(stride) or min([offset, *size, *stride], default=0) < 0:
+        raise MalformedReply("the worker's reply rebuilds a tensor in a form torch.save never writes")
+    if 0 not in size and offset + sum((n - 1) * st for n, st in zip(size, stride)) >= items[0].size:
+        raise MalformedReply("the worker's reply holds a tensor that claims more elements than its storage holds")
 
 
 def check_pickle(data: bytes) -> None:
@@ -435,16 +456,21 @@ def check_pickle(data: bytes) -> None:
             elif name == "REDUCE":
                 args = stack.pop()
                 function = stack.pop()
-                if args.size > MAX_REDUCE_ARGS or any(item.size > MAX_REDUCE_ARGS for item in args.items):
+                if args.size > MAX_REDUCE_ARGS or any(item.size > MAX_REDUCE_ARGS for item in args.items
+                                                     if item.kind not in ("int", "storage")):
                     raise MalformedReply("the worker's reply rebuilds a value from more arguments than any reply needs")
                 _check_call(function, args)
                 stack.append(_Node("reduced"))
             elif name == "DUP":
                 stack.append(stack[-1])
             elif name in ("POP", "BINPERSID"):
-                stack.pop()
-                if name == "BINPERSID":
-                    stack.append(_Node())
+                popped = stack.pop()
+                if name == "BINPERSID":  # ('storage', <type>, <key>, <location>, <numel>)
+                    numel = popped.items[-1] if popped.kind == "tuple" and len(popped.items) == 5 else None
+                    stack.append(_Node("storage", numel.size) if numel is not None and numel.kind == "int"
+                                 else _Node())
+            elif name in ("BININT", "BININT1", "BININT2", "LONG1"):
+                stack.append(_Node("int", arg))
             elif name in ("BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8"):
                 stack.append(_Node("str", name=arg if len(arg) <= 16 else ""))
             elif name not in ("PROTO", "FRAME", "STOP"):
