@@ -384,7 +384,7 @@ def must_accept(label: str, call: Callable[[], Any]) -> None:
                     "from a function that accepts valid input")
 
 
-def show(value: Any, limit: int = 16) -> str:
+def show(value: Any, limit: int = 16, _depth: int = 0) -> str:
     """`value` for a message, in bounded space: at most `limit` elements, then how many were left out.
 
     A test formats what the student's code returned, and that can be anything up to the reply limit
@@ -393,7 +393,11 @@ def show(value: Any, limit: int = 16) -> str:
     (a transposed or expanded view is not copied whole). Nested lists and tuples are cut the same
     way, element by element; a dict or set shows its first `limit` items, a string its first 200
     characters, a shape (torch.Size) as ``[2, 3]``. Anything else is its repr, cut to 200 characters.
+    Containers nested deeper than three levels show as ``[...]`` (16 per level would be 16**depth elements).
     """
+    if _depth > 3 and isinstance(value, (list, tuple, dict, set, frozenset)):
+        return "[...]" if isinstance(value, list) else "(...)" if isinstance(value, tuple) else "{...}"
+    inner = _depth + 1
     if isinstance(value, np.ndarray):
         value = torch.from_numpy(value) if value.dtype != object else list(value.reshape(-1)[:limit])
     if isinstance(value, torch.Tensor):
@@ -401,15 +405,15 @@ def show(value: Any, limit: int = 16) -> str:
     if isinstance(value, torch.Size):
         return _shape(value)
     if isinstance(value, (list, tuple)):
-        head = [show(v, limit) for v in value[:limit]]
+        head = [show(v, limit, inner) for v in value[:limit]]
         more = f", ... {len(value) - limit} more" if len(value) > limit else ""
         open_, close = ("[", "]") if isinstance(value, list) else ("(", ")")
         return open_ + ", ".join(head) + more + close
     if isinstance(value, dict):
-        items = [f"{show(k, limit)}: {show(v, limit)}" for k, v in _take(value.items(), limit)]
+        items = [f"{show(k, limit, inner)}: {show(v, limit, inner)}" for k, v in _take(value.items(), limit)]
         return "{" + ", ".join(items) + (f", ... {len(value) - limit} more" if len(value) > limit else "") + "}"
     if isinstance(value, (set, frozenset)):
-        items = [show(v, limit) for v in _take(value, limit)]
+        items = [show(v, limit, inner) for v in _take(value, limit)]
         return "{" + ", ".join(items) + (f", ... {len(value) - limit} more" if len(value) > limit else "") + "}"
     if isinstance(value, (str, bytes)):
         text = repr(value[:200])
@@ -466,7 +470,7 @@ def _scalar(value: Any) -> str:
 
 
 def _short(value: Any) -> str:
-    text = repr(value)
+    text = show(value, 4)  # bounded whatever the value: repr of a list of 4000 shared strings took gigabytes
     return text if len(text) <= 60 else text[:57] + "..."
 
 

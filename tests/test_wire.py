@@ -379,3 +379,53 @@ def test_a_tensor_larger_than_its_storage_is_refused_before_torch_load():
     offset_past_end = _with_pickle_edit(honest, b"QK\x00K\x01\x85", b"QK\x01K\x01\x85")
     with pytest.raises(wire.MalformedReply, match="claims more elements"):
         wire.decode_reply(offset_past_end, lambda *a: None)
+
+
+def test_a_string_shared_many_times_counts_each_time():
+    """A 540 KB string returned 4000 times is 2 bytes a repeat on the wire; the grader's repr of the value in a
+    message then built gigabytes (the red team's grader pytest reached 8.6 GB). Every occurrence of text counts."""
+    s = "x" * 540_000
+    data = wire.encode_reply({"ok": True, "value": [s] * 4000}, lambda obj: 0)
+    assert len(data) < 1_100_000, "the repeats are shared in the pickle: this reply is small on the wire"
+    seconds, grew_mib, raised = _resources(lambda: wire.decode_reply(data, lambda *a: None))
+    assert isinstance(raised, wire.MalformedReply) and "MiB of text in all" in str(raised), raised
+    assert seconds < 2 and grew_mib < 50, f"refusing took {seconds:.1f} s and {grew_mib:.0f} MiB"
+    names = [f"op{i}" for i in range(30_000)]  # far more text than any honest reply, still well within
+    assert wire.decode_reply(wire.encode_reply({"ok": True, "value": names}, lambda obj: 0), lambda *a: None)["value"] == names
+
+
+@pytest.mark.parametrize("tree, expect", [
+    ({wire.TAG: "namedtuple", "name": "R" * 400_000, "fields": ["a"], "values": [1]}, "at most 64 characters"),
+    ({wire.TAG: "namedtuple", "name": "R", "fields": ["f" * 1_000_000], "values": [1]}, "at most 64 characters"),
+    ([{wire.TAG: "namedtuple", "name": f"R{i}", "fields": ["a"], "values": [i]} for i in range(40)],
+     "more than 16 kinds of named tuple"),
+    ({wire.TAG: "handle", "id": 1, "type": [["t" * 1000] * 100] * 100}, "type is not a short string"),
+    ({wire.TAG: "dict", "items": [[((k * (2**61 - 1),),), None] for k in range(1, 300)]}, "magnitude no contract"),
+], ids=["long name", "long field name", "many classes", "handle type", "nested tuple keys"])
+def test_a_reply_that_would_make_the_grader_build_or_hash_too_much_is_refused(tree, expect):
+    """Each class of named tuple costs collections.namedtuple a build that grows with its names (a 1 MB field name:
+    0.05 s; 9000 fresh classes took 145 s, past the deadline); a forged handle's type went through str() whole."""
+    seconds, grew_mib, raised = _resources(lambda: wire.decode_reply(_raw_reply(tree), lambda *a: None))
+    assert isinstance(raised, wire.MalformedReply) and expect in str(raised), raised
+    assert seconds < 2 and grew_mib < 100, f"refusing took {seconds:.1f} s and {grew_mib:.0f} MiB"
+
+
+def test_a_quantized_storage_is_refused():
+    """No contract returns a quantized tensor; rebuilt without its quantizer it is a surface of torch no reply needs."""
+    honest = wire.encode_reply({"ok": True, "value": torch.zeros(4, dtype=torch.int8)}, lambda obj: 0)
+    forged = _with_pickle_edit(honest, b"torch\nCharStorage", b"torch\nQInt8Storage")
+    with pytest.raises(wire.MalformedReply, match="global the wire never writes"):
+        wire.decode_reply(forged, lambda *a: None)
+
+
+def test_a_forged_error_is_read_as_strings_only():
+    """The error fields of a reply went through str() whole: a nested list of shared strings was hundreds of GB."""
+    from grader.harness.client import WorkerProcess
+
+    nested = [["t" * 1000] * 100] * 100
+    exc = WorkerProcess._student_error(None, {"type": nested, "mro": [nested, "ValueError"], "message": nested,
+                                              "traceback": nested})
+    assert len(str(exc)) < 100 and exc.student_traceback == "" and len(type(exc).__name__) < 100
+    honest = WorkerProcess._student_error(None, {"type": "ValueError", "mro": ["ValueError", "Exception"],
+                                                 "message": "bad shape", "traceback": "line 3"})
+    assert isinstance(honest, ValueError) and "bad shape" in str(honest) and honest.student_traceback == "line 3"

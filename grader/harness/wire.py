@@ -29,6 +29,12 @@ from typing import Any, Callable
 TAG = "__wire__"
 MAX_TEXT = 64 << 10  # characters of an exception's text or traceback that cross (cut in the worker, again here)
 MAX_FIELDS = 256  # fields of a named tuple in a reply (the course's have at most 6)
+MAX_NAME = 64  # characters of a named tuple's name or field name in a reply (the course's have at most 20)
+MAX_CLASSES = 16  # distinct named-tuple classes in one reply (the course's replies hold at most 2)
+# Characters of text (str and bytes) in one reply, every occurrence counted: a string shared 4000 times is 2
+# bytes a time on the wire, and 2 GB once anything downstream (a message's repr) spells it out. Honest replies
+# hold short field names and op names, and two exception texts cut to MAX_TEXT.
+MAX_TEXT_TOTAL = 4 << 20
 _HEADER = struct.Struct(">Q")
 
 
@@ -364,7 +370,9 @@ def _allowed_global(name: str) -> bool:
         return False
     import torch
 
-    return attr.endswith("Storage") or isinstance(getattr(torch, attr, None), torch.dtype)
+    # Storages of the plain dtypes; not the quantized ones (QInt8Storage...): no contract returns those, and a
+    # quantized tensor without its quantizer is a surface of torch's no reply needs.
+    return (attr.endswith("Storage") and not attr.startswith("Q")) or isinstance(getattr(torch, attr, None), torch.dtype)
 
 
 def _check_call(function: _Node, args: _Node) -> None:
@@ -492,6 +500,26 @@ class _Budget:
     def __init__(self, max_bytes: int, max_nodes: int = MAX_NODES, deadline: float | None = None):
         self.bytes_left, self.nodes_left, self.max_bytes = max_bytes, max_nodes, max_bytes
         self.max_nodes, self.deadline = max_nodes, deadline
+        self.text_left = MAX_TEXT_TOTAL
+        self.classes: set = set()
+
+    def text(self, value: str | bytes) -> None:
+        self.text_left -= len(value)
+        if self.text_left < 0:
+            raise MalformedReply(f"the result holds more than {MAX_TEXT_TOTAL >> 20} MiB of text in all "
+                                 "(a string that appears many times counts each time)")
+
+    def named_class(self, name: Any, fields: list) -> type:
+        """The class of a named tuple in the reply: short identifier names only, a few distinct classes a reply
+        (each is built by collections.namedtuple, whose cost grows with its names), the deadline checked first."""
+        for text in (name, *fields):
+            if not isinstance(text, str) or len(text) > MAX_NAME:
+                raise MalformedReply(f"named tuple names must be strings of at most {MAX_NAME} characters")
+        self.classes.add((name, tuple(fields)))
+        if len(self.classes) > MAX_CLASSES:
+            raise MalformedReply(f"the result holds more than {MAX_CLASSES} kinds of named tuple")
+        self.check_deadline()
+        return _namedtuple(name, list(fields))
 
     def node(self) -> None:
         self.nodes_left -= 1
@@ -520,10 +548,14 @@ _HASH_SAFE = 1 << 60  # ints and floats below this magnitude hash to themselves:
 def _key(value: Any, budget: _Budget, index: int) -> Any:
     """A dict key or set member from a reply, checked before it is hashed here. Numbers of large magnitude can be
     chosen to share one hash (k * (2**61 - 1)), which makes building the dict quadratic: refused (no contract
-    returns such keys); a tuple's members likewise. Strings and bytes hash with a per-process secret."""
-    numbers = value if isinstance(value, tuple) else (value,)
-    for n in numbers:
-        if isinstance(n, (int, float)) and not isinstance(n, bool) and not -_HASH_SAFE < n < _HASH_SAFE:
+    returns such keys); a tuple's members likewise, at any depth. Strings and bytes hash with a per-process
+    secret."""
+    pending = [value]
+    while pending:
+        n = pending.pop()
+        if isinstance(n, tuple):
+            pending.extend(n)
+        elif isinstance(n, (int, float)) and not isinstance(n, bool) and not -_HASH_SAFE < n < _HASH_SAFE:
             raise MalformedReply("the result holds a dict key or set member of a magnitude no contract returns")
     if index % 256 == 255:
         budget.check_deadline()
@@ -539,7 +571,10 @@ def from_wire(tree: Any, make_handle: Callable[[int, str], Any], budget: _Budget
     budget.node()
     if isinstance(tree, torch.Tensor):
         return budget.tensor(tree)
-    if tree is None or isinstance(tree, (bool, int, float, str, bytes, torch.dtype)):
+    if isinstance(tree, (str, bytes)):
+        budget.text(tree)
+        return tree
+    if tree is None or isinstance(tree, (bool, int, float, torch.dtype)):
         return tree
 
     def again(value: Any) -> Any:
@@ -558,7 +593,7 @@ def from_wire(tree: Any, make_handle: Callable[[int, str], Any], budget: _Budget
                 raise MalformedReply(f"named tuple with a wrong number of fields or values (at most {MAX_FIELDS})")
             for _ in fields:
                 budget.node()
-            cls = _namedtuple(tree["name"], list(fields))
+            cls = budget.named_class(tree["name"], fields)
             return cls(*[again(v) for v in values])
         if kind == "dict":
             built: dict = {}
@@ -575,7 +610,10 @@ def from_wire(tree: Any, make_handle: Callable[[int, str], Any], budget: _Budget
         if kind == "handle":
             if not isinstance(tree.get("id"), int):
                 raise MalformedReply("handle without an integer id")
-            return make_handle(tree["id"], str(tree.get("type", "object")))
+            kind_name = tree.get("type", "object")
+            if not isinstance(kind_name, str) or len(kind_name) > 200:
+                raise MalformedReply("handle whose type is not a short string")
+            return make_handle(tree["id"], kind_name)
         raise MalformedReply(f"unknown wire tag {kind!r}")
     raise MalformedReply(f"unexpected {type(tree).__name__} in reply")
 
