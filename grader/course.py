@@ -99,6 +99,8 @@ class Exercise(_Model):
     checks: list[Check] = Field(min_length=1)
     hints: list[str] = Field(default_factory=list)
     parts: list[Part] = Field(default_factory=list, description="smaller practice rounds within the exercise")
+    spawns: bool = Field(False, description="the course's drivers start threads or processes beside the student's "
+                                             "code (a ring's ranks): the worker then allows them (no lock)")
     mutates: dict[str, list[str]] = Field(
         default_factory=dict,
         description="functions whose contract lets them change tensor arguments in place: "

@@ -161,7 +161,10 @@ def _make_session(config: pytest.Config):
         return {"mutates": {name: tuple(params) for name, params in exercise.mutates.items()},
                 "parameters": parameter_names(stub)}
 
-    return StudentSession(mode, locate, sandbox, call_timeout, contract)
+    def spawns(exercise_id: str) -> bool:
+        return bool(course and course.exercise(exercise_id).spawns)
+
+    return StudentSession(mode, locate, sandbox, call_timeout, contract, spawns)
 
 
 def parameter_names(path: Path) -> dict[str, tuple[str, ...]]:

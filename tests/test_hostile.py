@@ -124,7 +124,21 @@ def test_syntax_error_is_reported(tmp_path):
 
 @pytest.mark.skipif(shutil.which("pgrep") is None, reason="needs pgrep")
 def test_no_process_outlives_the_grade(tmp_path):
-    grade_hostile(hand_in(tmp_path, "outlives_grade"))
+    """Where the worker may start processes at all (an exercise whose drivers spawn, like ring_allreduce's;
+    elsewhere the lock refuses the Popen), none outlives the worker: it is PID 1 of its PID namespace."""
+    from grader.harness.client import Sandbox
+    from grader.harness.session import StudentSession
+
+    folder = hand_in(tmp_path, "outlives_grade")
+    session = StudentSession("sandbox", lambda _id: folder / f"{EXERCISE}.py", Sandbox(), lambda _id: 20.0,
+                             spawns=lambda _id: True)
+    try:
+        with pytest.raises(NotImplementedError):
+            session.load(EXERCISE).online_normalizer([])
+        alive = subprocess.run(["pgrep", "-f", "sleep 4242"], capture_output=True, text=True).stdout.split()
+        assert alive, "the submission's process never started: this test proves nothing"
+    finally:
+        session.close()
     left = subprocess.run(["pgrep", "-f", "sleep 4242"], capture_output=True, text=True).stdout.split()
     for pid in left:  # clean up before failing, so one failure does not leak into the next run
         subprocess.run(["kill", "-9", pid])

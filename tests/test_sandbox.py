@@ -22,6 +22,7 @@ from grader.harness.session import StudentSession
 from tests.conftest import checks_of, grade_folder
 from tests.test_hostile import EXERCISE, grade_hostile, hand_in, messages
 
+SPAWNS = lambda _id: True  # noqa: E731 - a session whose exercise's drivers start threads or processes (no lock)
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="uids of their own and the allow-list view need root here")
 
 
@@ -169,8 +170,9 @@ def test_concurrent_workers_cannot_reach_each_other(tmp_path):
     (tmp_path / "hog.py").write_text(HOG)
     (tmp_path / "threads.py").write_text(THREADS)
     sandbox = Sandbox(processes=48)
-    hostile = StudentSession("sandbox", lambda _id: tmp_path / "hog.py", sandbox, lambda _id: 120.0)
-    honest = StudentSession("sandbox", lambda _id: tmp_path / "threads.py", sandbox, lambda _id: 60.0)
+    # Workers allowed to spawn (as ring_allreduce's are): the per-grade identity keeps them apart.
+    hostile = StudentSession("sandbox", lambda _id: tmp_path / "hog.py", sandbox, lambda _id: 120.0, spawns=SPAWNS)
+    honest = StudentSession("sandbox", lambda _id: tmp_path / "threads.py", sandbox, lambda _id: 60.0, spawns=SPAWNS)
     try:
         assert honest.load("threads").threads(4) == 4
         kids, wrote, killed = hostile.load("hog").hog(200)
@@ -411,7 +413,8 @@ def test_the_worker_cannot_make_namespaces_of_its_own(tmp_path):
     import errno
 
     (tmp_path / "ns.py").write_text(NAMESPACES)
-    session = StudentSession("sandbox", lambda _id: tmp_path / "ns.py", Sandbox(), lambda _id: 60.0)
+    # Without the lock (an exercise whose drivers spawn, like ring_allreduce's): the first filter alone holds.
+    session = StudentSession("sandbox", lambda _id: tmp_path / "ns.py", Sandbox(), lambda _id: 60.0, spawns=SPAWNS)
     try:
         unshared, err, tool = session.load("ns").probe()
         warnings = session.warnings()
@@ -478,10 +481,11 @@ def families():
 '''
 
 
-def call_in_worker(tmp_path, name: str, source: str, function: str):
+def call_in_worker(tmp_path, name: str, source: str, function: str, spawns: bool = False):
     """(`function()` of a module `source` run in a sandboxed worker, the session's warnings)."""
     (tmp_path / f"{name}.py").write_text(source)
-    session = StudentSession("sandbox", lambda _id: tmp_path / f"{name}.py", Sandbox(), lambda _id: 60.0)
+    session = StudentSession("sandbox", lambda _id: tmp_path / f"{name}.py", Sandbox(), lambda _id: 60.0,
+                             spawns=lambda _id: spawns)
     try:
         return getattr(session.load(name), function)(), session.warnings()
     finally:
@@ -541,3 +545,86 @@ def test_a_reply_written_ahead_of_its_request_is_refused(tmp_path):
     refused = [t for t in tests if "does not answer the request it was sent" in t["message"]]
     assert refused, f"no call refused the forged frame: {[t['message'][:80] for t in tests]}"
     assert result["score"] == 0
+
+
+HELPER_AT_IMPORT = '''
+import logging.handlers, queue
+
+JOBS = queue.Queue()
+LISTENER = logging.handlers.QueueListener(JOBS)  # a thread of logging's, started at import
+LISTENER.start()
+
+def answer():
+    return 42
+'''
+
+SPAWNING = '''
+import os, subprocess, sys, threading
+
+def attempts():
+    found = {}
+    try:
+        t = threading.Thread(target=lambda: None)
+        t.start()
+        t.join()
+        found["thread"] = "started"
+    except RuntimeError as exc:
+        found["thread"] = str(exc)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        found["fork"] = "forked"
+    except OSError as exc:
+        found["fork"] = exc.errno
+    try:
+        found["exec"] = subprocess.run([sys.executable, "-c", "pass"]).returncode
+    except OSError as exc:
+        found["exec"] = exc.errno
+    return found
+'''
+
+
+def test_a_helper_thread_started_at_import_cannot_run(tmp_path):
+    """Work handed to a thread the module started at import ran outside every probe (the red team's logging
+    QueueListener ran torch.softmax for online_softmax, 90 of 100): the worker starts no thread once the
+    student's module is being imported, and the student is told why."""
+    (tmp_path / "helper.py").write_text(HELPER_AT_IMPORT)
+    session = StudentSession("sandbox", lambda _id: tmp_path / "helper.py", Sandbox(), lambda _id: 60.0)
+    try:
+        with pytest.raises(Exception) as raised:
+            session.load("helper").answer()
+        warnings = session.warnings()
+    finally:
+        session.close()
+    if any("seccomp" in w for w in warnings):
+        pytest.skip(f"no seccomp filter here: {warnings}")
+    assert "can't start new thread" in str(raised.value) and "starts no thread or process" in str(raised.value), raised.value
+
+
+def test_the_worker_starts_no_thread_process_or_program_in_a_call(tmp_path):
+    import errno
+
+    found, warnings = call_in_worker(tmp_path, "spawning", SPAWNING, "attempts")
+    if any("seccomp" in w for w in warnings):
+        pytest.skip(f"no seccomp filter here: {warnings}")
+    assert "can't start new thread" in found["thread"], found
+    assert found["fork"] == errno.EPERM and found["exec"] == errno.EPERM, found
+
+
+def test_an_exercise_whose_drivers_spawn_keeps_threads_and_processes(tmp_path):
+    """ring_allreduce's drivers run ranks as threads and processes (course.yaml `spawns: true`): no lock there."""
+    found, _ = call_in_worker(tmp_path, "spawning", SPAWNING, "attempts", spawns=True)
+    assert found == {"thread": "started", "fork": "forked", "exec": 0}, found
+
+
+def test_the_lock_program_refuses_what_it_says():
+    from grader.harness import seccomp
+
+    for machine in ("x86_64", "aarch64"):
+        _, _, numbers = seccomp._TABLES[machine]
+        threads = seccomp.lock_program(False, machine)
+        assert [k for code, _, _, k in threads if code == seccomp._JSET] == [seccomp.CLONE_THREAD], machine
+        everything = {k for code, _, _, k in seccomp.lock_program(True, machine) if code == seccomp._JEQ}
+        assert {numbers["clone"], *seccomp._SPAWN[machine].values()} <= everything, machine

@@ -140,10 +140,13 @@ class WorkerProcess:
     mount namespace, and a scratch folder (only without namespaces) sits in a folder only this
     process can write."""
 
-    def __init__(self, module_path: Path, sandbox: Sandbox, call_timeout: float):
+    def __init__(self, module_path: Path, sandbox: Sandbox, call_timeout: float, spawns: bool = False):
         self.module_path = Path(module_path)
         self.sandbox = sandbox
         self.call_timeout = call_timeout
+        # The lock (seccomp.install_lock), unless the exercise's own drivers start threads or processes: on CUDA
+        # no new thread (Triton runs ptxas, a process, to compile), elsewhere no new thread, process or program.
+        self.lock = "none" if spawns else ("threads" if sandbox.cuda else "all")
         self.generation = 0
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
@@ -257,6 +260,7 @@ class WorkerProcess:
             "shm_mb": self.sandbox.shm_mb,
             "cuda": self.sandbox.cuda,
             "cgroup_procs": self.group.procs_files if self.group is not None else [],
+            "lock": self.lock,
             "limits": {
                 "cpu_s": self.sandbox.cpu_s,
                 "file_size_mb": self.sandbox.file_size_mb,
@@ -417,12 +421,16 @@ class WorkerProcess:
     def _student_error(self, error: Any) -> Exception:
         if not isinstance(error, dict):
             return StudentCrash("the worker reported an error in an unreadable form")
+        def text(key: str, default: str, limit: int) -> str:  # the reply is the student's to forge: strings only
+            value = error.get(key, default)
+            return value[:limit] if isinstance(value, str) else default
+
         mro = error.get("mro", [])
-        cls = remote_exception_class(str(error.get("type", "Exception"))[:100],
-                                     [str(n)[:100] for n in (mro[:32] if isinstance(mro, list) else [])])
+        cls = remote_exception_class(text("type", "Exception", 100),
+                                     [n[:100] for n in (mro[:32] if isinstance(mro, list) else []) if isinstance(n, str)])
         # The worker cuts these to wire.MAX_TEXT, but the reply is the student's to forge: cut them again here.
-        exc = cls(inert(str(error.get("message", ""))[: wire.MAX_TEXT]))
-        exc.student_traceback = inert(str(error.get("traceback", ""))[: wire.MAX_TEXT])
+        exc = cls(inert(text("message", "", wire.MAX_TEXT)))
+        exc.student_traceback = inert(text("traceback", "", wire.MAX_TEXT))
         return exc
 
     def _crashed(self, why: str | None = None) -> None:

@@ -20,7 +20,8 @@ pipe, and the log (stdout and stderr, an unlinked file only the trusted side can
    and no way back (PR_SET_NO_NEW_PRIVS: no setuid binary can raise it again); then a seccomp filter
    refuses the system calls a worker has no use for (seccomp.py: new namespaces, mounts, bpf, ...).
 6. Reports its warnings on the status pipe, closes it, and execs the worker, which the kernel kills
-   if the process that started it dies (PR_SET_PDEATHSIG).
+   if the process that started it dies (PR_SET_PDEATHSIG). The worker itself adds the lock (seccomp.py)
+   before it imports the student's module: no thread, and on CPU hosts no process, starts after that.
 
 Root never opens, creates or changes a path inside a folder a worker can write: the log and the
 student's file travel as descriptors, and the scratch folder is created before it is handed over.
@@ -254,7 +255,9 @@ def start(config: dict, status) -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an over-long write fails with EFBIG, not a kill
     status.write(json.dumps({"warnings": warnings, "workdir": workdir}) + "\n")
     status.close()
-    os.execv(sys.executable, [sys.executable, "-I", "-m", "grader.harness.worker", str(config["sock_fd"]), module_path])
+    lock = config.get("lock", "none") if config["isolate"] else "none"
+    os.execv(sys.executable, [sys.executable, "-I", "-m", "grader.harness.worker", str(config["sock_fd"]), module_path,
+                              lock])
 
 
 if __name__ == "__main__":

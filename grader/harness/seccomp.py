@@ -17,6 +17,14 @@ PR_SET_NO_NEW_PRIVS, so no privilege is needed), refuses with EPERM:
 * any system call of another architecture's ABI (32-bit calls on a 64-bit kernel, x32).
 
 Docker's default profile refuses the same for containers; this gives the local backend the same wall.
+
+A second filter, the *lock* (`install_lock`), is installed by the worker itself just before it imports the
+student's module: from then on the worker starts no thread (clone with CLONE_THREAD) and, where the exercise
+and the host allow (`processes=True`), no process and no program either (fork, vfork, clone, execve,
+execveat). The probes that decide points (the forbidden-call guard, the kernel rule, the work counters) watch
+the thread that serves a call; work handed to a thread or process the student's module started beforehand
+(a logging QueueListener's thread, a forked helper, a fresh interpreter) would run outside them. Exercises
+whose course drivers start threads or processes themselves (ring_allreduce's ranks) go without the lock.
 """
 
 from __future__ import annotations
@@ -49,6 +57,10 @@ _DENIED = ("unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "open
            "io_uring_register", "userfaultfd", "perf_event_open", "keyctl", "add_key", "request_key", "ptrace",
            "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "process_vm_readv",
            "process_vm_writev", "pidfd_getfd")
+CLONE_THREAD = 0x00010000
+_SPAWN = {"x86_64": {"fork": 57, "vfork": 58, "execve": 59, "execveat": 322},
+          "aarch64": {"execve": 221, "execveat": 281}}  # aarch64 forks through clone only
+_SPAWN["arm64"] = _SPAWN["aarch64"]
 _TABLES = {
     "x86_64": (0xC000003E, True, {
         "clone": 56, "clone3": 435, "unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155,
@@ -104,12 +116,38 @@ def program(machine: str | None = None) -> list[tuple[int, int, int, int]]:
     return [(code, offset(i, jt), offset(i, jf), k) for i, (code, jt, jf, k) in enumerate(body)]
 
 
+def lock_program(processes: bool, machine: str | None = None) -> list[tuple[int, int, int, int]]:
+    """The lock as (code, jt, jf, k) instructions: no new thread; with `processes`, no new process or program."""
+    arch, _x32, numbers = _TABLES[machine or platform.machine()]
+    spawn = _SPAWN[machine or platform.machine()]
+    deny = (_RET, 0, 0, RET_ERRNO | errno.EPERM)
+    allow = (_RET, 0, 0, RET_ALLOW)
+    body = [(_LD_ABS, 0, 0, 4), (_JEQ, 1, 0, arch), deny, (_LD_ABS, 0, 0, 0)]  # another ABI: the first filter's
+    if processes:
+        for nr in [numbers["clone"], *spawn.values()]:
+            body.append((_JEQ, 0, 1, nr))
+            body.append(deny)
+        return body + [allow]
+    return body + [(_JEQ, 0, 3, numbers["clone"]), (_LD_ABS, 0, 0, 16), (_JSET, 0, 1, CLONE_THREAD), deny, allow]
+
+
+def install_lock(processes: bool) -> None:
+    """Install the lock on this process: from now on no thread starts (and, with `processes`, no process
+    and no program). Raises OSError where the kernel or the machine is not supported."""
+    if platform.machine() not in _TABLES:
+        raise OSError(errno.ENOSYS, f"no seccomp table for {platform.machine()}")
+    _load(lock_program(processes))
+
+
 def install() -> None:
     """Install the filter on this process (and everything it execs or forks). Needs PR_SET_NO_NEW_PRIVS
     (or privilege) first. Raises OSError where the kernel or the machine is not supported."""
     if platform.machine() not in _TABLES:
         raise OSError(errno.ENOSYS, f"no seccomp table for {platform.machine()}")
-    instructions = program()
+    _load(program())
+
+
+def _load(instructions: list[tuple[int, int, int, int]]) -> None:
     raw = b"".join(struct.pack("HBBI", *ins) for ins in instructions)
     buffer = ctypes.create_string_buffer(raw, len(raw))
 

@@ -106,7 +106,7 @@ class StudentSession:
 
     def __init__(self, mode: str, locate: Callable[[str], Path], sandbox: Sandbox | None = None,
                  call_timeout: Callable[[str], float] | None = None,
-                 contract: Callable[[str], dict] | None = None):
+                 contract: Callable[[str], dict] | None = None, spawns: Callable[[str], bool] | None = None):
         if mode not in ("local", "sandbox"):
             raise ValueError(f"mode must be 'local' or 'sandbox', found {mode!r}")
         self.mode = mode
@@ -114,6 +114,7 @@ class StudentSession:
         self._sandbox = sandbox or Sandbox()
         self._call_timeout = call_timeout or (lambda _id: 60.0)
         self._contract = contract or (lambda _id: {})  # CallOptions fields: mutates, parameters
+        self._spawns = spawns or (lambda _id: False)  # course.yaml `spawns`: its drivers start threads or processes
         self._workers: dict[str, WorkerProcess] = {}
         self._local: dict[str, Any] = {}
         from grader import structure
@@ -138,7 +139,8 @@ class StudentSession:
 
     def _worker(self, exercise_id: str) -> WorkerProcess:
         if exercise_id not in self._workers:
-            self._workers[exercise_id] = WorkerProcess(self._locate(exercise_id), self._sandbox, self._call_timeout(exercise_id))
+            self._workers[exercise_id] = WorkerProcess(self._locate(exercise_id), self._sandbox,
+                                                       self._call_timeout(exercise_id), self._spawns(exercise_id))
         return self._workers[exercise_id]
 
     def prestart(self, exercise_id: str) -> None:

@@ -179,12 +179,27 @@ def _exception_text(exc: BaseException) -> str:
     return _bounded(_exception_text_whole(exc))
 
 
+LOCKED = ("the grader's worker starts no thread or process once your module is imported: the checks watch the "
+          "thread that calls your function, so do the work in that call")
+
+
 def _exception_text_whole(exc: BaseException) -> str:
+    if isinstance(exc, RuntimeError) and "can't start new thread" in str(exc):
+        return f"{exc} ({LOCKED})"
+    if isinstance(exc, PermissionError) and exc.errno == 1 and _raised_by_spawn(exc):
+        return f"{exc} ({LOCKED})"
     if isinstance(exc, SystemExit):
         return f"your code called sys.exit({exc.code!r}); a graded function must return, not exit"
     if isinstance(exc, KeyboardInterrupt):
         return "KeyboardInterrupt raised inside your code"
     return str(exc)
+
+
+def _raised_by_spawn(exc: BaseException) -> bool:
+    """Was this EPERM raised by starting a process (os.fork, subprocess, multiprocessing)?"""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return any(f.name in ("fork", "_fork_exec", "_execute_child", "_launch", "posix_spawn", "execv", "execve")
+               or "subprocess" in f.filename or "multiprocessing" in f.filename for f in frames[-4:])
 
 
 def student_traceback(exc: BaseException, module_path: str) -> str:
@@ -272,10 +287,33 @@ def not_dumpable() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
 
 
+def lock(kind: str) -> None:
+    """Start no thread (and with kind "all" no process or program) from here on: grader/harness/seccomp.py.
+
+    What must start threads later is started first: on CUDA, the context (the driver's threads) and
+    autograd's device threads (a first backward pass)."""
+    if kind == "none":
+        return
+    from grader.harness import seccomp
+
+    if kind == "threads":  # CUDA: the driver and autograd start their threads now, not inside a graded call
+        import torch
+
+        if torch.cuda.is_available():
+            x = torch.ones(1, device="cuda", requires_grad=True)
+            (x * 2).sum().backward()
+            torch.cuda.synchronize()
+    try:
+        seccomp.install_lock(processes=kind == "all")
+    except OSError as exc:  # the launcher's own filter failed the same way, and the result warns of it
+        print(f"grader: no thread lock for the worker ({exc})", file=sys.stderr)
+
+
 def main(argv: list[str]) -> None:
     fd, module_path = int(argv[1]), argv[2]
     not_dumpable()
     probes.install_host_read_watch()  # before the student's module: a reference it takes is the watched one
+    lock(argv[3] if len(argv) > 3 else "none")  # before the student's module, too: it may start no helper
     sock = socket.socket(fileno=fd)
     Worker(sock, module_path).serve()
 
