@@ -126,6 +126,11 @@ def safe_id(natural: str) -> str:
     printable = natural.isprintable() and not any(0xD800 <= ord(c) <= 0xDFFF for c in natural)
     if printable and len(raw) <= MAX_ID_BYTES and natural.lower() not in RESERVED_IDS and natural:
         return natural
+    return _hashed_id(natural)
+
+
+def _hashed_id(natural: str) -> str:
+    raw = natural.encode("utf-8", "surrogateescape")
     head = "".join(c for c in natural if c.isprintable() and not 0xD800 <= ord(c) <= 0xDFFF)
     while len(head.encode()) > 96:
         head = head[:-1]
@@ -149,6 +154,14 @@ def discover(folder: Path) -> tuple[list[Entry], dict[str, list[Path]]]:
         if path.name.startswith((".", "__MACOSX")):
             continue
         by_id.setdefault(submission_id(path), []).append(path)
+    # Ids that differ only in letter case ("Bob", "bob") would share one result file on a case-insensitive file
+    # system (macOS, Windows): each gets its hash, as an unusable name does.
+    folded: dict[str, list[str]] = {}
+    for i in by_id:
+        folded.setdefault(i.casefold(), []).append(i)
+    for group in (g for g in folded.values() if len(g) > 1):
+        for i in group:
+            by_id.setdefault(_hashed_id(i), []).extend(by_id.pop(i))
     entries = [Entry(i, paths[0]) for i, paths in sorted(by_id.items())]
     conflicts = {i: paths for i, paths in by_id.items() if len(paths) > 1 or any(p.is_symlink() for p in paths)}
     return entries, conflicts
@@ -157,7 +170,8 @@ def discover(folder: Path) -> tuple[list[Entry], dict[str, list[Path]]]:
 def describe_entries(folder: Path, entries: list[Entry]) -> list[str]:
     """Lines for the console about entries graded under another name, and names that are not graded."""
     lines = [f"{e.path.name!r} is graded as {e.id!r} (its own name cannot name a result file: reserved, "
-             f"too long or not printable)" for e in entries if e.id != _natural_id(e.path)]
+             f"too long, not printable, or another entry's but for letter case)" for e in entries
+             if e.id != _natural_id(e.path)]
     hidden = hidden_entries(folder)
     if hidden:
         shown = ", ".join(repr(n) for n in hidden[:5]) + (f" and {len(hidden) - 5} more" if len(hidden) > 5 else "")

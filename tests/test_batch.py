@@ -342,6 +342,19 @@ def test_names_the_batch_cannot_use_are_graded_under_safe_ids_and_the_batch_goes
     assert "'.DS_Store'" in printed and "skipped" in printed, printed
 
 
+def test_ids_that_differ_only_in_letter_case_get_result_files_of_their_own(tmp_path):
+    """"Bob" and "bob" would share one result file on a case-insensitive file system (macOS, Windows)."""
+    for name in ("Bob", "bob", "carol"):
+        (tmp_path / name).mkdir()
+    entries, conflicts = batch.discover(tmp_path)
+    ids = sorted(e.id for e in entries)
+    assert not conflicts and len({i.casefold() for i in ids}) == 3, ids
+    assert "carol" in ids and all(i.startswith(("Bob~", "bob~")) for i in ids if i != "carol"), ids
+    assert [e.id for e in batch.discover(tmp_path)[0]] == [e.id for e in entries], "the ids must be stable"
+    lines = batch.describe_entries(tmp_path, entries)
+    assert sum("but for letter case" in line for line in lines) == 2, lines
+
+
 class FlakyBackend(LocalBackend):
     """The local backend, except that grading the submission `boom` raises (a bug in the grader)."""
 
