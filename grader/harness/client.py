@@ -281,6 +281,9 @@ class WorkerProcess:
             OMP_NUM_THREADS=threads,
             MKL_NUM_THREADS=threads,
             TRITON_CACHE_DIR=os.path.join(home, ".triton"),
+            # torch.compile runs eagerly here: the probes must see every operator (compiled code dispatches
+            # none), and the lock lets no compiler start on CPU hosts.
+            TORCHDYNAMO_DISABLE="1",
         )
         if not self.sandbox.cuda:
             env["TRITON_INTERPRET"] = "1"

@@ -208,7 +208,7 @@ MODULES: dict[str, str] = {
     "operator.attrgetter": BY_NAME, "operator.methodcaller": BY_NAME,
     "torch.package": DYNAMIC, "torch.hub": DYNAMIC,
     "triton.runtime": LAUNCHER, "triton.compiler": LAUNCHER, "triton.backends": LAUNCHER, "triton.knobs": LAUNCHER,
-    # torch.compile is not here: under the probes' dispatch modes it runs eagerly, seen like any Python code.
+    # torch.compile is not here: the worker runs it eagerly (TORCHDYNAMO_DISABLE), seen like any Python code.
     "torch.jit": COMPILED, "torch.fx": COMPILED, "torch.export": COMPILED, "torch._export": COMPILED,
     "torch.cuda.graph": COMPILED, "torch.cuda.graphs": COMPILED, "torch.cuda.CUDAGraph": COMPILED,
     "torch.cuda.make_graphed_callables": COMPILED, "torch.ScriptModule": COMPILED, "torch.ScriptFunction": COMPILED,
