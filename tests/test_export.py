@@ -724,6 +724,39 @@ def test_prairielearn_entry_point_on_a_fake_grade_tree(tmp_path):
     assert R.find_exercise(json.loads((empty / "results" / "result.json").read_text()), "online_softmax")["status"] == "missing"
 
 
+def test_the_documented_info_json_matches_the_image():
+    """The README's info.json is what instructors copy: its course root must be where the image installs the
+    course, its image the one `make image` builds, its entry point a module that runs."""
+    import re
+
+    text = (ROOT / "grader" / "export" / "README.md").read_text()
+    info = json.loads(re.search(r"```json\n(\{\n  \"gradingMethod\".*?)\n```", text, re.S).group(1))
+    options = info["externalGradingOptions"]
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    installed = re.search(r"^COPY \. (\S+)$", dockerfile, re.M).group(1)
+    assert options["environment"]["GRADER_COURSE_ROOT"] == installed, (options, installed)
+    assert options["image"] == COURSE.container.image, options["image"]
+    module = options["entrypoint"].split()[2]
+    assert options["entrypoint"].startswith("python3 -m ") and (ROOT / (module.replace(".", "/") + ".py")).is_file()
+    assert options["timeout"] <= 600
+
+
+def test_prairielearn_keeps_results_json_when_the_grader_itself_fails(tmp_path):
+    """PrairieLearn throws away results.json of a job that exits non-zero: a grader failure must exit 0 with
+    its results.json saying not gradable (no attempt charged), never 1."""
+    broken = tmp_path / "broken"
+    (broken / "student").mkdir(parents=True)
+    shutil.copy(ROOT / "solutions" / "online_softmax" / "online_softmax.py", broken / "student")
+    env = {**os.environ, "GRADE_ROOT": str(broken), "GRADER_COURSE_ROOT": str(tmp_path / "no-course-here"),
+           "GRADER_EXERCISES": "online_softmax", "GRADER_TESTS": "public"}
+    run = subprocess.run([sys.executable, "-m", "grader.export.prairielearn_run"], cwd=broken, env=env,
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads((broken / "results" / "results.json").read_text())
+    jsonschema.validate(out, schema("prairielearn_results"))
+    assert out["gradable"] is False and "the autograder itself failed" in out["format_errors"][0], out
+
+
 # --------------------------------------------------------------------------------------------------
 # snapshots: every export of one small, fixed result, in full
 

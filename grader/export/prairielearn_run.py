@@ -10,7 +10,10 @@ from arguments or, for questions that prefer ``externalGradingOptions.environmen
 holding course.yaml; default: found from the working directory, else the installed package's).
 
 A submission that cannot be read at all gets ``"gradable": false`` with ``format_errors``: PrairieLearn
-charges no attempt. So does a failure of the grader itself, since it is not the student's doing.
+charges no attempt. So does a failure of the grader itself, since it is not the student's doing. Once
+results.json is written the exit status is 0, whatever it says: PrairieLearn discards the results file of a
+job that exits non-zero and shows a generic failure instead. Only a results.json that could not be written
+exits 1.
 """
 
 from __future__ import annotations
@@ -39,17 +42,15 @@ def run(grade_root: Path, exercises: list[str] | None, tests: str, user: str, co
         opts = GradeOptions(exercises=exercises or None, tests=tests, user=user)
         result = grade(course, root, grade_root / "student", out_dir / "result.json", opts, submission_id="student")
         payload = to_prairielearn(result, settings)
-        status = 0
     except Exception as exc:  # noqa: BLE001 -- the grader failed: no verdict, and no attempt charged
         traceback.print_exc()
         payload = {"gradable": False,
                    "format_errors": [(f"the autograder itself failed ({type(exc).__name__}: {exc}); "
                                       "this is not a verdict on your code and costs you no attempt")],
                    "message": "The autograder failed; your instructor can see the details."}
-        status = 1
-    results.write_atomic(out_dir / "results.json", payload)
+    results.write_atomic(out_dir / "results.json", payload)  # raises (exit 1) only if it cannot be written
     print(payload["message"])
-    return status
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
