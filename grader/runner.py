@@ -11,6 +11,7 @@ zero with the reason (fail closed).
 
 from __future__ import annotations
 
+import ast
 import fcntl
 import hashlib
 import json
@@ -127,12 +128,43 @@ def run_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed: i
         _kill(proc)  # whatever happened here, no pytest (and no worker under it) outlives this call
 
 
+SYNTAX_CHECK_BYTES = 256 << 10  # parsing costs ~500 bytes a byte: a larger file is left to the worker's import
+
+
+def syntax_error(path: Path) -> str | None:
+    """Why the student's file cannot be compiled (its syntax error, where), or None. The file is parsed here,
+    in the trusted process, never run; one that does not parse is not worth starting a worker for, and the
+    student gets one message that points at the line instead of one failure per test."""
+    try:
+        with open(path, "rb") as f:
+            source = f.read(SYNTAX_CHECK_BYTES + 1)
+    except OSError:
+        return None
+    if len(source) > SYNTAX_CHECK_BYTES:
+        return None
+    try:
+        compile(source, path.name, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+    except SyntaxError as exc:
+        where = f"line {exc.lineno}" + (f", column {exc.offset}" if exc.offset else "")
+        code = f": {exc.text.strip()[:200]}" if exc.text and exc.text.strip() else ""
+        return inert(f"{path.name} does not compile: SyntaxError at {where}: {exc.msg}{code}", 1000)
+    except (ValueError, RecursionError, MemoryError) as exc:
+        return inert(f"{path.name} does not compile: {type(exc).__name__}: {exc}", 1000)
+    return None
+
+
 def grade_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed: int, opts: GradeOptions,
                    result: dict, on_event: Callable[[dict], None] | None = None, tmp_dir: str | None = None) -> None:
     """Run one exercise's tests and record every outcome in `result` (one loop for grade, check and
     interview): each test as it reports, then, fail closed, every collected test that did not report
-    and every check with no test at all, with the reason."""
+    and every check with no test at all, with the reason. A file that does not compile is not run: the
+    exercise is ungradable, every check scores zero with the syntax error."""
     entry = results.find_exercise(result, exercise.id)
+    problem = syntax_error((files_dir or root / "exercises" / exercise.id) / exercise.file)
+    if problem is not None:
+        entry["status"] = "ungradable"
+        results.close_exercise(result, exercise.id, problem)
+        return
     collected: dict = {}
     started = time.perf_counter()
 

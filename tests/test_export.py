@@ -741,6 +741,18 @@ def test_the_documented_info_json_matches_the_image():
     assert options["timeout"] <= 600
 
 
+def test_prairielearn_a_file_that_does_not_compile_costs_no_attempt(tmp_path):
+    bad = tmp_path / "bad"
+    (bad / "student").mkdir(parents=True)
+    (bad / "student" / "online_softmax.py").write_text("def online_softmax(x:\n    return x\n")
+    run = run_prairielearn(bad)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads((bad / "results" / "results.json").read_text())
+    jsonschema.validate(out, schema("prairielearn_results"))
+    assert out["gradable"] is False, out
+    assert out["format_errors"][0].startswith("online_softmax.py does not compile: SyntaxError at line 1"), out
+
+
 def test_prairielearn_keeps_results_json_when_the_grader_itself_fails(tmp_path):
     """PrairieLearn throws away results.json of a job that exits non-zero: a grader failure must exit 0 with
     its results.json saying not gradable (no attempt charged), never 1."""

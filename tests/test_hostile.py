@@ -117,9 +117,12 @@ def test_hidden_tests_and_solutions_cannot_be_read(tmp_path, root):
 
 
 def test_syntax_error_is_reported(tmp_path):
+    """A file that does not compile is parsed (never run) in the grader: one message with the line, no worker."""
     result = grade_hostile(hand_in(tmp_path, "syntax_error"))
-    assert result["score"] == 0
-    assert "SyntaxError" in messages(result)
+    exercise = result["exercises"][0]
+    assert result["score"] == 0 and exercise["status"] == "ungradable", exercise["status"]
+    assert exercise["message"].startswith(f"{EXERCISE}.py does not compile: SyntaxError at line 1"), exercise["message"]
+    assert all(c["message"] == exercise["message"] and c["points"] == 0 for c in exercise["checks"])
 
 
 @pytest.mark.skipif(shutil.which("pgrep") is None, reason="needs pgrep")

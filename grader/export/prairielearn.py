@@ -3,7 +3,9 @@
 Mapping (schema: grader/schemas/prairielearn_results.schema.json):
 
 * ``gradable``: false when the submission could not be read at all (the runner's ``gradable`` and
-  ``format_errors``); PrairieLearn then records no score and charges the student no attempt. An
+  ``format_errors``), or when no exercise could be graded (each file missing or not compiling: the
+  exercises' messages are the ``format_errors``); PrairieLearn then records no score and charges the
+  student no attempt. An
   ungradable result carries ``format_errors`` (a list of strings) and a ``message``, and no ``score``.
 * ``score``: points / points possible, in 0..1. Points possible leave out the checks not graded here (no
   CUDA) unless course.yaml's ``export.prairielearn.count_ungraded_cuda`` is true.
@@ -38,8 +40,12 @@ MAX_BYTES = 1_000_000  # PrairieLearn's limit on results.json
 def to_prairielearn(result: dict, settings: ExportSettings | None = None, images: bool = True) -> dict:
     pl = (settings or ExportSettings()).prairielearn
     lines = summary(result, pl.count_ungraded_cuda, "by this grader")
-    if result.get("gradable") is False:
-        errors = [str(e) for e in result.get("format_errors") or []] or ["the submission could not be read"]
+    unusable = [ex for ex in result["exercises"] if ex["status"] in ("missing", "ungradable")]
+    if result.get("gradable") is False or (result["exercises"] and len(unusable) == len(result["exercises"])):
+        # Nothing could be graded (no file, a file that does not compile): PrairieLearn's convention is
+        # gradable false with the reason, which charges the student no attempt.
+        errors = [str(e) for e in result.get("format_errors") or []] or [
+            str(ex["message"]) for ex in unusable if ex["message"]] or ["the submission could not be read"]
         return inert_all({"gradable": False, "format_errors": errors, "message": "\n".join(lines)})
     possible = result["max_score"] if pl.count_ungraded_cuda else result["gradable_max_score"]
     score = result["score"] / possible if possible > 0 else 0.0
