@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from grader import results
+from grader import forkserver, results
 from grader.course import Course, Exercise
 from grader.harness.client import describe_exit
 from grader.submission import Submission, SubmissionError, locate
@@ -114,14 +114,20 @@ def run_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed: i
     if tmp_dir is not None:
         env["TMPDIR"] = tmp_dir
     log_path = (opts.log_dir / f"{exercise.id}.log") if opts.log_dir else None
-    log = open(log_path, "wb") if log_path else subprocess.DEVNULL
+    log = open(log_path, "wb") if log_path else open(os.devnull, "wb")
     try:
-        proc = subprocess.Popen(cmd, cwd=root, env=env, pass_fds=[write_fd], stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        server = warm_server(env)
+        proc = server.spawn(cmd, env, str(root), log.fileno(), [write_fd]) if server else None
+    except OSError as exc:
+        _warm_failed(exc)
+        proc = None
+    try:
+        if proc is None:
+            proc = subprocess.Popen(cmd, cwd=root, env=env, pass_fds=[write_fd], stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     finally:
         os.close(write_fd)
-        if log_path:
-            log.close()
+        log.close()
     try:
         return _follow(proc, read_fd, exercise, opts, on_event)
     finally:
@@ -197,7 +203,40 @@ class GraderFault(str):
     """Why a run ended that is the grading machine's fault (its pytest died), not the student's."""
 
 
-def _follow(proc: subprocess.Popen, read_fd: int, exercise: Exercise, opts: GradeOptions,
+_warm: dict[int, "forkserver.ForkServer | None"] = {}  # by this process's pid: a fork has a server of its own
+
+
+def warm_server(env: dict[str, str]) -> "forkserver.ForkServer | None":
+    """The fork server that starts this process's pytest children warm (grader/forkserver.py), or None for a
+    cold start: GRADER_COLD_START=1, no fork on this platform, or the server could not start (warned once)."""
+    if os.environ.get("GRADER_COLD_START") == "1" or not hasattr(os, "fork") or sys.platform != "linux":
+        return None
+    server = _warm.get(os.getpid(), False)
+    if server is None:
+        return None  # it failed before
+    if server and not server.usable_for(env):
+        server.close()
+        server = False
+    if not server:
+        try:
+            server = forkserver.ForkServer({k: v for k, v in env.items() if k not in forkserver.PER_GRADE_ENV})
+        except OSError as exc:
+            _warm_failed(exc)
+            return None
+        _warm[os.getpid()] = server
+    return server
+
+
+def _warm_failed(exc: Exception) -> None:
+    if _warm.get(os.getpid()) is not None or os.getpid() not in _warm:
+        print(f"grader: starting each exercise's tests cold ({exc})", file=sys.stderr)
+    server = _warm.get(os.getpid())
+    if server:
+        server.close()
+    _warm[os.getpid()] = None
+
+
+def _follow(proc: "subprocess.Popen | forkserver.ForkedProcess", read_fd: int, exercise: Exercise, opts: GradeOptions,
             on_event: Callable[[dict], None]) -> str | None:
     """Read the events of a running pytest until it ends or runs out of time."""
     time_limit = opts.time_limit_s or exercise.time_limit_s

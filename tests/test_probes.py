@@ -815,3 +815,19 @@ def test_a_copy_into_numpys_memory_counts_as_a_read_and_breaks_the_kernel_rule()
     with pytest.raises(probes.ForbiddenCall, match="torch.from_numpy"):
         with probes.forbidden(KERNEL_RULE):
             torch.from_numpy(np.zeros(3))
+
+
+def test_the_read_watch_wrappers_do_not_keep_the_methods_they_watch():
+    """functools.wraps left the unwatched method as __wrapped__ on each wrapper: a file that read the wrapper's
+    namespace (vars() through a parameter named `self`) read tensors with nothing counting."""
+    import torch
+
+    probes.install_host_read_watch()
+    for dotted in probes.HOST_READS:
+        try:
+            owner, name = probes._resolve(dotted)
+        except (ValueError, AttributeError):
+            continue
+        wrapper = vars(owner).get(name) if isinstance(owner, type) else getattr(owner, name, None)
+        assert not hasattr(wrapper, "__wrapped__"), f"{dotted} keeps the method it watches as __wrapped__"
+    assert torch.Tensor.numpy is not torch._C.TensorBase.numpy

@@ -116,6 +116,14 @@ FLAGGED = {
     "locals()": ("def f():\n    return locals()\n", "locals()"),
     "vars()": ("def f():\n    return vars()\n", "vars()"),
     "vars of an object": ("def f(x):\n    return vars(x)\n", "vars()"),
+    # anything can be passed as `self`: f(torch.nn.functional) read the module's namespace, f(torch) torch._C
+    "vars(self)": ("class A:\n    def f(self):\n        return vars(self)\n", "vars()"),
+    "self.__dict__": ("def f(self):\n    return self.__dict__\n", "...__dict__"),
+    "getattr(self, '__dict__')": ("def f(self):\n    return getattr(self, '__dict__')\n", "getattr(..., '__dict__')"),
+    "a private name of torch's C core on self": ("class A:\n    def __init__(self):\n        self._C = 0\n"
+                                                 "def f(self):\n    return self._C\n", "..._C"),
+    "a private name of sys on self": ("def f(self):\n    return self._getframe(0)\n", "..._getframe"),
+
     "type(x).__dict__": ("def f(x):\n    return type(x).__dict__\n", "...__dict__"),
     "object.__getattribute__": ("import sys\nobject.__getattribute__(sys, n)\n", "...__getattribute__"),
     "operator.methodcaller": ("import operator\noperator.methodcaller(n)\n", "operator.methodcaller"),
@@ -222,7 +230,6 @@ HONEST = {
     "an operator through torch.ops (the guard's business)": "import torch\ntorch.ops.aten._softmax.default\n",
     "getattr on self with a literal name": "class A:\n    def f(self):\n        return getattr(self, 'x', None)\n",
     "hasattr with a literal name": "def f(r):\n    return hasattr(r, 'slot')\n",
-    "vars(self)": "class A:\n    def f(self):\n        return vars(self)\n",
     "type(x).__name__ and super().__init__": ("class A(Exception):\n    def __init__(self, x):\n"
                                               "        super().__init__(type(x).__name__)\n"),
     "operator methods and __class__ read": ("class V:\n    def __add__(self, o):\n        return self.__class__()\n"
@@ -260,7 +267,6 @@ HONEST = {
     "messages that mention the grader": "msg = 'the grader checks this; see grader/AUTHORING.md'\n",
     "dataclasses and typing": "from dataclasses import dataclass, field\nfrom typing import NamedTuple\n",
     "math and itertools": "import math, itertools, collections, heapq, functools\n",
-    "self.__dict__": "class A:\n    def f(self):\n        return self.__dict__\n",
     "a class with __getattr__": "class A:\n    def __getattr__(self, name):\n        return 1\n",
 }
 
@@ -318,6 +324,9 @@ def test_a_guarded_load_of_an_honest_file_is_the_module(tmp_path):
 
 
 STRUCTURAL = {
+    "a watched read-back stored on self": ("def f(self, g):\n    self.tolist = g\n", "self.tolist = ..."),
+    "a watched read-back set on self": ("class A:\n    def f(self, g):\n        setattr(self, 'numpy', g)\n",
+                                        "setattr(..., 'numpy')"),
     "setattr of a literal name on a module": ("import math\nsetattr(math, 'pi', 3)\n", "setattr(math, 'pi')"),
     "a module function replaced": ("import time\ntime.perf_counter = lambda: 0.0\n", "time.perf_counter = ..."),
     "a torch method replaced": ("import torch\ntorch.Tensor.sum = None\n", "torch.Tensor.sum = ..."),

@@ -987,6 +987,10 @@ def install_host_read_watch() -> None:
                 def replacement(*args, _fn=current, _what=what, _whole=whole, **kwargs):
                     return _watched_read(_fn, _what, args, kwargs, _whole)
 
+            # functools.wraps keeps the original as __wrapped__: a submission that reads the wrapper's namespace
+            # would find the unwatched method there.
+            if not isinstance(replacement, property):
+                del replacement.__wrapped__
             setattr(owner, attr, replacement)
         _READS["installed"] = True
 

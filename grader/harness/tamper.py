@@ -43,11 +43,13 @@ The rules, exactly (each finding names its line, what it resolved the reference 
    ``model.modules()`` is) count as the harness.
 3. **By-name access**: getattr, setattr, delattr and hasattr only as a direct call whose name is a
    string literal (or an expression of literals that folds to one, rule 7), and that literal obeys the
-   rules for an attribute (rules 1, 2, 4; a private name counts on any object but ``self`` and
-   ``cls``). Every other use is flagged: a computed name (on ``self`` too), the function as a value
+   rules for an attribute (rules 1, 2, 4; a private name counts on any object, ``self`` included,
+   unless the file defines it itself and no library has it: any object can be passed as ``self``).
+   Every other use is flagged: a computed name (on ``self`` too), the function as a value
    (``g = getattr``, ``map(getattr, ...)``, ``functools.reduce(getattr, ...)``, a default argument),
-   ``getattr(*args)``. So are globals(), locals(), vars() (but ``vars(self)``), ``__dict__`` (but on
-   ``self`` and ``cls``), operator.attrgetter and operator.methodcaller, and the keyword names of a
+   ``getattr(*args)``. So are globals(), locals(), vars() and ``__dict__`` (on ``self`` too:
+   ``vars(torch.nn.functional)`` through a parameter named ``self`` reached torch._C), operator.attrgetter
+   and operator.methodcaller, and the keyword names of a
    ``match`` class pattern (``case object(__globals__=g)``), which are attribute reads.
 4. **Special (dunder) names**: an attribute, a bare name, a getattr literal or a string that is a
    dunder name is flagged unless it is in `ALLOWED_DUNDERS` (``__init__``, ``__name__``,
@@ -451,6 +453,46 @@ def _bounded(text: str | bytes) -> str | bytes | None:
 _TORCH_NAMES: list[frozenset[str]] = []
 
 
+_LIBRARY_PRIVATE: list[frozenset[str]] = []
+# Private names that lead past the probes, whatever object they are read from: torch's C core and its dispatcher,
+# the operator namespaces, frames, threads. A file may still name its own private attributes anything else.
+_DANGEROUS_PRIVATE = frozenset({
+    "_C", "_VF", "_TensorBase", "_ops", "_dynamo", "_subclasses", "_python_dispatch", "_mode_utils", "_library",
+    "_dispatch", "_functorch", "_higher_order_ops", "_prims", "_decomp", "_inductor", "_export", "_compile",
+    "_guards", "_jit_internal", "_disabled_torch_function_impl", "_thread", "_getframe", "_current_frames",
+    "_sys", "_os", "_ctypes", "_posixsubprocess", "_imp",
+})
+
+
+def _library_private_names() -> frozenset[str]:
+    """Private names a file may not use even for its own attributes: `_DANGEROUS_PRIVATE`, and every private
+    name of torch's C module, sys, threading and the grader's probes. Any object can be passed as ``self``
+    (``f(torch)`` with ``def f(self): return self._C``), so a file's own private names are allowed only
+    where they cannot be these."""
+    if not _LIBRARY_PRIVATE:
+        import sys
+        import threading
+
+        sources: list = [sys, threading]
+        try:
+            import torch
+
+            from grader.harness import probes
+
+            sources += [torch._C, probes]
+        except ImportError:  # pragma: no cover - the grader always has torch
+            pass
+        _LIBRARY_PRIVATE.append(_DANGEROUS_PRIVATE | frozenset(n for src in sources for n in dir(src) if _private(n)))
+    return _LIBRARY_PRIVATE[0]
+
+
+def _watched_names() -> frozenset[str]:
+    """The attribute names of the read-back routes the probes watch (probes.HOST_READS: numpy, tolist, ...)."""
+    from grader.harness.probes import HOST_READS
+
+    return frozenset(dotted.rsplit(".", 1)[-1] for dotted in HOST_READS)
+
+
 def _torch_attribute_names() -> frozenset[str]:
     """The public attribute names of torch, torch.Tensor and torch.nn.Module in the grader's own torch:
     an attribute of that name set on an object the scan cannot resolve patches torch (rule 5)."""
@@ -797,10 +839,13 @@ class _Scanner(ast.NodeVisitor):
                 self.flag(node, f"{target}.{node.attr} = ...", PATCHES)
             elif not own and _dunder(node.attr):
                 self.flag(node, f"...{node.attr} = ...", PATCHES)
+            elif own and node.attr in _watched_names():
+                self.flag(node, f"{node.value.id}.{node.attr} = ...", f"{PATCHES} (a method the grader watches; "
+                          "anything can be passed as `self`)")
             elif not own and node.attr in _torch_attribute_names() and node.attr not in _TENSOR_STORES_OK:
                 self.flag(node, f"...{node.attr} = ...", f"{PATCHES} (torch has an attribute of that name)")
         path = self.dotted(node)
-        if path is None and not own and _private(node.attr) and node.attr not in self.own_attributes:
+        if path is None and _private(node.attr) and not self.own_private(node.attr):
             self.flag(node, f"...{node.attr}", PRIVATE)
         if (path is None and node.attr in _IMPORT_STATE and isinstance(node.ctx, ast.Load)
                 and not isinstance(self.parents.get(id(node)), ast.Call)):
@@ -811,9 +856,8 @@ class _Scanner(ast.NodeVisitor):
             if node.attr == "__dict__":
                 self.flag(node, path, BY_NAME)
                 return
-        elif node.attr == "__dict__":
-            if not _is_self(node.value):
-                self.flag(node, "...__dict__", BY_NAME)
+        elif node.attr == "__dict__":  # on `self` too: any object can be passed as `self` (f(torch.nn.functional))
+            self.flag(node, "...__dict__", BY_NAME)
         else:
             why = self.rule_for_name(node.attr)
             if why:
@@ -870,8 +914,6 @@ class _Scanner(ast.NodeVisitor):
                     self.check_attribute_call(node, func.id, args[0], args[1])
                 else:
                     self.flag(node, f"{func.id} with a computed name", BY_NAME)
-            elif func.id == "vars" and len(node.args) == 1 and _is_self(node.args[0]) and not node.keywords:
-                self.direct.add(id(func))
             elif func.id == "type" and len(node.args) != 1:
                 self.flag(node, "type(name, bases, namespace)", DYNAMIC)
             elif func.id == "super" and (node.args or node.keywords):
@@ -884,6 +926,10 @@ class _Scanner(ast.NodeVisitor):
         if not self.folded(node):
             self.generic_visit(node)
 
+    def own_private(self, name: str) -> bool:
+        """A private name the file defines itself (``self._free = []``) and no library has."""
+        return name in self.own_attributes and name not in _library_private_names()
+
     def check_attribute_call(self, node: ast.Call, call: str, target: ast.AST, name: ast.AST) -> None:
         """getattr(obj, name) and friends: a literal name is an attribute; a computed one hides it."""
         literal = self.fold(name)
@@ -894,16 +940,17 @@ class _Scanner(ast.NodeVisitor):
             where = self.patch_target(target)
             if where is not None:
                 self.flag(node, f"{call}({where}, {literal!r})", PATCHES)
-            elif not _is_self(target) or _dunder(literal):
-                self.flag(node, f"{call}(..., {literal!r})", f"{PATCHES} (setattr and delattr: only on self)")
+            elif not _is_self(target) or _dunder(literal) or literal in _watched_names():
+                self.flag(node, f"{call}(..., {literal!r})", f"{PATCHES} (setattr and delattr: only on self, and not "
+                          "a method the grader watches)")
         base = self.dotted(target)
         if base is not None:
             self.check_path(node, f"{base}.{literal}")
             return
         why = self.rule_for_name(literal)
-        if why is None and literal == "__dict__" and not _is_self(target):
+        if why is None and literal == "__dict__":
             why = BY_NAME
-        if why is None and _private(literal) and not _is_self(target):
+        if why is None and _private(literal) and not self.own_private(literal):
             why = DYNAMIC
         if why:
             self.flag(node, f"{call}(..., {literal!r})", why)
