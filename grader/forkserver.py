@@ -134,7 +134,7 @@ def _child(request: dict, fds: list[int], own: list[int]) -> None:
         except OSError:
             pass
         signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGPIPE):
+        for sig in (signal.SIGCHLD, signal.SIGTERM):  # as a fresh interpreter has them (SIGPIPE stays ignored)
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for fd in own:  # the server's socket and wake-up pipe
