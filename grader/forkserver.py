@@ -77,7 +77,10 @@ class ForkServer:
     def __init__(self, env: dict[str, str]):
         import subprocess
 
+        import threading
+
         self.env = dict(env)
+        self._lock = threading.Lock()  # one request and its answer at a time
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.proc = subprocess.Popen([sys.executable, "-m", "grader.forkserver", str(child.fileno())],
                                      pass_fds=[child.fileno()], env=self.env, stdin=subprocess.DEVNULL,
@@ -99,8 +102,9 @@ class ForkServer:
         try:
             request = json.dumps({"argv": argv, "env": env, "cwd": cwd, "keep": keep_fds}).encode()
             fds = [devnull, stdout, status_child.fileno(), *keep_fds]
-            self.sock.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-            answer = json.loads(self.sock.recv(64))
+            with self._lock:
+                self.sock.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+                answer = json.loads(self.sock.recv(64))
         finally:
             os.close(devnull)
             status_child.close()

@@ -227,6 +227,11 @@ def warm_server(env: dict[str, str]) -> "forkserver.ForkServer | None":
     return server
 
 
+def warm_server_pids() -> set[int]:
+    """The fork servers this process keeps (a helper that outlives each grade by design, ended with this process)."""
+    return {server.proc.pid for server in _warm.values() if server and server.proc.poll() is None}
+
+
 def _warm_failed(exc: Exception) -> None:
     if _warm.get(os.getpid()) is not None or os.getpid() not in _warm:
         print(f"grader: starting each exercise's tests cold ({exc})", file=sys.stderr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -32,3 +33,12 @@ def grade_folder(folder: Path, exercises: list[str] | None = None, out: Path | N
 def checks_of(result: dict, exercise_id: str) -> dict[str, dict]:
     ex = next(e for e in result["exercises"] if e["id"] == exercise_id)
     return {c["id"]: c for c in ex["checks"]}
+
+
+def left_running() -> list[int]:
+    """Processes below this one but the fork servers it keeps between grades (grader/forkserver.py)."""
+    from grader.batch import descendants
+    from grader.runner import warm_server_pids
+
+    keep = warm_server_pids()
+    return [p for p in descendants(os.getpid()) if p not in keep]

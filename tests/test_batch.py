@@ -27,7 +27,7 @@ from rich.console import Console
 from grader import batch, results
 from grader.batch import BatchError, BatchOptions, JobRun, LocalBackend, run_batch
 from grader.runner import GradeOptions
-from tests.conftest import COURSE, ROOT, checks_of
+from tests.conftest import COURSE, ROOT, checks_of, left_running
 from tests.known_wrong import load_mutants
 
 EXERCISE = "online_softmax"
@@ -163,7 +163,7 @@ def test_hostile_submission_scores_zero_and_leaves_nothing_behind(graded):
     left = sleepers(SLEEP_MARK)
     kill_and_report(left)
     assert not left, "a process started by a submission outlived the batch"
-    assert batch.descendants(os.getpid()) == [], "the batch left grading processes running"
+    assert left_running() == [], "the batch left grading processes running"
     if os.geteuid() == 0:  # the worker's mount namespace hides the other submissions and the results
         text = messages(hostile)
         assert "READ " not in text, f"the worker read another submission or the results: {text[:400]}"
@@ -403,7 +403,7 @@ def test_a_hung_grader_is_killed_with_everything_it_started(tmp_path):
     assert not left, "a process started under a hung grading process survived the batch"
     assert sorted(report.internal_errors) == ["ann", "ben"]
     assert "did not finish within the submission's budget of 4 s" in result_of(out, "ann")["format_errors"][0]
-    assert batch.descendants(os.getpid()) == []
+    assert left_running() == []
 
 
 def test_a_dying_grading_process_is_reported(tmp_path):
@@ -489,7 +489,7 @@ def test_jobs_beyond_the_gpus_queue(tmp_path):
 
 
 def test_no_process_is_left_running():
-    assert batch.descendants(os.getpid()) == []
+    assert left_running() == []
     assert shutil.which("pgrep") is None or not sleepers(SLEEP_MARK)
 
 
@@ -498,10 +498,11 @@ import json, os, sys
 from pathlib import Path
 from grader import batch
 from grader.batch import LocalBackend
+from tests.conftest import left_running
 from tests.test_batch import HANGS, ROOT, batch_run
 report = batch_run(Path(sys.argv[1]), Path(sys.argv[2]), backend=LocalBackend(ROOT, [sys.executable, "-c", HANGS]))
 print(json.dumps({"interrupted": report.interrupted, "no_result": [s["id"] for s in report.summary["no_result"]],
-                  "left_running": batch.descendants(os.getpid())}))
+                  "left_running": left_running()}))
 """
 
 
