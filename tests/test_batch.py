@@ -84,6 +84,9 @@ def hostile_source(subs: Path, out: Path) -> str:
     source = (ROOT / "tests" / "hostile" / "outlives_grade.py").read_text()
     assert '"4242"' in source and "raise NotImplementedError" in source
     source = source.replace('"4242"', f'"{SLEEP_MARK}"').replace("raise NotImplementedError", "raise RuntimeError(PEEK)")
+    popen = next(line for line in source.splitlines() if line.startswith("subprocess.Popen("))
+    # The worker's lock refuses the orphan where the exercise's drivers do not spawn: go on to the peeks.
+    source = source.replace(popen, f"try:\n    {popen}\nexcept PermissionError:\n    pass")
     targets = [str(subs / "reference" / f"{EXERCISE}.py"), str(out / batch.STATE_FILE)]
     return source + (
         "\n\ndef _peek(path):\n"

@@ -116,6 +116,14 @@ FLAGGED = {
     "locals()": ("def f():\n    return locals()\n", "locals()"),
     "vars()": ("def f():\n    return vars()\n", "vars()"),
     "vars of an object": ("def f(x):\n    return vars(x)\n", "vars()"),
+    # a storage of the student's own, and a tensor over it: bytes in and out with no operator
+    "a storage made by hand": ("import torch\nst = torch.UntypedStorage(64)\n", "torch.UntypedStorage"),
+    "a tensor rebound to a storage": ("def f(t, st):\n    return t.set_(st)\n", "...set_"),
+    "a typed storage": ("import torch\ns = torch.FloatStorage(4)\n", "torch.FloatStorage"),
+    "a storage's own file routes": ("def f(st, sink):\n    st._write_file(sink, False, False, 1)\n", "..._write_file"),
+    "a storage's private route defined as the file's own": (
+        "class D:\n    def _set_from_file(self):\n        pass\ndef f(st, b):\n    st._set_from_file(b, None, False, 1)\n",
+        "..._set_from_file"),
     # anything can be passed as `self`: f(torch.nn.functional) read the module's namespace, f(torch) torch._C
     "vars(self)": ("class A:\n    def f(self):\n        return vars(self)\n", "vars()"),
     "self.__dict__": ("def f(self):\n    return self.__dict__\n", "...__dict__"),

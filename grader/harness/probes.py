@@ -137,11 +137,21 @@ LOGSUMEXP = _family(
     "aten::logsumexp", "aten::special_logsumexp", "aten::logcumsumexp", "aten::_logcumsumexp",
     "aten::logaddexp", "aten::logaddexp2", "aten::softplus", "aten::softplus_backward",
     "aten::log_sigmoid", "aten::log_sigmoid_forward", "aten::log_sigmoid_backward",
+    # losses and activations that are one of those inside (the red team's softplus was binary cross-entropy with
+    # logits against zeros: exactly log(1 + exp(z)), one operator): softplus(-y x), x tanh(softplus(x)), CTC's
+    # log-sum-exp over paths
+    "aten::binary_cross_entropy_with_logits",
+    "aten::soft_margin_loss", "aten::soft_margin_loss_backward", "aten::mish", "aten::mish_", "aten::mish_backward",
+    "aten::_ctc_loss", "aten::_ctc_loss_backward", "aten::ctc_loss", "aten::_use_cudnn_ctc_loss",
+    "aten::_cudnn_ctc_loss",
 )
 TWO_TERM_SOFTMAX = _family(
     "a sigmoid (the softmax of two terms)",
     "aten::sigmoid", "aten::sigmoid_", "aten::sigmoid_backward", "aten::special_expit", "aten::_foreach_sigmoid",
     "aten::_foreach_sigmoid_", "quantized::sigmoid",
+    # x sigmoid(x), a sigmoid(b): a sigmoid inside one operator
+    "aten::silu", "aten::silu_", "aten::silu_backward", "aten::glu", "aten::glu_backward", "aten::glu_jvp",
+    "aten::glu_backward_jvp",
 )
 # Forbidding any softmax or logsumexp name forbids the whole of that math: softmax(x) = exp(x - logsumexp(x)).
 NORMALISER = (SOFTMAX, LOGSUMEXP, TWO_TERM_SOFTMAX)
@@ -340,6 +350,17 @@ HOST_READS: dict[str, str] = {
     "torch.from_numpy": "torch.from_numpy (a tensor over numpy's memory, which Python reads without torch)",
     "torch.as_tensor": "torch.as_tensor of a numpy array or a buffer (a tensor over memory Python reads without torch)",
     "torch.asarray": "torch.asarray of a numpy array or a buffer (a tensor over memory Python reads without torch)",
+    "torch.Tensor.share_memory_": "Tensor.share_memory_ (moves its memory to a shared file Python can read)",
+    "torch.from_file": "torch.from_file (a tensor over a file Python reads without torch)",
+    "torch.save": "torch.save (pickling tensors' and storages' bytes where Python reads them)",
+    "torch.serialization.save": "torch.save (pickling tensors' and storages' bytes where Python reads them)",
+    # A storage the student holds (made at import: torch.UntypedStorage(n), then a tensor over it with set_) has
+    # byte routes of its own that dispatch no operator: the red team copied a result into one and read it with
+    # torch.save or _write_file (flash_attention 76/76 from host numpy), and wrote one with _set_from_file.
+    **{f"torch.{kind}.{method}": f"{kind}.{method}" for kind in ("UntypedStorage", "TypedStorage") for method in (
+        "tolist", "__getitem__", "__setitem__", "_write_file", "_set_from_file", "data_ptr", "__reduce__",
+        "__reduce_ex__", "_share_fd_cpu_", "_share_filename_cpu_", "share_memory_", "from_buffer", "from_file",
+        "_new_shared", "_new_shared_fd_cpu", "_new_shared_filename_cpu", "_new_with_weak_ptr", "_get_shared_fd")},
 }
 # Of those, the routes that build a tensor over memory that Python can read without torch (numpy's, a buffer's):
 # a copy into it (`torch.from_numpy(a).copy_(t)`) reads t's values with no read-back route. They count the new
@@ -348,6 +369,7 @@ _CREATING = frozenset({"torch.frombuffer", "torch.from_dlpack", "torch.utils.dlp
                        "torch.as_tensor", "torch.asarray"})
 
 _TENSOR_STORAGE = torch._C.TensorBase.untyped_storage  # taken before any student code, never patched
+_STORAGE_DATA_PTR = torch._C.StorageBase.data_ptr  # likewise
 _NAN = float("nan")
 
 
@@ -411,7 +433,7 @@ def _note_copies(name: str, args: tuple, out: Any) -> None:
 
 def storage_of(tensor: torch.Tensor) -> int:
     """The address of a tensor's storage (the same for every view of it), through an unpatched method."""
-    return _TENSOR_STORAGE(tensor).data_ptr()
+    return _STORAGE_DATA_PTR(_TENSOR_STORAGE(tensor))
 
 
 def _rule_message(why: str) -> str:
@@ -902,12 +924,25 @@ _EXPOSING = frozenset({
     "torch.Tensor.numpy", "torch.Tensor.__array__", "torch.Tensor.__dlpack__", "torch.Tensor.__cuda_array_interface__",
     "torch.Tensor.__reduce_ex__", "torch.Tensor.untyped_storage", "torch.Tensor.storage", "torch.Tensor.data_ptr",
     "torch.Tensor.apply_", "torch.Tensor.map_", "torch.Tensor.map2_",
-    "torch.utils.dlpack.to_dlpack", "torch.to_dlpack",
+    "torch.utils.dlpack.to_dlpack", "torch.to_dlpack", "torch.Tensor.share_memory_", "torch.save",
+    "torch.serialization.save",
+    *(dotted for dotted in HOST_READS if ".UntypedStorage." in dotted or ".TypedStorage." in dotted),
 })
 
 
-def _elements(value: Any, whole_storage: bool) -> int:
-    """The elements a read of `value` reaches: its own, or (`whole_storage`) every element of its storage."""
+_STORAGE_NBYTES = torch._C.StorageBase.nbytes  # taken before any student code, never patched
+
+
+def _elements(value: Any, whole_storage: bool, depth: int = 0) -> int:
+    """The elements a read of `value` reaches: its own, or (`whole_storage`) every element of its storage; a
+    storage's bytes; what a container holds (torch.save of a list, two levels deep)."""
+    if isinstance(value, torch.UntypedStorage):
+        return int(_STORAGE_NBYTES(value))
+    if isinstance(value, torch.TypedStorage):
+        return int(_STORAGE_NBYTES(value._untyped_storage))
+    if isinstance(value, (list, tuple, dict)) and depth < 2:
+        items = value.values() if isinstance(value, dict) else value
+        return sum(_elements(v, whole_storage, depth + 1) for v in list(items)[:10_000])
     if not isinstance(value, torch.Tensor):
         return 0
     try:

@@ -162,6 +162,8 @@ SOCKET = "your code reaches sockets, and the worker that runs your code talks to
 INTROSPECTION = "your code inspects frames or the garbage collector, which can find and change the grader's probes"
 NATIVE = "your code loads native code, which can change anything in the process"
 THREADS = "your code starts threads of its own, which the grader's probes do not watch"
+STORAGE = ("your code handles tensor storages or rebinds a tensor to other memory, whose bytes move without an "
+           "operator the grader's probes see (no exercise needs them: work on tensors)")
 PROCESSES = "your code runs code in another process, where the grader's probes are not installed"
 LATER = "your code arranges for code of its own to run later, outside the calls the grader's probes watch"
 DYNAMIC = "your code builds code or names at run time, which hides what it reaches from the grader's checks"
@@ -242,6 +244,11 @@ NAMES: dict[str, str] = {
     "_start_new_thread": THREADS, "start_new_thread": THREADS, "_start_joinable_thread": THREADS,
     # a class's bases reached by method: the way around a patched method to the unpatched base (TensorBase)
     "mro": DUNDER, "TensorBase": TORCH_PRIVATE,
+    # A storage made at import, and a tensor over it (set_), was a channel: copy a result in, read its bytes out
+    # with torch.save or the storage's own methods, no operator dispatched (flash_attention 76/76 from host numpy).
+    "UntypedStorage": STORAGE, "TypedStorage": STORAGE, "StorageBase": STORAGE, "set_": STORAGE,
+    "share_memory_": STORAGE, "from_file": STORAGE, "_write_file": STORAGE, "_set_from_file": STORAGE,
+    "untyped_storage": STORAGE,
 }
 BUILTINS: dict[str, str] = {"exec": DYNAMIC, "eval": DYNAMIC, "compile": DYNAMIC, "__import__": DYNAMIC,
                             "help": DYNAMIC}
@@ -479,7 +486,7 @@ def _library_private_names() -> frozenset[str]:
 
             from grader.harness import probes
 
-            sources += [torch._C, probes]
+            sources += [torch._C, probes, torch.Tensor, torch.UntypedStorage, torch.TypedStorage, torch.nn.Module]
         except ImportError:  # pragma: no cover - the grader always has torch
             pass
         _LIBRARY_PRIVATE.append(_DANGEROUS_PRIVATE | frozenset(n for src in sources for n in dir(src) if _private(n)))
@@ -757,6 +764,8 @@ class _Scanner(ast.NodeVisitor):
         """Why an attribute name is flagged on any object (rules 1, 4 and 8)."""
         if name in NAMES:
             return NAMES[name]
+        if name.endswith("Storage") and name[:1].isupper():  # torch.FloatStorage and the other typed storages
+            return STORAGE
         if self.clocks and name in CLOCK_NAMES:
             return CLOCKS
         if _dunder(name) and name not in ALLOWED_DUNDERS:

@@ -60,6 +60,8 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 import torch
 
+from grader.harness import probes
+
 __all__ = [
     "Communicator", "CommError", "SimulatedComm", "DistributedComm", "RankView",
     "run_simulated", "run_distributed", "run_distributed_cases", "run_on_processes", "forbidden_collectives",
@@ -188,7 +190,7 @@ class _Counters:
         dst, src = self._rank_arg(dst, "dst"), self._rank_arg(src, "src")
         if send.device != recv.device:
             raise CommError(f"rank {self.rank}: send is on {send.device} but recv is on {recv.device}")
-        if send.numel() and recv.numel() and send.untyped_storage().data_ptr() == recv.untyped_storage().data_ptr():
+        if send.numel() and recv.numel() and probes.storage_of(send) == probes.storage_of(recv):
             (a0, a1), (b0, b1) = _extent(send), _extent(recv)
             if a0 < b1 and b0 < a1:
                 raise CommError(
