@@ -116,6 +116,20 @@ FLAGGED = {
     "locals()": ("def f():\n    return locals()\n", "locals()"),
     "vars()": ("def f():\n    return vars()\n", "vars()"),
     "vars of an object": ("def f(x):\n    return vars(x)\n", "vars()"),
+    # the red team's takeover of the worker's request loop (round 5): a frame's locals through a format field, a
+    # pickle through numpy with allow_pickle passed in **, raw reads and writes through posix
+    "a format field reaching into its argument": ("def f(tb):\n    return '{0.tb_frame}'.format(tb)\n",
+                                                  "a format field '0.tb_frame'"),
+    "a format field inside a format spec": ("def f(a, b):\n    return '{0:{1.x}}'.format(a, b)\n", "a format field '1.x'"),
+    "an item by a format field": ("def f(d):\n    return '{0[key]}'.format(d)\n", "a format field '0[key]'"),
+    "a format string built at run time": ("def f(t, x):\n    return ('{' + t + '}').format(x)\n", "....format()"),
+    "format_map": ("def f(m):\n    return '{a.b}'.format_map(m)\n", "a format field 'a.b'"),
+    "str.format of a template": ("def f(x):\n    return str.format('{0.y}', x)\n", "a format field '0.y'"),
+    "allow_pickle through **": ("import numpy as np\nnp.save\ndef f(p):\n    return g(p, **{'allow_pickle': True})\n",
+                                "**{'allow_pickle': ...}"),
+    "numpy.load": ("import numpy as np\nnp.load('x')\n", "numpy.load"),
+    "torch.load with keywords from a mapping": ("import torch\ndef f(p, kw):\n    return torch.load(p, **kw)\n",
+                                                "torch.load(**...)"),
     # a storage of the student's own, and a tensor over it: bytes in and out with no operator
     "a storage made by hand": ("import torch\nst = torch.UntypedStorage(64)\n", "torch.UntypedStorage"),
     "a tensor rebound to a storage": ("def f(t, st):\n    return t.set_(st)\n", "...set_"),
@@ -269,6 +283,7 @@ HONEST = {
     "getattr with a constant": "import torch\ngetattr(torch, 'float16')\n",
     "its own variable named compile": "def f(compile=False):\n    return compile\n",
     "torch.load safely": "import torch\ntorch.load('f')\ntorch.load('f', weights_only=True)\n",
+    "str.format with plain fields": "def f(a, b):\n    return '{} {:.3f} {name}'.format(a, b, name=1)\n",
     "a course helper by name": "from grader.support.ring_allreduce import run_simulated\nrun_simulated(print, [])\n",
     "gc.collect": "import gc\ngc.collect()\n",
     "sys.exit and sys.stderr": "import sys\nprint('x', file=sys.stderr)\n",
@@ -294,10 +309,13 @@ def test_a_finding_reads_as_line_what_why():
 
 
 def test_bytes_are_read_as_python_reads_them():
-    # In UTF-7, "+AHM-" is "s": a reader that assumes UTF-8 sees no sys.settrace here; Python does.
+    # In UTF-7, "+AHM-" is "s": a reader that assumes UTF-8 sees no sys.settrace here; Python does. A coding other
+    # than the plain ones is refused before anything is decoded (punycode decodes in quadratic time).
     source = b"# -*- coding: utf-7 -*-\nimport sys\n+AHM-ys.settrace(None)\n"
     found = [f.what for f in tamper.scan(source)]
-    assert "coding: utf-7" in found and "sys.settrace" in found, found
+    assert found == ["coding: utf-7"], found
+    latin = "# -*- coding: latin-1 -*-\nimport sys\nsys.settrace(None)  # \xe9\n".encode("latin-1")
+    assert "sys.settrace" in [f.what for f in tamper.scan(latin)]
 
 
 def test_a_file_that_does_not_parse_fails_closed():
@@ -332,6 +350,7 @@ def test_a_guarded_load_of_an_honest_file_is_the_module(tmp_path):
 
 
 STRUCTURAL = {
+    "posix.write (os.write by its own name)": ("import posix\nposix.write(1, b'x')\n", "posix.write"),
     "a watched read-back stored on self": ("def f(self, g):\n    self.tolist = g\n", "self.tolist = ..."),
     "a watched read-back set on self": ("class A:\n    def f(self, g):\n        setattr(self, 'numpy', g)\n",
                                         "setattr(..., 'numpy')"),
@@ -482,3 +501,19 @@ def test_a_file_too_large_to_parse_safely_fails_closed():
     findings = tamper.scan(source)
     assert len(findings) == 1 and "over the 1 MiB" in findings[0].why, findings
     assert tamper.scan(source.encode())[0].what.endswith("bytes")
+
+
+def test_an_exotic_coding_is_refused_before_it_is_decoded(tmp_path):
+    """`# coding: punycode` made the grader decode 256 KiB in quadratic time (5.7 s in the grade's own process,
+    ~70 s per scan at 1 MiB) before refusing it; the scan and the runner's syntax pre-check now read the cookie first."""
+    import time
+
+    from grader.runner import syntax_error
+
+    source = b"# coding: punycode\n" + b"abc-" * (60 << 10)  # what the cookie says decides, not what follows
+    start = time.monotonic()
+    assert [f.what for f in tamper.scan(source)] == ["coding: punycode"]
+    path = tmp_path / "online_softmax.py"
+    path.write_bytes(source)
+    assert syntax_error(path) is None, "an exotic coding is left to the worker, which pays for decoding it"
+    assert time.monotonic() - start < 1.0

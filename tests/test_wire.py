@@ -429,3 +429,20 @@ def test_a_forged_error_is_read_as_strings_only():
     honest = WorkerProcess._student_error(None, {"type": "ValueError", "mro": ["ValueError", "Exception"],
                                                  "message": "bad shape", "traceback": "line 3"})
     assert isinstance(honest, ValueError) and "bad shape" in str(honest) and honest.student_traceback == "line 3"
+
+
+def test_a_forged_exception_description_is_refused_without_formatting_it():
+    """A getattr reply's `mro` went through str() entry by entry: a list of a thousand references to one tensor cost
+    7 s an entry, after the reply had passed every decoding limit (a call held 102 s against a 30 s timeout)."""
+    import time
+
+    from grader.harness.client import CallOptions, StudentCrash, _attribute
+
+    t = torch.zeros(1000, dtype=torch.bool)
+    start = time.monotonic()
+    with pytest.raises(StudentCrash, match="unreadable form"):
+        _attribute({"kind": "exception", "mro": [[t] * 1000] * 49}, None, "module", ["x"], CallOptions())
+    assert time.monotonic() - start < 1
+    cls = _attribute({"kind": "exception", "mro": ["BadShape", "ValueError", "Exception"]}, None, "module", ["x"],
+                     CallOptions())
+    assert issubclass(cls, ValueError) and cls.__name__ == "BadShape"

@@ -65,8 +65,10 @@ _exception_classes: dict[tuple, type] = {}
 
 def remote_exception_class(name: str, mro: list[str]) -> type:
     """A local class standing for the student's exception class `name` (with its base names)."""
-    key = (name, tuple(mro))
+    key = (name[:100], tuple(n[:100] for n in mro[:32]))
     if key not in _exception_classes:
+        if len(_exception_classes) >= 256:  # reply data chooses the names: a bounded cache
+            _exception_classes.clear()
         base = next(
             (
                 getattr(builtins, n)
@@ -413,7 +415,7 @@ class WorkerProcess:
         if not isinstance(reply, dict) or not isinstance(reply.get("ok"), bool):
             self.close()
             raise StudentCrash("the worker's reply is not a well-formed reply")
-        if reply.get("nonce") != nonce:
+        if type(reply.get("nonce")) is not int or reply["nonce"] != nonce:  # a forged tensor compares elementwise
             self.close()
             raise StudentCrash("the worker's reply does not answer the request it was sent (a frame written "
                                "ahead of the request, or a second reply to an earlier one)")
@@ -683,7 +685,11 @@ def _attribute(reply: dict, worker: WorkerProcess, target: Any, path: list[str],
                owner: str = "") -> Any:
     kind = reply.get("kind")
     if kind == "exception":
-        mro = [str(n) for n in reply.get("mro", [])]
+        mro = reply.get("mro", [])
+        # The reply is the student's to forge: names only as a short list of short strings, never str() of a value
+        # (str() of a list of a thousand references to one tensor took 7 s an entry, past every deadline).
+        if not isinstance(mro, list) or len(mro) > 64 or not all(isinstance(n, str) and len(n) <= 100 for n in mro):
+            raise StudentCrash(f"the worker described attribute {path[-1]!r} in an unreadable form")
         return remote_exception_class(mro[0] if mro else "Exception", mro)
     if kind in ("class", "callable"):
         return RemoteCallable(worker, target, path, options, worker.generation, owner)

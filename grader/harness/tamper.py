@@ -211,6 +211,10 @@ MODULES: dict[str, str] = {
     "types.new_class": DYNAMIC, "dataclasses.make_dataclass": DYNAMIC,
     "operator.attrgetter": BY_NAME, "operator.methodcaller": BY_NAME,
     "torch.package": DYNAMIC, "torch.hub": DYNAMIC,
+    # loading arrays and tensors from bytes: numpy.load falls back to pickle (allow_pickle can come through
+    # **kwargs, where no keyword is written out); no exercise loads files
+    "numpy.load": DYNAMIC, "numpy.lib.format": DYNAMIC, "numpy.lib.npyio": DYNAMIC, "numpy.lib._npyio_impl": DYNAMIC,
+    "numpy.lib._format_impl": DYNAMIC,
     "triton.runtime": LAUNCHER, "triton.compiler": LAUNCHER, "triton.backends": LAUNCHER, "triton.knobs": LAUNCHER,
     # torch.compile is not here: the worker runs it eagerly (TORCHDYNAMO_DISABLE), seen like any Python code.
     "torch.jit": COMPILED, "torch.fx": COMPILED, "torch.export": COMPILED, "torch._export": COMPILED,
@@ -340,6 +344,17 @@ _FOLD_LIMIT = 10_000  # characters: a folded string longer than this is not fold
 MAX_SOURCE_BYTES = 1 << 20
 
 
+def standard_encoding(encoding: str) -> bool:
+    """Is `encoding` (a source file's coding cookie) one of the plain ones Python sources use?"""
+    import codecs
+
+    try:
+        name = codecs.lookup(encoding).name
+    except LookupError:
+        return False
+    return name.replace("_", "-") in _PYTHON_ENCODINGS or name in ("iso8859-1", "latin-1")
+
+
 def scan(source: str | bytes, structural: bool = False, clocks: bool = False) -> list[Finding]:
     """Every reference in `source` that could tamper with the grader's probes, in line order.
 
@@ -355,11 +370,11 @@ def scan(source: str | bytes, structural: bool = False, clocks: bool = False) ->
     if isinstance(source, bytes):
         try:
             encoding, _ = tokenize.detect_encoding(io.BytesIO(source).readline)
+            if not standard_encoding(encoding):  # refused before decoding: punycode decodes in quadratic time
+                return [Finding(1, f"coding: {encoding}", ENCODING)]
             text = source.decode(encoding)
         except (SyntaxError, LookupError, UnicodeDecodeError) as exc:
             return [Finding(1, type(exc).__name__, f"{UNREADABLE} ({exc})")]
-        if encoding.lower().replace("_", "-") not in _PYTHON_ENCODINGS:
-            findings.append(Finding(1, f"coding: {encoding}", ENCODING))
     else:
         text = source
     try:
@@ -411,8 +426,12 @@ def _private(name: str) -> bool:
 
 def _module_rule(path: str, clocks: bool, structural: bool = False) -> str | None:
     """Why a dotted path is flagged: the module table, the os process family, clocks, private segments,
-    and the same again from every segment that names a module re-exported there (torch.sys.modules)."""
+    and the same again from every segment that names a module re-exported there (torch.sys.modules).
+    `posix` and `nt` are os's own implementation: their names are os's (posix.write is os.write)."""
     parts = path.split(".")
+    if parts[0] in ("posix", "nt"):
+        parts[0] = "os"
+        path = ".".join(parts)
     for start in range(1, len(parts)):
         if ".".join(parts[:start + 1]) in _OWN_SUBMODULES:
             continue
@@ -932,8 +951,42 @@ class _Scanner(ast.NodeVisitor):
                 safe = not _UNSAFE_KEYWORDS[keyword.arg]
                 if not (isinstance(keyword.value, ast.Constant) and keyword.value.value is safe):
                     self.flag(keyword.value, f"{keyword.arg}=...", f"{DYNAMIC} (unpickling can call any function)")
+            elif keyword.arg is None and isinstance(keyword.value, ast.Dict):  # f(**{"allow_pickle": True})
+                for key in keyword.value.keys:
+                    if key is not None and self.fold(key) in _UNSAFE_KEYWORDS:
+                        self.flag(key, f"**{{{self.fold(key)!r}: ...}}", f"{DYNAMIC} (unpickling can call any function)")
+        if isinstance(func, ast.Attribute) and func.attr in ("format", "format_map"):
+            self.check_format(node, func)
+        if (self.dotted(func) in ("torch.load", "torch.serialization.load")
+                and any(k.arg is None and not isinstance(k.value, ast.Dict) for k in node.keywords)):
+            self.flag(node, f"{self.dotted(func)}(**...)", f"{DYNAMIC} (weights_only could come through **; "
+                      "unpickling can call any function)")
         if not self.folded(node):
             self.generic_visit(node)
+
+    def check_format(self, node: ast.Call, func: ast.Attribute) -> None:
+        """str.format reads attributes and items by name from its fields ("{0.tb_frame.f_back}".format(tb)): a
+        format string the scan cannot read, or a field that reaches into an argument, is a lookup by name."""
+        import string
+
+        template = func.value
+        if isinstance(template, ast.Name) and template.id == "str" and node.args:
+            template = node.args[0]  # str.format(template, ...)
+        literal = self.fold(template)
+        if not isinstance(literal, str):
+            self.flag(node, f"....{func.attr}() of a format string built at run time", BY_NAME)
+            return
+        fields, pending = [], [literal]
+        while pending and len(fields) < 1000:  # a format spec holds fields of its own: "{0:{1.x}}"
+            try:
+                for _, field, spec, _ in string.Formatter().parse(pending.pop()):
+                    fields += [field] if field else []
+                    pending += [spec] if spec and "{" in spec else []
+            except ValueError:
+                break
+        reaching = [f for f in fields if "." in f or "[" in f]
+        if reaching:
+            self.flag(node, f"a format field {reaching[0][:40]!r}", BY_NAME)
 
     def own_private(self, name: str) -> bool:
         """A private name the file defines itself (``self._free = []``) and no library has."""
