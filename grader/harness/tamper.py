@@ -215,6 +215,11 @@ MODULES: dict[str, str] = {
     # **kwargs, where no keyword is written out); no exercise loads files
     "numpy.load": DYNAMIC, "numpy.lib.format": DYNAMIC, "numpy.lib.npyio": DYNAMIC, "numpy.lib._npyio_impl": DYNAMIC,
     "numpy.lib._format_impl": DYNAMIC,
+    # modules that run Python source they are handed (doctest ran code the scan never read, hex-encoded, its lines
+    # counted for <doctest>: online_softmax 90 with the dispatch modes switched off), or build objects by name
+    "doctest": DYNAMIC, "timeit": DYNAMIC, "torch.utils.benchmark": DYNAMIC, "cProfile": DYNAMIC, "profile": DYNAMIC,
+    "trace": DYNAMIC, "pdb": DYNAMIC, "bdb": DYNAMIC, "sympy": DYNAMIC, "jinja2": DYNAMIC, "mako": DYNAMIC,
+    "yaml": DYNAMIC, "IPython": DYNAMIC, "numba": NATIVE, "cython": NATIVE, "Cython": NATIVE,
     "triton.runtime": LAUNCHER, "triton.compiler": LAUNCHER, "triton.backends": LAUNCHER, "triton.knobs": LAUNCHER,
     # torch.compile is not here: the worker runs it eagerly (TORCHDYNAMO_DISABLE), seen like any Python code.
     "torch.jit": COMPILED, "torch.fx": COMPILED, "torch.export": COMPILED, "torch._export": COMPILED,
@@ -248,6 +253,8 @@ NAMES: dict[str, str] = {
     "_start_new_thread": THREADS, "start_new_thread": THREADS, "_start_joinable_thread": THREADS,
     # a class's bases reached by method: the way around a patched method to the unpatched base (TensorBase)
     "mro": DUNDER, "TensorBase": TORCH_PRIVATE,
+    # logging's "{"-style formatting reads attributes by the names in its format string, as str.format does
+    "Formatter": BY_NAME, "StrFormatStyle": BY_NAME,
     # A storage made at import, and a tensor over it (set_), was a channel: copy a result in, read its bytes out
     # with torch.save or the storage's own methods, no operator dispatched (flash_attention 76/76 from host numpy).
     "UntypedStorage": STORAGE, "TypedStorage": STORAGE, "StorageBase": STORAGE, "set_": STORAGE,
@@ -857,6 +864,10 @@ class _Scanner(ast.NodeVisitor):
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         own = isinstance(node.value, ast.Name) and node.value.id in _OWN
+        parent = self.parents.get(id(node))
+        if node.attr in ("format", "format_map") and not (isinstance(parent, ast.Call) and parent.func is node):
+            # map(str.format, [fmt], [obj]) or a bound fmt.format called later: fields the scan never reads
+            self.flag(node, f"...{node.attr} used as a value", BY_NAME)
         if isinstance(node.ctx, (ast.Store, ast.Del)):
             target = self.patch_target(node.value) if self.structural else None
             if node.attr == "__class__":
