@@ -22,6 +22,16 @@ import torch
 import torch.nn.functional as F
 
 from grader.harness import probes
+
+
+@pytest.fixture(autouse=True)
+def _fresh_aliased_memory():
+    """Memory a test hands to numpy stays watched for the rest of its process (as in a worker): not the next test's."""
+    probes._ALIASED.clear()
+    probes._ALIASED_BYTES["kept"] = 0
+    yield
+    probes._ALIASED.clear()
+    probes._ALIASED_BYTES["kept"] = 0
 from tests.conftest import ROOT
 
 SOFTMAX_NAMES = ["torch.softmax", "torch.nn.functional.softmax", "torch.Tensor.softmax", "torch.logsumexp"]
@@ -792,6 +802,7 @@ def test_a_read_through_a_view_counts_what_it_exposes():
     for read, exposed in ((lambda: x[:1].numpy(), 1000), (lambda: __import__("numpy").asarray(x[:1]), 1000),
                           (lambda: x[:1].untyped_storage(), 1000), (lambda: x[:1].tolist(), 1),
                           (lambda: x[:5].tolist(), 5)):
+        probes._ALIASED.clear()  # each read on its own: memory handed to numpy stays watched after it
         with probes.reads_counted() as counter:
             read()
         assert counter.reads == exposed, f"expected {exposed} elements counted, found {counter.reads}"
@@ -808,7 +819,7 @@ def test_a_copy_into_numpys_memory_counts_as_a_read_and_breaks_the_kernel_rule()
         with probes.reads_counted() as counter:
             host = np.zeros(1000)
             make(host).copy_(x)
-        assert counter.reads == 1000 and host[999] == 999.0, f"{make.__name__}: {counter.reads}"
+        assert counter.reads >= 1000 and host[999] == 999.0, f"{make.__name__}: {counter.reads}"
     with probes.reads_counted() as counter:  # a copy of Python data, or of a tensor, reads nothing back
         torch.as_tensor([1, 2, 3]), torch.as_tensor(x), torch.asarray(x)
     assert counter.reads == 0
@@ -853,3 +864,35 @@ def test_a_storage_of_the_students_own_is_watched_like_a_tensor():
         with pytest.raises(probes.ForbiddenCall, match="must do its work in Triton kernels"):
             with probes.host_reads_refused("the kernel rule"):
                 route()
+
+
+def test_memory_shared_with_numpy_before_the_call_is_watched_in_it():
+    """A tensor over numpy's memory made at import (torch.from_numpy, .numpy(), frombuffer), outside any watched call:
+    during the call a copy into it is an allowed host operation, and numpy then reads the values with nothing counting
+    (the red team's flash_attention scored 76/76 from host numpy, moe_router vectorised 10/10). Every operator on such
+    memory during a watched call is a read of it; memory the grader's own reply encoding reads is not such memory."""
+    import numpy as np
+    import torch
+
+    from grader.harness import wire
+
+    probes.install_host_read_watch()
+    honest = torch.arange(8.0)
+    with probes.harness_io():
+        wire.encode_reply({"ok": True, "value": honest}, lambda obj: 0)
+    buf = np.zeros(16, dtype=np.float32)
+    shared = torch.from_numpy(buf)  # at "import": no call is watched
+    x = torch.arange(16.0)
+    with probes.reads_counted() as counter:
+        (honest * 2).sum()
+        assert counter.reads == 0, "honest work on the grader's own tensors counted as reads"
+        shared.copy_(x)
+    assert counter.reads >= 16 and buf[3] == 3.0, counter.reads
+    with pytest.raises(probes.ForbiddenCall, match="shares its memory with numpy"):
+        with probes.host_reads_refused("the kernel rule"):
+            shared.copy_(x)
+    exported = torch.zeros(4)
+    exported.numpy()  # at "import": numpy now holds a view of its memory
+    with probes.reads_counted() as counter:
+        exported.add_(1)
+    assert counter.reads >= 4

@@ -931,6 +931,15 @@ _EXPOSING = frozenset({
 
 
 _STORAGE_NBYTES = torch._C.StorageBase.nbytes  # taken before any student code, never patched
+# Of the exposing routes, those that leave memory shared with numpy or a buffer behind (not a one-off copy out).
+_ALIASING = frozenset({
+    "torch.Tensor.numpy", "torch.Tensor.__array__", "torch.Tensor.__dlpack__", "torch.Tensor.__cuda_array_interface__",
+    "torch.utils.dlpack.to_dlpack", "torch.to_dlpack", "torch.Tensor.share_memory_", "torch.Tensor.untyped_storage",
+    "torch.Tensor.storage",
+    *(f"torch.{kind}.{m}" for kind in ("UntypedStorage", "TypedStorage") for m in (
+        "_share_fd_cpu_", "_share_filename_cpu_", "share_memory_", "_new_shared", "_new_shared_fd_cpu",
+        "_new_shared_filename_cpu", "_get_shared_fd")),
+})
 
 
 def _elements(value: Any, whole_storage: bool, depth: int = 0) -> int:
@@ -961,8 +970,11 @@ class _ReadState(threading.local):
 _READ_STATE = _ReadState()
 
 
-def _watched_read(fn: Any, what: str, args: tuple, kwargs: dict, whole_storage: bool = False) -> Any:
+def _watched_read(fn: Any, what: str, args: tuple, kwargs: dict, whole_storage: bool = False,
+                  aliasing: bool = False) -> Any:
     target = id(args[0]) if args else None
+    if aliasing and args and not in_launch():  # memory handed over where Python reads it later: remembered
+        _note_aliased(args[0])
     if not in_launch():
         if _READS["refuse"]:
             raise host_read_refused(what, _READS["why"])
@@ -985,6 +997,7 @@ def _watched_create(fn: Any, what: str, args: tuple, kwargs: dict) -> Any:
     if _READS["refuse"]:
         raise host_read_refused(what, _READS["why"])
     out = fn(*args, **kwargs)
+    _note_aliased(out)  # a tensor over numpy's or a buffer's memory: remembered, in a call or not (not in a launch)
     if _READS["counters"]:
         n = _elements(out, whole_storage=True)
         for counter in _READS["counters"]:
@@ -1019,8 +1032,8 @@ def install_host_read_watch() -> None:
                     return _watched_create(_fn, _what, args, kwargs)
             else:
                 @functools.wraps(current)
-                def replacement(*args, _fn=current, _what=what, _whole=whole, **kwargs):
-                    return _watched_read(_fn, _what, args, kwargs, _whole)
+                def replacement(*args, _fn=current, _what=what, _whole=whole, _alias=dotted in _ALIASING, **kwargs):
+                    return _watched_read(_fn, _what, args, kwargs, _whole, _alias)
 
             # functools.wraps keeps the original as __wrapped__: a submission that reads the wrapper's namespace
             # would find the unwatched method there.
@@ -1036,6 +1049,106 @@ class ReadCounter:
     reads = 0
 
 
+# Storages whose memory Python can read or write without torch: made from numpy or a buffer (from_numpy, frombuffer,
+# as_tensor, asarray, from_dlpack), or handed to numpy or a buffer (.numpy(), __array__, DLPack, a storage's own
+# routes, share_memory_, data_ptr). Outside a graded call those routes pass through, so a module could set such a
+# tensor up at import and, during the call, copy values into it or out of it (an allowed host copy) and read them in
+# numpy: the red team's flash_attention scored 76/76 from host numpy that way. Every operator that touches one of
+# these storages during a watched call counts as a read of it (refused under the kernel rule). Each entry keeps its
+# memory alive, so that no later tensor of the grader's or the student's can come to share the address.
+_ALIASED: dict[int, Any] = {}
+_ALIASED_LIMIT = 4096
+_ALIASED_BYTES = {"kept": 0, "limit": 1 << 30}  # what the registry keeps alive; past the limit a route is refused
+_NOTING = {"off": 0}  # > 0 while the harness itself encodes a reply (torch.save reads each tensor's storage)
+
+
+@contextlib.contextmanager
+def harness_io() -> Iterator[None]:
+    """The worker's own reading of tensors (encoding a reply): not memory the student's code handed over."""
+    _NOTING["off"] += 1
+    try:
+        yield
+    finally:
+        _NOTING["off"] -= 1
+
+
+def _note_aliased(value: Any) -> None:
+    """Remember `value`'s storage (a tensor's, or a storage's own) as memory Python reads without torch."""
+    if _NOTING["off"]:
+        return
+    try:
+        if isinstance(value, torch.Tensor):
+            key, keep = storage_of(value), value
+        elif isinstance(value, torch.UntypedStorage):
+            key, keep = int(_STORAGE_DATA_PTR(value)), value
+        elif isinstance(value, torch.TypedStorage):
+            key, keep = int(_STORAGE_DATA_PTR(value._untyped_storage)), value
+        else:
+            return
+    except RuntimeError:
+        return
+    if not key or key in _ALIASED:
+        return
+    size = int(_STORAGE_NBYTES(keep if not isinstance(keep, torch.Tensor) else _TENSOR_STORAGE(keep))) \
+        if not isinstance(keep, torch.TypedStorage) else int(_STORAGE_NBYTES(keep._untyped_storage))
+    if len(_ALIASED) >= _ALIASED_LIMIT or _ALIASED_BYTES["kept"] + size > _ALIASED_BYTES["limit"]:
+        raise ForbiddenCall(f"your code has handed more than {_ALIASED_LIMIT} tensors or 1 GiB of tensor memory to "
+                            "numpy or a buffer; the grader keeps each such memory watched for the worker's life. "
+                            "Work on tensors with torch operators instead")
+    _ALIASED[key] = keep
+    _ALIASED_BYTES["kept"] += size
+
+
+def _aliased_elements(values: Iterable[Any]) -> int:
+    """Elements of the tensors among `values` (one level of lists) whose storage is in `_ALIASED`, each storage once."""
+    seen: dict[int, int] = {}
+    for value in values:
+        for t in (value if isinstance(value, (list, tuple)) else (value,)):
+            if isinstance(t, torch.Tensor):
+                try:
+                    key = storage_of(t)
+                    if key in _ALIASED:
+                        seen[key] = max(seen.get(key, 0), int(torch._C.TensorBase.numel(t)), 1)
+                except RuntimeError:
+                    pass
+    return sum(seen.values())
+
+
+class _AliasedWatch(TorchDispatchMode):
+    """During a watched call: an operator that reads or writes memory in `_ALIASED` is a host read."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not in_launch():
+            n = _aliased_elements((*args, *(kwargs or {}).values(), out))
+            if n:
+                if _READS["refuse"]:
+                    raise host_read_refused(f"{operator_name(func)} on a tensor that shares its memory with numpy or "
+                                            "a buffer (made before the call), which Python reads without torch",
+                                            _READS["why"])
+                for counter in _READS["counters"]:
+                    counter.reads += n
+        return out
+
+
+@contextlib.contextmanager
+def _watching_aliased() -> Iterator[None]:
+    """Push `_AliasedWatch` for the block, if any aliased memory exists (honest code makes none: no cost)."""
+    if not _ALIASED:
+        yield
+        return
+    mode = _AliasedWatch()
+    _enter_mode(mode, "the watch on memory shared with numpy")
+    try:
+        yield
+    finally:
+        _leave_mode(mode, "the watch on memory shared with numpy")
+
+
 @contextlib.contextmanager
 def reads_counted(counter: Any = None) -> Iterator[Any]:
     """Count, into `counter` (a new ReadCounter by default), every tensor element the block reads back
@@ -1046,7 +1159,8 @@ def reads_counted(counter: Any = None) -> Iterator[Any]:
     with _READS_LOCK:
         _READS["counters"].append(counter)
     try:
-        yield counter
+        with _watching_aliased():
+            yield counter
     finally:
         with _READS_LOCK:
             if counter in _READS["counters"]:
@@ -1061,7 +1175,8 @@ def host_reads_refused(why: str = "") -> Iterator[None]:
         _READS["refuse"] += 1
         previous, _READS["why"] = _READS["why"], why
     try:
-        yield
+        with _watching_aliased():
+            yield
     finally:
         with _READS_LOCK:
             _READS["refuse"] -= 1

@@ -142,13 +142,15 @@ class Worker:
             except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt included
                 reply = {"ok": False, "error": self.describe(exc)}
             try:
-                payload = wire.encode_reply({**reply, "nonce": nonce}, self.keep)
+                with probes.harness_io():
+                    payload = wire.encode_reply({**reply, "nonce": nonce}, self.keep)
             except BaseException as exc:  # noqa: BLE001 - a value that cannot be encoded
-                payload = wire.encode_reply(
-                    {"ok": False, "error": self.describe(exc, prefix="the result could not be sent back: "),
-                     "nonce": nonce},
-                    self.keep,
-                )
+                with probes.harness_io():
+                    payload = wire.encode_reply(
+                        {"ok": False, "error": self.describe(exc, prefix="the result could not be sent back: "),
+                         "nonce": nonce},
+                        self.keep,
+                    )
             wire.send_frame(self.sock, payload)
 
     def describe(self, exc: BaseException, prefix: str = "") -> dict:
