@@ -261,6 +261,20 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def _wait_stopped(pid: int, timeout_s: float = 1.0) -> None:
+    """Until `pid` is stopped (or gone), at most `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return
+        if state in ("T", "t", "Z", "X"):
+            return
+        time.sleep(0.001)
+
+
 def kill_tree(pid: int) -> None:
     """Kill `pid` and everything it started, including processes in sessions of their own.
 
@@ -282,6 +296,8 @@ def kill_tree(pid: int) -> None:
                 stopped.append(p)
             except (ProcessLookupError, PermissionError):
                 pass
+        for p in frontier:  # SIGSTOP lands asynchronously: one still finishing a fork would add a child unseen
+            _wait_stopped(p)
         frontier = [p for p in descendants(pid) if p not in stopped]
         if not frontier:
             break
