@@ -34,7 +34,11 @@ MAX_GRADER_RSS_MB = 900
 
 
 def grader_processes() -> list[int]:
-    """The children of this process that run the grade's pytest (the runner starts one per exercise)."""
+    """The processes that run the grade's pytest (one per exercise): this process's children when started cold,
+    the fork server's when warm (grader/forkserver.py)."""
+    from grader.runner import warm_server_pids
+
+    servers = warm_server_pids()
     pids = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -42,7 +46,7 @@ def grader_processes() -> list[int]:
         try:
             stat = Path(entry.path, "stat").read_text()
             ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            if ppid == os.getpid() and b"--grader-events" in Path(entry.path, "cmdline").read_bytes():
+            if ppid in servers or (ppid == os.getpid() and b"--grader-events" in Path(entry.path, "cmdline").read_bytes()):
                 pids.append(int(entry.name))
         except (OSError, ValueError, IndexError):
             continue  # the process ended while it was read

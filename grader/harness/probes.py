@@ -934,8 +934,9 @@ _STORAGE_NBYTES = torch._C.StorageBase.nbytes  # taken before any student code, 
 # Of the exposing routes, those that leave memory shared with numpy or a buffer behind (not a one-off copy out).
 _ALIASING = frozenset({
     "torch.Tensor.numpy", "torch.Tensor.__array__", "torch.Tensor.__dlpack__", "torch.Tensor.__cuda_array_interface__",
-    "torch.utils.dlpack.to_dlpack", "torch.to_dlpack", "torch.Tensor.share_memory_", "torch.Tensor.untyped_storage",
-    "torch.Tensor.storage",
+    "torch.utils.dlpack.to_dlpack", "torch.to_dlpack", "torch.Tensor.share_memory_",
+    # not untyped_storage() and storage(): torch.save calls them on every tensor, and a storage's bytes reach Python
+    # only through its own routes, which are watched in every call
     *(f"torch.{kind}.{m}" for kind in ("UntypedStorage", "TypedStorage") for m in (
         "_share_fd_cpu_", "_share_filename_cpu_", "share_memory_", "_new_shared", "_new_shared_fd_cpu",
         "_new_shared_filename_cpu", "_get_shared_fd")),
@@ -1059,7 +1060,14 @@ class ReadCounter:
 _ALIASED: dict[int, Any] = {}
 _ALIASED_LIMIT = 4096
 _ALIASED_BYTES = {"kept": 0, "limit": 1 << 30}  # what the registry keeps alive; past the limit a route is refused
-_NOTING = {"off": 0}  # > 0 while the harness itself encodes a reply (torch.save reads each tensor's storage)
+# "armed": in the process that runs the student's code (the worker, or a local grade), before the student's import;
+# never in the grader's own process. "off" > 0 while the harness itself encodes a reply (torch.save reads storages).
+_NOTING = {"off": 0, "armed": False}
+
+
+def arm_aliasing() -> None:
+    """From now on, remember memory shared with numpy (`_ALIASED`): called where the student's code will run."""
+    _NOTING["armed"] = True
 
 
 @contextlib.contextmanager
@@ -1074,7 +1082,7 @@ def harness_io() -> Iterator[None]:
 
 def _note_aliased(value: Any) -> None:
     """Remember `value`'s storage (a tensor's, or a storage's own) as memory Python reads without torch."""
-    if _NOTING["off"]:
+    if _NOTING["off"] or not _NOTING["armed"]:
         return
     try:
         if isinstance(value, torch.Tensor):

@@ -156,6 +156,7 @@ class StudentSession:
             if not path.is_file():
                 raise FileNotFoundError(f"expected the student's file at {path}, found nothing there")
             probes.install_host_read_watch()
+            probes.arm_aliasing()
             self._local[exercise_id] = import_file(path)
         return self._local[exercise_id]
 

@@ -315,6 +315,7 @@ def main(argv: list[str]) -> None:
     fd, module_path = int(argv[1]), argv[2]
     not_dumpable()
     probes.install_host_read_watch()  # before the student's module: a reference it takes is the watched one
+    probes.arm_aliasing()
     lock(argv[3] if len(argv) > 3 else "none")  # before the student's module, too: it may start no helper
     sock = socket.socket(fileno=fd)
     Worker(sock, module_path).serve()
