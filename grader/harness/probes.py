@@ -1086,19 +1086,19 @@ def _note_aliased(value: Any) -> None:
         return
     try:
         if isinstance(value, torch.Tensor):
-            key, keep = storage_of(value), value
+            storage = _TENSOR_STORAGE(value)
         elif isinstance(value, torch.UntypedStorage):
-            key, keep = int(_STORAGE_DATA_PTR(value)), value
+            storage = value
         elif isinstance(value, torch.TypedStorage):
-            key, keep = int(_STORAGE_DATA_PTR(value._untyped_storage)), value
+            storage = value._untyped_storage
         else:
             return
+        key, size = int(_STORAGE_DATA_PTR(storage)), int(_STORAGE_NBYTES(storage))
     except RuntimeError:
         return
+    keep = value  # the object that keeps the memory alive
     if not key or key in _ALIASED:
         return
-    size = int(_STORAGE_NBYTES(keep if not isinstance(keep, torch.Tensor) else _TENSOR_STORAGE(keep))) \
-        if not isinstance(keep, torch.TypedStorage) else int(_STORAGE_NBYTES(keep._untyped_storage))
     if len(_ALIASED) >= _ALIASED_LIMIT or _ALIASED_BYTES["kept"] + size > _ALIASED_BYTES["limit"]:
         raise ForbiddenCall(f"your code has handed more than {_ALIASED_LIMIT} tensors or 1 GiB of tensor memory to "
                             "numpy or a buffer; the grader keeps each such memory watched for the worker's life. "
