@@ -238,7 +238,64 @@ FLAGGED = {
     "Triton's runtime": ("from triton.runtime import driver\n", "triton.runtime"),
     "Triton's launch hooks": ("import triton\ntriton.knobs.runtime.launch_enter_hook = print\n", "triton.knobs"),
     "Triton's compiled kernels": ("from triton.compiler import CompiledKernel\n", "triton.compiler"),
+    # numpy's array protocols hand it an address: a class answering __array_interface__ (by a def, or by a
+    # __getattr__ that answers every name) gave numpy.asarray a writable view of any memory in the process
+    "a def of numpy's array interface": ("class A:\n    @property\n    def __array_interface__(self):\n"
+                                         "        return {}\n", "def __array_interface__"),
+    "a __getattr__, which answers every name": ("class A:\n    def __getattr__(self, name):\n        return 1\n",
+                                                "def __getattr__"),
+    "a module-level __getattr__": ("def __getattr__(name):\n    return 1\n", "def __getattr__"),
+    "DLPack's protocol": ("class A:\n    def __dlpack__(self, stream=None):\n        pass\n", "def __dlpack__"),
+    "functools.wraps with its own names": ("import functools\nfunctools.wraps(f, assigned=[n])\n", "functools.wraps"),
+    "functools.update_wrapper handed to partial": (
+        "import functools\nfunctools.partial(functools.update_wrapper, assigned=[n])\n", "functools.update_wrapper"),
+    "torch.utils.swap_tensors": ("import torch\ntorch.utils.swap_tensors(a, b)\n", "torch.utils.swap_tensors"),
+    "torch.distributed.rpc": ("import torch.distributed.rpc\n", "torch.distributed.rpc"),
 }
+
+
+# Rule 0: only the modules on tamper.IMPORTABLE, and of numpy, torch.utils and triton only the listed submodules.
+# Each of these reached past the probes, or would have, from a module the deny-list did not name.
+OUTSIDE_THE_LIST = {
+    "doctest (ran hex-encoded source the scan never read)": ("import doctest\n", "doctest"),
+    "asyncio (starts threads and processes)": ("import asyncio\n", "asyncio"),
+    "sqlite3 (loads native extensions)": ("import sqlite3\n", "sqlite3"),
+    "a from-import names the module's member": ("from asyncio import create_subprocess_exec\n",
+                                                 "asyncio.create_subprocess_exec"),
+    "types (SimpleNamespace(**d) sets attributes named at run time)": ("import types\ntypes.SimpleNamespace(**d)\n",
+                                                                        "types"),
+    "enum (its functional API names a class's attributes at run time)": ("import enum\n", "enum"),
+    "logging (a record's extra sets attributes by name)": ("import logging\nlogging.makeLogRecord(d)\n", "logging"),
+    "shutil": ("import shutil\n", "shutil"),
+    "resource": ("import resource\n", "resource"),
+    "queue": ("import queue\n", "queue"),
+    "uuid": ("import uuid\n", "uuid"),
+    "the file's own module by name": ("import online_softmax\n", "online_softmax"),
+    "numpy.testing.runstring (exec)": ("import numpy as np\nnp.testing.runstring('x = 1', {})\n", "numpy.testing"),
+    "numpy.lib.stride_tricks.as_strided (a view of any address)": (
+        "from numpy.lib.stride_tricks import as_strided\n", "numpy.lib"),
+    "numpy.ctypeslib (loads native libraries)": ("import numpy\nnumpy.ctypeslib.load_library\n", "numpy.ctypeslib"),
+    "numpy.f2py, not loaded in the grader": ("import numpy.f2py\n", "numpy.f2py"),
+    "torch.utils.data (worker processes)": ("import torch\ntorch.utils.data.DataLoader\n", "torch.utils.data"),
+    "a standard module re-exported under an allowed one": ("import typing\ntyping.types.SimpleNamespace\n",
+                                                           "typing.types"),
+    "a module re-exported under numpy": ("import numpy as np\nnp.ctypeslib.ctypes\n", "numpy.ctypeslib"),
+}
+
+
+@pytest.mark.parametrize("case", OUTSIDE_THE_LIST, ids=list(OUTSIDE_THE_LIST))
+def test_modules_outside_the_list_are_flagged(case):
+    source, expected = OUTSIDE_THE_LIST[case]
+    found = whats(source)
+    assert any(what.startswith(expected) for what in found), (
+        f"expected a finding for {expected!r} in {source!r} (rule 0: the modules a submission may import), found {found}"
+    )
+
+
+def test_the_list_holds_what_the_exercises_use():
+    """Every module the solutions and stubs import is on the list (and the libraries' own submodules they use)."""
+    for source, _ in [(p.read_text(), p) for p in HONEST_FILES]:
+        assert not [f for f in tamper.scan(source) if f.why == tamper.NOT_IMPORTABLE]
 
 
 @pytest.mark.parametrize("case", FLAGGED, ids=list(FLAGGED))
@@ -296,7 +353,11 @@ HONEST = {
     "messages that mention the grader": "msg = 'the grader checks this; see grader/AUTHORING.md'\n",
     "dataclasses and typing": "from dataclasses import dataclass, field\nfrom typing import NamedTuple\n",
     "math and itertools": "import math, itertools, collections, heapq, functools\n",
-    "a class with __getattr__": "class A:\n    def __getattr__(self, name):\n        return 1\n",
+    "a plain functools.wraps": ("import functools\ndef deco(f):\n    @functools.wraps(f)\n    def g(*a):\n"
+                                "        return f(*a)\n    return g\n"),
+    "a library's own submodules named like standard modules": ("import torch\nimport numpy as np\n"
+                                                               "x: torch.types.Number = 1\nnp.random.default_rng(0)\n"),
+    "os.path": "import os\nos.path.join('a', 'b')\n",
 }
 
 
@@ -378,7 +439,6 @@ STRUCTURAL = {
     "open": ("open('f')\n", "open"),
     "pathlib": ("from pathlib import Path\n", "pathlib"),
     "os.write": ("import os\nos.write(fd, b'')\n", "os.write"),
-    "shutil": ("import shutil\n", "shutil"),
 }
 CLOCKED = {
     "socket": ("import socket\n", "socket"),
@@ -387,11 +447,7 @@ CLOCKED = {
     "a busy wait on monotonic through a name": ("def f(clock):\n    return clock.monotonic()\n", "...monotonic"),
     "datetime.now": ("import datetime\ndatetime.datetime.now()\n", "datetime"),
     "os.times": ("import os\nos.times()\n", "os.times"),
-    "resource.getrusage": ("import resource\n", "resource"),
     "select with a timeout": ("import select\nselect.select([], [], [], 0.01)\n", "select"),
-    "a queue's timeout": ("import queue\n", "queue"),
-    "asyncio.sleep": ("import asyncio\n", "asyncio"),
-    "uuid1's timestamp": ("import uuid\n", "uuid"),
     "a file's mtime": ("def f(st):\n    return st.st_mtime_ns\n", "...st_mtime_ns"),
     "os.stat": ("import os\nos.stat('.')\n", "os.stat"),
     "/proc/uptime": ("x = '/proc/' + 'uptime'\n", "'/proc/uptime'"),

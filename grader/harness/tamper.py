@@ -17,6 +17,17 @@ reply, a patched torch.allclose) must reach the worker.
 
 The rules, exactly (each finding names its line, what it resolved the reference to, and why):
 
+0. **Imports** (`IMPORTABLE`, `SUBMODULES`): a chain rooted at an imported module must start at one of
+   the modules a submission may use: torch, triton, numpy, and the standard library's modules that hold
+   data, numbers and text (math, typing, dataclasses, collections, functools, itertools, os, sys, time,
+   ...). Of numpy, torch.utils and triton, only the listed submodules (numpy.linalg, numpy.random,
+   triton.language, ...); a function or class of the parent is fine. A module re-exported under an
+   allowed one is checked as itself (``torch.os`` is os, ``numpy.ctypeslib.ctypes`` is ctypes),
+   resolved from the grader's own imports through module namespaces only; a standard module's name
+   the walk cannot find at the end of a chain counts as that module. The list replaced a deny-list
+   that each round of attacks found a neighbour of (doctest ran hex-encoded source; sqlite3 loads
+   native extensions; asyncio starts processes; types.SimpleNamespace(**d), enum's functional API and
+   logging's records set attributes named at run time).
 1. **Modules and names** (`MODULES`, `NAMES`, matched on whole dotted segments, through import
    aliases and names assigned once from an aliased chain, ``s = sys``, and again from every segment
    that names a standard module re-exported there: ``os.sys.modules``, ``F.torch._C``). A module
@@ -59,7 +70,11 @@ The rules, exactly (each finding names its line, what it resolved the reference 
    the classic escapes start (``().__class__.__base__.__subclasses__()``, ``print.__self__`` for the
    builtins module). Defining ``__del__``, the pickling hooks, ``__class__``, ``__instancecheck__``,
    ``__subclasscheck__`` or ``__getattribute__`` is flagged (code that runs when the worker sends a
-   reply or collects garbage, outside the probes, or that lies to isinstance); so is a metaclass
+   reply or collects garbage, outside the probes, or that lies to isinstance), and so is defining any
+   special method outside `DEFINABLE_DUNDERS` (the allowed names and the language's plain protocols):
+   numpy's and DLPack's array protocols hand numpy or torch a memory address (a class answering
+   ``__array_interface__`` gave numpy.asarray a writable view of any address, the probes' memory
+   included), and ``__getattr__`` answers every name, those included; so is a metaclass
    (``metaclass=``, a subclass of ``type``), a subclass of torch.Tensor, and a subclass of a builtin
    container (dict, list, tuple, NamedTuple, set, str, ...) that redefines how it is read (the worker
    reads results by those methods after the call, outside the probes).
@@ -177,8 +192,43 @@ UNREADABLE = "the grader cannot parse your file, so it cannot check it"
 COMPILED = ("your code compiles torch code (TorchScript, FX, export, CUDA graphs), which runs below "
             "the grader's probes: its reads of tensor values and its loops reach neither the read-back watch, the "
             "operator guard nor the line count")
+NOT_IMPORTABLE = ("your code uses a module outside the list a submission may use (torch, triton, numpy and the "
+                  "standard library's plain-data modules, and of numpy, torch.utils and triton only the submodules "
+                  "listed in grader.harness.tamper.SUBMODULES); a module the grader does not know may run code it is "
+                  "handed, or reach below the probes, and no exercise needs one")
+PROTOCOL = ("your class defines a special method outside the list a class may define (grader.harness.tamper."
+            "DEFINABLE_DUNDERS): numpy, torch and the interpreter call such methods from their own code, and some "
+            "hand them raw memory (__array_interface__ gives numpy an address to read and write)")
 LAUNCHER = ("your code reaches Triton's launch machinery (runtime, compiler, backends, knobs), where the kernel rule "
             "is suspended while a launch runs")
+
+# The modules a submission may import (rule 0): the libraries the exercises are written in, and the standard
+# library's modules that hold data, numbers and text without a route to running code they are handed. Everything
+# else is refused whole, so a module nobody thought of (doctest ran hex-encoded source, sqlite3 loads native
+# extensions, asyncio starts processes) is a finding, not a gap. Their dangerous corners are still flagged below.
+# Left out on purpose: types (SimpleNamespace(**d) sets attributes named at run time), enum (its functional API
+# does the same for a class), logging (a record's `extra`), and anything that runs code, starts work elsewhere,
+# or loads native code.
+IMPORTABLE = frozenset({
+    "torch", "triton", "numpy",
+    "__future__", "abc", "array", "bisect", "cmath", "collections", "contextlib", "copy", "dataclasses",
+    "datetime", "decimal", "fractions", "functools", "gc", "heapq", "io", "itertools", "json", "math", "numbers",
+    "operator", "os", "posixpath", "pathlib", "pprint", "random", "re", "select", "socket", "statistics",
+    "string", "struct", "sys", "textwrap", "time", "traceback", "typing", "warnings",
+})
+# functools' wrappers copy attributes by the names in their `assigned` and `updated` arguments: only the plain
+# call, with functools' own lists, is allowed (positional arguments at most).
+_WRAPPERS = {"functools.update_wrapper": 2, "functools.wraps": 1}
+
+# Inside the importable libraries, the submodules a chain may pass through, where a library's public surface
+# has corners that run code or reach raw memory: numpy.testing.runstring executes a string, numpy.ctypeslib
+# loads native libraries, numpy.lib.stride_tricks.as_strided makes views of any address in the process (the
+# probes' memory too), torch.utils.data runs workers in processes. A function or class of the parent is fine.
+SUBMODULES: dict[str, frozenset[str]] = {
+    "numpy": frozenset({"linalg", "random", "fft", "typing", "dtypes", "exceptions", "emath"}),
+    "torch.utils": frozenset({"checkpoint", "hooks"}),
+    "triton": frozenset({"language", "testing"}),
+}
 
 # Modules (and everything under them), matched on whole dotted segments.
 MODULES: dict[str, str] = {
@@ -210,7 +260,9 @@ MODULES: dict[str, str] = {
     "types.FunctionType": DYNAMIC, "types.CodeType": DYNAMIC, "types.LambdaType": DYNAMIC,
     "types.new_class": DYNAMIC, "dataclasses.make_dataclass": DYNAMIC,
     "operator.attrgetter": BY_NAME, "operator.methodcaller": BY_NAME,
-    "torch.package": DYNAMIC, "torch.hub": DYNAMIC,
+    "torch.package": DYNAMIC, "torch.hub": DYNAMIC, "torch.onnx": COMPILED,
+    "torch.distributed.rpc": PROCESSES, "torch.distributed.elastic": PROCESSES,
+    "torch.distributed.launch": PROCESSES, "torch.distributed.run": PROCESSES,
     # loading arrays and tensors from bytes: numpy.load falls back to pickle (allow_pickle can come through
     # **kwargs, where no keyword is written out); no exercise loads files
     "numpy.load": DYNAMIC, "numpy.lib.format": DYNAMIC, "numpy.lib.npyio": DYNAMIC, "numpy.lib._npyio_impl": DYNAMIC,
@@ -259,7 +311,7 @@ NAMES: dict[str, str] = {
     # with torch.save or the storage's own methods, no operator dispatched (flash_attention 76/76 from host numpy).
     "UntypedStorage": STORAGE, "TypedStorage": STORAGE, "StorageBase": STORAGE, "set_": STORAGE,
     "share_memory_": STORAGE, "from_file": STORAGE, "_write_file": STORAGE, "_set_from_file": STORAGE,
-    "untyped_storage": STORAGE,
+    "untyped_storage": STORAGE, "swap_tensors": STORAGE,
 }
 BUILTINS: dict[str, str] = {"exec": DYNAMIC, "eval": DYNAMIC, "compile": DYNAMIC, "__import__": DYNAMIC,
                             "help": DYNAMIC}
@@ -277,6 +329,18 @@ ALLOWED_DUNDERS = frozenset({
     "__neg__", "__pos__", "__abs__", "__invert__", "__round__",
     *(f"__{prefix}{op}__" for op in ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow",
                                      "and", "or", "xor", "lshift", "rshift") for prefix in ("", "r", "i")),
+})
+# Special methods a class may define (rule 4): the allowed ones, and the language's other plain protocols. Any other
+# definition is flagged: numpy's and torch's protocols (__array_interface__, __array_struct__, __dlpack__,
+# __cuda_array_interface__, __array_function__, ...) are called from C with the class's answers taken as memory
+# addresses or as the implementation of an operator. So is __getattr__, which answers every name, those included
+# (a __getattr__ returning {'data': (address, False), ...} gave numpy.asarray a writable view of any address).
+DEFINABLE_DUNDERS = ALLOWED_DUNDERS | frozenset({
+    "__new__", "__setattr__", "__delattr__", "__init_subclass__", "__set_name__", "__get__",
+    "__set__", "__delete__", "__missing__", "__reversed__", "__length_hint__", "__copy__", "__deepcopy__",
+    "__sizeof__", "__dir__", "__class_getitem__", "__divmod__", "__rdivmod__", "__complex__", "__trunc__",
+    "__floor__", "__ceil__", "__bytes__", "__fspath__", "__await__", "__aiter__", "__anext__", "__aenter__",
+    "__aexit__",
 })
 # Special methods whose definition is flagged (rule 4): they run outside the call, or fool isinstance.
 HOOK_DEFINITIONS = frozenset({
@@ -440,10 +504,18 @@ def _module_rule(path: str, clocks: bool, structural: bool = False) -> str | Non
         parts[0] = "os"
         path = ".".join(parts)
     for start in range(1, len(parts)):
-        if ".".join(parts[:start + 1]) in _OWN_SUBMODULES:
+        parent = ".".join(parts[:start])
+        if parent in SUBMODULES and parts[start] not in SUBMODULES[parent] and _module_or_unknown(parts[:start + 1]):
+            return NOT_IMPORTABLE
+        if ".".join(parts[:start + 1]) in _OWN_SUBMODULES or _own_module(parts[:start + 1]):
             continue
         if parts[start] in _REROOT or ((clocks or structural) and parts[start] in _CLOCK_ROOTS):
             why = _module_rule(".".join(parts[start:]), clocks, structural)
+            if why:
+                return why
+        foreign = _reexported(parts[:start + 1])
+        if foreign is not None:  # numpy.ctypeslib.ctypes, torch.os.system: the chain goes on from that module
+            why = _module_rule(".".join([foreign, *parts[start + 1:]]), clocks, structural)
             if why:
                 return why
     for end in range(1, len(parts) + 1):
@@ -462,6 +534,73 @@ def _module_rule(path: str, clocks: bool, structural: bool = False) -> str | Non
             return TORCH_PRIVATE
     elif any(_private(p) for p in parts) and path not in _PUBLIC_UNDERSCORED:
         return PRIVATE
+    if parts[0] not in IMPORTABLE:
+        return NOT_IMPORTABLE
+    return None
+
+
+_MISSING = object()
+
+
+def _walk(parts: list[str]) -> object:
+    """The object a chain of public names stands for in the grader's own imports, or _MISSING. Through module
+    namespaces only: no module's ``__getattr__`` runs, and nothing is imported beyond an importable root."""
+    import importlib
+    import sys
+    from types import ModuleType
+
+    if parts[0] not in IMPORTABLE or any(_private(p) or _dunder(p) for p in parts):
+        return _MISSING
+    try:
+        obj: object = sys.modules.get(parts[0]) or importlib.import_module(parts[0])
+    except Exception:  # pragma: no cover - every importable root is installed with the grader
+        return _MISSING
+    for name in parts[1:]:
+        if not isinstance(obj, ModuleType):
+            return _MISSING  # a class or a function: the scan follows modules only
+        found = vars(obj).get(name, _MISSING)
+        obj = sys.modules.get(f"{obj.__name__}.{name}", _MISSING) if found is _MISSING else found
+        if obj is _MISSING:
+            return _MISSING
+    return obj
+
+
+def _own_module(parts: list[str]) -> bool:
+    """True when the chain is a library's own submodule of that name (torch.types, torch.signal), not a module
+    re-exported there."""
+    from types import ModuleType
+
+    found = _walk(parts)
+    return isinstance(found, ModuleType) and found.__name__ == ".".join(parts)
+
+
+def _module_or_unknown(parts: list[str]) -> bool:
+    """True unless the chain is known to be a plain attribute (a function, a class, a constant) of its module:
+    a submodule, or a name not loaded here (a lazy submodule), is treated as a module."""
+    from types import ModuleType
+
+    found = _walk(parts)
+    return found is _MISSING or isinstance(found, ModuleType)
+
+
+def _reexported(parts: list[str]) -> str | None:
+    """The real name of the module a chain of public names leads to, when that module is not the chain's own
+    (``torch.os`` is os, ``numpy.ctypeslib.ctypes`` is ctypes, ``os.path`` is posixpath); None when the chain
+    is the module it names, or is no module. A standard module's name that the walk cannot find at the end of
+    the chain (a lazy submodule not loaded here) counts as that module: a chain is never let through for being
+    unknown."""
+    import sys
+    from types import ModuleType
+
+    found = _walk(parts)
+    if found is _MISSING:
+        parent = _walk(parts[:-1]) if len(parts) > 1 else _MISSING
+        name = parts[-1]
+        if isinstance(parent, ModuleType) and name in sys.stdlib_module_names and name not in IMPORTABLE:
+            return name
+        return None
+    if isinstance(found, ModuleType) and found.__name__ != ".".join(parts):
+        return found.__name__
     return None
 
 
@@ -857,10 +996,10 @@ class _Scanner(ast.NodeVisitor):
             return  # a relative import: a lone student file has no package to import from
         if _course_helper(node.module) and not any(a.name in _HARNESS_PARTS or a.name in NAMES for a in node.names):
             return  # run_simulated & co., imported by name (what they reach is flagged where it is used)
-        if not self.check_path(node, node.module):
-            for alias in node.names:
-                if alias.name != "*":
-                    self.check_path(node, f"{node.module}.{alias.name}")
+        # the members first (from unittest import mock names unittest.mock), the module when none is flagged
+        flagged = [self.check_path(node, f"{node.module}.{a.name}") for a in node.names if a.name != "*"]
+        if not any(flagged):
+            self.check_path(node, node.module)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         own = isinstance(node.value, ast.Name) and node.value.id in _OWN
@@ -884,6 +1023,7 @@ class _Scanner(ast.NodeVisitor):
             elif not own and node.attr in _torch_attribute_names() and node.attr not in _TENSOR_STORES_OK:
                 self.flag(node, f"...{node.attr} = ...", f"{PATCHES} (torch has an attribute of that name)")
         path = self.dotted(node)
+        self.check_wrapper(node, path)
         if path is None and _private(node.attr) and not self.own_private(node.attr):
             self.flag(node, f"...{node.attr}", PRIVATE)
         if (path is None and node.attr in _IMPORT_STATE and isinstance(node.ctx, ast.Load)
@@ -916,6 +1056,8 @@ class _Scanner(ast.NodeVisitor):
             self.flag(node, "__class__ = ...", CLASS_HOOK)
         if name in self.modules and isinstance(node.ctx, ast.Load) and not self.module_reference(node):
             self.flag(node, f"{name} (a module) used as a value", BY_NAME)
+        if name in self.aliases and isinstance(node.ctx, ast.Load):
+            self.check_wrapper(node, self.aliases[name])
         if name in self.bound or name in self.aliases:
             return
         if name in _ATTRIBUTE_CALLS + _NAMESPACE_CALLS and id(node) not in self.direct:
@@ -925,6 +1067,17 @@ class _Scanner(ast.NodeVisitor):
                or (FILES if self.structural and name in FILE_BUILTINS else None))
         if why:
             self.flag(node, name, why)
+
+    def check_wrapper(self, node: ast.AST, path: str | None) -> None:
+        """functools.wraps and update_wrapper only as a plain call: their `assigned` and `updated` are attribute
+        names read and written by name (rule 3)."""
+        if path not in _WRAPPERS:
+            return
+        parent = self.parents.get(id(node))
+        plain = (isinstance(parent, ast.Call) and parent.func is node and not parent.keywords
+                 and len(parent.args) <= _WRAPPERS[path] and not any(isinstance(a, ast.Starred) for a in parent.args))
+        if not plain:
+            self.flag(node, f"{path} with its own attribute names, or as a value", BY_NAME)
 
     def module_reference(self, node: ast.Name) -> bool:
         """A module's name where the scan can follow it: the root of an attribute chain, getattr's object
@@ -1059,6 +1212,8 @@ class _Scanner(ast.NodeVisitor):
             self.flag(node, node.name, NAMES[node.name])
         elif node.name in HOOK_DEFINITIONS:
             self.flag(node, f"def {node.name}", LATER if node.name in ("__del__",) else CLASS_HOOK)
+        elif _dunder(node.name) and node.name not in DEFINABLE_DUNDERS:
+            self.flag(node, f"def {node.name}", PROTOCOL)
         self.scan_annotations([a.annotation for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs,
                                                       node.args.vararg, node.args.kwarg) if a is not None]
                               + [node.returns])

@@ -164,9 +164,9 @@ MUTANTS = [
         edits=[(_ALLREDUCE_BODY, _SIDE_CHANNEL.format(
             publish="        _save(flat, os.path.join(folder, f'{rank}.pt'))\n",
             collect="[torch.load(os.path.join(folder, f'{j}.pt')) for j in range(world)]",
-            setup="    folder = os.path.join(tempfile.gettempdir(), f'ring-side-{os.getppid()}-{world}-{calls}')\n"
+            setup="    folder = os.path.join(os.environ.get('TMPDIR', '/tmp'), f'ring-side-{os.getppid()}-{world}-{calls}')\n"
                   "    os.makedirs(folder, exist_ok=True)\n")),
-               ("import contextlib\n", "import contextlib\nimport os\nimport tempfile\n"),
+               ("import contextlib\n", "import contextlib\nimport os\n"),
                ("def ring_allreduce(tensor: torch.Tensor, comm: Communicator) -> None:",
                 "def _save(t: torch.Tensor, path: str) -> None:\n"
                 "    torch.save(t.clone(), path + '.tmp')\n"
