@@ -5,7 +5,8 @@
   grader batch SUBMISSIONS_DIR --out RESULTS_DIR --jobs N   many submissions in parallel, resumable
   grader export RESULTS_DIR --format csv|gradescope|prairielearn|nbgrader
   grader demo                 grade the reference solutions and the starter stubs; print the score table
-  grader check [EXERCISE]     run the public tests on your exercises/ in-process; print your progress
+  grader check [EXERCISE] [-v]   run the public tests on your exercises/ in-process; print your progress
+                              (exit status 1 when a public test fails)
   grader hint EXERCISE        show the next hint for an exercise (remembers how many you have seen)
   grader progress             attempts, first passes and hints, from .progress.json
   grader interview start|check|done   timed practice on a fresh stub in practice/<id>/
@@ -14,7 +15,7 @@
   grader validate             check course.yaml and that every exercise has its files and tests
   grader schema [course|result]   print a JSON Schema
 
-Exit status: 0 when grading finished, whatever the score; 2 for bad input (a message says what was
+Exit status: 0 when grading finished, whatever the score (`check`: 1 when a public test fails); 2 for bad input (a message says what was
 expected and what was found); 1 for an internal error of the grader.
 """
 
@@ -127,43 +128,52 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Self-study: public tests on the student's own exercises/, in-process, with a progress table."""
+    """Self-study: public tests on the student's own exercises/, in-process, with a progress table.
+    Exit status 1 when a public test fails (as pytest's), 0 when all pass."""
     root, course = _course()
-    exercises = [course.exercise(args.exercise)] if args.exercise else course.exercises
+    exercises = [course.exercise(args.exercise.partition("/")[0])] if args.exercise else course.exercises
     opts = GradeOptions(mode="local", tests="public")
     result = results.new_result(course, "exercises", "", "", 0, "local", exercises)
+    marks = len(exercises) == 1  # one exercise: a mark per test; all of them: one line each, then the table
     for ex in exercises:
         def on_event(event: dict, _id=ex.id) -> None:
-            if event.get("event") == "test" and event.get("exercise") == _id:
+            if marks and event.get("event") == "test" and event.get("exercise") == _id:
                 mark = {"passed": "[green].[/]", "not_graded": "[dim]s[/]"}.get(event["status"], "[red]F[/]")
                 console.print(mark, end="")
         console.print(f"{ex.id} ", end="")
         files = Path(args.source).resolve() / ex.id if args.source else None
         grade_exercise(root, ex, files, 0, opts, result, on_event)
+        tests = [t for c in results.find_exercise(result, ex.id)["checks"] for t in c["tests"]]
+        if not marks:
+            passed = sum(t["status"] == "passed" for t in tests)
+            console.print(f"[dim]{passed}/{len(tests)} public tests pass[/]", end="")
         console.print()
         if not args.source:
-            tests = [t for c in results.find_exercise(result, ex.id)["checks"] for t in c["tests"]]
             selfstudy.record_check(root, ex.id, bool(tests) and all(t["status"] in ("passed", "not_graded") for t in tests))
     results.finish(result)
     console.print(report.progress_table(result))
-    bad = next(((ex, c, t) for ex in result["exercises"] for c in ex["checks"] for t in c["tests"]
-                if t["status"] not in ("passed", "not_graded") and "NotImplementedError" not in t["message"]), None)
-    if bad is not None:
-        ex, check, test = bad
-        console.print(Text.assemble(("first failure", "bold"),
-                                    inert(f" ({ex['id']}, check {check['id']}: {check['title']}): {test['name']}")))
-        console.print(inert(test["message"]), markup=False, highlight=False)
-        if test["traceback"]:
-            console.print(inert(test["traceback"]), markup=False, highlight=False)
-        console.print(f"read: exercises/{ex['id']}/README.md, section 'The contract' (and 'Hints'); "
-                      f"`make hint EX={ex['id']}` for the next hint")
+    failures = report.failures(result)
+    started = [f for f in failures if not f.not_started]
+    for failure in started:
+        console.print(Text.assemble(("FAILED ", "red"), inert(failure.where), " ", inert(failure.first_line)))
+    if started:
+        first = started[0] if not args.verbose else None
+        for failure in ([first] if first else started):
+            console.print(Text.assemble(("\n" + failure.where, "bold")))
+            console.print(inert(failure.message), markup=False, highlight=False)
+            if failure.traceback:
+                console.print(inert(failure.traceback), markup=False, highlight=False)
+        ex_id = started[0].exercise
+        console.print(f"read: exercises/{ex_id}/README.md, section 'The contract' (and 'Hints'); "
+                      f"`make hint EX={ex_id}` for the next hint"
+                      + ("" if args.verbose else "; `make check V=1` shows every failure in full"))
     skipped = [f"{ex['id']}/{c['id']}" for ex in result["exercises"] for c in ex["checks"] if c["status"] == "not_graded"]
     if skipped:
         console.print(f"[dim]skipped here (need CUDA): {', '.join(skipped)}[/]")
     cuda_checks = [f"{ex.id}/{c.id}" for ex in exercises for c in ex.checks if c.cuda]
     if cuda_checks and not _has_cuda():
         console.print(f"[dim]no CUDA device here: these checks run only when graded on a GPU: {', '.join(cuda_checks)}[/]")
-    return 0
+    return 1 if failures else 0
 
 
 def _has_cuda() -> bool:
@@ -174,7 +184,7 @@ def _has_cuda() -> bool:
 
 def cmd_hint(args: argparse.Namespace) -> int:
     root, course = _course()
-    ex = course.exercise(args.exercise)
+    ex = course.exercise(args.exercise.partition("/")[0])  # a practice round's id (gptq/quantizer) names its exercise
     if args.reset:
         selfstudy.reset_hints(root, ex.id)
         console.print(f"hints for {ex.id} reset")
@@ -218,7 +228,11 @@ def cmd_interview(args: argparse.Namespace) -> int:
             folder = state["folder"]
             console.print(f"[bold]interview: {round_.title}[/] ({round_.id}, {round_.difficulty}), "
                           f"time box {state['minutes']} minutes")
-            console.print(f"task: {folder}/README.md; write your code in {folder}/{round_.exercise.file}")
+            contract = report.readme_section(root / folder / "README.md", "The contract")
+            if contract:
+                console.print(inert(contract), markup=False, highlight=False)
+            console.print(f"the whole task: {folder}/README.md; write your code in {folder}/{round_.exercise.file} "
+                          f"(a fresh stub; `pytest {folder}` runs its public tests on it)")
             if round_.part:
                 console.print(f"this round is one part of {round_.exercise.id}: only the public checks "
                               f"{', '.join(round_.checks)} count")
@@ -236,6 +250,8 @@ def cmd_interview(args: argparse.Namespace) -> int:
     verdict = "[green]pass[/]" if tests and passed == len(tests) else "[red]not yet[/]"
     console.print(f"{round_.id}: {passed}/{len(tests)} public tests pass: {verdict}; "
                   f"{used:.0f} of {state['minutes']} minutes used")
+    for failure in report.failures(result, checks=wanted):
+        console.print(Text.assemble(("FAILED ", "red"), inert(failure.where), " ", inert(failure.first_line)))
     if args.action == "done":
         record = selfstudy.finish_interview(root, passed, len(tests))
         console.print(f"recorded: {record}")
@@ -312,6 +328,7 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="run the public tests on your exercises/ and show your progress")
     c.add_argument("exercise", nargs="?")
     c.add_argument("--from", dest="source", help="check DIR/<id>/<file> instead of exercises/ (e.g. solutions)")
+    c.add_argument("-v", "--verbose", action="store_true", help="every failure in full, not only the first")
     c.set_defaults(fn=cmd_check)
 
     h = sub.add_parser("hint", help="show the next hint for an exercise")

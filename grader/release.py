@@ -49,8 +49,8 @@ $(BIN)/grader: pyproject.toml
 
 setup: $(BIN)/grader
 
-check: setup            ## public tests on your exercises/ (EX=<id> for one)
-\t$(BIN)/grader check $(EX)
+check: setup            ## public tests on your exercises/ (EX=<id> for one; V=1: every failure in full)
+\t$(BIN)/grader check $(EX) $(if $(V),--verbose)
 
 hint: setup             ## the next hint: make hint EX=online_softmax
 \t@test -n "$(EX)" || (echo "usage: make hint EX=<exercise id>" && exit 2)
@@ -255,7 +255,10 @@ def leak_check(release: Path, course_root: Path) -> list[Leak]:
 
 
 def _given_complete(rel: str, course_root: Path) -> set[str]:
-    """Fingerprints of the functions the course's own stub ships complete (allowed in the release)."""
+    """Fingerprints of the functions the course's own stub ships complete (allowed in the release, in exercises/
+    and in the pristine copy of the stubs, .pristine/<id>/<file>)."""
+    if rel.startswith(".pristine/"):
+        rel = "exercises/" + rel.removeprefix(".pristine/")
     source = course_root / rel
     if not rel.startswith("exercises/") or not source.is_file():
         return set()
@@ -288,8 +291,9 @@ def practice_plan(course) -> str:
         rows.append(f"| `{r.id}` | {r.title} | {r.difficulty} | {r.minutes} |")
     return "\n".join(rows) + (
         "\n\n`make interview LEVEL=easy|medium|hard MINUTES=45` picks a round that fits (or name one: "
-        "`EX=gptq/quantizer`), copies a fresh stub into `practice/<id>/`, prints the task and starts the clock; "
-        "`make interview-check` runs the round's public tests on it and shows the time used; "
+        "`EX=gptq/quantizer`), copies the stub as handed out (from `.pristine/`, even after you solved the exercise) "
+        "into `practice/<id>/`, prints the contract and starts the clock; `pytest practice/<id>` tests that copy; "
+        "`make interview-check` runs the round's public tests on it, says which fail and shows the time used; "
         "`make interview-done` records the round in `.progress.json`."
     )
 
@@ -297,6 +301,7 @@ def practice_plan(course) -> str:
 def build_release(course_root: Path, out: Path, with_solutions: bool = False) -> list[Leak]:
     """Write the student repository to `out`. Refuses (writing nothing) if the leak check fails."""
     from grader.course import load_course
+    from grader.selfstudy import PRISTINE
 
     course = load_course(course_root)
     out = Path(out)
@@ -305,6 +310,10 @@ def build_release(course_root: Path, out: Path, with_solutions: bool = False) ->
     staging = Path(tempfile.mkdtemp(prefix="release-", dir=out.parent if out.parent.exists() else None))
     try:
         _copy_tree(course_root / "exercises", staging / "exercises")
+        for exercise in course.exercises:  # the stubs as handed out: an interview round starts from these
+            kept = staging / PRISTINE / exercise.id / exercise.file
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(course_root / "exercises" / exercise.id / exercise.file, kept)
         _copy_tree(course_root / "grader", staging / "grader", skip=("hidden", "bench"))
         (staging / "course.yaml").write_text(student_course_yaml(course_root))
         shutil.copy2(course_root / "pyproject.toml", staging / "pyproject.toml")

@@ -6,6 +6,9 @@ of the text made inert (grader/text.py), so ``[/]`` shows as ``[/]`` and an esca
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import NamedTuple
+
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -18,7 +21,52 @@ STYLE = {"passed": "green", "failed": "red", "error": "red", "timeout": "magenta
 
 
 def _points(earned: float, possible: float) -> str:
-    return f"{earned:g}/{possible:g}"
+    return f"{round(earned, 2):g}/{round(possible, 2):g}"
+
+
+class Failure(NamedTuple):
+    """One public test that did not pass, as `make check` and `make interview-check` list it."""
+
+    exercise: str
+    where: str  # "online_softmax, check softmax: test_name"
+    first_line: str
+    message: str
+    traceback: str
+    not_started: bool  # the stub's NotImplementedError: nothing written yet
+
+
+def failures(result: dict, checks: set[str] | None = None) -> list[Failure]:
+    """Every test that failed, errored or timed out, in order (only `checks`, when given)."""
+    found = []
+    for ex in result["exercises"]:
+        for check in ex["checks"]:
+            if checks is not None and check["id"] not in checks:
+                continue
+            for test in check["tests"]:
+                if test["status"] in ("passed", "not_graded"):
+                    continue
+                found.append(Failure(ex["id"], f"{ex['id']}, check {check['id']}: {test['name']}",
+                                     _first_line(test["message"], 160), test["message"], test.get("traceback") or "",
+                                     "NotImplementedError" in test["message"]))
+    return found
+
+
+def readme_section(path: Path, title: str) -> str:
+    """The text of a README's `## <title>` section (up to the next `## `), or "" when there is none."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return ""
+    out: list[str] = []
+    inside = False
+    for line in lines:
+        if line.startswith("## "):
+            if inside:
+                break
+            inside = line[3:].strip().lower() == title.lower()
+        if inside:
+            out.append(line)
+    return "\n".join(out).strip()
 
 
 def _first_line(text: str, width: int = 110) -> str:

@@ -8,6 +8,7 @@ import datetime as dt
 import json
 import random
 import shutil
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -113,19 +114,55 @@ def pick(course, level: str | None, minutes: int | None, target: str | None, rng
     return rng.choice(pool)
 
 
+# Where the release keeps the stubs as they were handed out: an interview round starts from these, never from
+# the student's exercises/ (which may already be solved).
+PRISTINE = ".pristine"
+
+# practice/<id>/conftest.py: `pytest practice/<id>` tests the practice copy, not exercises/<id>.
+PRACTICE_CONFTEST = '''\
+# Written by `make interview`: pytest in this folder tests the files here, not exercises/.
+from pathlib import Path
+
+
+def pytest_configure(config):
+    config.option.grader_submission = str(Path(__file__).parent)
+'''
+
+
+def pristine_stub(root: Path, exercise) -> str:
+    """The exercise's stub as the course handed it out: the release's `.pristine/` copy, else (in the course's
+    own repository) the stub as git's HEAD has it. Refuses rather than copy a file the student may have solved."""
+    kept = root / PRISTINE / exercise.id / exercise.file
+    if kept.is_file():
+        return kept.read_text()
+    rel = f"exercises/{exercise.id}/{exercise.file}"
+    try:
+        shown = subprocess.run(["git", "-C", str(root), "show", f"HEAD:{rel}"], capture_output=True, text=True,
+                               timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        shown = None
+    if shown is not None and shown.returncode == 0 and (root / "solutions").is_dir():
+        return shown.stdout  # the course's repository: exercises/ at HEAD is the stub as shipped
+    raise ValueError(f"expected the pristine stub at {kept} (written by `grader release`), found nothing: an "
+                     f"interview round must start from the stub, not from your {rel}")
+
+
 def start_interview(root: Path, course, level: str | None = None, minutes: int | None = None,
                     target: str | None = None, seed: int | None = None) -> tuple[Round, dict]:
     """Copy a fresh stub for a picked round into practice/ and start its clock: (the round, its state)."""
     round_ = pick(course, level, minutes, target, random.Random(seed))
     exercise = round_.exercise
+    stub = pristine_stub(root, exercise)
     practice = root / "practice" / exercise.id
     if practice.exists():
         shutil.rmtree(practice)
     practice.mkdir(parents=True)
     source = root / "exercises" / exercise.id
-    for name in ("README.md", exercise.file, "test_public.py"):
+    for name in ("README.md", "test_public.py"):
         if (source / name).exists():
             shutil.copy2(source / name, practice / name)
+    (practice / exercise.file).write_text(stub)
+    (practice / "conftest.py").write_text(PRACTICE_CONFTEST)
     state = {"round": round_.id, "minutes": minutes or round_.minutes, "started": time.time(),
              "folder": str(practice.relative_to(root))}
     data = load(root)

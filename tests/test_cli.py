@@ -20,7 +20,7 @@ def grader(root, *args, env=None):
 
 def test_check_on_the_stub_says_where_to_start(root):
     run = grader(root, "check", "online_softmax")
-    assert run.returncode == 0, run.stderr
+    assert run.returncode == 1, f"a failing public test must fail `make check` (exit 1), as pytest does: {run.stderr}"
     assert "your progress (public tests)" in run.stdout
     line = next(l for l in run.stdout.splitlines() if l.strip().startswith("online_softmax") and "/" in l)
     assert "0/18" in line and "0/22" in line, line
@@ -42,7 +42,34 @@ def test_check_shows_the_first_failure_and_its_message(root, tmp_path):
     source = (root / "solutions/online_softmax/online_softmax.py").read_text()
     (folder / "online_softmax.py").write_text(source.replace("    shift = _safe_max(m)\n    # Each", "    shift = m\n    # Each"))
     run = grader(root, "check", "online_softmax", "--from", str(tmp_path))
-    assert "first failure" in run.stdout and "exp(-inf - (-inf)) is NaN" in run.stdout, run.stdout
+    assert run.returncode == 1
+    failed = [line for line in run.stdout.splitlines() if line.startswith("FAILED online_softmax, check ")]
+    assert failed, f"every failing test gets one FAILED line: {run.stdout}"
+    assert "exp(-inf - (-inf)) is NaN" in run.stdout, run.stdout
+    assert "make check V=1" in run.stdout
+    assert "\nassert " not in run.stdout, "pytest's introspection of the assert must not bury the message"
+    verbose = grader(root, "check", "online_softmax", "--from", str(tmp_path), "-v")
+    assert "exp(-inf - (-inf)) is NaN" in verbose.stdout and "make check V=1" not in verbose.stdout, verbose.stdout
+
+
+def test_points_are_rounded_for_people():
+    from grader.report import _points
+
+    assert _points(35 / 6, 20) == "5.83/20"
+    assert _points(92.428571, 100) == "92.43/100"
+    assert _points(0, 22) == "0/22"
+
+
+def test_hint_takes_a_practice_round_id(root):
+    progress = root / ".progress.json"
+    saved = progress.read_bytes() if progress.exists() else None
+    try:
+        run = grader(root, "hint", "online_softmax/normalizer")
+        assert run.returncode == 0 and "hint 1/" in run.stdout, run.stdout + run.stderr
+    finally:
+        progress.unlink(missing_ok=True)
+        if saved is not None:
+            progress.write_bytes(saved)
 
 
 def test_hints_are_revealed_one_at_a_time_and_remembered(root):

@@ -104,7 +104,8 @@ def test_release_make_check_works_in_a_fresh_virtual_environment(release):
     env["COLUMNS"] = "160"
     run = subprocess.run(["make", "check", "EX=online_softmax", "TORCH=torch==2.13.0"], cwd=release, env=env,
                          capture_output=True, text=True, timeout=1200)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert run.returncode == 2, ("the stub fails its public tests, so `make check` fails (make's exit 2): "
+                                 + run.stdout[-3000:] + run.stderr[-3000:])
     assert (release / ".venv" / "bin" / "grader").exists()
     assert "0/18" in run.stdout and "start here" in run.stdout, run.stdout[-2000:]
 
@@ -117,12 +118,23 @@ def test_interview_round(root, tmp_path):
         return subprocess.run([sys.executable, "-m", "grader", *args], cwd=work, capture_output=True, text=True,
                               env={**os.environ, "COLUMNS": "160"}, timeout=600)
 
+    # the student has solved online_softmax in exercises/: the round must still start from the stub
+    shutil.copy2(root / "solutions/online_softmax/online_softmax.py", work / "exercises/online_softmax/online_softmax.py")
     start = grader("interview", "start", "--exercise", "online_softmax")
     assert start.returncode == 0, start.stderr
     assert "online_softmax" in start.stdout and "time box 45 minutes" in start.stdout
-    assert (work / "practice" / "online_softmax" / "online_softmax.py").is_file()
+    assert "## The contract" in start.stdout, "the round prints its task: the README's contract"
+    practice = work / "practice" / "online_softmax"
+    assert (practice / "online_softmax.py").read_text() == (root / "exercises/online_softmax/online_softmax.py").read_text(), (
+        "an interview round starts from the pristine stub, not from the student's solved exercises/ file")
     check = grader("interview", "check")
     assert "0/18 public tests pass" in check.stdout, check.stdout + check.stderr
+    assert "FAILED online_softmax, check " in check.stdout, "interview-check says which tests fail and why"
+    tested = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", str(practice)],
+                            cwd=work, capture_output=True, text=True, timeout=600)
+    assert tested.returncode == 1 and "NotImplementedError" in tested.stdout, (
+        "`pytest practice/<id>` tests the practice copy (a stub), not the solved exercises/ file: "
+        + tested.stdout[-2000:])
     done = grader("interview", "done")
     assert "recorded" in done.stdout
     progress = grader("progress")
