@@ -1,4 +1,4 @@
-"""Speed checks, measured against the machine in the same run (DESIGN.md, "Speed checks").
+"""Speed checks, measured against the machine in the same run (README.md, "Speed checks").
 
 Absolute times mean nothing across GPUs, so every speed check is a ratio to a ceiling or a baseline
 measured just before, on the same device, in the trusted grader process:

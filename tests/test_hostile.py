@@ -1,4 +1,4 @@
-"""The harness against hostile submissions (DESIGN.md, threat model). Each file in tests/hostile is
+"""The harness against hostile submissions (README.md, "Threat model: the sandbox"). Each file in tests/hostile is
 handed in as online_softmax.py; each must end with an honest score, a clear message, and a grade
 that finishes. Graded on the public tests with short time limits, to keep the suite fast."""
 
