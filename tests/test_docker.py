@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from grader import batch
 from grader.batch import BatchOptions, run_batch
 from grader.container import LABEL, ContainerBackend
 from grader.runner import GradeOptions

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from grader.harness import identity
-from grader.harness.client import Sandbox, StudentTimeout
+from grader.harness.client import Sandbox
 from grader.harness.session import StudentSession
 from tests.conftest import checks_of, grade_folder
 from tests.test_hostile import EXERCISE, grade_hostile, hand_in, messages

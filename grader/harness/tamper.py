@@ -271,8 +271,8 @@ MODULES: dict[str, str] = {
     "numpy.lib._format_impl": DYNAMIC,
     # modules that run Python source they are handed (doctest ran code the scan never read, hex-encoded, its lines
     # counted for <doctest>: online_softmax 90 with the dispatch modes switched off), or build objects by name
-    "doctest": DYNAMIC, "timeit": DYNAMIC, "torch.utils.benchmark": DYNAMIC, "cProfile": DYNAMIC, "profile": DYNAMIC,
-    "trace": DYNAMIC, "pdb": DYNAMIC, "bdb": DYNAMIC, "sympy": DYNAMIC, "jinja2": DYNAMIC, "mako": DYNAMIC,
+    "doctest": DYNAMIC, "timeit": DYNAMIC, "torch.utils.benchmark": DYNAMIC, "sympy": DYNAMIC, "jinja2": DYNAMIC,
+    "mako": DYNAMIC,
     "yaml": DYNAMIC, "IPython": DYNAMIC, "numba": NATIVE, "cython": NATIVE, "Cython": NATIVE,
     "triton.runtime": LAUNCHER, "triton.compiler": LAUNCHER, "triton.backends": LAUNCHER, "triton.knobs": LAUNCHER,
     # torch.compile is not here: the worker runs it eagerly (TORCHDYNAMO_DISABLE), seen like any Python code.

@@ -793,8 +793,8 @@ def test_aux_loss_balanced_is_one_and_collapse_is_E(sm, E):
     balanced[torch.arange(T), torch.arange(T) % E] = 4.0  # token t prefers expert t % E
     r = sm.route(balanced, 1, 1.0)
     assert_close(float(r.aux_loss), 1.0, atol=1e-5, what=f"aux_loss of perfectly balanced routing (E={E})", hint=(
-        f"Every expert gets 1/E of the tokens and 1/E of the probability mass: "
-        f"aux_loss = E * sum_e (1/E)(1/E) = 1"
+        "Every expert gets 1/E of the tokens and 1/E of the probability mass: "
+        "aux_loss = E * sum_e (1/E)(1/E) = 1"
     ))
     collapsed = torch.zeros(T, E)
     collapsed[:, 0] = 20.0

@@ -800,7 +800,7 @@ def start_cause(want: Verdict, s: int, i: int, got_start: float, times: tuple) -
     """Why op i of stage s starts at got_start rather than when the contract starts it (every op that starts
     earlier is right, so its inputs' end times and its stage's free time are the oracle's)."""
     tf, tb, p2p = times
-    p, row = len(want.timeline), want.timeline[s]
+    row = want.timeline[s]
     start, _, op = row[i]
     free = row[i - 1][1] if i else 0.0
     ends = {(o[0], o[1], o[2] if len(o) == 3 else t): (e, t) for t, r in enumerate(want.timeline) for _, e, o in r}

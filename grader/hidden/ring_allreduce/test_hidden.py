@@ -805,7 +805,7 @@ def trace_divergence(run: dict, flats: list[torch.Tensor], kind: str, shift: int
                 same = [j for j in range(world) if j != c and state[j].numel() == got.numel() and torch.equal(got, state[j])]
                 why = (f"it is this rank's copy of chunk {same[0]}: at {phase} step s rank r sends chunk "
                        + ("(r - s) % N" if phase == "reduce-scatter" else "(owned - s) % N") if same and got.numel() else
-                       f"it is the whole buffer: a ring step passes one chunk" if got.numel() == n and n > elems.numel()
+                       "it is the whole buffer: a ring step passes one chunk" if got.numel() == n and n > elems.numel()
                        else f"chunks follow torch.tensor_split: sizes {sizes_of(n, world)}")
                 return f"{where}: rank {r} sent {got.numel()} elements, chunk {c} holds {elems.numel()}: {why}"
             bad = mismatches(got, elems, atol=0.0)

@@ -844,8 +844,8 @@ def impossible_outcome(case, n: int, token: int) -> str:
     for i in range(n):
         if accept[i] == 0:
             x = int(draft[i])
-            why = (f"q(x) = 0: it could not have been drafted, and the contract rejects it" if float(q[i, x]) == 0 else
-                   f"p(x) = 0: the target forbids it, and u <= p/q = 0 never holds for u in (0, 1]")
+            why = ("q(x) = 0: it could not have been drafted, and the contract rejects it" if float(q[i, x]) == 0 else
+                   "p(x) = 0: the target forbids it, and u <= p/q = 0 never holds for u in (0, 1]")
             return f"it accepted the draft token {x} at position {i}, where {why}"
     if n < gamma and accept[n] == 1:
         x = int(draft[n])
