@@ -898,3 +898,39 @@ def test_memory_shared_with_numpy_before_the_call_is_watched_in_it():
     with probes.reads_counted() as counter:
         exported.add_(1)
     assert counter.reads >= 4
+
+
+# A kernel under Triton's interpreter runs its loads and stores on raw host addresses: bounded to the storages of
+# the tensors handed to the launch, or a pointer made from an integer reaches any memory of the worker.
+
+@triton.jit
+def _store_at(src, address, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    dst = address.to(tl.int64).to(tl.pointer_type(tl.float32))
+    tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
+
+
+@triton.jit
+def _load_at(dst, address, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    src = address.to(tl.int64).to(tl.pointer_type(tl.float32))
+    tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
+
+
+@pytest.mark.skipif(__import__("os").environ.get("TRITON_INTERPRET") != "1", reason="Triton's interpreter only")
+def test_an_interpreted_kernel_touches_only_its_launchs_tensors():
+    import array
+
+    probes.bound_interpreter_memory()
+    src = torch.arange(8, dtype=torch.float32)
+    buffer = array.array("f", bytes(4 * 8))  # memory torch never sees: the red team's channel to numpy
+    with pytest.raises(Exception, match="outside the tensors handed to its launch"):
+        _store_at[(1,)](src, buffer.buffer_info()[0], 8, BLOCK=8)
+    assert list(buffer) == [0.0] * 8, "the refused store must not have written anything"
+    out = torch.zeros(8)
+    with pytest.raises(Exception, match="read memory outside the tensors handed to its launch"):
+        _load_at[(1,)](out, buffer.buffer_info()[0], 8, BLOCK=8)
+    # honest launches are untouched: views into a larger storage, masked lanes past the end
+    view = torch.zeros(20)[5:13]
+    _exp_kernel[(2,)](src[1:], view, 7, BLOCK=4)
+    assert torch.allclose(view[:7], src[1:].exp())

@@ -646,7 +646,7 @@ def _assert_launch_machinery_intact() -> None:
         cls = _triton_class(module, cls_name)
         if cls is None or attr not in vars(cls):
             continue
-        if not _is_tritons_own(vars(cls)[attr], root):
+        if not _is_tritons_own(vars(cls)[attr], root) and vars(cls)[attr] not in _OWN_LAUNCH_WRAPPERS:
             raise ForbiddenCall(
                 f"Triton's launch machinery was changed: {cls_name}.{attr} is not Triton's own. Code that runs "
                 "inside a launch is trusted as kernel code, so the call cannot be graded; launch your kernels "
@@ -1357,3 +1357,134 @@ def around_call(filename: str, forbid: Iterable[str] = (), forbid_why: str = "",
                 yield counter
         else:
             yield None
+
+
+# -- Kernel memory under Triton's interpreter: a kernel touches only the tensors handed to its launch
+#
+# On the CPU, TRITON_INTERPRET=1 runs a kernel's loads and stores on raw host addresses. A kernel that casts an
+# integer to a pointer (`addr.to(tl.pointer_type(tl.float32))`) reads and writes any memory of the worker: the red
+# team copied x into a Python array's buffer from a kernel, computed the softmax there with numpy, and copied it
+# back (online_softmax 90 of 100, "is a Triton kernel" passed), and the same write reaches the probes' own memory.
+# Every memory access of the interpreter goes through four functions of its native module; `bound_interpreter_memory`
+# replaces that module, for the worker's life and before the student's code is imported, by one that checks each
+# active lane's address against the storages of the tensors the launch was handed (recorded when the interpreter
+# sets up the launch's host arguments). On CUDA a kernel's addresses are the device's, and this does not apply.
+
+class _LaunchMemory(threading.local):
+    lo: Any = None  # sorted starts of the storages of the current launch's tensors (numpy uint64)
+    hi: Any = None  # and their ends
+
+
+_LAUNCH_MEMORY = _LaunchMemory()
+_BOUND: dict[str, Any] = {"installed": False}
+_OWN_LAUNCH_WRAPPERS: set[Any] = set()  # our wrappers of Triton's launch machinery (_assert_launch_machinery_intact)
+
+
+def _launch_tensors(values: Iterable[Any], depth: int = 0) -> Iterator[torch.Tensor]:
+    for value in values:
+        if isinstance(value, (tuple, list)) and depth < 8:
+            yield from _launch_tensors(value, depth + 1)
+            continue
+        if isinstance(value, torch.Tensor):
+            yield value
+        base = getattr(value, "base", None) if not isinstance(value, torch.Tensor) else None  # TensorWrapper, descriptors
+        if isinstance(base, torch.Tensor):
+            yield base
+
+
+def _set_launch_memory(values: Iterable[Any]) -> None:
+    import numpy as np
+
+    spans = sorted({(int(_STORAGE_DATA_PTR(s)), int(_STORAGE_DATA_PTR(s)) + int(_STORAGE_NBYTES(s)))
+                    for s in (_TENSOR_STORAGE(t) for t in _launch_tensors(values)) if int(_STORAGE_NBYTES(s)) > 0})
+    merged: list[list[int]] = []
+    for lo, hi in spans:
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    _LAUNCH_MEMORY.lo = np.array([m[0] for m in merged], dtype=np.uint64)
+    _LAUNCH_MEMORY.hi = np.array([m[1] for m in merged], dtype=np.uint64)
+
+
+def _check_lanes(ptrs: Any, mask: Any, itemsize: int, what: str) -> None:
+    import numpy as np
+
+    addresses = np.asarray(ptrs, dtype=np.uint64).reshape(-1)
+    if mask is not None:
+        addresses = addresses[np.broadcast_to(np.asarray(mask, dtype=bool), np.shape(ptrs)).reshape(-1)]
+    if addresses.size == 0:
+        return
+    lo, hi = _LAUNCH_MEMORY.lo, _LAUNCH_MEMORY.hi
+    if lo is None or lo.size == 0:
+        bad = addresses[:1]
+    else:
+        at = np.searchsorted(lo, addresses, side="right").astype(np.int64) - 1
+        inside = (at >= 0) & (addresses + np.uint64(itemsize) <= hi[np.maximum(at, 0)])
+        bad = addresses[~inside][:1]
+    if bad.size:
+        raise ForbiddenCall(
+            f"a kernel {what} memory outside the tensors handed to its launch (address {int(bad[0]):#x}): a kernel may "
+            "load and store only through pointers into its tensor arguments (a pointer made from an integer reaches "
+            "memory that is not the kernel's, the grader's own included)")
+
+
+class _BoundedInterpreter:
+    """Triton's native interpreter module, with every load, store and atomic checked by `_check_lanes`."""
+
+    def __init__(self, native: Any):
+        self._native = native
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._native, name)
+
+    def load(self, ptrs, mask, other, dtype):
+        _check_lanes(ptrs, mask, _itemsize(dtype), "read")
+        return self._native.load(ptrs, mask, other, dtype)
+
+    def store(self, ptrs, value, mask):
+        _check_lanes(ptrs, mask, _itemsize(getattr(value, "dtype", None)), "wrote")
+        return self._native.store(ptrs, value, mask)
+
+    def atomic_rmw(self, op, ptrs, value, mask, sem):
+        _check_lanes(ptrs, mask, _itemsize(getattr(value, "dtype", None)), "changed")
+        return self._native.atomic_rmw(op, ptrs, value, mask, sem)
+
+    def atomic_cas(self, ptrs, cmp, value, sem):
+        _check_lanes(ptrs, None, _itemsize(getattr(value, "dtype", None)), "changed")
+        return self._native.atomic_cas(ptrs, cmp, value, sem)
+
+
+def _itemsize(dtype: Any) -> int:
+    import numpy as np
+
+    try:
+        return max(1, int(np.dtype(dtype).itemsize))
+    except TypeError:
+        return 8  # the widest element a lane can touch
+
+
+def bound_interpreter_memory() -> None:
+    """Install the bound (idempotent; a no-op without Triton's interpreter). The worker calls it before it
+    imports the student's module, so a launch at import is bounded too."""
+    if _BOUND["installed"]:
+        return
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    native = getattr(interpreter, "_interpreter", None)
+    executor = getattr(interpreter, "GridExecutor", None)
+    if native is None or executor is None or "_init_args_hst" not in vars(executor):
+        return
+    original = vars(executor)["_init_args_hst"]
+
+    def _init_args_hst(self, args_dev, kwargs):
+        args_hst, kwargs_hst = original(self, args_dev, kwargs)
+        _set_launch_memory([args_hst, list(kwargs_hst.values())])
+        return args_hst, kwargs_hst
+
+    _OWN_LAUNCH_WRAPPERS.add(_init_args_hst)
+    executor._init_args_hst = _init_args_hst
+    interpreter._interpreter = _BoundedInterpreter(native)
+    _BOUND["installed"] = True

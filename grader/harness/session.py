@@ -157,6 +157,7 @@ class StudentSession:
                 raise FileNotFoundError(f"expected the student's file at {path}, found nothing there")
             probes.install_host_read_watch()
             probes.arm_aliasing()
+            probes.bound_interpreter_memory()
             self._local[exercise_id] = import_file(path)
         return self._local[exercise_id]
 

@@ -316,6 +316,7 @@ def main(argv: list[str]) -> None:
     not_dumpable()
     probes.install_host_read_watch()  # before the student's module: a reference it takes is the watched one
     probes.arm_aliasing()
+    probes.bound_interpreter_memory()  # a kernel under Triton's interpreter touches only its launch's tensors
     lock(argv[3] if len(argv) > 3 else "none")  # before the student's module, too: it may start no helper
     sock = socket.socket(fileno=fd)
     Worker(sock, module_path).serve()
