@@ -200,6 +200,34 @@ def test_csv_cli_writes_a_file_and_reads_submission_times(tmp_path, capsys):
     assert "expected columns 'student' and 'submitted_at', found ['who', 'when']" in capsys.readouterr().err
 
 
+def test_csv_exercise_cells_add_up_to_the_total():
+    from grader.export.csv_gradebook import cents_that_add_up
+
+    # three thirds of 10: rounding each to 3.33 would sum to 9.99
+    assert cents_that_add_up([10 / 3, 10 / 3, 10 / 3]) == [334, 333, 333]
+    assert cents_that_add_up([5.8333, 16.5714, 0.0]) == [583, 1657, 0]
+    assert cents_that_add_up([]) == []
+    result = make_result("alice")
+    for ex in result["exercises"][:3]:
+        ex["score"] = 10 / 3
+    result["score"] = sum(e["score"] for e in result["exercises"])
+    row = next(csv.DictReader(to_csv([Loaded("alice", Path("a.json"), result)], COURSE).splitlines()))
+    cells = [float(row[e.id]) for e in COURSE.exercises if row[e.id] != ""]
+    assert round(sum(cells), 2) == float(row["total"]), f"the row's cells {cells} must add up to {row['total']}"
+
+
+def test_csv_warns_of_a_student_without_a_submission_time_and_has_per_check_columns():
+    loaded = [Loaded("alice", Path("alice.json"), make_result("alice")), Loaded("bob", Path("bob.json"), make_result("bob"))]
+    warnings: list[str] = []
+    due = dt.datetime(2026, 12, 1, tzinfo=dt.timezone.utc)
+    text = to_csv(loaded, COURSE, due, {"alice": dt.datetime(2026, 11, 30, tzinfo=dt.timezone.utc)}, checks=True,
+                  warnings=warnings)
+    assert warnings == ["no submission time for 'bob' in the submission times: its 'late' is empty"]
+    rows = list(csv.DictReader(text.splitlines()))
+    assert rows[0]["late"] == "no" and rows[1]["late"] == ""
+    assert rows[0]["online_softmax/normalizer_public"] == "5" and rows[0]["online_softmax/merge_public"] == "2.5"
+
+
 @pytest.mark.parametrize("student,cell", [
     ("=HYPERLINK(\"http://evil\",\"x\")", "'=HYPERLINK(\"http://evil\",\"x\")"),
     ("+1+1", "'+1+1"), ("-2+3", "'-2+3"), ("@SUM(A1)", "'@SUM(A1)"), ("\tx", "'\tx"),

@@ -86,7 +86,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.format == "csv":
         from grader.export.csv_gradebook import to_csv
 
-        text = to_csv(loaded, course, _due(args.due, settings), submitted)
+        warnings: list[str] = []
+        text = to_csv(loaded, course, _due(args.due, settings), submitted, checks=args.checks, warnings=warnings)
+        for warning in warnings:
+            _say(f"warning: {warning}")
         if args.out in (None, "-"):
             sys.stdout.write(text)
         else:
@@ -181,6 +184,7 @@ def add_commands(subparsers: Any) -> None:
                    "file or SQLAlchemy URL (default: RESULTS_DIR/gradebook.db)")
     e.add_argument("--due", help="csv: due date and time (ISO 8601) for the late flag; default: course.yaml export.due")
     e.add_argument("--submitted-times", help="csv/nbgrader: a CSV with columns student,submitted_at")
+    e.add_argument("--checks", action="store_true", help="csv: also one column per check (<exercise>/<check>)")
     e.add_argument("--course-id", default="default_course", help="nbgrader: the gradebook's course id")
     e.set_defaults(fn=_guard(cmd_export))
 
