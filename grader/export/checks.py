@@ -120,9 +120,11 @@ def check_output(check: dict) -> str:
     return truncate(inert("\n".join(lines)))
 
 
-def summary(result: dict, count_ungraded_cuda: bool, where: str) -> list[str]:
-    """The submission's headline: score, what was not graded here and whether it counts, seed, warnings
-    (each line inert)."""
+def summary(result: dict, count_ungraded_cuda: bool, where: str, score: bool = True,
+            warnings: bool = True) -> list[str]:
+    """The submission's headline: score (unless `score` is False: a platform that withholds hidden tests),
+    what was not graded here and whether it counts, seed, warnings (unless `warnings` is False); each line
+    inert."""
     lines = [(f"{result['course']} {result['course_version']} · submission {result['submission']['id']} · "
               f"grader {result['grader_version']}")]
     if result.get("gradable") is False:
@@ -131,7 +133,8 @@ def summary(result: dict, count_ungraded_cuda: bool, where: str) -> list[str]:
         return [inert(line) for line in lines]
     ungraded = result["max_score"] - result["gradable_max_score"]
     out_of = result["max_score"] if count_ungraded_cuda else result["gradable_max_score"]
-    lines.append(f"Score: {pts(result['score'])}/{pts(out_of)}")
+    if score:
+        lines.append(f"Score: {pts(result['score'])}/{pts(out_of)}")
     if ungraded > 0:
         counted = ("they count as 0 until graded on a CUDA machine" if count_ungraded_cuda
                    else "they do not count here")
@@ -139,5 +142,6 @@ def summary(result: dict, count_ungraded_cuda: bool, where: str) -> list[str]:
     if result["state"] != "complete":
         lines.append("Grading did not finish: checks without a result scored 0 (see each check's message).")
     lines.append(f"Seed: {result['seed']} (an instructor reproduces this run with `grader grade --seed {result['seed']}`).")
-    lines.extend(f"warning: {w}" for w in result["warnings"])
+    if warnings:
+        lines.extend(f"warning: {w}" for w in result["warnings"])
     return [inert(line) for line in lines]

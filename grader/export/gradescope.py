@@ -11,8 +11,11 @@ Mapping (schema: grader/schemas/gradescope_results.schema.json):
   ``tags`` [exercise id, check id, public|hidden, speed?, cuda?], ``visibility`` from course.yaml
   (public checks "visible", hidden ones "after_published" by default).
 * A check that needs CUDA is never graded on Gradescope. With ``count_ungraded_cuda: false`` (the default)
-  its test has ``max_score`` 0 and no ``status`` (it neither passes nor fails); with ``true`` it counts as
-  0 of its points and "failed".
+  it is left out of ``tests`` (Gradescope shows a test without a status as passed) and the top-level output
+  names it ("not graded here: ..."); with ``true`` it counts as 0 of its points and "failed".
+* Visibility: while any test is hidden from the student (its visibility is not "visible"), the top-level
+  ``output`` holds no score (Gradescope hides the total until the hidden tests show) and no warnings; the
+  warnings, meant for the instructor, go to ``extra_data.warnings`` either way.
 * ``leaderboard`` (when course.yaml enables it): per speed check that was measured, its achieved
   fraction of the ceiling measured in the same run (copy bandwidth or bf16 matmul), the mean over its
   tests, higher is better; a check that measures no ceiling (timed against a library call only) shows
@@ -53,10 +56,16 @@ def execution_time(result: dict) -> float:
 def to_gradescope(result: dict, settings: ExportSettings | None = None, course: Any = None,
                   execution_time_s: float | None = None) -> dict:
     gs = (settings or ExportSettings()).gradescope
+    withheld = any(getattr(gs.visibility, check["visibility"]) != "visible" for _, _, _, check in iter_checks(result))
+    headline = summary(result, gs.count_ungraded_cuda, "on Gradescope", score=not withheld, warnings=False)
+    ungraded = [f"{ex['id']}: {check['title']}" for _, ex, _, check in iter_checks(result)
+                if check["status"] == "not_graded" and not gs.count_ungraded_cuda]
+    if ungraded:
+        headline.append("Not graded here (needs a CUDA device): " + "; ".join(ungraded) + ".")
     out: dict[str, Any] = {
         "score": round(result["score"], 4),
         "execution_time": round(execution_time(result) if execution_time_s is None else execution_time_s, 3),
-        "output": "\n".join(summary(result, gs.count_ungraded_cuda, "on Gradescope")),
+        "output": "\n".join(headline),
         "output_format": "text",
         "test_output_format": "text",
         "stdout_visibility": gs.stdout_visibility,
@@ -67,12 +76,15 @@ def to_gradescope(result: dict, settings: ExportSettings | None = None, course: 
             "grader_version": result["grader_version"],
             "course_version": result["course_version"],
             "gradable": result.get("gradable", True),
+            "warnings": list(result["warnings"]),
         },
         "tests": [],
     }
     leaderboard = []
     for i, ex, j, check in iter_checks(result):
         not_graded = check["status"] == "not_graded"
+        if not_graded and not gs.count_ungraded_cuda:
+            continue  # named in the top-level output instead: a test without a status reads as passed
         test: dict[str, Any] = {
             "name": f"{ex['id']}: {check['title']}",
             "number": f"{i}.{j}",
@@ -83,8 +95,7 @@ def to_gradescope(result: dict, settings: ExportSettings | None = None, course: 
                     + (["cuda"] if check["cuda"] else []),
             "visibility": getattr(gs.visibility, check["visibility"]),
         }
-        if not (not_graded and not gs.count_ungraded_cuda):
-            test["status"] = "passed" if check["status"] == "passed" else "failed"
+        test["status"] = "passed" if check["status"] == "passed" else "failed"
         out["tests"].append(test)
         if gs.leaderboard and is_speed(check):
             figure = ceiling_fraction(check, speed_metric(check, ex["id"], course))
