@@ -599,7 +599,15 @@ def test_bundle_holds_the_course_and_never_the_solutions(tmp_path):
         modes = {i.filename: (i.external_attr >> 16) & 0o777 for i in zf.infolist()}
         config = json.loads(zf.read("autograder.json"))
         setup = zf.read("setup.sh").decode()
-    assert listed == names and listed[:3] == ["setup.sh", "run_autograder", "autograder.json"]
+        pins = zf.read("constraints.txt").decode()
+    assert listed == names and listed[:4] == ["setup.sh", "run_autograder", "autograder.json", "constraints.txt"]
+    # setup.sh installs what the bundle was built with, not the index's newest (it once got pytest 9.2)
+    from importlib import metadata
+
+    assert f"pytest=={metadata.version('pytest')}" in pins.splitlines()
+    assert f"torch=={metadata.version('torch').split('+')[0]}" in pins.splitlines()
+    installs = [line for line in setup.splitlines() if "pip install" in line and "--upgrade pip" not in line]
+    assert installs and all("-c /autograder/source/constraints.txt" in line for line in installs), installs
     assert modes["setup.sh"] == modes["run_autograder"] == 0o755
     assert config == {"exercises": ["online_softmax"], "tests": "public", "user": "student"}
     assert "course.yaml" in listed and "grader/hidden/online_softmax/test_hidden.py" in listed

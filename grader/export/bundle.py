@@ -37,8 +37,9 @@ apt-get install -y --no-install-recommends python3 python3-venv python3-pip
 python3 -m venv {venv}
 {venv}/bin/python -m pip install --upgrade pip
 # Gradescope has no GPUs: the CPU wheel of torch is a fraction of the CUDA one's size.
-{venv}/bin/python -m pip install --index-url https://download.pytorch.org/whl/cpu torch
-{venv}/bin/python -m pip install -e /autograder/source
+# constraints.txt pins every dependency to the version the bundle was built and tested with.
+{venv}/bin/python -m pip install -c /autograder/source/constraints.txt --index-url https://download.pytorch.org/whl/cpu torch
+{venv}/bin/python -m pip install -c /autograder/source/constraints.txt -e /autograder/source
 # The worker that imports the student's file runs as this user: the grader, as root, drops to it.
 id -u {user} >/dev/null 2>&1 || useradd --no-create-home --shell /usr/sbin/nologin {user}
 # That user may read the grader's code and run its Python, but not the hidden tests.
@@ -76,6 +77,34 @@ def bundle_files(root: Path) -> list[Path]:
     return files
 
 
+def constraints(root: Path) -> str:
+    """pip constraints for the project's dependencies (pyproject.toml), each at the version installed where the
+    bundle is built: the platform installs what the instructor graded with, not the index's newest (a fresh
+    setup.sh once got pytest 9.2, which the project had not been run with). A local version label (torch's
+    "+cpu") is dropped: the CPU index serves the same version under its own label."""
+    import re
+    from importlib import metadata
+
+    text = (root / "pyproject.toml").read_text()
+    try:
+        import tomllib
+
+        requirements = tomllib.loads(text)["project"]["dependencies"]
+    except ImportError:  # Python 3.10: the [project] table's one dependencies list, read plainly
+        block = re.search(r"^dependencies\s*=\s*\[(.*?)\]", text, re.S | re.M)
+        requirements = re.findall(r'"([^"]+)"', block.group(1)) if block else []
+    names = [re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0] for req in requirements]
+    lines = ["# Written by `grader gradescope-bundle`: the versions the bundle was built with."]
+    for name in names:
+        try:
+            version = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            raise ExportError(f"expected {name} (a dependency in pyproject.toml) installed where the bundle is "
+                              "built, to pin its version, found it missing") from None
+        lines.append(f"{name}=={version.split('+')[0]}")
+    return "\n".join(lines) + "\n"
+
+
 def _solution_hashes(root: Path) -> dict[str, str]:
     folder = root / "solutions"
     return {hashlib.sha256(p.read_bytes()).hexdigest(): str(p.relative_to(root))
@@ -106,8 +135,9 @@ def build_bundle(root: Path, out: Path, course: Any, exercises: list[str] | None
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for name, text in (("setup.sh", SETUP_SH.format(venv=venv, user=user)),
                            ("run_autograder", RUN_AUTOGRADER.format(venv=venv)),
-                           (CONFIG, json.dumps(config, indent=2) + "\n")):
-            _add(zf, name, text.encode(), 0o755 if name != CONFIG else 0o644)
+                           (CONFIG, json.dumps(config, indent=2) + "\n"),
+                           ("constraints.txt", constraints(root))):
+            _add(zf, name, text.encode(), 0o755 if name in ("setup.sh", "run_autograder") else 0o644)
             names.append(name)
         for rel in files:
             _add(zf, rel.as_posix(), (root / rel).read_bytes(), 0o644)
