@@ -934,3 +934,24 @@ def test_an_interpreted_kernel_touches_only_its_launchs_tensors():
     view = torch.zeros(20)[5:13]
     _exp_kernel[(2,)](src[1:], view, 7, BLOCK=4)
     assert torch.allclose(view[:7], src[1:].exp())
+
+
+@pytest.mark.skipif(__import__("os").environ.get("TRITON_INTERPRET") != "1", reason="Triton's interpreter only")
+def test_a_launch_handed_memory_shared_with_a_buffer_is_a_host_read():
+    """A kernel copying into a tensor over a bytearray moves values where Python reads them without torch."""
+    probes.bound_interpreter_memory()
+    probes.install_host_read_watch()  # as the worker does before the student's import (the fixture arms the record)
+    shared = bytearray(4 * 8)
+    over = torch.frombuffer(shared, dtype=torch.float32)  # at "import": the buffer is recorded as shared
+    src = torch.arange(8, dtype=torch.float32)
+    with probes.forbidden(KERNEL_RULE):
+        with pytest.raises(probes.ForbiddenCall, match="shares its memory with numpy or a buffer"):
+            _exp_kernel[(2,)](src, over, 8, BLOCK=4)
+    private = torch.empty(8)
+    with probes.forbidden(KERNEL_RULE):
+        _exp_kernel[(2,)](src, private, 8, BLOCK=4)  # an ordinary tensor: no read
+    with probes.watching_launches(), probes.reads_counted() as honest:
+        _exp_kernel[(2,)](src, private, 8, BLOCK=4)
+    with probes.watching_launches(), probes.reads_counted() as counter:
+        _exp_kernel[(2,)](src, over, 8, BLOCK=4)
+    assert counter.reads - honest.reads >= 8, (honest.reads, counter.reads)

@@ -1392,6 +1392,20 @@ def _launch_tensors(values: Iterable[Any], depth: int = 0) -> Iterator[torch.Ten
             yield base
 
 
+def _aliased_launch(tensors: list[torch.Tensor]) -> None:
+    """A launch handed memory shared with numpy or a buffer, during a watched call: a kernel would move values
+    where Python reads them without torch (the launch's own copies run with the watch suspended), so it counts
+    as a read of that memory, refused under the kernel rule."""
+    n = _aliased_elements(tensors) if _ALIASED else 0
+    if not n:
+        return
+    if _READS["refuse"]:
+        raise host_read_refused("a kernel launch handed a tensor that shares its memory with numpy or a buffer, "
+                                "which Python reads without torch", _READS["why"])
+    for counter in _READS["counters"]:
+        counter.reads += n
+
+
 def _set_launch_memory(values: Iterable[Any]) -> None:
     import numpy as np
 
@@ -1480,6 +1494,7 @@ def bound_interpreter_memory() -> None:
     original = vars(executor)["_init_args_hst"]
 
     def _init_args_hst(self, args_dev, kwargs):
+        _aliased_launch(list(_launch_tensors([args_dev, list(kwargs.values())])))
         args_hst, kwargs_hst = original(self, args_dev, kwargs)
         _set_launch_memory([args_hst, list(kwargs_hst.values())])
         return args_hst, kwargs_hst
