@@ -955,3 +955,25 @@ def test_a_launch_handed_memory_shared_with_a_buffer_is_a_host_read():
     with probes.watching_launches(), probes.reads_counted() as counter:
         _exp_kernel[(2,)](src, over, 8, BLOCK=4)
     assert counter.reads - honest.reads >= 8, (honest.reads, counter.reads)
+
+
+_MOVED: dict = {}
+
+
+@triton.jit
+def _store_after_moving(dst, n, BLOCK: tl.constexpr):
+    _MOVED["t"].resize_(1 << 16)  # host code in an interpreted body: the storage moves, its old chunk is freed
+    offs = tl.arange(0, BLOCK)
+    tl.store(dst + offs, tl.zeros([BLOCK], dtype=tl.float32), mask=offs < n)
+
+
+@pytest.mark.skipif(__import__("os").environ.get("TRITON_INTERPRET") != "1", reason="Triton's interpreter only")
+def test_a_storage_moved_during_a_launch_takes_its_bounds_with_it():
+    """The bounds are the storages' addresses at each access, not at the launch's start (round 8's stale bounds)."""
+    probes.bound_interpreter_memory()
+    _MOVED["t"] = torch.zeros(16)
+    try:
+        with pytest.raises(Exception, match="wrote memory outside the tensors handed to its launch"):
+            _store_after_moving[(1,)](_MOVED["t"], 16, BLOCK=16)
+    finally:
+        _MOVED.clear()

@@ -1368,11 +1368,16 @@ def around_call(filename: str, forbid: Iterable[str] = (), forbid_why: str = "",
 # Every memory access of the interpreter goes through four functions of its native module; `bound_interpreter_memory`
 # replaces that module, for the worker's life and before the student's code is imported, by one that checks each
 # active lane's address against the storages of the tensors the launch was handed (recorded when the interpreter
-# sets up the launch's host arguments). On CUDA a kernel's addresses are the device's, and this does not apply.
+# sets up the launch's host arguments, their addresses read again at every access). On CUDA a kernel's addresses
+# are the device's, and this does not apply.
 
 class _LaunchMemory(threading.local):
-    lo: Any = None  # sorted starts of the storages of the current launch's tensors (numpy uint64)
-    hi: Any = None  # and their ends
+    def __init__(self) -> None:
+        # per running launch (innermost last): the storages of the tensors it was handed, kept alive. Their
+        # addresses are read at every access, never cached: a kernel body's host code (Python under the
+        # interpreter) can resize a storage mid-launch, and the old chunk, freed, must not stay in bounds
+        # (the red team's round 8 wrote through such stale bounds into a list that took the chunk).
+        self.stack: list[list[Any]] = []
 
 
 _LAUNCH_MEMORY = _LaunchMemory()
@@ -1407,18 +1412,24 @@ def _aliased_launch(tensors: list[torch.Tensor]) -> None:
 
 
 def _set_launch_memory(values: Iterable[Any]) -> None:
+    if _LAUNCH_MEMORY.stack:
+        _LAUNCH_MEMORY.stack[-1] = [_TENSOR_STORAGE(t) for t in _launch_tensors(values)]
+
+
+def _launch_spans() -> tuple[Any, Any]:
+    """(sorted starts, ends) of the innermost running launch's storages, as they are now."""
     import numpy as np
 
+    storages = _LAUNCH_MEMORY.stack[-1] if _LAUNCH_MEMORY.stack else []
     spans = sorted({(int(_STORAGE_DATA_PTR(s)), int(_STORAGE_DATA_PTR(s)) + int(_STORAGE_NBYTES(s)))
-                    for s in (_TENSOR_STORAGE(t) for t in _launch_tensors(values)) if int(_STORAGE_NBYTES(s)) > 0})
+                    for s in storages if int(_STORAGE_NBYTES(s)) > 0})
     merged: list[list[int]] = []
     for lo, hi in spans:
         if merged and lo <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], hi)
         else:
             merged.append([lo, hi])
-    _LAUNCH_MEMORY.lo = np.array([m[0] for m in merged], dtype=np.uint64)
-    _LAUNCH_MEMORY.hi = np.array([m[1] for m in merged], dtype=np.uint64)
+    return (np.array([m[0] for m in merged], dtype=np.uint64), np.array([m[1] for m in merged], dtype=np.uint64))
 
 
 def _check_lanes(ptrs: Any, mask: Any, itemsize: int, what: str) -> None:
@@ -1429,8 +1440,8 @@ def _check_lanes(ptrs: Any, mask: Any, itemsize: int, what: str) -> None:
         addresses = addresses[np.broadcast_to(np.asarray(mask, dtype=bool), np.shape(ptrs)).reshape(-1)]
     if addresses.size == 0:
         return
-    lo, hi = _LAUNCH_MEMORY.lo, _LAUNCH_MEMORY.hi
-    if lo is None or lo.size == 0:
+    lo, hi = _launch_spans()
+    if lo.size == 0:
         bad = addresses[:1]
     else:
         at = np.searchsorted(lo, addresses, side="right").astype(np.int64) - 1
@@ -1489,9 +1500,17 @@ def bound_interpreter_memory() -> None:
         return
     native = getattr(interpreter, "_interpreter", None)
     executor = getattr(interpreter, "GridExecutor", None)
-    if native is None or executor is None or "_init_args_hst" not in vars(executor):
+    if native is None or executor is None or not {"_init_args_hst", "__call__"} <= set(vars(executor)):
         return
     original = vars(executor)["_init_args_hst"]
+    original_call = vars(executor)["__call__"]
+
+    def __call__(self, *args_dev, **kwargs):
+        _LAUNCH_MEMORY.stack.append([])  # nothing is in bounds until the launch's arguments are set up
+        try:
+            return original_call(self, *args_dev, **kwargs)
+        finally:
+            _LAUNCH_MEMORY.stack.pop()
 
     def _init_args_hst(self, args_dev, kwargs):
         _aliased_launch(list(_launch_tensors([args_dev, list(kwargs.values())])))
@@ -1499,7 +1518,8 @@ def bound_interpreter_memory() -> None:
         _set_launch_memory([args_hst, list(kwargs_hst.values())])
         return args_hst, kwargs_hst
 
-    _OWN_LAUNCH_WRAPPERS.add(_init_args_hst)
+    _OWN_LAUNCH_WRAPPERS.update({_init_args_hst, __call__})
     executor._init_args_hst = _init_args_hst
+    executor.__call__ = __call__
     interpreter._interpreter = _BoundedInterpreter(native)
     _BOUND["installed"] = True
