@@ -125,6 +125,7 @@ def progress_table(result: dict) -> Table:
     table.add_column("tests passed", justify="right")
     table.add_column("points", justify="right")
     table.add_column("next")
+    pointed = False  # "start here" goes on the first exercise not started, the others just say so
     for ex in result["exercises"]:
         tests = [t for c in ex["checks"] for t in c["tests"]]
         passed = sum(t["status"] == "passed" for t in tests)
@@ -137,7 +138,9 @@ def progress_table(result: dict) -> Table:
         elif bad is None:
             nxt = Text("all public tests pass: the hidden tests check more (README, 'Grading')", style="green")
         elif all(t["status"] != "passed" for t in tests) and "NotImplementedError" in bad["message"]:
-            nxt = Text(f"start here: read exercises/{ex['id']}/README.md, then fill in {ex['id']}.py", style="yellow")
+            nxt = (Text("not started", style="dim") if pointed else
+                   Text(f"start here: read exercises/{ex['id']}/README.md, then fill in {ex['id']}.py", style="yellow"))
+            pointed = True
         else:
             nxt = Text(f"{_first_line(bad['name'])}: {_first_line(bad['message'], 90)}", style="red")
         table.add_row(plain(ex["id"]), f"{passed}/{len(tests)}", _points(earned, possible), nxt)

@@ -121,3 +121,20 @@ def test_grade_writes_the_result_incrementally(root, tmp_path):
 def test_validate(root):
     run = grader(root, "validate")
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_start_here_points_at_the_first_exercise_not_started():
+    from rich.console import Console
+
+    from grader import report
+
+    def stub(ex_id):
+        test = {"name": "test_a", "status": "error", "message": "your code raised NotImplementedError: fill me in"}
+        return {"id": ex_id, "message": "", "checks": [{"id": "a", "visibility": "public", "points": 0,
+                                                          "max_points": 5, "tests": [test]}]}
+
+    console = Console(width=200, record=True)
+    console.print(report.progress_table({"exercises": [stub("online_softmax"), stub("paged_kv")]}))
+    text = console.export_text()
+    assert text.count("start here") == 1 and "start here: read exercises/online_softmax/README.md" in text, text
+    assert "not started" in text.split("paged_kv", 1)[1], text
