@@ -148,7 +148,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             passed = sum(t["status"] == "passed" for t in tests)
             console.print(f"[dim]{passed}/{len(tests)} public tests pass[/]", end="")
         console.print()
-        if not args.source:
+        if not args.source and selfstudy.touched(root, ex):  # an attempt is a check of a file the student changed
             selfstudy.record_check(root, ex.id, bool(tests) and all(t["status"] in ("passed", "not_graded") for t in tests))
     results.finish(result)
     console.print(report.progress_table(result))

@@ -147,6 +147,16 @@ def pristine_stub(root: Path, exercise) -> str:
                      f"interview round must start from the stub, not from your {rel}")
 
 
+def touched(root: Path, exercise) -> bool:
+    """Whether the student's exercises/<id> file differs from the stub as handed out (True when no pristine
+    copy is known: then every check counts)."""
+    mine = root / "exercises" / exercise.id / exercise.file
+    try:
+        return mine.read_text() != pristine_stub(root, exercise)
+    except (OSError, ValueError):
+        return True
+
+
 def start_interview(root: Path, course, level: str | None = None, minutes: int | None = None,
                     target: str | None = None, seed: int | None = None) -> tuple[Round, dict]:
     """Copy a fresh stub for a picked round into practice/ and start its clock: (the round, its state)."""

@@ -49,3 +49,17 @@ def test_the_readme_practice_plan_matches_course_yaml(root, course):
         row = (f"| `{r.id}` | {r.part.title} | {r.difficulty} | {r.minutes} |" if r.part
                else f"| `{r.id}` | {r.difficulty} | {r.minutes} |")
         assert row in text, f"README.md's practice plan should have the row {row!r} (from course.yaml)"
+
+
+def test_an_attempt_is_a_check_of_a_file_the_student_changed(root, course, tmp_path):
+    """`make check` over all exercises counts an attempt only where the file differs from the stub as handed out."""
+    from grader.release import build_release
+    from grader.selfstudy import touched
+
+    lab = tmp_path / "lab"
+    build_release(root, lab)
+    softmax, flash = course.exercise("online_softmax"), course.exercise("flash_attention")
+    assert not touched(lab, softmax) and not touched(lab, flash)
+    mine = lab / "exercises" / "online_softmax" / softmax.file
+    mine.write_text(mine.read_text() + "\n# started\n")
+    assert touched(lab, softmax) and not touched(lab, flash)
