@@ -1378,6 +1378,7 @@ class _LaunchMemory(threading.local):
         # interpreter) can resize a storage mid-launch, and the old chunk, freed, must not stay in bounds
         # (the red team's round 8 wrote through such stale bounds into a list that took the chunk).
         self.stack: list[list[Any]] = []
+        self.outer: list[int] = []  # the launch depth at each running launch's start (its Triton steps run there)
 
 
 _LAUNCH_MEMORY = _LaunchMemory()
@@ -1507,10 +1508,30 @@ def bound_interpreter_memory() -> None:
 
     def __call__(self, *args_dev, **kwargs):
         _LAUNCH_MEMORY.stack.append([])  # nothing is in bounds until the launch's arguments are set up
+        _LAUNCH_MEMORY.outer.append(_LAUNCH_STATE.depth)
         try:
             return original_call(self, *args_dev, **kwargs)
         finally:
+            _LAUNCH_STATE.depth = _LAUNCH_MEMORY.outer.pop()
             _LAUNCH_MEMORY.stack.pop()
+
+    # The kernel body is the student's Python: the rules stay in force while it runs (from the first program's
+    # grid index on), and are suspended again only for Triton's own copy back of the results. The red team's
+    # round 8 computed the softmax in numpy inside a body (`x.numpy()`, `torch.from_numpy`), unrefused while the
+    # whole launch counted as kernel code; an honest body calls no torch operator.
+    original_restore = vars(executor)["_restore_args_dev"]
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    original_grid_idx = vars(builder).get("set_grid_idx") if builder is not None else None
+
+    def _restore_args_dev(self, *args, **kwargs):
+        if _LAUNCH_MEMORY.outer:
+            _LAUNCH_STATE.depth = _LAUNCH_MEMORY.outer[-1]
+        return original_restore(self, *args, **kwargs)
+
+    def set_grid_idx(self, *args, **kwargs):
+        if _LAUNCH_MEMORY.outer:
+            _LAUNCH_STATE.depth = 0  # the next program's body runs under the rules
+        return original_grid_idx(self, *args, **kwargs)
 
     def _init_args_hst(self, args_dev, kwargs):
         _aliased_launch(list(_launch_tensors([args_dev, list(kwargs.values())])))
@@ -1518,8 +1539,11 @@ def bound_interpreter_memory() -> None:
         _set_launch_memory([args_hst, list(kwargs_hst.values())])
         return args_hst, kwargs_hst
 
-    _OWN_LAUNCH_WRAPPERS.update({_init_args_hst, __call__})
+    _OWN_LAUNCH_WRAPPERS.update({_init_args_hst, __call__, _restore_args_dev})
     executor._init_args_hst = _init_args_hst
     executor.__call__ = __call__
+    executor._restore_args_dev = _restore_args_dev
+    if original_grid_idx is not None:
+        builder.set_grid_idx = set_grid_idx
     interpreter._interpreter = _BoundedInterpreter(native)
     _BOUND["installed"] = True
