@@ -30,7 +30,9 @@
   allocates uninitialised is filled with NaN, so that an output element no kernel writes reads as
   NaN. All of it is suspended while a kernel launch runs (`JITFunction.run` on a GPU,
   `InterpretedFunction.run` under TRITON_INTERPRET=1, whose interpreter itself copies through torch
-  and numpy); the banned families above stay in force inside a launch. `LaunchLog` records each
+  and numpy); under the interpreter only Triton's own steps are (setting up arguments, copying results
+  back), never the kernel body, which is the student's Python (`bound_interpreter_memory`); the banned
+  families above stay in force inside a launch. `LaunchLog` records each
   launch (kernel, grid, the storages it was handed) for the tests that check coverage.
 * `count_lines(filename)`: counts the lines of one source file executed during the call. The
   structural check for vectorisation: run at two input sizes, the count must not grow with the
