@@ -1448,7 +1448,9 @@ def _check_lanes(ptrs: Any, mask: Any, itemsize: int, what: str) -> None:
         bad = addresses[:1]
     else:
         at = np.searchsorted(lo, addresses, side="right").astype(np.int64) - 1
-        inside = (at >= 0) & (addresses + np.uint64(itemsize) <= hi[np.maximum(at, 0)])
+        end = hi[np.maximum(at, 0)]
+        size = np.uint64(itemsize)
+        inside = (at >= 0) & (end >= size) & (addresses <= end - size)  # no wrap-around near 2**64
         bad = addresses[~inside][:1]
     if bad.size:
         raise ForbiddenCall(
