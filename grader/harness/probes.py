@@ -452,11 +452,18 @@ _HOST_OP_NOTES = {
 }
 
 
+def _where_host() -> str:
+    """Where host code ran: a kernel body under Triton's interpreter is host Python too (the rule holds there)."""
+    if getattr(_LAUNCH_MEMORY, "outer", None):
+        return " (in a kernel body, which Triton's interpreter runs as host Python: only tl operations belong there)"
+    return ""
+
+
 def host_op_refused(name: str, why: str = "") -> "ForbiddenCall":
     return ForbiddenCall(
         f"{_rule_message(why)}: outside a kernel launch its host code may only allocate tensors, take views of "
         "them, copy and cast them (torch.empty, zeros, full, view, reshape, transpose, contiguous, .to, copy_). "
-        f"Your code ran the operator {name} outside any kernel launch{_HOST_OP_NOTES.get(name, '')}. Do that "
+        f"Your code ran the operator {name} outside any kernel launch{_where_host()}{_HOST_OP_NOTES.get(name, '')}. Do that "
         "work inside your @triton.jit kernel (\"How it is graded\" in the exercise's README lists what the host "
         "may do)."
     )
@@ -467,7 +474,7 @@ def host_read_refused(what: str, why: str = "") -> "ForbiddenCall":
         or "f-string" in what else ""
     return ForbiddenCall(
         f"{_rule_message(why)}: outside a kernel launch its host code may not read tensor values, and your code "
-        f"used {what}, which hands them to Python or numpy where no kernel computes with them.{printing} Pass the "
+        f"used {what}{_where_host()}, which hands them to Python or numpy where no kernel computes with them.{printing} Pass the "
         "tensor to your kernel and tl.load what it needs; shapes, strides, dtypes and devices are free to read."
     )
 
