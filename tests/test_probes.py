@@ -982,3 +982,32 @@ def test_a_storage_moved_during_a_launch_takes_its_bounds_with_it():
             _store_after_moving[(1,)](_MOVED["t"], 16, BLOCK=16)
     finally:
         _MOVED.clear()
+
+
+_DEFAULTS: dict = {}
+
+
+def _host_work_in_a_default():
+    if _DEFAULTS.get("armed"):
+        _DEFAULTS["out"] = _DEFAULTS["x"].numpy().sum()  # host work, when the interpreter re-executes the def
+    return 0
+
+
+@pytest.mark.skipif(__import__("os").environ.get("TRITON_INTERPRET") != "1", reason="Triton's interpreter only")
+def test_the_interpreter_rerunning_a_kernels_def_runs_it_under_the_rule():
+    """The interpreter executes a kernel's def again to rewrite it, inside the launch: a default argument's
+    expression is host code there (red team round 9: a numpy softmax in a default, 90 of 90)."""
+    probes.bound_interpreter_memory()
+
+    @triton.jit
+    def _k(dst, flag=_host_work_in_a_default()):
+        pass
+
+    _DEFAULTS.update(x=torch.ones(3), armed=True)
+    try:
+        with probes.forbidden(KERNEL_RULE):
+            with pytest.raises(Exception, match="must do its work in Triton kernels"):
+                _k[(1,)](torch.empty(1))
+        assert "out" not in _DEFAULTS
+    finally:
+        _DEFAULTS.clear()

@@ -454,7 +454,7 @@ _HOST_OP_NOTES = {
 
 def _where_host() -> str:
     """Where host code ran: a kernel body under Triton's interpreter is host Python too (the rule holds there)."""
-    if getattr(_LAUNCH_MEMORY, "outer", None):
+    if _BOUND["installed"] and _LAUNCH_MEMORY.stack:
         return " (in a kernel body, which Triton's interpreter runs as host Python: only tl operations belong there)"
     return ""
 
@@ -864,11 +864,13 @@ def _wrap_run(cls: type, original: Any) -> Any:
                 launch.grid = _grid_dims(grid)
             for log in list(_ACTIVE_LOGS):
                 log.append(launch)
-        _LAUNCH_STATE.depth += 1
+        # Under a bounded interpreter only Triton's own steps of the launch are suspended (bound_interpreter_memory)
+        whole = not (_BOUND["installed"] and cls.__name__ == "InterpretedFunction")
+        _LAUNCH_STATE.depth += whole
         try:
             return original(self, *args, **kwargs)
         finally:
-            _LAUNCH_STATE.depth -= 1
+            _LAUNCH_STATE.depth -= whole
 
     run.__wrapped__ = original  # type: ignore[attr-defined]
     return run
@@ -1387,7 +1389,6 @@ class _LaunchMemory(threading.local):
         # interpreter) can resize a storage mid-launch, and the old chunk, freed, must not stay in bounds
         # (the red team's round 8 wrote through such stale bounds into a list that took the chunk).
         self.stack: list[list[Any]] = []
-        self.outer: list[int] = []  # the launch depth at each running launch's start (its Triton steps run there)
 
 
 _LAUNCH_MEMORY = _LaunchMemory()
@@ -1514,47 +1515,44 @@ def bound_interpreter_memory() -> None:
     executor = getattr(interpreter, "GridExecutor", None)
     if native is None or executor is None or not {"_init_args_hst", "__call__"} <= set(vars(executor)):
         return
-    original = vars(executor)["_init_args_hst"]
+    original_init = vars(executor)["_init_args_hst"]
+    original_restore = vars(executor)["_restore_args_dev"]
     original_call = vars(executor)["__call__"]
+    original_cvt = getattr(interpreter, "_implicit_cvt", None)
+
+    # Under the interpreter a launch is not suspended whole (`_wrap_run` leaves the depth alone once this is
+    # installed): only Triton's own steps are, setting up the arguments (torch copies, data_ptr) and copying
+    # results back. Everything else in the launch is the student's Python and runs under the rules: the kernel
+    # body (round 8 ran a numpy softmax on x.numpy() there), the def the interpreter executes again to rewrite
+    # the kernel (round 9 computed in a default argument's expression), grid callables.
+    def trusted(step):
+        def run_step(*args, **kwargs):
+            _LAUNCH_STATE.depth += 1
+            try:
+                return step(*args, **kwargs)
+            finally:
+                _LAUNCH_STATE.depth -= 1
+        return run_step
 
     def __call__(self, *args_dev, **kwargs):
         _LAUNCH_MEMORY.stack.append([])  # nothing is in bounds until the launch's arguments are set up
-        _LAUNCH_MEMORY.outer.append(_LAUNCH_STATE.depth)
         try:
             return original_call(self, *args_dev, **kwargs)
         finally:
-            _LAUNCH_STATE.depth = _LAUNCH_MEMORY.outer.pop()
             _LAUNCH_MEMORY.stack.pop()
-
-    # The kernel body is the student's Python: the rules stay in force while it runs (from the first program's
-    # grid index on), and are suspended again only for Triton's own copy back of the results. The red team's
-    # round 8 computed the softmax in numpy inside a body (`x.numpy()`, `torch.from_numpy`), unrefused while the
-    # whole launch counted as kernel code; an honest body calls no torch operator.
-    original_restore = vars(executor)["_restore_args_dev"]
-    builder = getattr(interpreter, "InterpreterBuilder", None)
-    original_grid_idx = vars(builder).get("set_grid_idx") if builder is not None else None
-
-    def _restore_args_dev(self, *args, **kwargs):
-        if _LAUNCH_MEMORY.outer:
-            _LAUNCH_STATE.depth = _LAUNCH_MEMORY.outer[-1]
-        return original_restore(self, *args, **kwargs)
-
-    def set_grid_idx(self, *args, **kwargs):
-        if _LAUNCH_MEMORY.outer:
-            _LAUNCH_STATE.depth = 0  # the next program's body runs under the rules
-        return original_grid_idx(self, *args, **kwargs)
 
     def _init_args_hst(self, args_dev, kwargs):
         _aliased_launch(list(_launch_tensors([args_dev, list(kwargs.values())])))
-        args_hst, kwargs_hst = original(self, args_dev, kwargs)
+        args_hst, kwargs_hst = trusted(original_init)(self, args_dev, kwargs)
         _set_launch_memory([args_hst, list(kwargs_hst.values())])
         return args_hst, kwargs_hst
 
+    _restore_args_dev = trusted(original_restore)
     _OWN_LAUNCH_WRAPPERS.update({_init_args_hst, __call__, _restore_args_dev})
     executor._init_args_hst = _init_args_hst
     executor.__call__ = __call__
     executor._restore_args_dev = _restore_args_dev
-    if original_grid_idx is not None:
-        builder.set_grid_idx = set_grid_idx
+    if original_cvt is not None:
+        interpreter._implicit_cvt = trusted(original_cvt)  # a tensor argument becomes its data_ptr
     interpreter._interpreter = _BoundedInterpreter(native)
     _BOUND["installed"] = True
