@@ -1011,3 +1011,21 @@ def test_the_interpreter_rerunning_a_kernels_def_runs_it_under_the_rule():
         assert "out" not in _DEFAULTS
     finally:
         _DEFAULTS.clear()
+
+
+@triton.jit
+def _two_defs(dst):
+    _note = """
+def _two_defs(dst):
+    pass
+"""  # a second def line: the interpreter would run the function from here
+
+
+@pytest.mark.skipif(__import__("os").environ.get("TRITON_INTERPRET") != "1", reason="Triton's interpreter only")
+def test_a_kernel_whose_source_holds_a_second_def_line_is_refused():
+    """Red team round 9 hid code in a string whose line started with 'def ': the interpreter re-executes a kernel
+    from its source's last def line, so it ran text the scan had read as a string."""
+    probes.bound_interpreter_memory()
+    with pytest.raises(Exception, match="second line that starts with 'def '"):
+        _two_defs[(1,)](torch.empty(1))
+    _exp_kernel[(1,)](torch.ones(4), torch.empty(4), 4, BLOCK=4)  # one def: as before
