@@ -123,8 +123,8 @@ def test_grader_check_prints_the_first_failure_inert(tmp_path):
     (tmp_path / EXERCISE).mkdir()
     (tmp_path / EXERCISE / f"{EXERCISE}.py").write_text(HOSTILE.read_text())
     run = grader("check", EXERCISE, "--from", str(tmp_path))
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert "first failure" in run.stdout and MARKUP in run.stdout, run.stdout
+    assert run.returncode == 1, f"a failing public test fails `grader check` (exit 1): {run.stderr[-2000:]}"
+    assert "FAILED " + EXERCISE in run.stdout and MARKUP in run.stdout, run.stdout
     assert_inert(run.stdout + run.stderr, "grader check's output")
 
 
