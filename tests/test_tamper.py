@@ -251,6 +251,8 @@ FLAGGED = {
         "import functools\nfunctools.partial(functools.update_wrapper, assigned=[n])\n", "functools.update_wrapper"),
     "torch.utils.swap_tensors": ("import torch\ntorch.utils.swap_tensors(a, b)\n", "torch.utils.swap_tensors"),
     "torch.distributed.rpc": ("import torch.distributed.rpc\n", "torch.distributed.rpc"),
+    "a second def line in a kernel": ('import triton\n@triton.jit\ndef k(x):\n    s = """\ndef k(x):\n    pass\n"""\n',
+                                      "def k: a second line starting with 'def '"),
     "an async generator hook": ("import sys\nsys.set_asyncgen_hooks(finalizer=print)\n", "sys.set_asyncgen_hooks"),
     "a fork hook": ("import os\nos.register_at_fork(after_in_child=print)\n", "os.register_at_fork"),
 }

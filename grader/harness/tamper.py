@@ -457,9 +457,29 @@ def scan(source: str | bytes, structural: bool = False, clocks: bool = False) ->
         return [Finding(line, type(exc).__name__, f"{UNREADABLE} ({getattr(exc, 'msg', exc)})")]
     try:
         _Scanner(findings, structural, clocks).run(tree)
+        findings.extend(_second_def_lines(tree, text))
     except RecursionError:  # nested deeper than this process can walk: fail closed
         findings.append(Finding(1, "RecursionError", f"{UNREADABLE} (it nests too deeply)"))
     return sorted(set(findings))
+
+
+def _second_def_lines(tree: ast.AST, text: str) -> list[Finding]:
+    """A jit function whose source holds a second line starting with "def ": Triton's interpreter runs a kernel
+    again from the LAST such line of its source (its decorators included), so text this scan reads as a string
+    would run as code (red team round 9). The worker refuses such a kernel too; this says so before grading."""
+    lines = text.splitlines()
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or not node.decorator_list:
+            continue
+        if not any("jit" in ast.unparse(d).split("(")[0].rsplit(".", 1)[-1] for d in node.decorator_list):
+            continue
+        first = min(d.lineno for d in node.decorator_list)
+        defs = [first + i for i, line in enumerate(lines[first - 1:node.end_lineno]) if line.strip().startswith("def ")]
+        if len(defs) > 1:
+            found.append(Finding(defs[-1], f"def {node.name}: a second line starting with 'def ' in a kernel",
+                                 f"{DYNAMIC} (Triton's interpreter runs a kernel from the last such line of its source)"))
+    return found
 
 
 def scan_file(path: str | Path, structural: bool = False, clocks: bool = False) -> list[Finding]:
