@@ -712,16 +712,24 @@ def _grid_dims(grid: Any) -> tuple[int, int, int] | None:
     return tuple(dims + [1] * (3 - len(dims)))  # type: ignore[return-value]
 
 
+def _tensors_of(value: Any) -> Iterator[torch.Tensor]:
+    """The tensor a launch argument is, or wraps (triton.reinterpret's TensorWrapper, a tensor descriptor's base)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+        return
+    base = getattr(value, "base", None)
+    if isinstance(base, torch.Tensor):
+        yield base
+
+
 def _tensor_storages(values: Iterable[Any]) -> frozenset[int]:
     found = set()
     for value in values:
-        base = getattr(value, "base", None)  # triton.reinterpret's TensorWrapper
-        for t in (value, base):
-            if isinstance(t, torch.Tensor):
-                try:
-                    found.add(storage_of(t))
-                except RuntimeError:  # a tensor without storage (meta, a subclass)
-                    pass
+        for t in _tensors_of(value):
+            try:
+                found.add(storage_of(t))
+            except RuntimeError:  # a tensor without storage (meta, a subclass)
+                pass
     return frozenset(found)
 
 
@@ -1143,15 +1151,21 @@ class _AliasedWatch(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if not in_launch():
-            n = _aliased_elements((*args, *(kwargs or {}).values(), out))
-            if n:
-                if _READS["refuse"]:
-                    raise host_read_refused(f"{operator_name(func)} on a tensor that shares its memory with numpy or "
-                                            "a buffer (made before the call), which Python reads without torch",
-                                            _READS["why"])
-                for counter in _READS["counters"]:
-                    counter.reads += n
+            _aliased_read(_aliased_elements((*args, *(kwargs or {}).values(), out)),
+                          lambda: f"{operator_name(func)} on a tensor that shares its memory with numpy or a buffer "
+                                  "(made before the call), which Python reads without torch")
         return out
+
+
+def _aliased_read(elements: int, what: Any) -> None:
+    """`elements` of memory shared with numpy were touched: refused under the kernel rule, else counted as read
+    (`what()` names the route, built only when it is refused)."""
+    if not elements:
+        return
+    if _READS["refuse"]:
+        raise host_read_refused(what(), _READS["why"])
+    for counter in _READS["counters"]:
+        counter.reads += elements
 
 
 @contextlib.contextmanager
@@ -1397,29 +1411,21 @@ _OWN_LAUNCH_WRAPPERS: set[Any] = set()  # our wrappers of Triton's launch machin
 
 
 def _launch_tensors(values: Iterable[Any], depth: int = 0) -> Iterator[torch.Tensor]:
+    """Every tensor among a launch's arguments, through nested tuples and lists (`_tensors_of` each)."""
     for value in values:
         if isinstance(value, (tuple, list)) and depth < 8:
             yield from _launch_tensors(value, depth + 1)
-            continue
-        if isinstance(value, torch.Tensor):
-            yield value
-        base = getattr(value, "base", None) if not isinstance(value, torch.Tensor) else None  # TensorWrapper, descriptors
-        if isinstance(base, torch.Tensor):
-            yield base
+        else:
+            yield from _tensors_of(value)
 
 
 def _aliased_launch(tensors: list[torch.Tensor]) -> None:
     """A launch handed memory shared with numpy or a buffer, during a watched call: a kernel would move values
     where Python reads them without torch (the launch's own copies run with the watch suspended), so it counts
     as a read of that memory, refused under the kernel rule."""
-    n = _aliased_elements(tensors) if _ALIASED else 0
-    if not n:
-        return
-    if _READS["refuse"]:
-        raise host_read_refused("a kernel launch handed a tensor that shares its memory with numpy or a buffer, "
-                                "which Python reads without torch", _READS["why"])
-    for counter in _READS["counters"]:
-        counter.reads += n
+    if _ALIASED:
+        _aliased_read(_aliased_elements(tensors), lambda: "a kernel launch handed a tensor that shares its memory "
+                                                          "with numpy or a buffer, which Python reads without torch")
 
 
 def _set_launch_memory(values: Iterable[Any]) -> None:
