@@ -567,3 +567,78 @@ def test_an_exotic_coding_is_refused_before_it_is_decoded(tmp_path):
     path.write_bytes(source)
     assert syntax_error(path) is None, "an exotic coding is left to the worker, which pays for decoding it"
     assert time.monotonic() - start < 1.0
+
+
+# Rule 10 (grader/harness/kernels.py): a @triton.jit function holds Triton and nothing else. Under the CPU
+# interpreter a kernel's body is host Python that the probes trust as kernel code; each case is a way a body, a
+# default or a decorator ran the student's Python there (red team rounds 7-9), or a neighbour of one.
+KERNEL_PRELUDE = "import numpy as np\nimport triton\nimport triton.language as tl\n"
+KERNEL_BODIES = {
+    "numpy on a tile": ("@triton.jit\ndef k(x_ptr):\n    x = tl.load(x_ptr)\n    y = np.exp(x)\n", "k: numpy.exp"),
+    "a tensor's raw handle": ("@triton.jit\ndef k(x_ptr):\n    d = tl.load(x_ptr).handle\n", "k: .handle"),
+    "a Python function of the file": ("def helper(a):\n    return a\n@triton.jit\ndef k(x):\n    helper(x)\n",
+                                      "k: helper(...)"),
+    "a default that runs code": ("@triton.jit\ndef k(x, B=np.exp(1)):\n    pass\n", "k: np.exp(1)"),
+    "an annotation that is not Triton's": ("@triton.jit\ndef k(x: np.ndarray):\n    pass\n", "k: np.ndarray"),
+    "a lambda": ("@triton.jit\ndef k(x):\n    f = lambda a: a\n", "k: lambda"),
+    "a nested def": ("@triton.jit\ndef k(x):\n    def g():\n        pass\n", "k: functiondef"),
+    "a store into an attribute": ("@triton.jit\ndef k(x):\n    x.handle = 1\n", "k: x.handle"),
+    "a with block": ("@triton.jit\ndef k(x):\n    with x:\n        pass\n", "k: with"),
+    "an f-string": ("@triton.jit\ndef k(x):\n    s = f'{x}'\n", "k: joinedstr"),
+    "calling a parameter": ("@triton.jit\ndef k(f, x):\n    f(x)\n", "k: f(...)"),
+    "inline assembly": ("@triton.jit\ndef k(x):\n    tl.inline_asm_elementwise('', '', [x], tl.int32, True, 1)\n",
+                        "k: triton.language.inline_asm_elementwise"),
+    "tl.core": ("@triton.jit\ndef k(x):\n    tl.core.tensor(x, tl.int32)\n", "k: triton.language.core.tensor"),
+    "importlib through tl.extra": ("@triton.jit\ndef k(x):\n    tl.extra.module_from_spec(x)\n",
+                                   "k: triton.language.extra.module_from_spec"),
+    "a module value that is not a constant": ("T = np.arange(4)\n@triton.jit\ndef k(x):\n    y = x + T\n", "k: T"),
+    "a constant rebound through global": ("B = 4\ndef f():\n    global B\n    B = np\n@triton.jit\ndef k(x):\n"
+                                          "    y = x + B\n", "k: B"),
+    "a builtin the file redefines": ("def range(*a):\n    return a\n@triton.jit\ndef k(x):\n    for i in range(4):\n"
+                                     "        pass\n", "k: range(...)"),
+    "a kernel made at run time": ("def f(x):\n    pass\nk = triton.jit(f)\n", "triton.jit"),
+    "a kernel defined in a function": ("def make():\n    @triton.jit\n    def k(x):\n        pass\n    return k\n",
+                                       "def k"),
+    "a decorator of the student's on a kernel": ("def deco(f):\n    return f\n@deco\n@triton.jit\ndef k(x):\n"
+                                                 "    pass\n", "@deco"),
+    "a kernel's launch machinery": ("@triton.jit\ndef k(x):\n    pass\nk.add_pre_run_hook(print)\n", "k"),
+    "a kernel handed around": ("@triton.jit\ndef k(x):\n    pass\nrun = [k]\n", "k"),
+}
+
+
+@pytest.mark.parametrize("case", KERNEL_BODIES, ids=list(KERNEL_BODIES))
+def test_a_kernel_holds_only_triton(case):
+    source, expected = KERNEL_BODIES[case]
+    found = whats(KERNEL_PRELUDE + source)
+    assert any(what.startswith(expected) for what in found), (
+        f"{case}: expected a finding for {expected!r}, found {found}. A kernel's body runs as host Python under "
+        "the CPU interpreter, so anything but Triton there is code the probes would trust as kernel code."
+    )
+
+
+HONEST_KERNELS = {
+    "autotune and heuristics over jit": (
+        "@triton.autotune(configs=[triton.Config({'B': 16}, num_warps=4)], key=['n'])\n"
+        "@triton.heuristics({'EVEN': lambda args: args['n'] % 16 == 0})\n@triton.jit\n"
+        "def k(x_ptr, n, B: tl.constexpr, EVEN: tl.constexpr):\n    offs = tl.arange(0, B)\n"
+        "    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)\n    tl.store(x_ptr + offs, x * 2, mask=offs < n)\n"
+        "def launch(x, n):\n    k[(1,)](x, n)\n"),
+    "libdevice, tl.math and a combine kernel": (
+        "@triton.jit\ndef add(a, b):\n    return a + b\n@triton.jit\n"
+        "def k(x_ptr, B: tl.constexpr):\n    x = tl.load(x_ptr + tl.arange(0, B)).to(tl.float32)\n"
+        "    y = tl.extra.cuda.libdevice.erf(x) + tl.math.exp2(x)\n    s = tl.reduce(y, 0, add)\n"
+        "    tl.store(x_ptr, s.to(x_ptr.dtype.element_ty))\n"),
+    "module constants, loops and a from-import": (
+        "from triton.language import load\nLOG2E = 1.4426950408889634\nBLOCK = tl.constexpr(64)\n@triton.jit\n"
+        "def k(x_ptr, n, DEBUG: tl.constexpr = False):\n    \"\"\"A docstring.\"\"\"\n    acc = 0.0\n"
+        "    for i in tl.range(0, n, BLOCK):\n        acc += tl.sum(load(x_ptr + i + tl.arange(0, BLOCK)) * LOG2E)\n"
+        "    if DEBUG:\n        tl.device_print('acc', acc)\n    i = 0\n    while i < 2:\n        i += 1\n"
+        "    tl.static_assert(BLOCK >= 16)\n    lo, hi = min(0, n), max(1, n)\n    x = tl.zeros([BLOCK], tl.float32)[:, None]\n"
+        "    return acc\n"),
+}
+
+
+@pytest.mark.parametrize("case", HONEST_KERNELS, ids=list(HONEST_KERNELS))
+def test_honest_kernels_are_not_flagged(case):
+    findings = tamper.scan(KERNEL_PRELUDE + HONEST_KERNELS[case], structural=True, clocks=True)
+    assert findings == [], f"{case}: {tamper.describe(findings)}"

@@ -108,6 +108,16 @@ The rules, exactly (each finding names its line, what it resolved the reference 
    fromfile, loadtxt, memmap, read_text wherever they are read; strings that name /proc or /sys.
 9. A file that does not parse, nests deeper than this process can walk, or declares an unusual
    source encoding, fails closed.
+10. **Triton kernels hold Triton** (grader/harness/kernels.py): under the CPU interpreter a
+   ``@triton.jit`` body runs as host Python that the probes trust as kernel code, so a kernel may hold
+   only its parameters and locals, the file's other kernels and constants, triton.language's public
+   functions (not inline assembly, tl.core or tl.tensor), a tensor's and dtype's own attributes (never
+   ``.handle``), a few builtins (range, min, max, float, int) and plain statements; its defaults are
+   constants and its decorators Triton's. A kernel is a module-level def, launched as ``k[grid](...)``;
+   ``triton.jit`` anywhere but on a decorator line is flagged. Also under rule 0: a function or class a
+   library re-exports from a module outside its own package is checked as that module's
+   (``triton.language.extra.module_from_spec`` is importlib's, ``torch.autograd.graph.WeakKeyDictionary``
+   is weakref's).
 
 The list is kept narrow enough that honest code never trips it (every file in solutions/ and every
 stub scans clean, with every rule set: tests/test_tamper.py). What it proves: the file does not name the
@@ -151,6 +161,8 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
+
+from grader.harness.kernels import KernelRule
 
 
 @dataclass(frozen=True, order=True)
@@ -456,7 +468,9 @@ def scan(source: str | bytes, structural: bool = False, clocks: bool = False) ->
         line = getattr(exc, "lineno", None) or 1
         return [Finding(line, type(exc).__name__, f"{UNREADABLE} ({getattr(exc, 'msg', exc)})")]
     try:
-        _Scanner(findings, structural, clocks).run(tree)
+        scanner = _Scanner(findings, structural, clocks)
+        scanner.run(tree)
+        KernelRule(tree, scanner.dotted, scanner.flag).run()  # rule 10
         findings.extend(_second_def_lines(tree, text))
     except RecursionError:  # nested deeper than this process can walk: fail closed
         findings.append(Finding(1, "RecursionError", f"{UNREADABLE} (it nests too deeply)"))
@@ -621,9 +635,31 @@ def _reexported(parts: list[str]) -> str | None:
         if isinstance(parent, ModuleType) and name in sys.stdlib_module_names and name not in IMPORTABLE:
             return name
         return None
-    if isinstance(found, ModuleType) and found.__name__ != ".".join(parts):
-        return found.__name__
-    return None
+    if isinstance(found, ModuleType):
+        return found.__name__ if found.__name__ != ".".join(parts) else None
+    return _foreign_object(found, parts)
+
+
+def _foreign_object(found: object, parts: list[str]) -> str | None:
+    """The real name of a function or class a library re-exports from a module outside its own package
+    (``torch.cuda.amp.common.find_spec`` is importlib's, ``torch.autograd.graph.WeakKeyDictionary`` is weakref's,
+    ``triton.language.extra.module_from_spec`` is importlib's), so the rules of that module apply to it; None for
+    a library's own objects and for the builtins a chain may name anyway."""
+    if not (callable(found) or isinstance(found, type)):
+        return None
+    module, name = getattr(found, "__module__", None), getattr(found, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(name, str):
+        return None
+    root = module.split(".")[0]
+    if root in ("posix", "nt"):  # os's own implementation (see _module_rule)
+        root = "os"
+    if root.lstrip("_") == parts[0] or root == parts[0]:
+        return None
+    if root == "builtins":  # int, dict, module: plain types; exec, eval and the like keep their own rules
+        return f"builtins.{name}" if name in BUILTINS or name in _ATTRIBUTE_CALLS + _NAMESPACE_CALLS else None
+    if root.startswith("_frozen_importlib"):
+        module = "importlib"
+    return f"{module}.{name}"
 
 
 # The course's helper modules a student may import by name, to try their code as its README shows
