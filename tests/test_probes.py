@@ -732,6 +732,54 @@ def test_a_read_back_bound_at_import_is_still_refused(tmp_path):
         student.close()
 
 
+PROBE_SWAPS = {  # each rebinds a probe from inside a guarded call (the scan flags the import; this is the backstop)
+    "in_launch, which the guard asks": "probes.in_launch = lambda: True",
+    "the guard's dispatch handler": "probes.OperatorGuard.__torch_dispatch__ = lambda self, f, t, a=(), k=None: f(*a, **(k or {}))",
+    "a host-read wrapper the watch installed": "torch.Tensor.numpy = torch._C.TensorBase.numpy",
+    "the interpreter's bound": "interpreter._interpreter = interpreter._interpreter._native",
+}
+
+
+@pytest.mark.parametrize("swap", PROBE_SWAPS, ids=list(PROBE_SWAPS))
+def test_a_call_that_rebinds_a_probe_fails(tmp_path, swap, monkeypatch):
+    """The worker seals the probes by identity before it imports the student's file (probes.seal); a guarded
+    call that rebinds one of them, by any route the scan missed, fails with what was changed. The scan is
+    switched off here (it flags each of these files), so the backstop is what is tested."""
+    from grader.harness import session
+    from grader.harness.client import Sandbox
+    from grader.harness.session import StudentSession
+
+    monkeypatch.setattr(session, "tamper_findings", lambda path: [])
+
+    path = tmp_path / "swap.py"
+    path.write_text("import torch\nfrom grader.harness import probes\nfrom triton.runtime import interpreter\n"
+                    f"def forward(x):\n    {PROBE_SWAPS[swap]}\n    return x * 2\n")
+    student = StudentSession("sandbox", lambda _id: path, Sandbox(), lambda _id: 30.0)
+    try:
+        mod = student.load("swap", forbid=[probes.KERNELS_ONLY])
+        with pytest.raises(Exception, match="the grader's probes were changed during the call") as caught:
+            mod.forward(torch.ones(3))
+        assert "cannot be trusted" in str(caught.value), caught.value
+    finally:
+        student.close()
+
+
+def test_the_seal_passes_an_honest_call_and_sees_a_rebinding():
+    probes.seal()
+    try:
+        probes.assert_sealed()  # nothing changed
+        original = probes.in_launch
+        probes.in_launch = lambda: True
+        try:
+            with pytest.raises(probes.GuardRemoved, match="in_launch"):
+                probes.assert_sealed()
+        finally:
+            probes.in_launch = original
+        probes.assert_sealed()
+    finally:
+        probes._SEAL.clear()
+
+
 LOOPS_IN_C = {  # a per-element loop that runs no line of the file per element, and what grows
     "map over .tolist()": ("torch.tensor(list(map(abs, x.flatten().tolist())))", "reads"),
     "map over unbind": ("torch.stack(list(map(torch.Tensor.sum, x.unbind(0))))", "ops"),
@@ -1029,3 +1077,25 @@ def test_a_kernel_whose_source_holds_a_second_def_line_is_refused():
     with pytest.raises(Exception, match="second line that starts with 'def '"):
         _two_defs[(1,)](torch.empty(1))
     _exp_kernel[(1,)](torch.ones(4), torch.empty(4), 4, BLOCK=4)  # one def: as before
+
+
+def test_a_resize_in_another_thread_waits_for_an_interpreted_access():
+    """An interpreted kernel's bounds check and its access run under one lock, which a guarded resize_ or set_
+    takes too: a second thread cannot move a launch's storage between the check and the access (round 9 did,
+    in ring_allreduce, where a call's threads run beside its launch)."""
+    tensor = torch.zeros(4)
+    done = threading.Event()
+
+    def resize():
+        with probes.operator_guard(["torch.softmax"]):
+            tensor.resize_(1 << 16)
+        done.set()
+
+    with probes._MEMORY_LOCK:  # as a load, store or atomic of the bounded interpreter holds it
+        thread = threading.Thread(target=resize)
+        thread.start()
+        assert not done.wait(0.3), "the resize ran while an interpreted access held the memory lock"
+        assert tensor.numel() == 4
+    assert done.wait(10), "the resize never ran once the access was done"
+    thread.join()
+    assert tensor.numel() == 1 << 16

@@ -51,9 +51,10 @@ import functools
 import importlib
 import sys
 import threading
+import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -262,13 +263,13 @@ def banned_operators(names: Iterable[str]) -> dict[str, tuple[str, OpFamily]]:
 
 
 @functools.lru_cache(maxsize=64)
-def _banned(names: tuple[str, ...]) -> dict[str, tuple[str, OpFamily]]:
+def _banned(names: tuple[str, ...]) -> Mapping[str, tuple[str, OpFamily]]:
     banned: dict[str, tuple[str, OpFamily]] = {}
     for name in names:
         for family in FORBIDDEN_OPS.get(name, ()):
             for op in family.ops:
                 banned.setdefault(op, (name, family))
-    return banned
+    return types.MappingProxyType(banned)  # shared by every guard of these names: read-only
 
 
 _OP_NAMES: dict[Any, str] = {}  # OpOverload -> "namespace::name" (the same object comes back every call)
@@ -479,6 +480,11 @@ def host_read_refused(what: str, why: str = "") -> "ForbiddenCall":
     )
 
 
+_MEMORY_LOCK = threading.RLock()  # an interpreted kernel's bounds check and its access; a resize (see below)
+_MOVES_STORAGE = frozenset({"aten::resize_", "aten::set_", "aten::resize_as_", "aten::_resize_output_",
+                            "aten::resize_as_sparse_", "aten::_resize_output"})
+
+
 class OperatorGuard(TorchDispatchMode):
     """Fails every banned operator, and every operator outside torch's own namespaces, run under it. With
     `host_only` (the kernel rule), also every operator outside `HOST_OPS` that runs outside a kernel launch,
@@ -511,6 +517,12 @@ class OperatorGuard(TorchDispatchMode):
                 "the forbidden-call guard, which cannot see what it computes. Call your code directly instead "
                 "of registering it as an operator."
             )
+        if name in _MOVES_STORAGE:  # never between an interpreted kernel's bounds check and its access
+            with _MEMORY_LOCK:
+                return self._run(name, func, args, kwargs)
+        return self._run(name, func, args, kwargs)
+
+    def _run(self, name: str, func: Any, args: tuple, kwargs: dict | None) -> Any:
         if not self.host_only or in_launch():
             return func(*args, **(kwargs or {}))
         if name not in HOST_OPS:
@@ -524,6 +536,68 @@ class OperatorGuard(TorchDispatchMode):
 
 class GuardRemoved(ForbiddenCall):
     """The operator guard was not where it was put when the call ended: the call changed the mode stack."""
+
+
+# -- The probes' own integrity, checked by identity when each guarded call ends
+#
+# The scan keeps a submission away from this module; this is the backstop for a way past it. The probes are
+# this module's functions and classes and the attributes they install on torch's and Triton's (the host-read
+# watch, the interpreter's bound, the launch wrappers). `seal()` records each by identity before the student's
+# module is imported; `assert_sealed()` (at the end of every guarded call) fails the call if any was rebound,
+# so a submission that swapped `in_launch` or `OperatorGuard.__torch_dispatch__` loses the call it did it in.
+
+_MISSING = object()
+_INSTALLED: list[tuple[Any, str, Any]] = []  # (owner, attribute, what the probes put there), for good
+_SEAL: dict[str, Any] = {}
+
+
+def _install(owner: Any, attr: str, value: Any) -> None:
+    """setattr, remembered: the attribute must still be `value` whenever a guarded call ends."""
+    setattr(owner, attr, value)
+    _INSTALLED.append((owner, attr, value))
+
+
+def _own_classes() -> list[type]:
+    return [v for v in dict.values(globals()) if isinstance(v, type) and v.__module__ == __name__]
+
+
+def _digest() -> list[tuple[Any, Any, int]]:
+    """(namespace, how many names it holds, every (name, object) in it) for this module and its classes."""
+    spaces = [globals(), *(vars(c) for c in _own_classes())]
+    return [(space, len(space), list(space.items())) for space in spaces]
+
+
+def seal() -> None:
+    """Record the probes by identity (the worker calls this after installing them, before the student's import)."""
+    _SEAL["digest"] = _digest()
+    _SEAL["flags"] = (_BOUND["installed"], _READS["installed"])
+
+
+def _unsealed() -> str | None:
+    for owner, attr, value in _INSTALLED:
+        if vars(owner).get(attr) is not value:
+            return f"{getattr(owner, '__name__', type_name(type(owner)))}.{attr}"
+    for space, size, items in _SEAL["digest"]:
+        if len(space) != size:
+            return f"a name added to or removed from {space.get('__qualname__') or __name__}"
+        for name, value in items:
+            if space.get(name, _MISSING) is not value:
+                return f"{space.get('__qualname__') or __name__}.{name}"
+    if (_BOUND["installed"], _READS["installed"]) != _SEAL["flags"]:
+        return "the probes' installation flags"
+    return None
+
+
+def assert_sealed() -> None:
+    """Fail the call if any probe was rebound since `seal()` (a no-op before it)."""
+    if "digest" not in _SEAL:
+        return
+    moved = _unsealed()
+    if moved:
+        raise GuardRemoved(
+            f"the grader's probes were changed during the call ({moved} is not what the grader put there): the "
+            "call cannot be trusted. Nothing in an exercise needs to reach the grader's own code."
+        )
 
 
 def _enter_mode(mode: TorchDispatchMode, what: str) -> None:
@@ -555,6 +629,7 @@ def _enter(guard: OperatorGuard) -> None:
 
 def _leave(guard: OperatorGuard) -> None:
     _leave_mode(guard, "the forbidden-call guard")
+    assert_sealed()
 
 
 @contextlib.contextmanager
@@ -1059,7 +1134,7 @@ def install_host_read_watch() -> None:
             # would find the unwatched method there.
             if not isinstance(replacement, property):
                 del replacement.__wrapped__
-            setattr(owner, attr, replacement)
+            _install(owner, attr, replacement)
         _READS["installed"] = True
 
 
@@ -1482,21 +1557,28 @@ class _BoundedInterpreter:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._native, name)
 
+    # Each check and the access it clears run under `_MEMORY_LOCK`, which a guarded thread's resize_ or set_
+    # also takes (OperatorGuard): another thread cannot move a launch's storage between the two (round 9, in
+    # ring_allreduce, whose threads run beside a launch).
     def load(self, ptrs, mask, other, dtype):
-        _check_lanes(ptrs, mask, _itemsize(dtype), "read")
-        return self._native.load(ptrs, mask, other, dtype)
+        with _MEMORY_LOCK:
+            _check_lanes(ptrs, mask, _itemsize(dtype), "read")
+            return self._native.load(ptrs, mask, other, dtype)
 
     def store(self, ptrs, value, mask):
-        _check_lanes(ptrs, mask, _itemsize(getattr(value, "dtype", None)), "wrote")
-        return self._native.store(ptrs, value, mask)
+        with _MEMORY_LOCK:
+            _check_lanes(ptrs, mask, _itemsize(getattr(value, "dtype", None)), "wrote")
+            return self._native.store(ptrs, value, mask)
 
     def atomic_rmw(self, op, ptrs, value, mask, sem):
-        _check_lanes(ptrs, mask, _itemsize(getattr(value, "dtype", None)), "changed")
-        return self._native.atomic_rmw(op, ptrs, value, mask, sem)
+        with _MEMORY_LOCK:
+            _check_lanes(ptrs, mask, _itemsize(getattr(value, "dtype", None)), "changed")
+            return self._native.atomic_rmw(op, ptrs, value, mask, sem)
 
     def atomic_cas(self, ptrs, cmp, value, sem):
-        _check_lanes(ptrs, None, _itemsize(getattr(value, "dtype", None)), "changed")
-        return self._native.atomic_cas(ptrs, cmp, value, sem)
+        with _MEMORY_LOCK:
+            _check_lanes(ptrs, None, _itemsize(getattr(value, "dtype", None)), "changed")
+            return self._native.atomic_cas(ptrs, cmp, value, sem)
 
 
 def _itemsize(dtype: Any) -> int:
@@ -1573,13 +1655,13 @@ def bound_interpreter_memory() -> None:
 
     _restore_args_dev = trusted(original_restore)
     _OWN_LAUNCH_WRAPPERS.update({_init_args_hst, __call__, _restore_args_dev})
-    executor._init_args_hst = _init_args_hst
-    executor.__call__ = __call__
-    executor._restore_args_dev = _restore_args_dev
+    _install(executor, "_init_args_hst", _init_args_hst)
+    _install(executor, "__call__", __call__)
+    _install(executor, "_restore_args_dev", _restore_args_dev)
     if original_cvt is not None:
-        interpreter._implicit_cvt = trusted(original_cvt)  # a tensor argument becomes its data_ptr
+        _install(interpreter, "_implicit_cvt", trusted(original_cvt))  # a tensor argument becomes its data_ptr
     rewriter = getattr(interpreter, "FunctionRewriter", None)
     if rewriter is not None and "_find_def" in vars(rewriter):
-        rewriter._find_def = _own_def_line(vars(rewriter)["_find_def"])
-    interpreter._interpreter = _BoundedInterpreter(native)
+        _install(rewriter, "_find_def", _own_def_line(vars(rewriter)["_find_def"]))
+    _install(interpreter, "_interpreter", _BoundedInterpreter(native))
     _BOUND["installed"] = True

@@ -317,6 +317,7 @@ def main(argv: list[str]) -> None:
     probes.install_host_read_watch()  # before the student's module: a reference it takes is the watched one
     probes.arm_aliasing()
     probes.bound_interpreter_memory()  # a kernel under Triton's interpreter touches only its launch's tensors
+    probes.seal()  # the probes by identity: a guarded call that rebinds one fails (probes.assert_sealed)
     lock(argv[3] if len(argv) > 3 else "none")  # before the student's module, too: it may start no helper
     sock = socket.socket(fileno=fd)
     Worker(sock, module_path).serve()
