@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from grader import rehearsal
 from grader.course import Course, find_root, load_course
 
 _STATE = pytest.StashKey[dict]()
@@ -276,6 +277,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         keep = [i for i in items if (m := i.get_closest_marker("check")) is not None and m.args and m.args[0] in wanted]
         config.hook.pytest_deselected(items=[i for i in items if i not in keep])
         items[:] = keep
+    if rehearsal.only() and rehearsal.active():  # grader gpu-check --dry-run: the CUDA tests alone
+        keep = [i for i in items if i.get_closest_marker("cuda") is not None]
+        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+        items[:] = keep
     for item in items:
         exercise_id, _ = exercise_of(Path(str(item.path)))
         if exercise_id is None or course is None:
@@ -327,7 +332,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     bad = item.get_closest_marker("grader_misconfigured")
     if bad:
         raise RuntimeError(f"grader configuration error: test {item.name} {bad.args[0]}")
-    if item.get_closest_marker("cuda") and not _cuda_available():
+    if item.get_closest_marker("cuda") and not _cuda_available() and not rehearsal.active():
         pytest.skip("not graded: no CUDA device")
 
 
@@ -396,6 +401,11 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     fraction = 1.0 if outcome["status"] == "passed" else 0.0
     if score is not None and outcome["status"] == "passed" and score.fraction is not None:
         fraction = score.fraction
+    if item.get_closest_marker("cuda") and rehearsal.active():  # ran on the CPU to prove it runs: never scored
+        said = outcome.get("message", "")
+        outcome = {**outcome, "status": "not_graded", "message": rehearsal.PASSED if outcome["status"] == "passed"
+                   else f"rehearsed on the CPU: {outcome['status']}: {said}"}
+        fraction = 0.0
     marker = item.get_closest_marker("check")
     if fraction < 1.0 and outcome["status"] != "not_graded" and marker and marker.args:
         item.config.stash[_STATE].setdefault("lost", set()).add(marker.args[0])  # for --grader-first-failure
@@ -405,6 +415,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         figures = score.figures
         if outcome["status"] == "passed" and score.fraction is not None:
             message = score.message
+        if score.fraction is not None and rehearsal.active():
+            figures = {**figures, "rehearsal_fraction": score.fraction}  # the scoring path ran; it means nothing here
     event = {
         "event": "test",
         "exercise": exercise_id,

@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grader import blocks, speed, testing
+from grader import blocks, rehearsal, speed, testing
 from grader.harness.probes import KERNELS_ONLY
 from grader.testing import show
 
@@ -701,9 +701,10 @@ def test_generated_causal_alignments_backward(student, fa, rng, device, alignmen
 @pytest.mark.check("cuda_bf16")
 @pytest.mark.parametrize("hq,hkv,n_q,n_k,causal", [(2, 2, 127, 129, False), (6, 2, 129, 300, True), (4, 1, 300, 17, True)])
 def test_bf16(student, fa, rng, device, hq, hkv, n_q, n_k, causal):
-    q, k, v = make_qkv(rng, 1, hq, hkv, n_q, n_k, 64, BF16, device)
+    bf16 = rehearsal.dtype(BF16)  # fp16 in a CPU rehearsal: the interpreter's bf16 tl.dot is not bf16
+    q, k, v = make_qkv(rng, 1, hq, hkv, n_q, n_k, 64, bf16, device)
     check_forward(fa, q, k, v, causal=causal, what=f"bf16 o ({hq}x{hkv} heads, {n_q}x{n_k})", check_lse=True)
-    do = torch.randn(q.shape, generator=rng).to(device=device, dtype=BF16)
+    do = torch.randn(q.shape, generator=rng).to(device=device, dtype=bf16)
     check_training_step(student, fa, q, k, v, do, causal, None, f"bf16, {hq}x{hkv} heads, {n_q}x{n_k}")
 
 
@@ -720,8 +721,10 @@ def assert_close_on_device(got, ref, low, what):
 def test_realistic_sizes(student, fa, rng, dtype, head_dim):
     # 2 x 8 query heads over 2 KV heads, 1000 queries against 1536 keys, causal: the reference is the
     # naive formula in fp32 on the GPU (fp64 for fp32 inputs).
-    q, k, v = make_qkv(rng, 2, 8, 2, 1000, 1536, head_dim, dtype, "cuda")
-    do = torch.randn(q.shape, generator=rng).to(device="cuda", dtype=dtype)
+    dtype = rehearsal.dtype(dtype)
+    n_q, n_k = rehearsal.size((1000, 1536), (40, 72))
+    q, k, v = make_qkv(rng, 2, 8, 2, n_q, n_k, head_dim, dtype, rehearsal.device())
+    do = torch.randn(q.shape, generator=rng).to(device=rehearsal.device(), dtype=dtype)
     ref_dtype = torch.float64 if dtype == FP32 else FP32
     o, lse = fa.flash_attention_forward(q, k, v, causal=True)
     ref_o, ref_lse = naive_attention(q, k, v, True, None, ref_dtype)
@@ -737,13 +740,13 @@ def test_realistic_sizes(student, fa, rng, dtype, head_dim):
             if dtype == FP32 else ""))
 
 
-MEMORY_N = 8192
+MEMORY_N = rehearsal.size(8192, 64)
 
 
 @pytest.mark.cuda
 @pytest.mark.check("memory")
 def test_forward_peak_memory(student, fa, rng):
-    q, k, v = make_qkv(rng, 1, 4, 4, MEMORY_N, MEMORY_N, 64, FP16, "cuda")
+    q, k, v = make_qkv(rng, 1, 4, 4, MEMORY_N, MEMORY_N, 64, FP16, rehearsal.device())
     (o, lse), extra = student.drive(f"{DRIVERS}:peak_memory", fa.flash_attention_forward, q, k, v, True)
     score_matrix = MEMORY_N * MEMORY_N * 2  # ONE head's scores in fp16: 128 MiB
     outputs = o.numel() * o.element_size() + lse.numel() * 4
@@ -757,8 +760,8 @@ def test_forward_peak_memory(student, fa, rng):
 @pytest.mark.cuda
 @pytest.mark.check("memory")
 def test_training_step_peak_memory(student, fa, rng):
-    q, k, v = make_qkv(rng, 1, 4, 4, MEMORY_N, MEMORY_N, 64, FP16, "cuda")
-    do = torch.randn(q.shape, generator=rng).to(device="cuda", dtype=FP16)
+    q, k, v = make_qkv(rng, 1, 4, 4, MEMORY_N, MEMORY_N, 64, FP16, rehearsal.device())
+    do = torch.randn(q.shape, generator=rng).to(device=rehearsal.device(), dtype=FP16)
     _, extra = student.drive(f"{DRIVERS}:training_step_peak_memory", fa.flash_attention, q, k, v, do, True)
     linear = 12 * q.numel() * q.element_size()  # copies of q, k, v; o, dq, dk, dv; lse, delta and slack
     score_matrix = MEMORY_N * MEMORY_N * 2
@@ -773,7 +776,7 @@ def test_training_step_peak_memory(student, fa, rng):
 # speed (CUDA only): TFLOP/s as a fraction of scaled_dot_product_attention's on the same inputs
 
 
-SPEED_B, SPEED_H, SPEED_N = 4, 16, 4096
+SPEED_B, SPEED_H, SPEED_N = rehearsal.size((4, 16, 4096), (1, 4, 64))
 
 
 def attention_flops(head_dim: int, causal: bool) -> float:
@@ -798,9 +801,10 @@ def assert_timed_output(out, q, k, v, causal):
 def check_under_the_kernel_rule(student, fa, rng, head_dim, causal):
     """The timing loop makes fresh inputs beside the call, so it runs without the kernel rule: the functions it
     times must first pass under the rule, forward and backward, on a small input of the same kind."""
-    q, k, v = make_qkv(rng, 1, 2, 2, 300, 300, head_dim, BF16, "cuda")
+    n, bf16 = rehearsal.size(300, 40), rehearsal.dtype(BF16)
+    q, k, v = make_qkv(rng, 1, 2, 2, n, n, head_dim, bf16, rehearsal.device())
     check_forward(fa, q, k, v, causal=causal, what="bf16 o, once before the timing")
-    do = torch.randn(q.shape, generator=rng).to(device="cuda", dtype=BF16)
+    do = torch.randn(q.shape, generator=rng).to(device=rehearsal.device(), dtype=bf16)
     check_training_step(student, fa, q, k, v, do, causal, None, "bf16, once before the timing")
 
 
@@ -810,7 +814,7 @@ def check_under_the_kernel_rule(student, fa, rng, head_dim, causal):
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_forward_speed(student, fa, fa_timed, rng, score, head_dim, causal):
     check_under_the_kernel_rule(student, fa, rng, head_dim, causal)
-    specs = [speed.Randn((SPEED_B, SPEED_H, SPEED_N, head_dim), BF16)] * 3
+    specs = [speed.Randn((SPEED_B, SPEED_H, SPEED_N, head_dim), rehearsal.dtype(BF16))] * 3
     ceil = speed.ceilings()
     # At full marks a rep takes 0.1-0.5 ms: 400 reps are 50-200 ms, well above the wall-clock bound's
     # slack (5 ms + 3%, grader/speed.py).
@@ -836,7 +840,8 @@ def test_backward_speed(student, fa, fa_timed, rng, score, causal):
     check_under_the_kernel_rule(student, fa, rng, head_dim, causal)
     shape = (SPEED_B, SPEED_H, SPEED_N, head_dim)
     # Fresh q, k, v, o, dO per rep; lse about 4 above the scores keeps P = exp(s - lse) in (0, 1].
-    specs = [speed.Randn(shape, BF16)] * 4 + [speed.Randn(shape[:3], FP32, shift=4.0), speed.Randn(shape, BF16)]
+    bf16 = rehearsal.dtype(BF16)
+    specs = [speed.Randn(shape, bf16)] * 4 + [speed.Randn(shape[:3], FP32, shift=4.0), speed.Randn(shape, bf16)]
     ceil = speed.ceilings()
     # At full marks a rep takes 1.5-3 ms: 100 reps are 0.15-0.3 s against the bound's slack.
     t = speed.time_student(student, fa_timed.flash_attention_backward, specs, {"causal": causal}, reps=100,
@@ -849,7 +854,7 @@ def test_backward_speed(student, fa, fa_timed, rng, score, causal):
     def sdpa_forward(q, k, v, do):
         F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
-    qkvdo = [speed.Randn(shape, BF16)] * 4
+    qkvdo = [speed.Randn(shape, bf16)] * 4
     sdpa_backward_s = speed.time_here(sdpa_step, qkvdo, reps=100).mean_s - speed.time_here(sdpa_forward, qkvdo, reps=100).mean_s
     flops = 2.5 * attention_flops(head_dim, causal)  # five matmuls to the forward's two
     score.metrics(

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from grader import speed
+from grader import rehearsal, speed
 from grader.testing import (assert_close, assert_equal, assert_equal_up_to_ties, is_close, mismatches,
                             near_midpoint, show)
 
@@ -1060,6 +1060,7 @@ def test_speed_against_the_matmul_ceiling(student, gq, score, rows, cols, target
     from grader.support.gptq import Hessian
 
     ceil = speed.ceilings()  # measured just before, on this GPU, once per grading run
+    rows, cols = rehearsal.size((rows, cols), (64, 128))  # a CPU rehearsal runs the same path, tiny
     # Fresh W per rep; H (calibration_hessian, seed 0) made once per loop, in the worker and here. A rep
     # takes seconds, so 5 reps dwarf the wall-clock bound's slack (5 ms + 3%, grader/speed.py).
     specs = [speed.Randn((rows, cols)), Hessian((cols, cols))]

@@ -1318,10 +1318,10 @@ def assert_timed_route(r, logits, k, cf):
 @pytest.mark.cuda
 @pytest.mark.check("route_speed")
 def test_route_speed(student, sm, score):
-    from grader import speed
+    from grader import rehearsal, speed
 
-    T, E, k, cf = 65536, 64, 2, 1.25
-    spec = speed.Randn((T, E), torch.bfloat16)
+    T, E, k, cf = rehearsal.size(65536, 256), 64, 2, 1.25
+    spec = speed.Randn((T, E), rehearsal.dtype(torch.bfloat16))
     # At the bar a route may take 25 times one topk + softmax (tens of us), up to about 0.75 ms: 300 reps
     # are some 0.2 s there, well above the wall-clock bound's slack (5 ms + 3%, grader/speed.py).
     t = speed.time_student(student, sm.route, [spec, k, cf], reps=300,

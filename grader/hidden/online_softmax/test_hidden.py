@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from grader import blocks, speed
+from grader import blocks, rehearsal, speed
 from grader.harness.probes import KERNELS_ONLY
 from grader.testing import OnceIterable, assert_close, assert_equal, mismatches, show
 
@@ -333,7 +333,8 @@ def test_triton_fp16(smk, rng, device):
 @pytest.mark.cuda
 @pytest.mark.check("triton")
 def test_triton_bf16_and_very_long_rows_on_cuda(smk, rng):
-    x = (torch.randn(4, 1 << 20, generator=rng) * 2).to("cuda", torch.bfloat16)
+    x = (torch.randn(4, rehearsal.size(1 << 20, 1 << 10), generator=rng) * 2).to(rehearsal.device(),
+                                                                                 rehearsal.dtype(torch.bfloat16))
     out = smk.softmax_triton(x)
     assert_softmax(out.cpu(), x.cpu(), 8e-3, "bf16 rows of 2**20 columns", kernel=True)
 
@@ -498,9 +499,11 @@ def test_triton_generated_masks_against_every_tile_width(smk, rng, device, trial
 @pytest.mark.parametrize("rows,cols", [(4096, 8192), (64, 1 << 18)])
 def test_triton_bandwidth(student, sm, smk, score, rows, cols):
     dtype = torch.float16
+    rows, cols = rehearsal.size((rows, cols), {4096: (16, 256), 64: (4, 4096)}[rows])  # a CPU rehearsal: tiny
     # The timing loop makes its own inputs beside the call, so it runs without the kernel rule: the same
     # function must first pass under the rule, on a smaller input of the timed shape's kind.
-    small = (torch.randn(64, cols // 64, generator=torch.Generator().manual_seed(rows)) * 3).to("cuda", dtype)
+    small = (torch.randn(64, cols // 64, generator=torch.Generator().manual_seed(rows)) * 3).to(rehearsal.device(),
+                                                                                             dtype)
     assert_softmax(smk.softmax_triton(small), small, 2e-3, "softmax_triton, called once before the timing")
     ceil = speed.ceilings()
     spec = speed.Randn((rows, cols), dtype, scale=3.0)

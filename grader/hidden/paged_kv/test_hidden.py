@@ -18,7 +18,7 @@ import random
 import pytest
 import torch
 
-from grader import speed, testing
+from grader import rehearsal, speed, testing
 from grader.harness.probes import KERNELS_ONLY
 from grader.structure import Scaling, assert_flat_on_the_clock, assert_worker_agrees, clock
 
@@ -1477,13 +1477,14 @@ def test_paged_attention_triton_bandwidth(student, pk, pkk, score):
     r = random.Random(4321)
     q, k, v, tables_t, tables, lengths = attention_case(r, 4, 32, 8, 128, 16, torch.float16, 0,
                                                         lengths=[1, 16, 17, 300])
-    out = pkk.paged_attention_triton(q.cuda(), k.cuda(), v.cuda(), tables_t.cuda(),
-                                     torch.tensor(lengths, dtype=torch.int32, device="cuda"))
+    gpu = rehearsal.device()  # "cuda", or "cpu" in a rehearsal (grader/rehearsal.py)
+    out = pkk.paged_attention_triton(q.to(gpu), k.to(gpu), v.to(gpu), tables_t.to(gpu),
+                                     torch.tensor(lengths, dtype=torch.int32, device=gpu))
     check_attention(out.cpu(), attention_oracle(q, k, v, tables, lengths, None), q, lengths, 5e-3,
                     "paged_attention_triton, once before the timing")
     g = torch.Generator().manual_seed(1234)
-    B, Hq, Hkv, D, block_size = 64, 32, 8, 128, 16
-    lengths = torch.randint(512, 4097, (B,), generator=g)
+    B, Hq, Hkv, D, block_size = rehearsal.size(64, 2), rehearsal.size(32, 4), rehearsal.size(8, 2), 128, 16
+    lengths = torch.randint(*rehearsal.size((512, 4097), (16, 65)), (B,), generator=g)
     need = [math.ceil(int(n) / block_size) for n in lengths]
     num_blocks = sum(need)
     perm = torch.randperm(num_blocks, generator=g)
@@ -1492,12 +1493,12 @@ def test_paged_attention_triton_bandwidth(student, pk, pkk, score):
     for b, k in enumerate(need):
         tables[b, :k] = perm[at : at + k].to(torch.int32)
         at += k
-    tables_cuda, lens_cuda = tables.cuda(), lengths.to(torch.int32).cuda()
+    tables_cuda, lens_cuda = tables.to(gpu), lengths.to(torch.int32).to(gpu)
     # Compile the kernel first (same dtypes, strides and constants; empty sequences, so a one-block
     # cache suffices): a compile inside the timed call would read as time the kernel did not report.
-    tiny = torch.zeros(1, block_size, Hkv, D, dtype=torch.float16, device="cuda")
-    pk.paged_attention_triton(torch.zeros(B, Hq, D, dtype=torch.float16, device="cuda"), tiny, tiny.clone(),
-                              tables_cuda, torch.zeros(B, dtype=torch.int32, device="cuda"))
+    tiny = torch.zeros(1, block_size, Hkv, D, dtype=torch.float16, device=gpu)
+    pk.paged_attention_triton(torch.zeros(B, Hq, D, dtype=torch.float16, device=gpu), tiny, tiny.clone(),
+                              tables_cuda, torch.zeros(B, dtype=torch.int32, device=gpu))
     ceil = speed.ceilings()
     specs = [
         speed.Randn((B, Hq, D), torch.float16),

@@ -1300,10 +1300,10 @@ def assert_accept_plausible(tokens, num_accepted, draft, q, p):
 @pytest.mark.cuda
 @pytest.mark.check("accept_speed")
 def test_speculative_accept_bandwidth(student, sm, score):
-    from grader import speed
+    from grader import rehearsal, speed
     from grader.support.speculative import Probs, SeededGenerator, Tokens
 
-    B, gamma, vocab = 64, 4, 128_256
+    B, gamma, vocab = rehearsal.size(64, 4), 4, rehearsal.size(128_256, 1000)
     ceil = speed.ceilings()
     specs = [Tokens((B, gamma), high=vocab), Probs((B, gamma, vocab)), Probs((B, gamma + 1, vocab)), SeededGenerator(())]
 
