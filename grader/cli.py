@@ -111,6 +111,20 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gpu_check(args: argparse.Namespace) -> int:
+    from grader import gpucheck
+
+    root, course = _course()
+    out = Path(args.out) if args.out else None
+    try:
+        report = gpucheck.run(course, root, out, budget_s=args.budget_s, dry_run=args.dry_run, only=args.step)
+    except RuntimeError as exc:
+        console.print(f"[red]{inert(exc)}[/]")
+        return 2
+    gpucheck.print_report(report, console)
+    return 0 if not report.problems else 1
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """The main job: grade the reference solutions and the starter stubs side by side."""
     root, course = _course()
@@ -318,6 +332,14 @@ def parser() -> argparse.ArgumentParser:
     dr = sub.add_parser("doctor", help="print the GPU, driver, CUDA, torch and triton this machine grades with")
     dr.add_argument("--json", action="store_true")
     dr.set_defaults(fn=cmd_doctor)
+
+    gc = sub.add_parser("gpu-check", help="prove and calibrate every CUDA check on this GPU, in a bounded run")
+    gc.add_argument("--dry-run", action="store_true", help="the CPU rehearsal: the same steps, the CUDA tests on the CPU")
+    gc.add_argument("--budget-s", type=float, default=480.0, help="wall-time budget; steps that no longer fit are skipped")
+    gc.add_argument("--out", default="gpu-check.json", help="the JSON report (default: gpu-check.json)")
+    gc.add_argument("--step", action="append", choices=("doctor", "reference", "stubs", "known_wrong", "benches"),
+                    help="run only this step (repeatable)")
+    gc.set_defaults(fn=cmd_gpu_check)
 
     d = sub.add_parser("demo", help="grade the reference solutions and the starter stubs")
     d.add_argument("--seed", type=int)

@@ -1099,3 +1099,28 @@ def test_a_resize_in_another_thread_waits_for_an_interpreted_access():
     assert done.wait(10), "the resize never ran once the access was done"
     thread.join()
     assert tensor.numel() == 1 << 16
+
+
+@triton.jit
+def _does_nothing(dst, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)  # noqa: F841 - the grid function below is where the attack's work was
+
+
+def _grid_that_loads(meta):
+    offs = tl.arange(0, 4)
+    tile = tl.load(meta["dst"] + offs)  # under the interpreter, inside the launch: host code touching memory
+    tl.store(meta["dst"] + offs, tile)
+    return (1,)
+
+
+@pytest.mark.skipif(__import__("os").environ.get("TRITON_INTERPRET") != "1", reason="Triton's interpreter only")
+def test_a_grid_function_may_not_load_or_store():
+    """The interpreter runs a launch's grid callable inside the launch, with tl.load and tl.store live: a grid
+    function that loaded each row, ran numpy on the tile's raw array and stored it back scored full marks with a
+    kernel that did nothing (red team round 10). Only a kernel's body touches memory; the scan flags tl.* calls
+    outside kernels too (tests/test_tamper.py)."""
+    probes.bound_interpreter_memory()
+    with probes.watching_launches():
+        with pytest.raises(Exception, match="the grid function of a kernel launch read memory"):
+            _does_nothing[_grid_that_loads](torch.zeros(4), 4, BLOCK=4)
+        _does_nothing[lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),)](torch.zeros(4), 4, BLOCK=4)  # honest

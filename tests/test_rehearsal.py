@@ -3,11 +3,11 @@ GPU ever runs it, and a rehearsal never earns a point."""
 
 from __future__ import annotations
 
-import shutil
+import json
 
 import pytest
 
-from tests.conftest import COURSE, ROOT, grade_folder
+from tests.conftest import COURSE, ROOT
 
 pytestmark = pytest.mark.xdist_group("rehearsal")
 
@@ -20,22 +20,56 @@ def cuda_tests(result: dict) -> list[tuple[str, str, dict]]:
 
 
 @pytest.fixture(scope="module")
-def rehearsed(tmp_path_factory):
-    """One rehearsal grade of the reference solutions and one of the stubs, CUDA tests only."""
+def dry_run(tmp_path_factory):
+    """`grader gpu-check --dry-run`'s grading steps: the reference solutions and the stubs, CUDA tests only."""
     import torch
+
+    from grader import gpucheck
 
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is here: the CUDA checks run for real, there is nothing to rehearse")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("GRADER_REHEARSAL", "only")
-        results = {}
-        for kind, source in (("reference", "solutions"), ("stub", "exercises")):
-            folder = tmp_path_factory.mktemp(kind)
-            for exercise in CUDA_EXERCISES:
-                shutil.copytree(ROOT / source / exercise, folder / exercise,
-                                ignore=shutil.ignore_patterns("test_*", "README.md", "__pycache__"))
-            results[kind] = grade_folder(folder, CUDA_EXERCISES)
-    return results
+    out = tmp_path_factory.mktemp("gpu-check") / "gpu-check.json"
+    report = gpucheck.run(COURSE, ROOT, out, budget_s=900, dry_run=True, only=["doctor", "reference", "stubs"])
+    return report, json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def rehearsed(dry_run):
+    return dry_run[0].results
+
+
+def test_the_dry_run_reports_every_cuda_test_and_no_problem(dry_run):
+    report, written = dry_run
+    assert written["ok"] and not written["problems"], written["problems"]
+    assert written["dry_run"] and set(written["steps"]) == {"doctor", "reference", "stubs"}
+    speed = written["steps"]["reference"]["speed"]
+    assert {row["exercise"] for row in speed} == set(CUDA_EXERCISES), "every exercise with a speed check"
+    assert all(row["outcome"] == "ran" and isinstance(row["achieved"], float) for row in speed), speed
+    assert written["steps"]["stubs"]["cuda_points"] == 0
+
+
+def test_the_dry_run_names_a_broken_cuda_test(monkeypatch, tmp_path):
+    """A reference whose CUDA test does not run through is a problem the command exits 1 on."""
+    from grader import gpucheck
+
+    fake = {"exercises": [{"id": "online_softmax", "checks": [{"id": "triton_speed", "tests": [
+        {"name": "test_triton_bandwidth[4096-8192]", "status": "not_graded", "fraction": 0.0,
+         "message": "rehearsed on the CPU: error: NameError: name 'SPEED_N' is not defined", "metrics": {}}]}]}]}
+    monkeypatch.setattr(gpucheck, "_grade", lambda *a, **k: fake)
+    report = gpucheck.run(COURSE, ROOT, None, dry_run=True, only=["reference"])
+    assert report.problems and "SPEED_N" in report.problems[0], report.problems
+
+
+def test_the_bench_step_runs_a_bench_bounded(tmp_path):
+    from grader import gpucheck
+
+    report = gpucheck.Report(dry_run=True, budget_s=120)
+    gpucheck.step_benches(report, COURSE, ROOT, timeout_s=60, exercises=["online_softmax"])
+    (row,) = report.steps["benches"]
+    assert row["outcome"] == "ok" and "softmax" in row["tail"], row
+    report = gpucheck.Report(dry_run=True, budget_s=120)
+    gpucheck.step_benches(report, COURSE, ROOT, timeout_s=0.5 + 10, exercises=["ring_allreduce"])
+    assert report.steps["benches"][0]["outcome"] in ("bounded", "ok"), report.steps["benches"]
 
 
 def test_every_cuda_test_of_the_reference_runs_through_on_the_cpu(rehearsed):
@@ -66,7 +100,7 @@ def test_a_rehearsal_never_earns_a_point(rehearsed):
 
 
 def test_the_stubs_rehearsal_reports_what_failed(rehearsed):
-    tests = cuda_tests(rehearsed["stub"])
+    tests = cuda_tests(rehearsed["stubs"])
     assert tests and all(t["message"] != "rehearsed on the CPU: passed" for _, _, t in tests), (
         "a stub does nothing, so no CUDA test of it can pass its rehearsal")
     assert all("NotImplementedError" in t["message"] or "failed" in t["message"] for _, _, t in tests), [

@@ -603,6 +603,12 @@ KERNEL_BODIES = {
                                                  "    pass\n", "@deco"),
     "a kernel's launch machinery": ("@triton.jit\ndef k(x):\n    pass\nk.add_pre_run_hook(print)\n", "k"),
     "a kernel handed around": ("@triton.jit\ndef k(x):\n    pass\nrun = [k]\n", "k"),
+    # round 10: a grid function (host code the interpreter runs inside the launch) loaded each row, ran numpy on
+    # the tile's raw array and stored it: full marks with a kernel that did nothing
+    "tl.load in a grid function": ("def grid(a):\n    v = tl.load(a['x'])\n    return (1,)\n", "triton.language.load"),
+    "a tile's raw array": ("def f(v):\n    return v.handle.data\n", "...handle"),
+    "a language function taken as a value": ("from triton.language import store\nS = [store]\n",
+                                             "triton.language.store"),
 }
 
 
@@ -628,6 +634,10 @@ HONEST_KERNELS = {
         "def k(x_ptr, B: tl.constexpr):\n    x = tl.load(x_ptr + tl.arange(0, B)).to(tl.float32)\n"
         "    y = tl.extra.cuda.libdevice.erf(x) + tl.math.exp2(x)\n    s = tl.reduce(y, 0, add)\n"
         "    tl.store(x_ptr, s.to(x_ptr.dtype.element_ty))\n"),
+    "tl's types and constexpr on the host": (
+        "DTYPES = {'fp16': tl.float16, 'bf16': tl.bfloat16}\nBLOCK = tl.constexpr(64)\n"
+        "def grid(meta):\n    return (triton.cdiv(meta['n'], meta['BLOCK']),)\n"
+        "def pick(x) -> tl.dtype:\n    return DTYPES['fp16']\n"),
     "module constants, loops and a from-import": (
         "from triton.language import load\nLOG2E = 1.4426950408889634\nBLOCK = tl.constexpr(64)\n@triton.jit\n"
         "def k(x_ptr, n, DEBUG: tl.constexpr = False):\n    \"\"\"A docstring.\"\"\"\n    acc = 0.0\n"

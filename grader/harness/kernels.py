@@ -33,7 +33,11 @@ annotations:
   ``**kwargs``.
 
 Outside kernels, ``triton.jit``, ``triton.autotune`` and ``triton.heuristics`` may only decorate a def: a
-kernel made at run time (``triton.jit(f)``) is a body this rule never read. Every solution's kernels keep
+kernel made at run time (``triton.jit(f)``) is a body this rule never read. And outside kernels Triton's language
+names types and constants only (``tl.constexpr``, ``tl.float16``): a grid function that called ``tl.load``,
+ran numpy on the loaded tile's ``.handle`` and stored it back scored full marks with an empty kernel (red team
+round 10), because the interpreter runs the grid function inside the launch. ``.handle`` is flagged anywhere
+(rule 1). Every solution's kernels keep
 these rules (tests/test_tamper.py scans them), and so does any kernel Triton's GPU compiler accepts: the
 list is what that compiler understands, less the corners named above.
 """
@@ -46,6 +50,9 @@ from typing import Callable
 
 KERNEL = ("your kernel holds Python that is not Triton: under the CPU interpreter a kernel's body runs as host "
           "Python, which the grader trusts as kernel code, and on a GPU Triton's compiler would refuse it")
+HOST_LANGUAGE = ("your host code calls Triton's kernel language (tl.load, tl.sum, ...) outside a kernel: under the "
+                 "CPU interpreter that runs as host Python inside a launch, which the grader trusts as kernel code; "
+                 "outside kernels use triton.cdiv and triton.next_power_of_2, and tl's types and tl.constexpr")
 MADE_AT_RUN_TIME = ("your code makes a Triton kernel at run time, not with a decorator on a def, so the grader "
                     "cannot read the kernel's body")
 
@@ -89,6 +96,20 @@ def language_path_allowed(path: str) -> bool:
     if len(parts) == 1:
         return (parts[0],) not in _MODULE_PREFIXES  # tl.math itself is a module, not a value for a kernel
     return tuple(parts[:-1]) in _LANGUAGE_MODULES
+
+
+def _language_function(path: str) -> bool:
+    """Is a triton.language path one of its functions (tl.load, tl.sum, tl.math.exp2), not a type or constant?"""
+    import importlib
+
+    parts = path.split(".")
+    try:
+        obj: object = importlib.import_module(LANGUAGE)
+        for name in parts[2:]:
+            obj = getattr(obj, name)
+    except (ImportError, AttributeError):
+        return True  # a name the language does not have: not a type or a constant either
+    return callable(obj) and not isinstance(obj, type)
 
 
 def is_kernel_decorator(path: str | None) -> bool:
@@ -139,6 +160,11 @@ class KernelRule:
                     and isinstance(node.ctx, ast.Load) and not self.launched(node):
                 self.flag(node, node.id, f"{KERNEL} (outside kernels, a kernel is only launched, as "
                                          f"{node.id}[grid](...): its attributes are Triton's launch machinery)")
+        for node in ast.walk(self.tree):  # outside kernels, Triton's language names types and constants only
+            if isinstance(node, (ast.Name, ast.Attribute)) and id(node) not in bodies and not self.chained(node):
+                path = self.resolve(node)
+                if path is not None and path.startswith(LANGUAGE + ".") and _language_function(path):
+                    self.flag(node, path, HOST_LANGUAGE)
         constants, rebound = self.module_constants()
         for name, kernel in kernels.items():
             if name in rebound:
@@ -147,6 +173,11 @@ class KernelRule:
         for kernel in nested:  # flagged already; its body is read too, so the message names what it holds
             if isinstance(kernel, ast.FunctionDef):
                 _Body(self, kernel, set(kernels) - rebound, constants).run()
+
+    def chained(self, node: ast.AST) -> bool:
+        """Is `node` the value of an attribute (``tl`` in ``tl.load``), so that the whole chain is judged?"""
+        parent = self.parent_of(node)
+        return isinstance(parent, ast.Attribute) and parent.value is node
 
     def launched(self, node: ast.Name) -> bool:
         subscript = self.parent_of(node)

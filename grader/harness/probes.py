@@ -936,10 +936,12 @@ def _wrap_run(cls: type, original: Any) -> Any:
                 def resolve(meta, _grid=grid):
                     # The grid callable is the student's host code, run by the launcher: the rule holds there.
                     depth, _LAUNCH_STATE.depth = _LAUNCH_STATE.depth, 0
+                    _LAUNCH_MEMORY.host += 1  # and it may not load or store through the interpreter (_check_lanes)
                     try:
                         dims = _grid(meta)
                     finally:
                         _LAUNCH_STATE.depth = depth
+                        _LAUNCH_MEMORY.host -= 1
                     launch.grid = _grid_dims(dims)
                     return dims
                 kwargs["grid"] = resolve
@@ -1478,6 +1480,10 @@ class _LaunchMemory(threading.local):
         # interpreter) can resize a storage mid-launch, and the old chunk, freed, must not stay in bounds
         # (the red team's round 8 wrote through such stale bounds into a list that took the chunk).
         self.stack: list[list[Any]] = []
+        # > 0 while the student's grid callable runs inside a launch: the interpreter has switched tl.load and
+        # tl.store to host code by then, and a grid function that loaded a row, ran numpy on its raw array and
+        # stored it scored full marks with a kernel that did nothing (red team round 10). Only a body loads.
+        self.host = 0
 
 
 _LAUNCH_MEMORY = _LaunchMemory()
@@ -1526,6 +1532,12 @@ def _launch_spans() -> tuple[Any, Any]:
 
 def _check_lanes(ptrs: Any, mask: Any, itemsize: int, what: str) -> None:
     import numpy as np
+
+    if _LAUNCH_MEMORY.host:
+        raise ForbiddenCall(
+            f"the grid function of a kernel launch {what} memory with tl.load, tl.store or an atomic: under the "
+            "interpreter it runs inside the launch, but it is host code, and only a kernel's body may touch memory. "
+            "A grid function returns the number of programs, computed from its arguments' sizes and constants.")
 
     addresses = np.asarray(ptrs, dtype=np.uint64).reshape(-1)
     if mask is not None:

@@ -211,6 +211,8 @@ NOT_IMPORTABLE = ("your code uses a module outside the list a submission may use
 PROTOCOL = ("your class defines a special method outside the list a class may define (grader.harness.tamper."
             "DEFINABLE_DUNDERS): numpy, torch and the interpreter call such methods from their own code, and some "
             "hand them raw memory (__array_interface__ gives numpy an address to read and write)")
+RAW_HANDLE = ("your code reads a value's .handle: under the CPU interpreter a Triton tensor's handle is the raw "
+              "numpy array behind it, and numpy on it computes outside any kernel")
 LAUNCHER = ("your code reaches Triton's launch machinery (runtime, compiler, backends, knobs), where the kernel rule "
             "is suspended while a launch runs")
 
@@ -326,6 +328,9 @@ NAMES: dict[str, str] = {
     "UntypedStorage": STORAGE, "TypedStorage": STORAGE, "StorageBase": STORAGE, "set_": STORAGE,
     "share_memory_": STORAGE, "from_file": STORAGE, "_write_file": STORAGE, "_set_from_file": STORAGE,
     "untyped_storage": STORAGE, "swap_tensors": STORAGE,
+    # Under the CPU interpreter a Triton value's handle holds its raw numpy array: numpy on it computes outside any
+    # kernel (a grid function's numpy softmax on .handle.data scored full marks, red team round 10).
+    "handle": RAW_HANDLE,
 }
 BUILTINS: dict[str, str] = {"exec": DYNAMIC, "eval": DYNAMIC, "compile": DYNAMIC, "__import__": DYNAMIC,
                             "help": DYNAMIC}

@@ -1,0 +1,299 @@
+"""``grader gpu-check``: everything CUDA, proved and calibrated in one bounded run.
+
+A GPU may be lent for minutes at a time. This command spends them in order of what matters, inside a budget
+(``--budget-s``, 480 s by default), and writes one JSON file and one table:
+
+1. ``doctor``: the GPU, driver, CUDA, torch and Triton it grades with.
+2. The reference solutions with every check, the CUDA ones included: each speed test's achieved fraction
+   against its bar and floor (course.yaml), the margin, and a suggested bar where the margin is thin or wide;
+   each CUDA correctness test's outcome; the figures the tests record (GB/s, TFLOP/s, the ceilings, clocks).
+3. The stubs, on the CUDA checks only: they must score nothing there.
+4. The known-wrong submissions whose expected losses include a CUDA check (tests/known_wrong, in the course
+   repository): each must lose them.
+5. Every ``grader.bench.<id>`` on its reference, each bounded by a timeout.
+
+A step that no longer fits the budget is skipped and named. The exit status is 1 when any step of the
+grader's own crashed, timed out or raised (a grader error in a test, a reference that fails a CUDA test, a
+bench that exits non-zero), with the message that names it; 0 otherwise. It never writes course.yaml: a
+suggested bar is for the instructor to read next to the roofline reasoning beside each bar.
+
+``--dry-run`` is the rehearsal (grader/rehearsal.py) on a machine without CUDA: the same steps, the CUDA
+tests on the CPU with tiny shapes, never scored; a rehearsed test that does not run through is the finding.
+The project's tests run it (tests/test_gpucheck.py), so the command itself has run before a GPU meets it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from grader.course import Course
+
+DEFAULT_BUDGET_S = 480.0
+BENCH_TIMEOUT_S = 90.0
+MARGIN_LOW, MARGIN_HIGH = 1.25, 3.0  # a reference this close to its bar (or this far above it) gets a suggestion
+
+
+@dataclass
+class Report:
+    dry_run: bool
+    budget_s: float
+    started: float = field(default_factory=time.monotonic)
+    steps: dict[str, Any] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    results: dict[str, dict] = field(default_factory=dict)  # the grades' canonical results (not in the JSON)
+
+    def left(self) -> float:
+        return self.budget_s - (time.monotonic() - self.started)
+
+    def as_dict(self) -> dict:
+        return {"dry_run": self.dry_run, "budget_s": self.budget_s, "elapsed_s": round(time.monotonic() - self.started, 1),
+                "steps": self.steps, "skipped": self.skipped, "problems": self.problems, "ok": not self.problems}
+
+
+def cuda_exercises(course: Course) -> list[str]:
+    return [e.id for e in course.exercises if any(c.cuda for c in e.checks)]
+
+
+def _copy_exercises(root: Path, source: str, ids: list[str], dest: Path) -> Path:
+    for exercise_id in ids:
+        shutil.copytree(root / source / exercise_id, dest / exercise_id,
+                        ignore=shutil.ignore_patterns("test_*", "README.md", "__pycache__", "conftest.py"))
+    return dest
+
+
+def _grade(course: Course, root: Path, folder: Path, ids: list[str], time_limit_s: float,
+           checks: list[str] | None = None) -> dict:
+    from grader.runner import GradeOptions, grade
+
+    opts = GradeOptions(exercises=ids, seed=20261201, time_limit_s=max(30.0, time_limit_s), checks=checks)
+    return grade(course, root, folder, None, opts)
+
+
+def _tests(result: dict, course: Course) -> list[dict]:
+    """One row per test: exercise, check, whether the check is a CUDA or speed one, status, message, figures."""
+    rows = []
+    for ex in result.get("exercises", []):
+        spec = {c.id: c for c in course.exercise(ex["id"]).checks}
+        for check in ex["checks"]:
+            c = spec.get(check["id"])
+            for test in check["tests"]:
+                rows.append({"exercise": ex["id"], "check": check["id"], "cuda": bool(c and c.cuda),
+                             "speed": bool(c and c.speed), "bar": c.speed.bar if c and c.speed else None,
+                             "floor": c.speed.floor if c and c.speed else None,
+                             "metric": c.speed.metric if c and c.speed else None, "test": test["name"],
+                             "status": test["status"], "message": test["message"][:400],
+                             "grader_error": bool(test.get("grader_error")), "metrics": test.get("metrics", {})})
+    return rows
+
+
+def _speed_row(row: dict) -> dict:
+    """The margin of a speed test against its bar, and a bar to consider when it is thin or wide."""
+    scored = row["metrics"].get(row["metric"])  # what score.speed scored, under the check's metric name
+    out = {**row, "achieved": scored}
+    if isinstance(scored, (int, float)) and row["bar"]:
+        margin = scored / row["bar"]
+        out["margin"] = round(margin, 3)
+        if margin < MARGIN_LOW or margin > MARGIN_HIGH:
+            out["suggested_bar"] = float(f"{scored / 1.5:.2g}")  # the reference at 1.5x the bar
+    return out
+
+
+def _outcome(row: dict, dry_run: bool) -> str:
+    if dry_run:
+        return "ran" if row["message"] == "rehearsed on the CPU: passed" else "broken"
+    return "passed" if row["status"] == "passed" else row["status"]
+
+
+def step_doctor(report: Report) -> None:
+    from grader.container import doctor
+
+    report.steps["doctor"] = doctor()
+
+
+def step_reference(report: Report, course: Course, root: Path, work: Path) -> None:
+    ids = cuda_exercises(course) if report.dry_run else [e.id for e in course.exercises]
+    result = _grade(course, root, _copy_exercises(root, "solutions", ids, work / "reference"), ids,
+                    report.left() / 2)
+    report.results["reference"] = result
+    rows = _tests(result, course)
+    cuda_rows = [r for r in rows if r["cuda"] or r["message"].startswith("rehearsed on the CPU")]
+    for row in cuda_rows:
+        row["outcome"] = _outcome(row, report.dry_run)
+        if row["outcome"] not in ("passed", "ran"):
+            report.problems.append(f"reference {row['exercise']}/{row['test']}: {row['message'][:200]}")
+    for row in rows:
+        if row["grader_error"]:
+            report.problems.append(f"grader error in {row['exercise']}/{row['test']}: {row['message'][:200]}")
+    report.steps["reference"] = {
+        "score": result.get("score"), "gradable_max_score": result.get("gradable_max_score"),
+        "speed": [_speed_row(r) for r in cuda_rows if r["speed"]],
+        "cuda_correctness": [r for r in cuda_rows if not r["speed"]],
+        "device": result.get("device"),
+    }
+
+
+def step_stubs(report: Report, course: Course, root: Path, work: Path) -> None:
+    ids = cuda_exercises(course)
+    checks = [c.id for e in course.exercises if e.id in ids for c in e.checks if c.cuda]
+    result = _grade(course, root, _copy_exercises(root, "exercises", ids, work / "stubs"), ids, report.left() / 2,
+                    checks=checks)
+    report.results["stubs"] = result
+    earned = [(ex["id"], c["id"], c["points"]) for ex in result["exercises"] for c in ex["checks"]
+              if c["id"] in checks and c["points"] > 0]
+    for exercise_id, check, points in earned:
+        report.problems.append(f"the stub of {exercise_id} earned {points} on {check}: a stub must score nothing")
+    report.steps["stubs"] = {"cuda_points": sum(p for _, _, p in earned), "score": result.get("score")}
+
+
+def step_known_wrong(report: Report, course: Course, root: Path, work: Path) -> None:
+    try:
+        sys.path.insert(0, str(root))
+        from tests.known_wrong import load_mutants, write_mutant
+    except ImportError:
+        report.skipped.append("known-wrong submissions (tests/known_wrong is not here: the course repository has it)")
+        return
+    finally:
+        if sys.path and sys.path[0] == str(root):
+            sys.path.pop(0)
+    rows = []
+    for exercise in course.exercises:
+        cuda = {c.id for c in exercise.checks if c.cuda}
+        for mutant in load_mutants(exercise.id) if cuda else []:
+            expected = sorted(set(mutant.loses) & cuda)
+            if not expected:
+                continue
+            if report.left() < 60:
+                report.skipped.append(f"known-wrong {exercise.id}/{mutant.name} (budget)")
+                continue
+            folder = write_mutant(root, exercise, mutant, work / "known_wrong" / f"{exercise.id}-{mutant.name}")
+            result = _grade(course, root, folder, [exercise.id],
+                            min(report.left() / 2, exercise.time_limit_s), checks=expected)
+            checks = {c["id"]: c for ex in result["exercises"] for c in ex["checks"]}
+            kept = [c for c in expected if checks.get(c, {}).get("points", 0) >= checks.get(c, {}).get("max_points", 1)]
+            rows.append({"exercise": exercise.id, "mutant": mutant.name, "expected_losses": expected,
+                         "points": {c: checks.get(c, {}).get("points") for c in expected}, "kept": kept})
+            if kept and not report.dry_run:
+                report.problems.append(f"known-wrong {exercise.id}/{mutant.name} kept full marks on {kept}")
+    report.steps["known_wrong"] = rows
+
+
+def step_benches(report: Report, course: Course, root: Path, timeout_s: float = BENCH_TIMEOUT_S,
+                 exercises: list[str] | None = None) -> None:
+    rows = []
+    for exercise in course.exercises:
+        if exercises is not None and exercise.id not in exercises:
+            continue
+        module = f"grader.bench.{exercise.id}"
+        if not (root / "grader" / "bench" / f"{exercise.id}.py").is_file():
+            continue
+        bound = min(timeout_s, report.left() - 5)
+        if bound < 10:
+            report.skipped.append(f"bench {exercise.id} (budget)")
+            continue
+        start = time.monotonic()
+        path = root / "solutions" / exercise.id / exercise.file
+        try:
+            proc = subprocess.run([sys.executable, "-m", module, str(path)], cwd=root, capture_output=True, text=True,
+                                  timeout=bound, env=dict(os.environ, TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET", "")))
+            outcome = "ok" if proc.returncode == 0 else f"exit {proc.returncode}"
+            tail = (proc.stdout + proc.stderr)[-1500:]
+        except subprocess.TimeoutExpired:
+            outcome, tail = "bounded", f"stopped at its {bound:.0f} s bound"
+        rows.append({"exercise": exercise.id, "outcome": outcome, "seconds": round(time.monotonic() - start, 1),
+                     "tail": tail})
+        if outcome.startswith("exit"):
+            report.problems.append(f"bench {exercise.id} failed ({outcome}): {tail[-300:]}")
+    report.steps["benches"] = rows
+
+
+STEPS: list[tuple[str, float, Callable[..., None]]] = [  # (name, the least budget it needs, step), in priority order
+    ("doctor", 5, lambda r, c, root, work: step_doctor(r)),
+    ("reference", 60, step_reference),
+    ("stubs", 30, step_stubs),
+    ("known_wrong", 60, step_known_wrong),
+    ("benches", 30, lambda r, c, root, work: step_benches(r, c, root)),
+]
+
+
+def run(course: Course, root: Path, out: Path | None, budget_s: float = DEFAULT_BUDGET_S, dry_run: bool = False,
+        only: list[str] | None = None) -> Report:
+    import torch
+
+    if not dry_run and not torch.cuda.is_available():
+        raise RuntimeError("grader gpu-check needs a CUDA device; without one, run it as the CPU rehearsal: "
+                           "grader gpu-check --dry-run")
+    report = Report(dry_run=dry_run, budget_s=budget_s)
+    previous = os.environ.get("GRADER_REHEARSAL")
+    if dry_run:
+        os.environ["GRADER_REHEARSAL"] = "only"
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    try:
+        with tempfile.TemporaryDirectory(prefix="grader-gpu-check-") as tmp:
+            for name, least, step in STEPS:
+                if only and name not in only:
+                    continue
+                if report.left() < least:
+                    report.skipped.append(f"{name} (needs about {least:.0f} s, {max(report.left(), 0):.0f} s left)")
+                    continue
+                try:
+                    step(report, course, root, Path(tmp))
+                except Exception as exc:  # the grader's own code: name it, go on with the next step
+                    import traceback
+
+                    where = traceback.extract_tb(exc.__traceback__)[-1]
+                    report.problems.append(f"{name} crashed: {type(exc).__name__}: {exc} "
+                                           f"({where.filename}:{where.lineno})")
+    finally:
+        if previous is None:
+            os.environ.pop("GRADER_REHEARSAL", None)
+        else:
+            os.environ["GRADER_REHEARSAL"] = previous
+    if out is not None:
+        out.write_text(json.dumps(report.as_dict(), indent=1, default=str) + "\n")
+    return report
+
+
+def print_report(report: Report, console: Any) -> None:
+    from rich.table import Table
+
+    from grader.text import inert
+
+    data = report.as_dict()
+    title = "GPU check" + (" (dry run: the CPU rehearsal, nothing here is a GPU figure)" if report.dry_run else "")
+    table = Table(title=title, show_lines=False)
+    for column in ("exercise", "test", "outcome", "figure", "bar", "floor", "margin", "suggested bar"):
+        table.add_column(column, overflow="fold", min_width=8 if column in ("exercise", "test") else None)
+    reference = data["steps"].get("reference", {})
+    for row in reference.get("speed", []):
+        figure = row.get("achieved")
+        calibrated = not report.dry_run  # a rehearsal's figures are the CPU's: no margin, no suggestion
+        table.add_row(inert(row["exercise"]), inert(row["test"]), _outcome(row, report.dry_run),
+                      f"{figure:.3g}" if isinstance(figure, float) else "-", str(row["bar"]), str(row["floor"]),
+                      str(row.get("margin", "-")) if calibrated else "-",
+                      str(row.get("suggested_bar", "")) if calibrated else "")
+    for row in reference.get("cuda_correctness", []):
+        table.add_row(inert(row["exercise"]), inert(row["test"]), row["outcome"], "", "", "", "", "")
+    console.print(table)
+    stubs = data["steps"].get("stubs")
+    if stubs is not None:
+        console.print(f"stubs on the CUDA checks: {stubs['cuda_points']} points (must be 0)")
+    for row in data["steps"].get("known_wrong", []):
+        console.print(f"known-wrong {inert(row['exercise'])}/{inert(row['mutant'])}: {row['points']}"
+                      + (f" [red]kept {row['kept']}[/]" if row["kept"] and not report.dry_run else ""))
+    for row in data["steps"].get("benches", []):
+        console.print(f"bench {inert(row['exercise'])}: {row['outcome']} in {row['seconds']} s")
+    for skipped in data["skipped"]:
+        console.print(f"[yellow]skipped[/]: {inert(skipped)}")
+    for problem in data["problems"]:
+        console.print(f"[red]problem[/]: {inert(problem)}")
+    console.print(f"{'ok' if data['ok'] else 'FAILED'} in {data['elapsed_s']} s of a {report.budget_s:.0f} s budget")
