@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Sequence
 from typing import Any, Callable, Union
 
@@ -20,13 +21,27 @@ import torch
 
 from grader.harness.wire import OnceIterable
 
-__all__ = ["OnceIterable", "assert_close", "assert_equal", "assert_equal_up_to_ties", "is_close", "mismatches",
-           "must_accept", "near_midpoint", "show"]
+__all__ = ["OnceIterable", "assert_close", "assert_equal", "assert_equal_up_to_ties", "generator", "is_close",
+           "mismatches", "must_accept", "near_midpoint", "public_seed", "show"]
 
 Hint = Union[str, Callable[[tuple[int, ...]], str]]  # a hint, or one built from the first bad index
 
 
 Tolerance = Union[float, torch.Tensor]  # a number, or one per element (broadcast to expected's shape)
+
+
+def public_seed(k: int) -> int:
+    """The seed a public test draws its inputs from: `k` itself under ``make check``, and `k` mixed with the
+    grade's secret seed when the grader runs the test. A submission can read a public test's inputs in its file;
+    with fixed seeds it computed their answers with torch.softmax at import, where no guard runs, and looked them
+    up by shape (red team round 10: the public Triton points for a host softmax). Graded, the inputs are new."""
+    run = os.environ.get("GRADER_SEED", "")
+    return k if not run.isdigit() or int(run) == 0 else (int(run) * 1_000_003 + k) % 2**63
+
+
+def generator(k: int) -> torch.Generator:
+    """A torch.Generator for a public test's inputs, seeded with `public_seed(k)`."""
+    return torch.Generator().manual_seed(public_seed(k))
 
 
 def assert_close(

@@ -10,6 +10,8 @@ import math
 import pytest
 import torch
 
+from grader import testing
+
 from grader.harness.probes import KERNELS_ONLY
 from grader.testing import assert_close, is_close, show
 
@@ -48,7 +50,7 @@ def textbook_attention(q, k, v, causal=False, sm_scale=None):
 
 
 def qkv(b, hq, hkv, n_q, n_k, d, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
+    g = testing.generator(seed)
     q = torch.randn(b, hq, n_q, d, generator=g).to(dtype)
     k = torch.randn(b, hkv, n_k, d, generator=g).to(dtype)
     v = torch.randn(b, hkv, n_k, d, generator=g).to(dtype)
@@ -147,7 +149,7 @@ def test_causal_rows_that_see_no_key(fa):
 @pytest.mark.parametrize("causal", [False, True])
 def test_gradients(student, fa, causal):
     q, k, v = qkv(1, 2, 2, 37, 45, 32, seed=8)
-    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(9))
+    do = torch.randn(q.shape, generator=testing.generator(9))
     o, (dq, dk, dv) = student.drive("grader.support.autograd:forward_backward", fa.flash_attention,
                                     [q, k, v, causal], do, wrt=[0, 1, 2])
     ref = [t.double().requires_grad_(True) for t in (q, k, v)]

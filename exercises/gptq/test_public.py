@@ -8,6 +8,8 @@ float64, never by a clever implementation.
 import pytest
 import torch
 
+from grader import testing
+
 from grader.testing import assert_close, show
 
 
@@ -86,7 +88,7 @@ def test_hessian_of_one_batch(gq):
 
 @pytest.mark.check("hessian_public")
 def test_hessian_streams_batches_of_rows(gq):
-    x = torch.randn(7, 5, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(7, 5, generator=testing.generator(0))
     H, n = gq.accumulate_hessian(torch.zeros(5, 5), 0, x[:2])
     H, n = gq.accumulate_hessian(H, n, x[2:].reshape(1, 5, 5))  # leading dims are flattened: 5 rows
     want = 2 / 7 * x.double().T @ x.double()
@@ -102,7 +104,7 @@ def test_hessian_streams_batches_of_rows(gq):
 
 @pytest.mark.check("gptq_public")
 def test_gptq_with_a_diagonal_hessian_is_rtn(gq):
-    g = torch.Generator().manual_seed(1)
+    g = testing.generator(1)
     W = torch.randn(4, 6, generator=g)
     h = torch.rand(6, generator=g) + 0.5
     res = gq.gptq_quantize(W, torch.diag(h), bits=3, percdamp=0.0)
@@ -152,7 +154,7 @@ def test_gptq_on_two_columns_by_hand(gq):
 
 @pytest.mark.check("gptq_public")
 def test_gptq_keeps_the_dtype_and_shapes(gq):
-    g = torch.Generator().manual_seed(2)
+    g = testing.generator(2)
     W = torch.randn(5, 12, generator=g).half()
     X = torch.randn(40, 12, generator=g)
     H = 2 * X.T @ X / 40

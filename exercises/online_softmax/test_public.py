@@ -7,7 +7,7 @@ The oracle everywhere is the textbook formula in float64, never a clever impleme
 import pytest
 import torch
 
-from grader import blocks
+from grader import blocks, testing
 from grader.harness.probes import KERNELS_ONLY
 from grader.testing import OnceIterable, assert_close, mismatches, show
 
@@ -72,7 +72,7 @@ def test_normalizer_rescales_when_the_max_grows(sm):
 
 @pytest.mark.check("normalizer_public")
 def test_normalizer_reads_the_chunks_once_and_skips_empty_ones(sm):
-    x = torch.randn(3, 7, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(3, 7, generator=testing.generator(0))
     cuts = [0, 0, 4, 4, 7]  # chunks of 0, 4, 0 and 3 columns
     chunks = OnceIterable([x[:, a:b] for a, b in zip(cuts, cuts[1:])], "the chunks")
     m, l = sm.online_normalizer(chunks)
@@ -119,7 +119,7 @@ def test_merge_with_the_empty_state_changes_nothing(sm):
 @pytest.mark.check("softmax_public")
 @pytest.mark.parametrize("block_size", [1, 3, 4, 1024])
 def test_softmax_matches_the_textbook(sm, block_size):
-    x = torch.randn(2, 3, 10, generator=torch.Generator().manual_seed(1)) * 4
+    x = torch.randn(2, 3, 10, generator=testing.generator(1)) * 4
     out = sm.online_softmax(x, block_size=block_size)
     assert out.shape == x.shape and out.dtype == x.dtype, f"expected {tuple(x.shape)} {x.dtype}, found {tuple(out.shape)} {out.dtype}"
     want = textbook_softmax(x)
@@ -141,7 +141,7 @@ def test_softmax_of_a_masked_row_is_zero(sm):
 
 @pytest.mark.check("softmax_public")
 def test_softmax_keeps_the_dtype(sm):
-    x = torch.randn(4, 9, generator=torch.Generator().manual_seed(2)).half()
+    x = torch.randn(4, 9, generator=testing.generator(2)).half()
     out = sm.online_softmax(x, block_size=4)
     assert out.dtype == torch.float16, f"expected float16 output for float16 input, found {out.dtype}"
     assert_close(out, textbook_softmax(x), atol=2e-3, what="online_softmax of float16 [row, column]",
@@ -150,7 +150,7 @@ def test_softmax_keeps_the_dtype(sm):
 
 @pytest.mark.check("triton_public")
 def test_triton_small_rows(smk, device):
-    x = (torch.randn(3, 5, generator=torch.Generator().manual_seed(3)) * 3).to(device)  # CUDA: Triton needs GPU tensors
+    x = (torch.randn(3, 5, generator=testing.generator(3)) * 3).to(device)  # CUDA: Triton needs GPU tensors
     out = smk.softmax_triton(x)
     assert out.shape == x.shape and out.dtype == x.dtype, (
         f"expected {tuple(x.shape)} {x.dtype}, found {tuple(out.shape)} {out.dtype}"
@@ -160,7 +160,7 @@ def test_triton_small_rows(smk, device):
 
 @pytest.mark.check("triton_public")
 def test_triton_transposed_input(smk, device):
-    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(4)).to(device).t()  # shape [4, 6], strides (1, 4)
+    x = torch.randn(6, 4, generator=testing.generator(4)).to(device).t()  # shape [4, 6], strides (1, 4)
     out = smk.softmax_triton(x)
     assert out.is_contiguous(), "the output must be a new contiguous tensor"
     assert_triton_rows(out, x, "softmax_triton of a transposed x [row, column]",
@@ -207,7 +207,7 @@ def rule_broken(exc: BaseException) -> bool:
 @pytest.mark.check("rules_public")
 @pytest.mark.parametrize("function", list(RULE_CALLS))
 def test_the_grading_rules_hold(sm_ruled, smk, device, function):
-    x = (torch.randn(3, 7, generator=torch.Generator().manual_seed(10)) * 3).to(device)
+    x = (torch.randn(3, 7, generator=testing.generator(10)) * 3).to(device)
     module = smk if function == "softmax_triton" else sm_ruled
     try:
         result = RULE_CALLS[function](module, x)

@@ -9,6 +9,8 @@ import math
 import pytest
 import torch
 
+from grader import testing
+
 from grader.harness.probes import KERNELS_ONLY
 from grader.structure import Scaling, assert_flat_on_the_clock, clock
 
@@ -223,7 +225,7 @@ def test_slot_mapping_has_no_loop_over_tokens(pk, student):
 
 
 def small_batch(dtype=torch.float32):
-    g = torch.Generator().manual_seed(0)
+    g = testing.generator(0)
     B, Hq, Hkv, D, block_size, num_blocks = 3, 4, 2, 8, 4, 12
     q = torch.randn(B, Hq, D, generator=g).to(dtype)
     k = torch.randn(num_blocks, block_size, Hkv, D, generator=g).to(dtype)

@@ -10,6 +10,8 @@ import math
 import pytest
 import torch
 
+from grader import testing
+
 from grader.testing import assert_close, show
 
 DRIVER = "grader.support.speculative:generate"
@@ -21,7 +23,7 @@ def sm(student):
 
 
 def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+    return testing.generator(seed)
 
 
 def bernstein_halfwidth(n: int, prob: float, delta: float) -> float:

@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 from grader.harness import cgroup, identity, wire
-from grader.harness.worker import MODULE
 from grader.text import inert
 
 
@@ -711,8 +710,8 @@ class RemoteModule:
         cached = self._cache.get(name)
         if cached is not None and (not isinstance(cached, RemoteCallable) or cached._generation == self._worker.generation):
             return cached
-        reply = self._worker.request({"op": "getattr", "target": MODULE, "name": name})
-        value = _attribute(reply, self._worker, MODULE, [name], self._options)
+        reply = self._worker.request({"op": "getattr", "target": wire.MODULE, "name": name})
+        value = _attribute(reply, self._worker, wire.MODULE, [name], self._options)
         if isinstance(value, (RemoteCallable, type)):
             self._cache[name] = value
         return value

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from grader.harness import probes, tamper
+from grader.harness import probes, tamper, wire
 from grader.harness.client import (
     CallOptions,
     SandboxError,
@@ -31,7 +31,6 @@ from grader.harness.client import (
     WorkerProcess,
 )
 from grader.harness.client import allowed_mutations
-from grader.harness.worker import MODULE
 from grader.harness.worker import _import_driver as import_driver
 from grader.harness.worker import changed_tensors, import_file, snapshot_tensors
 from grader.text import inert
@@ -223,7 +222,7 @@ class StudentSession:
         (in-process, or before the first call)."""
         for worker in self._workers.values():
             if worker.proc is not None and worker.proc.poll() is None:
-                RemoteCallable(worker, MODULE, [], CallOptions(), worker.generation)._invoke(
+                RemoteCallable(worker, wire.MODULE, [], CallOptions(), worker.generation)._invoke(
                     args, {}, driver="grader.support.baseline:nothing")
                 return True
         return False

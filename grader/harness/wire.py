@@ -37,6 +37,8 @@ MAX_CLASSES = 16  # distinct named-tuple classes in one reply (the course's repl
 MAX_TEXT_TOTAL = 4 << 20
 _HEADER = struct.Struct(">Q")
 
+MODULE = "module"  # the root target name for the student's module in a worker's requests
+
 
 class MalformedReply(Exception):
     """The worker sent bytes that are not a well-formed reply."""

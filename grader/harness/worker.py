@@ -20,7 +20,6 @@ from typing import Any
 
 from grader.harness import probes, wire
 
-MODULE = "module"  # the root target name for the student's module
 
 
 def import_file(path: str | Path, name: str | None = None) -> Any:
@@ -55,7 +54,7 @@ class Worker:
         return hid
 
     def resolve(self, target: Any) -> Any:
-        if target == MODULE:
+        if target == wire.MODULE:
             return self.load()
         if isinstance(target, int) and target in self.handles:
             return self.handles[target]
