@@ -96,6 +96,9 @@ class Exercise(_Model):
     minutes: int = Field(gt=0, description="expected minutes, for interview practice")
     time_limit_s: float = Field(gt=0, description="wall-clock limit for grading the whole exercise")
     call_timeout_s: float = Field(gt=0, description="wall-clock limit for one call into student code")
+    memory_mb: int | None = Field(None, gt=0, description="the memory a whole grade of this exercise needs at its "
+                                                           "peak (grader, tests, worker), measured; a machine that "
+                                                           "allows less does not grade it")
     checks: list[Check] = Field(min_length=1)
     hints: list[str] = Field(default_factory=list)
     parts: list[Part] = Field(default_factory=list, description="smaller practice rounds within the exercise")

@@ -181,6 +181,11 @@ def grade_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed:
         entry["status"] = "ungradable"
         results.close_exercise(result, exercise.id, problem)
         return
+    short = memory_shortfall(exercise) if opts.mode == "sandbox" else None
+    if short is not None:  # the machine's fault, found before it could cost the student a point
+        results.close_exercise(result, exercise.id, short)
+        results.grader_failure(result, exercise.id, short)
+        return
     collected: dict = {}
     started = time.perf_counter()
 
@@ -207,6 +212,23 @@ def grade_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed:
                            collected=collected)
     if grader_faults:  # the grading machine failed, not the student: an error of the grade, never a score
         results.grader_failure(result, exercise.id, grader_faults[0])
+
+
+def memory_shortfall(exercise: Exercise) -> str | None:
+    """Why this machine cannot grade `exercise` for want of memory, or None. A grade killed by the OOM killer
+    part-way (Gradescope's default is 768 MiB) would read as the student's crash; so an exercise whose measured
+    peak (course.yaml ``memory_mb``) does not fit the limit is not graded at all: an error of the grade, with
+    what to set. ``GRADER_IGNORE_MEMORY=1`` grades anyway."""
+    if exercise.memory_mb is None or os.environ.get("GRADER_IGNORE_MEMORY") == "1":
+        return None
+    from grader.harness.cgroup import memory_limit_mb
+
+    limit = memory_limit_mb()
+    if limit is None or limit >= exercise.memory_mb:
+        return None
+    return (f"this machine lets a grade use {limit:,} MiB of memory, and grading {exercise.id} needs about "
+            f"{exercise.memory_mb:,} MiB at its peak (measured; course.yaml memory_mb), so it was not graded: raise "
+            "the memory limit (on Gradescope, the autograder's memory setting) and regrade")
 
 
 class GraderFault(str):

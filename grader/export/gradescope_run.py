@@ -41,6 +41,18 @@ def _submission_id(root: Path) -> str:
         return "submission"
 
 
+def _print_memory(course, exercises: list[str] | None) -> None:
+    """For the instructor's log: the memory this assignment's grade needs, against what the container allows."""
+    from grader.harness.cgroup import memory_limit_mb
+
+    needs = max((e.memory_mb or 0 for e in course.exercises if not exercises or e.id in exercises), default=0)
+    limit = memory_limit_mb()
+    if needs:
+        verdict = "" if limit is None or limit >= needs else " - too little: raise the autograder's memory setting"
+        print(f"grader: this assignment needs about {needs} MiB of memory; the container allows "
+              f"{'an unknown amount' if limit is None else f'{limit} MiB'}{verdict}", file=sys.stderr)
+
+
 def run(root: Path) -> int:
     from grader.course import load_course
     from grader.export.gradescope import to_gradescope
@@ -56,6 +68,7 @@ def run(root: Path) -> int:
         settings = load_settings(source, course)
         config = _config(source)
         opts = GradeOptions(exercises=config["exercises"], tests=config["tests"], user=config["user"])
+        _print_memory(course, opts.exercises)
         result = grade(course, source, root / "submission", out_dir / "result.json", opts,
                        submission_id=_submission_id(root))
         payload = to_gradescope(result, settings, course, execution_time_s=time.monotonic() - started)

@@ -63,6 +63,34 @@ def _own_folder(controller: str | None) -> Path:
     return base / own.lstrip("/")
 
 
+def memory_limit_mb() -> int | None:
+    """The memory this process and everything it starts may use, in MiB: the tightest of its cgroup's limit
+    (and every parent's: a Gradescope container's 768 MiB binds all it runs) and the machine's RAM; None where
+    it cannot be read."""
+    limits: list[int] = []
+    for controller, name in ((None, "memory.max"), ("memory", "memory.limit_in_bytes")):
+        try:
+            folder = _own_folder(controller)
+        except (CgroupError, OSError, ValueError):
+            continue
+        for level in [folder, *folder.parents]:
+            try:
+                text = (level / name).read_text().strip()
+            except OSError:
+                continue
+            if text.isdigit() and int(text) < 1 << 60:  # "max", or v1's 2**63 - 4096 for no limit
+                limits.append(int(text) >> 20)
+            if level == ROOT or level == ROOT / "memory":
+                break
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                limits.append(int(line.split()[1]) >> 10)
+    except (OSError, ValueError, IndexError):
+        pass
+    return min(limits) if limits else None
+
+
 def _write(path: Path, value: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
     try:

@@ -1,0 +1,104 @@
+"""A grade under a platform's memory limit (Gradescope's default is 768 MiB): it fits, or it is refused before it
+starts as an error of the grade, never a score the OOM killer decided."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import COURSE, ROOT, grade_folder
+
+pytestmark = pytest.mark.xdist_group("memory_limit")
+
+GRADESCOPE_MB = 768
+
+
+def reference(tmp_path: Path, exercise_id: str) -> Path:
+    folder = tmp_path / exercise_id
+    shutil.copytree(ROOT / "solutions" / exercise_id, folder / exercise_id)
+    return folder
+
+
+def test_every_exercise_states_the_memory_its_grade_needs():
+    missing = [e.id for e in COURSE.exercises if e.memory_mb is None]
+    assert not missing, f"course.yaml should give memory_mb (a grade's measured peak) for {missing}"
+
+
+def test_an_exercise_that_does_not_fit_is_an_error_of_the_grade_not_a_score(tmp_path, monkeypatch):
+    from grader.harness import cgroup
+
+    needs = COURSE.exercise("ring_allreduce").memory_mb
+    monkeypatch.setattr(cgroup, "memory_limit_mb", lambda: needs - 1)
+    result = grade_folder(reference(tmp_path, "ring_allreduce"), ["ring_allreduce"])
+    (ex,) = result["exercises"]
+    assert result["gradable"] is False and result["state"] == "error", result["state"]
+    assert ex["status"] == "ungradable" and f"needs about {needs:,} MiB" in ex["message"], ex["message"]
+    assert "raise the memory limit" in ex["message"] and "not a fault of the submission" in ex["message"]
+    assert all(not c["tests"] or all(t["status"] != "passed" for t in c["tests"]) for c in ex["checks"])
+    assert any("memory" in e for e in result["format_errors"]), result["format_errors"]
+
+
+def _memory_cgroup(limit_mb: int) -> Path | None:
+    """A fresh memory cgroup of `limit_mb` (v2, or v1's memory controller), or None where none can be made."""
+    name = f"grader-test-{secrets.token_hex(4)}"
+    v2 = Path("/sys/fs/cgroup")
+    if (v2 / "cgroup.controllers").exists() and "memory" in (v2 / "cgroup.controllers").read_text().split():
+        try:
+            group = v2 / name
+            group.mkdir()
+            (group / "memory.max").write_text(str(limit_mb << 20))
+            return group
+        except OSError:
+            return None
+    v1 = Path("/sys/fs/cgroup/memory")
+    try:
+        group = v1 / name
+        group.mkdir()
+        (group / "memory.limit_in_bytes").write_text(str(limit_mb << 20))
+        return group
+    except OSError:
+        return None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a memory cgroup needs root")
+def test_a_gradescope_sized_grade_gets_full_marks_or_is_refused(tmp_path):
+    """Under 768 MiB for the whole grade (grader, tests and worker together, as a Gradescope container counts
+    them): the reference of an exercise that fits gets the marks it gets anywhere, and one that does not is
+    refused before it starts, with the memory to set."""
+    group = _memory_cgroup(GRADESCOPE_MB)
+    if group is None:
+        pytest.skip("no memory cgroup can be made on this machine")
+    try:
+        fits = [e.id for e in COURSE.exercises if e.memory_mb and e.memory_mb <= GRADESCOPE_MB]
+        too_big = [e.id for e in COURSE.exercises if e.memory_mb and e.memory_mb > GRADESCOPE_MB]
+        assert "online_softmax" in fits and too_big, (fits, too_big)
+        out = {}
+        for exercise_id in ("online_softmax", too_big[0]):
+            path = tmp_path / f"{exercise_id}.json"
+            script = (f"echo $$ > {group}/cgroup.procs && exec {sys.executable} -m grader grade "
+                      f"{reference(tmp_path, exercise_id)} -e {exercise_id} --seed 5 --out {path}")
+            proc = subprocess.run(["sh", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=900)
+            assert path.is_file(), proc.stdout[-2000:] + proc.stderr[-2000:]
+            out[exercise_id] = json.loads(path.read_text())
+        fit = out["online_softmax"]
+        assert fit["state"] == "complete" and fit["score"] == fit["gradable_max_score"], (
+            f"the reference online_softmax under {GRADESCOPE_MB} MiB scored {fit['score']} of {fit['gradable_max_score']}")
+        refused = out[too_big[0]]
+        assert refused["gradable"] is False and "raise the memory limit" in refused["exercises"][0]["message"]
+    finally:
+        for pid in (group / "cgroup.procs").read_text().split():
+            try:
+                os.kill(int(pid), 9)
+            except (ProcessLookupError, ValueError):
+                pass
+        try:
+            group.rmdir()
+        except OSError:
+            pass
