@@ -255,6 +255,9 @@ FLAGGED = {
                                       "def k: a second line starting with 'def '"),
     "an async generator hook": ("import sys\nsys.set_asyncgen_hooks(finalizer=print)\n", "sys.set_asyncgen_hooks"),
     "a fork hook": ("import os\nos.register_at_fork(after_in_child=print)\n", "os.register_at_fork"),
+    # a module file the student writes at run time and imports through sys.path is code the scan never read
+    "sys.path": ("import sys\nsys.path.insert(0, '/tmp')\n", "sys.path"),
+    "sys.path by from-import": ("from sys import path\npath.append('x')\n", "sys.path"),
 }
 
 

@@ -255,7 +255,7 @@ MODULES: dict[str, str] = {
     "sys.monitoring": TRACING, "sys.call_tracing": TRACING, "sys.breakpointhook": TRACING,
     "pdb": TRACING, "bdb": TRACING, "trace": TRACING, "cProfile": TRACING, "profile": TRACING,
     "sys._getframe": INTROSPECTION, "sys._current_frames": INTROSPECTION, "sys._getframemodulename": INTROSPECTION,
-    "sys.modules": HARNESS, "sys.meta_path": HARNESS, "sys.path_hooks": HARNESS, "sys.path_importer_cache": HARNESS,
+    "sys.modules": HARNESS, "sys.path": HARNESS, "sys.meta_path": HARNESS, "sys.path_hooks": HARNESS, "sys.path_importer_cache": HARNESS,
     "gc.get_referrers": INTROSPECTION, "gc.get_referents": INTROSPECTION, "gc.get_objects": INTROSPECTION,
     "inspect": INTROSPECTION,
     "traceback.walk_stack": INTROSPECTION, "traceback.walk_tb": INTROSPECTION,
