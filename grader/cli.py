@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.text import Text
@@ -309,10 +310,29 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-def parser() -> argparse.ArgumentParser:
+# What a student's copy of the course (grader release) offers: the instructor's commands (grade, batch, export,
+# release, ...) need the hidden tests or the solutions, which it does not hold.
+STUDENT_COMMANDS = frozenset({"check", "hint", "progress", "interview", "doctor"})
+RELEASE_MARKER = Path(__file__).with_name("RELEASE")  # written by grader release
+
+
+class _Commands:
+    """The subparsers, offering only the student's commands in a release (every other is left unregistered)."""
+
+    def __init__(self, sub: Any, student_only: bool):
+        self.sub, self.student_only = sub, student_only
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        if self.student_only and name not in STUDENT_COMMANDS:
+            return argparse.ArgumentParser(add_help=False)  # built and dropped: not a command of this copy
+        return self.sub.add_parser(name, **kwargs)
+
+
+def parser(student_only: bool | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="grader", description="Grade the LLM efficiency lab.")
     p.add_argument("--version", action="version", version=f"grader {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = _Commands(p.add_subparsers(dest="command", required=True),
+                    RELEASE_MARKER.is_file() if student_only is None else student_only)
 
     g = sub.add_parser("grade", help="grade one submission (folder, flat files, .zip or .tar.gz)")
     g.add_argument("submission")

@@ -42,9 +42,10 @@ MINUTES ?=
 .PHONY: setup check hint progress interview interview-check interview-done
 
 $(BIN)/grader: pyproject.toml
+\t@echo "setting up $(VENV): torch, triton and the grader (once; about two minutes on a fast connection)"
 \t$(PYTHON) -m venv $(VENV)
 \t$(BIN)/python -m pip install --quiet --upgrade pip
-\t$(BIN)/python -m pip install --quiet "$(TORCH)" -e .
+\t$(BIN)/python -m pip install --progress-bar on "$(TORCH)" -e .
 \t@touch $@
 
 setup: $(BIN)/grader
@@ -82,6 +83,11 @@ make hint EX=online_softmax   # the next hint, gentle to explicit
 make progress                 # what you have passed, tried and been hinted
 make interview LEVEL=medium   # a timed practice round from a fresh stub (see below)
 ```
+
+The first `make check` sets up `.venv` (torch, triton and the grader; about two minutes, once).
+`TORCH=` picks the torch requirement (`make check TORCH=torch==2.13.0`); on a machine without a GPU,
+a CPU build of torch is a much smaller download: `python3 -m venv .venv && .venv/bin/pip install torch
+--index-url https://download.pytorch.org/whl/cpu` before the first `make check` keeps it.
 
 Start with `exercises/online_softmax/README.md`. No GPU is needed: Triton kernels run under Triton's
 interpreter, and checks that need CUDA say so. Your instructor grades with more tests than these
@@ -269,6 +275,18 @@ def _given_complete(rel: str, course_root: Path) -> set[str]:
 # Writing the release
 
 
+# Instructor material that a student's copy does not hold: the authoring guide, the cluster and export guides.
+INSTRUCTOR_DOCS = ("AUTHORING.md", "SLURM.md", "export/README.md")
+# In an exercise README, the paragraphs between these markers are for the instructor (seed sweeps, benchmarks
+# against the reference solution): the release leaves them out.
+INSTRUCTOR_BLOCK = re.compile(r"\n?<!-- instructor[^>]*-->.*?<!-- /instructor -->\n?", re.S)
+
+
+def student_readme(text: str) -> str:
+    """An exercise README as the release ships it: without its instructor-only paragraphs."""
+    return re.sub(r"\n{3,}", "\n\n", INSTRUCTOR_BLOCK.sub("\n", text))
+
+
 def _copy_tree(src: Path, dst: Path, skip: tuple[str, ...] = ()) -> None:
     for path in sorted(src.rglob("*")):
         rel = path.relative_to(src)
@@ -310,11 +328,15 @@ def build_release(course_root: Path, out: Path, with_solutions: bool = False) ->
     staging = Path(tempfile.mkdtemp(prefix="release-", dir=out.parent if out.parent.exists() else None))
     try:
         _copy_tree(course_root / "exercises", staging / "exercises")
+        for readme in (staging / "exercises").glob("*/README.md"):
+            readme.write_text(student_readme(readme.read_text()))
         for exercise in course.exercises:  # the stubs as handed out: an interview round starts from these
             kept = staging / PRISTINE / exercise.id / exercise.file
             kept.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(course_root / "exercises" / exercise.id / exercise.file, kept)
-        _copy_tree(course_root / "grader", staging / "grader", skip=("hidden", "bench"))
+        _copy_tree(course_root / "grader", staging / "grader", skip=("hidden", "bench", *INSTRUCTOR_DOCS))
+        (staging / "grader" / "RELEASE").write_text("A student's copy of the course: grader offers the student's "
+                                                    "commands only (grader/cli.py, STUDENT_COMMANDS).\n")
         (staging / "course.yaml").write_text(student_course_yaml(course_root))
         shutil.copy2(course_root / "pyproject.toml", staging / "pyproject.toml")
         (staging / "Makefile").write_text(STUDENT_MAKEFILE)

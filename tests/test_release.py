@@ -1,6 +1,7 @@
 """The student release: complete enough to work on its own, and leaking nothing."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -98,6 +99,41 @@ def test_teaching_assistant_copy_is_marked(root, tmp_path):
     assert (out / "TEACHING_ASSISTANT_COPY").is_file()
 
 
+def _commands_named(text: str) -> set[str]:
+    """`make X`, `grader X` and `python -m M` as a README's code spans and code-block lines begin with them."""
+    lines = [line for block in re.findall(r"```.*?```", text, re.S) for line in block.splitlines()[1:]]
+    spans = re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+    command = re.compile(r"^\s*(?:\$ )?((?:make|grader) [a-z][\w-]*|python -m [\w.]+)")
+    return {m.group(1) for item in (*lines, *spans) if (m := command.match(item))}
+
+
+def test_every_command_the_release_names_is_in_the_release(release):
+    """A student's copy names only what it holds: make targets of its Makefile, the grader's student commands
+    (the instructor's grade, batch, export, release, ... are not offered there), modules it ships."""
+    from grader.cli import STUDENT_COMMANDS
+
+    targets = set(re.findall(r"^([a-z][\w-]*):", (release / "Makefile").read_text(), re.M))
+    missing = []
+    for doc in [release / "README.md", *release.glob("exercises/*/README.md"), *release.glob("grader/**/*.md")]:
+        for command in sorted(_commands_named(doc.read_text())):
+            kind, name = command.rsplit(" ", 1)
+            there = (name in targets if kind == "make" else name in STUDENT_COMMANDS if kind == "grader"
+                     else name == "pytest" or (release / (name.replace(".", "/") + ".py")).is_file()
+                     or (release / name.replace(".", "/") / "__init__.py").is_file())
+            if not there:
+                missing.append(f"{doc.relative_to(release)}: {command}")
+    assert not missing, "the release names commands it does not hold:\n" + "\n".join(missing)
+    assert not any((release / "grader" / doc).exists() for doc in ("AUTHORING.md", "SLURM.md", "export/README.md"))
+    assert "<!-- instructor" not in "".join(p.read_text() for p in release.glob("exercises/*/README.md"))
+
+
+def test_the_release_offers_the_students_commands_only(release):
+    run = subprocess.run([sys.executable, "-m", "grader", "--help"], cwd=release, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(release)}, timeout=120)
+    offered = set(re.search(r"\{([\w,-]+)\}", run.stdout).group(1).split(","))
+    assert offered == {"check", "hint", "progress", "interview", "doctor"}, run.stdout
+
+
 def test_release_make_check_works_in_a_fresh_virtual_environment(release):
     """The real thing: `make check` in the release creates its own venv and reports the stubs at zero."""
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
@@ -108,6 +144,9 @@ def test_release_make_check_works_in_a_fresh_virtual_environment(release):
                                  + run.stdout[-3000:] + run.stderr[-3000:])
     assert (release / ".venv" / "bin" / "grader").exists()
     assert "0/18" in run.stdout and "start here" in run.stdout, run.stdout[-2000:]
+    for command in (["make", "hint", "EX=online_softmax"], ["make", "progress"], [".venv/bin/grader", "doctor"]):
+        done = subprocess.run(command, cwd=release, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0 and done.stdout.strip(), f"{' '.join(command)}: {done.stdout[-1500:]}{done.stderr[-1500:]}"
 
 
 def test_interview_round(root, tmp_path):
