@@ -164,7 +164,10 @@ def cmd_check(args: argparse.Namespace) -> int:
             console.print(f"[dim]{passed}/{len(tests)} public tests pass[/]", end="")
         console.print()
         if not args.source and selfstudy.touched(root, ex):  # an attempt is a check of a file the student changed
-            selfstudy.record_check(root, ex.id, bool(tests) and all(t["status"] in ("passed", "not_graded") for t in tests))
+            failing = [c["id"] for c in results.find_exercise(result, ex.id)["checks"]
+                       if c["tests"] and c["status"] not in ("passed", "not_graded")]
+            selfstudy.record_check(root, ex.id, bool(tests) and all(t["status"] in ("passed", "not_graded") for t in tests),
+                                   failing)
     results.finish(result)
     console.print(report.progress_table(result))
     failures = report.failures(result)
@@ -207,11 +210,13 @@ def cmd_hint(args: argparse.Namespace) -> int:
     if not ex.hints:
         console.print(f"{ex.id} has no hints; its README's 'Hints' section is the place to look")
         return 0
-    shown = selfstudy.next_hint(root, ex.id, len(ex.hints))
-    for i in range(shown):
-        style = "bold" if i == shown - 1 else "dim"
-        console.print(f"[{style}]hint {i + 1}/{len(ex.hints)}:[/] {ex.hints[i]}")
-    if shown == len(ex.hints):
+    shown, new = selfstudy.next_hint(root, ex.id, ex.hints)
+    for i in shown:
+        hint = ex.hints[i]
+        style = "bold" if i == new else "dim"
+        linked = f" [dim](for {', '.join(hint.checks)})[/]" if hint.checks and i == new else ""
+        console.print(f"[{style}]hint {i + 1}/{len(ex.hints)}:[/] {inert(hint.text)}{linked}")
+    if len(shown) == len(ex.hints):
         console.print("[dim](that was the last hint)[/]")
     return 0
 
@@ -227,7 +232,7 @@ def cmd_progress(args: argparse.Namespace) -> int:
     for ex in course.exercises:
         state = data.get("exercises", {}).get(ex.id, {})
         table.add_row(ex.id, ex.difficulty, str(state.get("attempts", 0)), state.get("first_pass") or "-",
-                      f"{state.get('hints', 0)}/{len(ex.hints)}")
+                      f"{len(selfstudy.shown_hints(state, len(ex.hints)))}/{len(ex.hints)}")
     console.print(table)
     for record in data.get("interviews", []):
         console.print(f"interview {record['date']}: {record['exercise']}, {record['public_tests_passed']} public tests "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -72,6 +72,15 @@ class Check(_Model):
     speed: SpeedBar | None = None
 
 
+class Hint(_Model):
+    """One hint, gentle to explicit in the exercise's order. `checks` names the checks it helps with: `make hint`
+    shows first the next hint for a check the last `make check` failed. In course.yaml a hint is its text, or
+    ``{text: ..., checks: [...]}``; the README's Hints section is rendered from these (grader/selfstudy.py)."""
+
+    text: str
+    checks: list[str] = Field(default_factory=list)
+
+
 class Part(_Model):
     """A piece of an exercise small enough for one timed practice round (`make interview`).
 
@@ -100,7 +109,7 @@ class Exercise(_Model):
                                                            "peak (grader, tests, worker), measured; a machine that "
                                                            "allows less does not grade it")
     checks: list[Check] = Field(min_length=1)
-    hints: list[str] = Field(default_factory=list)
+    hints: list[Hint] = Field(default_factory=list)
     parts: list[Part] = Field(default_factory=list, description="smaller practice rounds within the exercise")
     spawns: bool = Field(False, description="the course's drivers start threads or processes beside the student's "
                                              "code (a ring's ranks): the worker then allows them (no lock)")
@@ -110,9 +119,19 @@ class Exercise(_Model):
                     "'function' or 'Class.method' -> parameter names; any other change to an argument fails the call",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _hint_texts(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("hints"), list):
+            data = {**data, "hints": [{"text": h} if isinstance(h, str) else h for h in data["hints"]]}
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> "Exercise":
         ids = [c.id for c in self.checks]
+        unknown_hint_checks = sorted({c for h in self.hints for c in h.checks} - set(ids))
+        if unknown_hint_checks:
+            raise ValueError(f"hints name checks this exercise does not have: {unknown_hint_checks}")
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
             raise ValueError(f"check ids must be unique, found {dupes} more than once")

@@ -39,28 +39,109 @@ def today() -> str:
     return dt.date.today().isoformat()
 
 
-def record_check(root: Path, exercise_id: str, all_passed: bool) -> None:
+def record_check(root: Path, exercise_id: str, all_passed: bool, failing: list[str] | None = None) -> None:
+    """One `make check` of an exercise: an attempt, the first full pass, and the public checks that failed
+    (`make hint` starts from the hints for those)."""
     data = load(root)
     state = exercise_state(data, exercise_id)
     state["attempts"] += 1
     if all_passed and not state["first_pass"]:
         state["first_pass"] = today()
+    state["failing"] = list(failing or [])
     save(root, data)
 
 
-def next_hint(root: Path, exercise_id: str, available: int) -> int:
-    """How many hints to show now (one more than before, at most `available`); remembers it."""
+def shown_hints(state: dict, available: int) -> list[int]:
+    """The indices of the hints shown so far (an older .progress.json kept only how many: the first ones)."""
+    shown = state.get("shown")
+    if isinstance(shown, list):
+        return sorted({i for i in shown if isinstance(i, int) and 0 <= i < available})
+    return list(range(min(int(state.get("hints", 0) or 0), available)))
+
+
+def pick_hint(hints: list, shown: list[int], failing: list[str]) -> int | None:
+    """The next hint to show: the first unseen one for a check the last `make check` failed, else the first
+    unseen one; None when all were shown."""
+    unseen = [i for i in range(len(hints)) if i not in shown]
+    for i in unseen:
+        if set(hints[i].checks) & set(failing):
+            return i
+    return unseen[0] if unseen else None
+
+
+def next_hint(root: Path, exercise_id: str, hints: list) -> tuple[list[int], int | None]:
+    """Reveal one more hint of an exercise; returns (every hint shown, in order; the one just revealed)."""
     data = load(root)
     state = exercise_state(data, exercise_id)
-    state["hints"] = min(state["hints"] + 1, available)
+    shown = shown_hints(state, len(hints))
+    new = pick_hint(hints, shown, state.get("failing") or [])
+    if new is not None:
+        shown = sorted({*shown, new})
+    state["shown"], state["hints"] = shown, len(shown)
     save(root, data)
-    return state["hints"]
+    return shown, new
 
 
 def reset_hints(root: Path, exercise_id: str) -> None:
     data = load(root)
-    exercise_state(data, exercise_id)["hints"] = 0
+    state = exercise_state(data, exercise_id)
+    state["hints"], state["shown"] = 0, []
     save(root, data)
+
+
+HINTS_START = "<!-- hints: rendered from course.yaml (python -m grader.selfstudy --write-hints); edit them there -->"
+HINTS_END = "<!-- /hints -->"
+
+
+def render_hints(exercise: Any) -> str:
+    """The README's numbered hints, from course.yaml: one source for both (`make hint` shows the same texts)."""
+    import textwrap
+
+    lines = [HINTS_START]
+    for i, hint in enumerate(exercise.hints, 1):
+        lines += textwrap.wrap(f"{i}. {hint.text}", width=100, subsequent_indent="   ", break_on_hyphens=False,
+                               break_long_words=False)
+    lines.append(HINTS_END)
+    return "\n".join(lines)
+
+
+def readme_with_hints(text: str, exercise: Any) -> str:
+    """`text` (an exercise README) with its hints block rendered afresh. A README without the block gets it in
+    place of its Hints section's numbered list (or after the section's text, when it has none)."""
+    import re
+
+    block = render_hints(exercise)
+    if HINTS_START in text and HINTS_END in text:
+        head, rest = text.split(HINTS_START, 1)
+        return head + block + rest.split(HINTS_END, 1)[1]
+    found = re.search(r"^## Hints[^\n]*\n", text, re.M)
+    if found is None:
+        raise ValueError(f"exercises/{exercise.id}/README.md: expected a '## Hints' section, found none")
+    start = found.end()
+    end = text.find("\n## ", start)
+    end = len(text) if end < 0 else end + 1
+    section = text[start:end]
+    listed = re.search(r"^1\. .*?(?=\n\n(?! {3})|\Z)", section, re.S | re.M)
+    if listed:
+        section = section[:listed.start()] + block + section[listed.end():]
+    else:
+        section = section.rstrip("\n") + "\n\n" + block + "\n\n"
+    return text[:start] + section + text[end:]
+
+
+def write_hints(root: Path) -> list[Path]:
+    """Render every exercise's hints into its README; returns the READMEs that changed."""
+    from grader.course import load_course
+
+    changed = []
+    for exercise in load_course(root).exercises:
+        path = root / "exercises" / exercise.id / "README.md"
+        text = path.read_text()
+        new = readme_with_hints(text, exercise)
+        if new != text:
+            path.write_text(new)
+            changed.append(path)
+    return changed
 
 
 # --------------------------------------------------------------------------------------------------
@@ -200,3 +281,14 @@ def finish_interview(root: Path, passed: int, total: int) -> dict:
     data.setdefault("interviews", []).append(record)
     save(root, data)
     return record
+
+
+if __name__ == "__main__":  # python -m grader.selfstudy --write-hints: the READMEs' hints from course.yaml
+    import sys
+
+    from grader.course import find_root
+
+    if sys.argv[1:] != ["--write-hints"]:
+        sys.exit("usage: python -m grader.selfstudy --write-hints")
+    for path in write_hints(find_root()):
+        print(f"rewrote the hints of {path}")

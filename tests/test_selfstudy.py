@@ -63,3 +63,52 @@ def test_an_attempt_is_a_check_of_a_file_the_student_changed(root, course, tmp_p
     mine = lab / "exercises" / "online_softmax" / softmax.file
     mine.write_text(mine.read_text() + "\n# started\n")
     assert touched(lab, softmax) and not touched(lab, flash)
+
+
+def test_each_readme_shows_the_hints_course_yaml_holds(root, course):
+    """One source: `make hint` and the README give the same texts (python -m grader.selfstudy --write-hints)."""
+    from grader.selfstudy import readme_with_hints
+
+    for exercise in course.exercises:
+        text = (root / "exercises" / exercise.id / "README.md").read_text()
+        assert readme_with_hints(text, exercise) == text, (
+            f"exercises/{exercise.id}/README.md's hints differ from course.yaml's: edit them in course.yaml and run "
+            "python -m grader.selfstudy --write-hints")
+
+
+def test_the_next_hint_is_one_for_a_check_the_last_make_check_failed(tmp_path, course):
+    from grader import selfstudy
+
+    hints = course.exercise("moe_router").hints
+    dispatch = next(i for i, h in enumerate(hints) if "dispatch_public" in h.checks)
+    assert dispatch > 0, "the dispatch hint comes late in the order: the test needs it to be picked out of order"
+    selfstudy.record_check(tmp_path, "moe_router", False, failing=["dispatch_public"])
+    shown, new = selfstudy.next_hint(tmp_path, "moe_router", hints)
+    assert new == dispatch and shown == [dispatch], (shown, new)
+    shown, new = selfstudy.next_hint(tmp_path, "moe_router", hints)  # no other hint for that check: in order
+    assert new == 0 and shown == [0, dispatch]
+    selfstudy.record_check(tmp_path, "moe_router", True, failing=[])
+    for _ in range(len(hints)):
+        shown, new = selfstudy.next_hint(tmp_path, "moe_router", hints)
+    assert shown == list(range(len(hints))) and new is None
+
+
+def test_an_older_progress_file_keeps_the_hints_it_counted(tmp_path, course):
+    import json
+
+    from grader import selfstudy
+
+    (tmp_path / selfstudy.PROGRESS_FILE).write_text(json.dumps({"exercises": {"gptq": {"attempts": 1, "hints": 2}}}))
+    shown, new = selfstudy.next_hint(tmp_path, "gptq", course.exercise("gptq").hints)
+    assert shown == [0, 1, 2] and new == 2
+
+
+def test_a_hint_names_only_checks_its_exercise_has():
+    from grader.course import Exercise
+
+    with pytest.raises(ValueError, match="hints name checks this exercise does not have"):
+        Exercise.model_validate({
+            "id": "x", "title": "x", "file": "x.py", "points": 1, "budget": "memory", "difficulty": "easy",
+            "minutes": 1, "time_limit_s": 1, "call_timeout_s": 1,
+            "checks": [{"id": "a", "title": "a", "points": 1}],
+            "hints": ["plain", {"text": "linked", "checks": ["nope"]}]})
