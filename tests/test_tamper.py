@@ -258,6 +258,18 @@ FLAGGED = {
     # a module file the student writes at run time and imports through sys.path is code the scan never read
     "sys.path": ("import sys\nsys.path.insert(0, '/tmp')\n", "sys.path"),
     "sys.path by from-import": ("from sys import path\npath.append('x')\n", "sys.path"),
+    # round 11: TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD set at import, then torch.load of a hand-made pickle exec'd code
+    # the scan never read (the operator guard popped, the kernel rule's read-back watch passed by)
+    "torch.load": ("import torch\nx = torch.load('f.pt')\n", "torch.load"),
+    "torch.serialization": ("from torch.serialization import load\n", "torch.serialization"),
+    "an environment variable set": ("import os\nos.environ['TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD'] = '1'\n", "os.environ"),
+    "the environment updated": ("import os\nos.environ.update(a='1')\n", "os.environ"),
+    "the environment through an alias": ("import os\ne = os.environ\ne['A'] = '1'\n", "os.environ"),
+    "the environment handed on": ("import os\ndef f(d):\n    d['A'] = '1'\nf(os.environ)\n", "os.environ"),
+    "the environment through a rebound name": ("import os\ne = {}\ne = os.environ\ne['A'] = '1'\n", "os.environ"),
+    "os.putenv": ("import os\nos.putenv('A', '1')\n", "os.putenv"),
+    "an object collective (it unpickles)": ("import torch.distributed as dist\ndist.recv_object_list(o, 0)\n",
+                                           "torch.distributed.recv_object_list"),
 }
 
 
@@ -319,7 +331,9 @@ HONEST = {
     "an autograd Function": ("import torch\nclass F(torch.autograd.Function):\n    @staticmethod\n"
                              "    def forward(ctx, x):\n        return x\n"),
     "a match on a NamedTuple's fields": "def f(r):\n    match r:\n        case R(slot=s):\n            return s\n",
-    "os.environ": "import os\nflag = os.environ.get('TRITON_INTERPRET') == '1'\n",
+    "os.environ": ("import os\nflag = os.environ.get('TRITON_INTERPRET') == '1'\nn = os.environ['HOME']\n"
+                   "on = 'CUDA_VISIBLE_DEVICES' in os.environ\nkeys = sorted(os.environ.keys())\nE = os.environ\n"
+                   "home = E.get('HOME')\n"),
     "strings built from harmless pieces": "x = 'row ' + 'col'\ny = ', '.join(['a', 'b'])\nz = f\"{'a'}b\"[::-1]\n",
     "a docstring naming the machinery": '"""Do not call sys.settrace or read /proc/uptime."""\n',
     "import time without the clock rules": "import time\n",
@@ -337,7 +351,6 @@ HONEST = {
     "nn.Module.modules()": "def f(model):\n    return list(model.modules())\n",
     "getattr with a constant": "import torch\ngetattr(torch, 'float16')\n",
     "its own variable named compile": "def f(compile=False):\n    return compile\n",
-    "torch.load safely": "import torch\ntorch.load('f')\ntorch.load('f', weights_only=True)\n",
     "str.format with plain fields": "def f(a, b):\n    return '{} {:.3f} {name}'.format(a, b, name=1)\n",
     "a course helper by name": "from grader.support.ring_allreduce import run_simulated\nrun_simulated(print, [])\n",
     "gc.collect": "import gc\ngc.collect()\n",

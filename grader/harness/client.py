@@ -285,6 +285,9 @@ class WorkerProcess:
             # torch.compile runs eagerly here: the probes must see every operator (compiled code dispatches
             # none), and the lock lets no compiler start on CPU hosts.
             TORCHDYNAMO_DISABLE="1",
+            # torch.load never unpickles arbitrary objects here, whatever the submission sets later (red team
+            # round 11 set TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD at import and unpickled an exec of unscanned code)
+            TORCH_FORCE_WEIGHTS_ONLY_LOAD="1",
         )
         if not self.sandbox.cuda:
             env["TRITON_INTERPRET"] = "1"

@@ -211,6 +211,8 @@ NOT_IMPORTABLE = ("your code uses a module outside the list a submission may use
 PROTOCOL = ("your class defines a special method outside the list a class may define (grader.harness.tamper."
             "DEFINABLE_DUNDERS): numpy, torch and the interpreter call such methods from their own code, and some "
             "hand them raw memory (__array_interface__ gives numpy an address to read and write)")
+ENVIRONMENT = ("your code changes the process's environment variables, which switch the libraries' behaviour at run "
+               "time (one made torch.load unpickle any object, and that ran code the grader never read)")
 RAW_HANDLE = ("your code reads a value's .handle: under the CPU interpreter a Triton tensor's handle is the raw "
               "numpy array behind it, and numpy on it computes outside any kernel")
 LAUNCHER = ("your code reaches Triton's launch machinery (runtime, compiler, backends, knobs), where the kernel rule "
@@ -281,7 +283,8 @@ MODULES: dict[str, str] = {
     "torch.distributed.launch": PROCESSES, "torch.distributed.run": PROCESSES,
     # loading arrays and tensors from bytes: numpy.load falls back to pickle (allow_pickle can come through
     # **kwargs, where no keyword is written out); no exercise loads files
-    "numpy.load": DYNAMIC, "numpy.lib.format": DYNAMIC, "numpy.lib.npyio": DYNAMIC, "numpy.lib._npyio_impl": DYNAMIC,
+    "numpy.load": DYNAMIC, "torch.load": DYNAMIC, "torch.serialization": DYNAMIC, "os.putenv": ENVIRONMENT,
+    "os.unsetenv": ENVIRONMENT, "os.environb": ENVIRONMENT, "numpy.lib.format": DYNAMIC, "numpy.lib.npyio": DYNAMIC, "numpy.lib._npyio_impl": DYNAMIC,
     "numpy.lib._format_impl": DYNAMIC,
     # modules that run Python source they are handed (doctest ran code the scan never read, hex-encoded, its lines
     # counted for <doctest>: online_softmax 90 with the dispatch modes switched off), or build objects by name
@@ -328,6 +331,10 @@ NAMES: dict[str, str] = {
     "UntypedStorage": STORAGE, "TypedStorage": STORAGE, "StorageBase": STORAGE, "set_": STORAGE,
     "share_memory_": STORAGE, "from_file": STORAGE, "_write_file": STORAGE, "_set_from_file": STORAGE,
     "untyped_storage": STORAGE, "swap_tensors": STORAGE,
+    # torch.distributed's object collectives pickle what they send and unpickle what they receive: a rank that
+    # sends crafted bytes runs code in its peer that no scan read
+    "broadcast_object_list": DYNAMIC, "all_gather_object": DYNAMIC, "gather_object": DYNAMIC,
+    "scatter_object_list": DYNAMIC, "send_object_list": DYNAMIC, "recv_object_list": DYNAMIC,
     # Under the CPU interpreter a Triton value's handle holds its raw numpy array: numpy on it computes outside any
     # kernel (a grid function's numpy softmax on .handle.data scored full marks, red team round 10).
     "handle": RAW_HANDLE,
@@ -476,10 +483,39 @@ def scan(source: str | bytes, structural: bool = False, clocks: bool = False) ->
         scanner = _Scanner(findings, structural, clocks)
         scanner.run(tree)
         KernelRule(tree, scanner.dotted, scanner.flag).run()  # rule 10
+        _environment_writes(tree, scanner)
         findings.extend(_second_def_lines(tree, text))
     except RecursionError:  # nested deeper than this process can walk: fail closed
         findings.append(Finding(1, "RecursionError", f"{UNREADABLE} (it nests too deeply)"))
     return sorted(set(findings))
+
+
+_ENVIRON_READS = frozenset({"get", "keys", "items", "values", "copy"})
+
+
+def _environment_writes(tree: ast.AST, scanner: "_Scanner") -> None:
+    """os.environ may be read (``os.environ.get(k)``, ``os.environ[k]``, ``k in os.environ``, its keys, items and
+    values); any other use can change it (a store, ``update``, ``setdefault``, ``pop``, ``clear``, or the mapping
+    handed on as a value), and an environment variable switches a library's behaviour at run time."""
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Name, ast.Attribute)) or scanner.dotted(node) not in ("os.environ", "posix.environ"):
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            continue  # the alias's own name, bound here (its uses are checked)
+        parent = scanner.parents.get(id(node))
+        grand = scanner.parents.get(id(parent)) if parent is not None else None
+        if isinstance(parent, ast.Attribute) and parent.attr in _ENVIRON_READS and isinstance(grand, ast.Call) \
+                and grand.func is parent:
+            continue
+        if isinstance(parent, ast.Subscript) and parent.value is node and isinstance(parent.ctx, ast.Load):
+            continue
+        if isinstance(parent, ast.Compare) and node in parent.comparators and all(
+                isinstance(op, (ast.In, ast.NotIn)) for op in parent.ops):
+            continue
+        if isinstance(parent, ast.Assign) and parent.value is node and len(parent.targets) == 1 \
+                and isinstance(parent.targets[0], ast.Name) and scanner.aliases.get(parent.targets[0].id) == "os.environ":
+            continue  # an alias the scan resolves: each of its uses is checked as os.environ's
+        scanner.flag(node, "os.environ", ENVIRONMENT)
 
 
 def _second_def_lines(tree: ast.AST, text: str) -> list[Finding]:

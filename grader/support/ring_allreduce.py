@@ -638,7 +638,7 @@ def run_on_processes(body: Callable[[int, int, torch.device], Any], world_size: 
         for rank in range(world_size):
             path = os.path.join(store_dir, f"error{rank}.pkl")
             if os.path.exists(path):
-                errors.append(torch.load(path, weights_only=False))
+                errors.append(torch.load(path, weights_only=True))  # plain data: never unpickle a rank's objects
         if errors:
             e = min(errors, key=lambda e: (e["secondary"], e["time"]))
             raise RankFailed(
@@ -650,7 +650,7 @@ def run_on_processes(body: Callable[[int, int, torch.device], Any], world_size: 
             path = os.path.join(store_dir, f"result{rank}.pt")
             if not os.path.exists(path):
                 raise RankFailed(f"rank {rank} of {world_size} ({backend} processes) {exits.get(rank, 'died')}")
-            results.append(torch.load(path, weights_only=False))
+            results.append(torch.load(path, weights_only=True))
         return results
     finally:
         for pid in pids:

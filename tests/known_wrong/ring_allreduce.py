@@ -163,14 +163,21 @@ MUTANTS = [
             "sizes through the ring: the sums, the message counts and the sizes are all right",
         edits=[(_ALLREDUCE_BODY, _SIDE_CHANNEL.format(
             publish="        _save(flat, os.path.join(folder, f'{rank}.pt'))\n",
-            collect="[torch.load(os.path.join(folder, f'{j}.pt')) for j in range(world)]",
+            collect="[_load(os.path.join(folder, f'{j}.pt'), flat) for j in range(world)]",
             setup="    folder = os.path.join(os.environ.get('TMPDIR', '/tmp'), f'ring-side-{os.getppid()}-{world}-{calls}')\n"
                   "    os.makedirs(folder, exist_ok=True)\n")),
                ("import contextlib\n", "import contextlib\nimport os\n"),
                ("def ring_allreduce(tensor: torch.Tensor, comm: Communicator) -> None:",
                 "def _save(t: torch.Tensor, path: str) -> None:\n"
-                "    torch.save(t.clone(), path + '.tmp')\n"
+                "    with open(path + '.tmp', 'wb') as f:\n"
+                "        f.write(bytes(t.contiguous().view(torch.uint8).tolist()))\n"
                 "    os.replace(path + '.tmp', path)\n\n\n"
+                "def _load(path: str, like: torch.Tensor) -> torch.Tensor:\n"
+                "    with open(path, 'rb') as f:\n"
+                "        raw = f.read()\n"
+                "    if not raw:\n"
+                "        return torch.empty(0, dtype=like.dtype)\n"
+                "    return torch.tensor(list(raw), dtype=torch.uint8).view(like.dtype)\n\n\n"
                 "_CALLS: dict = {}\n\n\n"
                 "def ring_allreduce(tensor: torch.Tensor, comm: Communicator) -> None:")],
         loses=_SIDE_CHANNEL_LOSES,
