@@ -333,6 +333,8 @@ NAMES: dict[str, str] = {
     "untyped_storage": STORAGE, "swap_tensors": STORAGE,
     # torch.distributed's object collectives pickle what they send and unpickle what they receive: a rank that
     # sends crafted bytes runs code in its peer that no scan read
+    # callbacks the libraries call later, wherever an error or a warning happens, the worker's own work included
+    "showwarning": LATER, "formatwarning": LATER, "seterrcall": LATER, "geterrcall": LATER,
     "broadcast_object_list": DYNAMIC, "all_gather_object": DYNAMIC, "gather_object": DYNAMIC,
     "scatter_object_list": DYNAMIC, "send_object_list": DYNAMIC, "recv_object_list": DYNAMIC,
     # Under the CPU interpreter a Triton value's handle holds its raw numpy array: numpy on it computes outside any
