@@ -362,7 +362,7 @@ def parser(student_only: bool | None = None) -> argparse.ArgumentParser:
     gc.add_argument("--dry-run", action="store_true", help="the CPU rehearsal: the same steps, the CUDA tests on the CPU")
     gc.add_argument("--budget-s", type=float, default=480.0, help="wall-time budget; steps that no longer fit are skipped")
     gc.add_argument("--out", default="gpu-check.json", help="the JSON report (default: gpu-check.json)")
-    gc.add_argument("--step", action="append", choices=("doctor", "reference", "stubs", "known_wrong", "benches"),
+    gc.add_argument("--step", action="append", choices=("doctor", "reference", "stubs", "known_wrong", "benches", "docker"),
                     help="run only this step (repeatable)")
     gc.set_defaults(fn=cmd_gpu_check)
 

@@ -11,6 +11,8 @@ A GPU may be lent for minutes at a time. This command spends them in order of wh
 4. The known-wrong submissions whose expected losses include a CUDA check (tests/known_wrong, in the course
    repository): each must lose them.
 5. Every ``grader.bench.<id>`` on its reference, each bounded by a timeout.
+6. One grade of the reference online_softmax through ``--backend docker --gpus 0``, where docker and the
+   course image are both here: the container's GPU path, its speed check graded.
 
 A step that no longer fits the budget is skipped and named. The exit status is 1 when any step of the
 grader's own crashed, timed out or raised (a grader error in a test, a reference that fails a CUDA test, a
@@ -216,12 +218,43 @@ def step_benches(report: Report, course: Course, root: Path, timeout_s: float = 
     report.steps["benches"] = rows
 
 
+def step_docker(report: Report, course: Course, root: Path, work: Path) -> None:
+    """One grade through ``--backend docker --gpus 0``: the image's GPU path, where an image and a GPU are both here."""
+    image = getattr(getattr(course, "container", None), "image", None)
+    if shutil.which("docker") is None or not image:
+        report.skipped.append("docker (no docker here, or course.yaml names no image)")
+        return
+    if subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode != 0:
+        report.skipped.append(f"docker (the image {image} is not built here: make image)")
+        return
+    if report.dry_run:
+        report.skipped.append("docker (a dry run has no GPU to hand the container)")
+        return
+    subs = work / "docker-submissions"
+    _copy_exercises(root, "solutions", ["online_softmax"], subs / "reference")
+    out = work / "docker-results"
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "grader", "batch", str(subs), "--out", str(out), "--backend", "docker",
+                           "--gpus", "0", "--exercise", "online_softmax", "--seed", "20261201"], cwd=root,
+                          capture_output=True, text=True, timeout=max(60.0, report.left() - 10))
+    result_path = out / "reference.json"
+    result = json.loads(result_path.read_text()) if result_path.is_file() else {}
+    checks = {c["id"]: c for ex in result.get("exercises", []) for c in ex["checks"]}
+    row = {"score": result.get("score"), "state": result.get("state"), "seconds": round(time.monotonic() - started, 1),
+           "triton_speed": checks.get("triton_speed", {}).get("status"), "exit": proc.returncode}
+    report.steps["docker"] = row
+    if proc.returncode != 0 or result.get("state") != "complete" or row["triton_speed"] == "not_graded":
+        report.problems.append(f"docker: the reference online_softmax through --backend docker --gpus 0: {row}; "
+                               f"{(proc.stdout + proc.stderr)[-300:]}")
+
+
 STEPS: list[tuple[str, float, Callable[..., None]]] = [  # (name, the least budget it needs, step), in priority order
     ("doctor", 5, lambda r, c, root, work: step_doctor(r)),
     ("reference", 60, step_reference),
     ("stubs", 30, step_stubs),
     ("known_wrong", 60, step_known_wrong),
     ("benches", 30, lambda r, c, root, work: step_benches(r, c, root)),
+    ("docker", 120, step_docker),
 ]
 
 

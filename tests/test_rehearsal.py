@@ -105,3 +105,13 @@ def test_the_stubs_rehearsal_reports_what_failed(rehearsed):
         "a stub does nothing, so no CUDA test of it can pass its rehearsal")
     assert all("NotImplementedError" in t["message"] or "failed" in t["message"] for _, _, t in tests), [
         t["message"][:120] for _, _, t in tests]
+
+
+def test_the_docker_step_says_why_it_did_not_run(monkeypatch):
+    """Without docker, without the image, or in a dry run, the docker step is skipped and named, never failed."""
+    from grader import gpucheck
+
+    monkeypatch.setattr(gpucheck.shutil, "which", lambda name: None)
+    report = gpucheck.Report(dry_run=True, budget_s=60)
+    gpucheck.step_docker(report, COURSE, ROOT, ROOT)
+    assert report.skipped and "docker" in report.skipped[0] and not report.problems
