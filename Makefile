@@ -31,8 +31,8 @@ hint: setup                       ## the next hint: make hint EX=online_softmax
 	@test -n "$(EX)" || (echo "usage: make hint EX=<exercise id>" && exit 2)
 	$(BIN)/grader hint $(EX)
 
-progress: setup                   ## attempts, first passes and hints (.progress.json)
-	$(BIN)/grader progress
+progress: setup                   ## attempts, first passes and hints (.progress.json); EX=<id>: every check
+	$(BIN)/grader progress $(EX)
 
 interview: setup                  ## timed practice: make interview LEVEL=medium MINUTES=45 [EX=gptq/quantizer]
 	$(BIN)/grader interview start $(if $(LEVEL),--level $(LEVEL)) $(if $(MINUTES),--minutes $(MINUTES)) $(if $(EX),--exercise $(EX))

@@ -221,11 +221,43 @@ def cmd_hint(args: argparse.Namespace) -> int:
     return 0
 
 
+def _progress_of(course, exercise_id: str, data: dict) -> None:
+    """Every check an exercise is graded on, with its points: the public ones with the last `make check`'s
+    outcome, the hidden ones with the public checks that practise the same thing (those that share a hint)."""
+    from rich.table import Table
+
+    ex = course.exercise(exercise_id.partition("/")[0])
+    state = data.get("exercises", {}).get(ex.id, {})
+    failing = set(state.get("failing") or [])
+    checked = bool(state.get("attempts"))
+    table = Table(title=f"{ex.id}: what it is graded on ({ex.points:g} points)")
+    for col in ("check", "points", "graded by", "your last make check / practise it with"):
+        table.add_column(col, overflow="fold")
+    for check in ex.checks:
+        if check.visibility == "public" and not check.cuda:
+            last = ("not yet run" if not checked else "[red]failing[/]" if check.id in failing else "[green]passing[/]")
+            table.add_row(f"{check.id}: {inert(check.title)}", f"{check.points:g}", "public tests (make check)", last)
+            continue
+        related = sorted({c for h in ex.hints if check.id in h.checks for c in h.checks
+                          if c != check.id and c in ex.public_cpu_checks})
+        where = "hidden tests, on a GPU" if check.cuda else "hidden tests"
+        table.add_row(f"{check.id}: {inert(check.title)}", f"{check.points:g}", where,
+                      ", ".join(related) + " (and its hints)" if related else "its README's contract and hints")
+    console.print(table)
+
+
 def cmd_progress(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     root, course = _course()
     data = selfstudy.load(root)
+    if getattr(args, "exercise", None):
+        try:
+            _progress_of(course, args.exercise, data)
+        except KeyError as exc:
+            console.print(f"[red]{inert(exc)}[/]")
+            return 2
+        return 0
     table = Table(title="your progress (.progress.json)")
     for col in ("exercise", "difficulty", "attempts", "public tests first passed", "hints seen"):
         table.add_column(col)
@@ -384,6 +416,7 @@ def parser(student_only: bool | None = None) -> argparse.ArgumentParser:
     h.set_defaults(fn=cmd_hint)
 
     pr = sub.add_parser("progress", help="what you have passed, tried and been hinted")
+    pr.add_argument("exercise", nargs="?", help="one exercise: every check it is graded on, hidden ones included")
     pr.set_defaults(fn=cmd_progress)
 
     iv = sub.add_parser("interview", help="timed practice: start, check, done")

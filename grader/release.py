@@ -57,8 +57,8 @@ hint: setup             ## the next hint: make hint EX=online_softmax
 \t@test -n "$(EX)" || (echo "usage: make hint EX=<exercise id>" && exit 2)
 \t$(BIN)/grader hint $(EX)
 
-progress: setup         ## what you have passed, tried and been hinted
-\t$(BIN)/grader progress
+progress: setup         ## what you have passed, tried and been hinted (EX=<id>: every check it is graded on)
+\t$(BIN)/grader progress $(EX)
 
 interview: setup        ## a timed practice round: make interview LEVEL=medium MINUTES=45 [EX=gptq/quantizer]
 \t$(BIN)/grader interview start $(if $(LEVEL),--level $(LEVEL)) $(if $(MINUTES),--minutes $(MINUTES)) $(if $(EX),--exercise $(EX))
@@ -81,6 +81,7 @@ make check                    # set up .venv, run the public tests on your exerc
 make check EX=online_softmax  # one exercise
 make hint EX=online_softmax   # the next hint, gentle to explicit
 make progress                 # what you have passed, tried and been hinted
+make progress EX=moe_router   # every check an exercise is graded on, hidden ones included, with points
 make interview LEVEL=medium   # a timed practice round from a fresh stub (see below)
 ```
 

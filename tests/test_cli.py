@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from grader import results
+from tests.conftest import COURSE
 
 # These tests share the course root's .progress.json: run them in one process, one after another.
 pytestmark = pytest.mark.xdist_group("progress-file")
@@ -138,3 +139,12 @@ def test_start_here_points_at_the_first_exercise_not_started():
     text = console.export_text()
     assert text.count("start here") == 1 and "start here: read exercises/online_softmax/README.md" in text, text
     assert "not started" in text.split("paged_kv", 1)[1], text
+
+
+def test_progress_of_one_exercise_shows_every_check_it_is_graded_on(root):
+    """The hidden categories too, with their points, and the public checks that practise the same thing."""
+    out = grader(root, "progress", "moe_router").stdout
+    for check in COURSE.exercise("moe_router").checks:
+        assert check.id in out, f"{check.id} is graded, so the student should see it: {out[-1500:]}"
+    assert "hidden tests" in out and "public tests (make check)" in out
+    assert "route_public" in out.split("drops:", 1)[1].split("\n")[0], "drops is practised by route_public's hints"
