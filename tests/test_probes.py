@@ -1124,3 +1124,68 @@ def test_a_grid_function_may_not_load_or_store():
         with pytest.raises(Exception, match="the grid function of a kernel launch read memory"):
             _does_nothing[_grid_that_loads](torch.zeros(4), 4, BLOCK=4)
         _does_nothing[lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),)](torch.zeros(4), 4, BLOCK=4)  # honest
+
+
+LATE_WRITE = """\
+import gc
+import traceback
+
+import torch
+
+JOBS = []
+
+
+def _late(depth):
+    try:
+        yield 1
+    finally:  # run by the cyclic collector, whenever it runs
+        _collected(depth)
+
+
+def _arm(depth):
+    box = []
+    g = _late(depth)
+    next(g)
+    box.append(g)  # a cycle (its frame holds box): only the collector frees it
+    box.append(box)
+    gc.set_threshold(1, 1, 1)
+
+
+def _collected(depth):
+    if any(f.filename.endswith("probes.py") for f in traceback.extract_stack()) and depth < 2000:
+        _arm(depth + 1)  # still inside the guard's code: wait for the next collection
+        return
+    gc.set_threshold(700, 10, 10)
+    while JOBS:
+        x, y = JOBS.pop()
+        y.copy_(torch.softmax(x, -1))
+
+
+def forward(x):
+    y = x * 2
+    JOBS.append((x, y))
+    _arm(0)
+    return y
+"""
+
+
+def test_code_run_by_the_collector_after_a_call_cannot_change_its_reply(tmp_path, monkeypatch):
+    """A generator's `finally`, collected just after the guarded call, wrote torch.softmax's answer into the
+    returned tensor before the worker sent it (red team round 12: online_softmax 88 of 90). The worker keeps the
+    collector off, and the call's objects alive, from the call's end until its reply is encoded. The scan is off
+    here (it flags gc.set_threshold), so the worker's own defence is what is tested."""
+    from grader.harness import session
+    from grader.harness.client import Sandbox
+    from grader.harness.session import StudentSession
+
+    monkeypatch.setattr(session, "tamper_findings", lambda path: [])
+    path = tmp_path / "late.py"
+    path.write_text(LATE_WRITE)
+    student = StudentSession("sandbox", lambda _id: path, Sandbox(), lambda _id: 30.0)
+    try:
+        mod = student.load("late", forbid=["torch.softmax"])
+        x = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+        for _ in range(3):
+            assert torch.equal(mod.forward(x), x * 2), "the reply changed after the call: code ran outside the guard"
+    finally:
+        student.close()

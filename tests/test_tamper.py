@@ -268,6 +268,7 @@ FLAGGED = {
     "the environment handed on": ("import os\ndef f(d):\n    d['A'] = '1'\nf(os.environ)\n", "os.environ"),
     "the environment through a rebound name": ("import os\ne = {}\ne = os.environ\ne['A'] = '1'\n", "os.environ"),
     "os.putenv": ("import os\nos.putenv('A', '1')\n", "os.putenv"),
+    "the collector's threshold": ("import gc\ngc.set_threshold(1, 10, 10)\n", "gc.set_threshold"),
     "a warnings callback": ("import warnings\nwarnings.showwarning = print\n", "warnings.showwarning"),
     "numpy's error callback": ("import numpy as np\nnp.seterrcall(print)\n", "numpy.seterrcall"),
     "an object collective (it unpickles)": ("import torch.distributed as dist\ndist.recv_object_list(o, 0)\n",

@@ -10,6 +10,7 @@ Run as ``python -I -m grader.harness.worker FD MODULE_PATH`` by the sandbox laun
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import socket
@@ -41,6 +42,7 @@ def import_file(path: str | Path, name: str | None = None) -> Any:
 
 class Worker:
     def __init__(self, sock: socket.socket, module_path: str):
+        self.pinned: list[Any] = []  # a call's objects, kept until its reply is sent
         self.sock = sock
         self.module_path = str(Path(module_path).resolve())
         self.module: Any = None
@@ -98,6 +100,7 @@ class Worker:
         if driver:  # a course-provided function that runs the student's fn (a ring, an autograd pass)
             fn, args = _import_driver(driver), (fn, *args)
         snapshots = snapshot_tensors((args, kwargs))
+        self.pinned = [fn, args, kwargs]  # alive until the reply is sent (serve): no finaliser of theirs runs before
         with probes.around_call(
             self.module_path,
             forbid=options.get("forbid", ()),
@@ -105,6 +108,12 @@ class Worker:
             count_lines=options.get("count_lines", False),
         ) as counter:
             value = fn(*args, **kwargs)
+            # From here until the reply is encoded no code of the student's may run: a generator's `finally`
+            # collected by the cyclic GC just after a guarded call wrote torch.softmax's answer into the returned
+            # tensor before it was sent (red team round 12: online_softmax 88 of 90 with a kernel that copied its
+            # input). The collector waits, and everything the call touched stays alive, until the reply is out.
+            gc.disable()
+        self.pinned.append(value)
         reply = {"value": value, "mutated": changed_tensors(snapshots)}
         if counter is not None:
             reply["work"] = {"lines": counter.count, "ops": counter.ops, "reads": counter.reads}
@@ -136,6 +145,7 @@ class Worker:
             except EOFError:
                 return
             nonce = request.pop("nonce", None)
+            self.pinned = []
             try:
                 reply = {"ok": True, **self.handle(request)}
             except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt included
@@ -150,6 +160,9 @@ class Worker:
                          "nonce": nonce},
                         self.keep,
                     )
+            reply = None
+            gc.enable()  # disabled from the end of a guarded call (op_call) until its reply was encoded
+            self.pinned = []  # the call's objects may go now: the reply is fixed
             wire.send_frame(self.sock, payload)
 
     def describe(self, exc: BaseException, prefix: str = "") -> dict:
