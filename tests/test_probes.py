@@ -1189,3 +1189,40 @@ def test_code_run_by_the_collector_after_a_call_cannot_change_its_reply(tmp_path
             assert torch.equal(mod.forward(x), x * 2), "the reply changed after the call: code ran outside the guard"
     finally:
         student.close()
+
+
+PROPERTY = """\
+import torch
+
+
+class Box:
+    def __init__(self, x):
+        self.x = x
+
+    @property
+    def answer(self):  # runs when the tests read box.answer: in the worker, as the student's code
+        return torch.softmax(self.x, -1)
+
+
+def make(x):
+    return Box(x)
+"""
+
+
+def test_reading_a_property_of_the_students_object_runs_under_the_rules(tmp_path):
+    """An attribute read of a remote object runs the student's descriptor in the worker: under the same guard as
+    a call, or a property would be a way around it (round 13's lead)."""
+    from grader.harness.client import Sandbox
+    from grader.harness.session import StudentSession
+
+    path = tmp_path / "prop.py"
+    path.write_text(PROPERTY)
+    student = StudentSession("sandbox", lambda _id: path, Sandbox(), lambda _id: 30.0)
+    try:
+        mod = student.load("prop", forbid=["torch.softmax"])
+        box = mod.make(torch.ones(2, 3))
+        with pytest.raises(Exception, match="must not call torch.softmax"):
+            box.answer
+        assert torch.equal(box.x, torch.ones(2, 3)), "a plain attribute still reads"
+    finally:
+        student.close()

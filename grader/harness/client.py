@@ -596,6 +596,11 @@ def _copy_back(args: Any, mutated: list) -> None:
                 target.copy_(new.to(target.device))
 
 
+def _guard_options(options: CallOptions) -> dict:
+    """The rules an attribute read runs under in the worker: a property is the student's code, like a call."""
+    return {"forbid": list(options.forbid), "forbid_why": options.forbid_why}
+
+
 class RemoteCallable:
     """A function, class or method that lives in the worker."""
 
@@ -661,7 +666,8 @@ class RemoteHandle:
         worker = self._worker
         if self._generation != worker.generation:
             raise StudentCrash("this object lived in a worker that has since been restarted")
-        reply = worker.request({"op": "getattr", "target": self._id, "name": name})
+        reply = worker.request({"op": "getattr", "target": self._id, "name": name,
+                                "options": _guard_options(self._options)})
         return _attribute(reply, worker, self._id, [name], self._options, self._type)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -713,7 +719,8 @@ class RemoteModule:
         cached = self._cache.get(name)
         if cached is not None and (not isinstance(cached, RemoteCallable) or cached._generation == self._worker.generation):
             return cached
-        reply = self._worker.request({"op": "getattr", "target": wire.MODULE, "name": name})
+        reply = self._worker.request({"op": "getattr", "target": wire.MODULE, "name": name,
+                                      "options": _guard_options(self._options)})
         value = _attribute(reply, self._worker, wire.MODULE, [name], self._options)
         if isinstance(value, (RemoteCallable, type)):
             self._cache[name] = value

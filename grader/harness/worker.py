@@ -81,8 +81,17 @@ class Worker:
             self.module = import_file(self.module_path)
         return self.module
 
-    def op_getattr(self, target: Any, name: str) -> dict:
-        value = getattr(self.resolve(target), name)
+    def op_getattr(self, target: Any, name: str, options: dict | None = None) -> dict:
+        owner = self.resolve(target)
+        options = options or {}
+        self.pinned = [owner]
+        # A property or any descriptor of the student's runs here: under the same rules as a call (round 13's
+        # lead), and with the same window to the reply (op_call).
+        with probes.around_call(self.module_path, forbid=options.get("forbid", ()),
+                                forbid_why=options.get("forbid_why", "")):
+            value = getattr(owner, name)
+            gc.disable()
+        self.pinned.append(value)
         if isinstance(value, type) and issubclass(value, BaseException):
             return {"kind": "exception", "mro": [c.__name__ for c in value.__mro__]}
         if isinstance(value, type):
@@ -127,7 +136,7 @@ class Worker:
             self.load()
             return {}
         if op == "getattr":
-            return self.op_getattr(request["target"], request["name"])
+            return self.op_getattr(request["target"], request["name"], request.get("options"))
         if op == "call":
             return self.op_call(
                 request["target"], request["path"], request["args"], request["kwargs"], request.get("options", {})
