@@ -1226,3 +1226,28 @@ def test_reading_a_property_of_the_students_object_runs_under_the_rules(tmp_path
         assert torch.equal(box.x, torch.ones(2, 3)), "a plain attribute still reads"
     finally:
         student.close()
+
+
+def test_a_students_exception_is_described_without_running_its_code():
+    """The worker describes an exception after the call, where no probe watches: a __str__ or __repr__ of the
+    student's never runs there; the message comes from its plain arguments."""
+    from grader.harness.worker import _plain_text
+
+    ran = []
+
+    class Loud(ValueError):
+        __module__ = "torch"  # a class body may claim any module: the code's own file is what is checked
+
+        def __str__(self):
+            ran.append("str")
+            return "computed"
+
+    class Arg:
+        def __repr__(self):
+            ran.append("repr")
+            return "arg"
+
+    assert _plain_text(Loud("expected a 2-D tensor", 3)) == "expected a 2-D tensor, 3"
+    assert _plain_text(ValueError(Arg())) == "<Arg>"
+    assert not ran, f"the student's code ran while the worker described its exception: {ran}"
+    assert _plain_text(ValueError("a plain message")) == "a plain message"
