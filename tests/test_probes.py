@@ -1251,3 +1251,47 @@ def test_a_students_exception_is_described_without_running_its_code():
     assert _plain_text(ValueError(Arg())) == "<Arg>"
     assert not ran, f"the student's code ran while the worker described its exception: {ran}"
     assert _plain_text(ValueError("a plain message")) == "a plain message"
+
+
+SWAP_SOCKET = """\
+import os
+import socket
+import stat
+
+KEEP = []
+
+
+def forward(x):
+    a, b = socket.socketpair()
+    for fd in range(3, 256):  # the worker's socket to the grader is a descriptor number like any other
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            continue
+        if stat.S_ISSOCK(mode) and fd not in (a.fileno(), b.fileno()):
+            os.dup2(a.fileno(), fd)  # the worker's reply would go to this socketpair, to be rewritten
+    KEEP.append((a, b))
+    return x * 2
+"""
+
+
+def test_a_socket_put_on_the_workers_descriptor_gets_no_reply(tmp_path, monkeypatch):
+    """Code of the student's could dup2 another socket onto the worker's descriptor and read (and rewrite) the
+    replies there (round 13's lead). The worker checks before every send that its descriptor is still the socket it
+    was handed; if not, it sends nothing and stops, and the call fails as the student's crash."""
+    from grader.harness import session
+    from grader.harness.client import Sandbox
+    from grader.harness.session import StudentSession
+
+    monkeypatch.setattr(session, "tamper_findings", lambda path: [])
+    path = tmp_path / "swap_socket.py"
+    path.write_text(SWAP_SOCKET)
+    student = StudentSession("sandbox", lambda _id: path, Sandbox(), lambda _id: 30.0)
+    try:
+        mod = student.load("swap_socket", forbid=["torch.softmax"])
+        with pytest.raises(Exception) as caught:
+            mod.forward(torch.ones(3))
+        assert type(caught.value).__name__ == "StudentCrash" and "socket descriptor was replaced" in str(caught.value), (
+            f"expected the worker to stop at once and say why, found {type(caught.value).__name__}: {caught.value}")
+    finally:
+        student.close()

@@ -43,7 +43,8 @@ def import_file(path: str | Path, name: str | None = None) -> Any:
 
 class Worker:
     def __init__(self, sock: socket.socket, module_path: str):
-        self.pinned: list[Any] = []  # a call's objects, kept until its reply is sent
+        self.pinned: list[Any] = []  # a request's objects, kept until its reply is sent (`release`)
+        self.rules: dict[str, Any] = {"forbid": (), "forbid_why": ""}  # the last request's, for its release
         self.sock = sock
         self.module_path = str(Path(module_path).resolve())
         self.module: Any = None
@@ -85,13 +86,16 @@ class Worker:
     def op_getattr(self, target: Any, name: str, options: dict | None = None) -> dict:
         owner = self.resolve(target)
         options = options or {}
-        self.pinned = [owner]
+        self.pinned.append(owner)
+        self.rules = {"forbid": options.get("forbid", ()), "forbid_why": options.get("forbid_why", "")}
         # A property or any descriptor of the student's runs here: under the same rules as a call (round 13's
         # lead), and with the same window to the reply (op_call).
-        with probes.around_call(self.module_path, forbid=options.get("forbid", ()),
-                                forbid_why=options.get("forbid_why", "")):
-            value = getattr(owner, name)
-            gc.disable()
+        with probes.around_call(self.module_path, **self.rules):
+            gc.enable()
+            try:
+                value = getattr(owner, name)
+            finally:
+                gc.disable()
         self.pinned.append(value)
         if isinstance(value, type) and issubclass(value, BaseException):
             return {"kind": "exception", "mro": [c.__name__ for c in value.__mro__]}
@@ -110,19 +114,23 @@ class Worker:
         if driver:  # a course-provided function that runs the student's fn (a ring, an autograd pass)
             fn, args = _import_driver(driver), (fn, *args)
         snapshots = snapshot_tensors((args, kwargs))
-        self.pinned = [fn, args, kwargs]  # alive until the reply is sent (serve): no finaliser of theirs runs before
+        self.pinned += [fn, args, kwargs]  # alive until the reply is sent (serve): no finaliser of theirs runs before
+        self.rules = {"forbid": options.get("forbid", ()), "forbid_why": options.get("forbid_why", "")}
         with probes.around_call(
             self.module_path,
             forbid=options.get("forbid", ()),
             forbid_why=options.get("forbid_why", ""),
             count_lines=options.get("count_lines", False),
         ) as counter:
-            value = fn(*args, **kwargs)
-            # From here until the reply is encoded no code of the student's may run: a generator's `finally`
-            # collected by the cyclic GC just after a guarded call wrote torch.softmax's answer into the returned
-            # tensor before it was sent (red team round 12: online_softmax 88 of 90 with a kernel that copied its
-            # input). The collector waits, and everything the call touched stays alive, until the reply is out.
-            gc.disable()
+            gc.enable()  # the collector runs only inside guarded code (serve keeps it off everywhere else)
+            try:
+                value = fn(*args, **kwargs)
+            finally:
+                # From here until the reply is sent no code of the student's may run: a generator's `finally`
+                # collected by the cyclic GC just after a guarded call wrote torch.softmax's answer into the
+                # returned tensor before it was sent (red team round 12: online_softmax 88 of 90 with a kernel
+                # that copied its input). The collector is off, and everything the call touched stays alive.
+                gc.disable()
         self.pinned.append(value)
         reply = {"value": value, "mutated": changed_tensors(snapshots)}
         if counter is not None:
@@ -142,23 +150,31 @@ class Worker:
             return self.op_call(
                 request["target"], request["path"], request["args"], request["kwargs"], request.get("options", {})
             )
-        if op == "release":
-            self.handles.pop(request["target"], None)
+        if op == "release":  # the object dies after the reply, under the rules (serve's release)
+            self.pinned.append(self.handles.pop(request["target"], None))
             return {}
         raise ValueError(f"unknown op {op!r}")
 
     def serve(self) -> None:
+        """Answer requests until the grader closes the socket. No code of the student's runs in this loop's own
+        steps: the cyclic collector is on only inside guarded code (op_call, op_getattr), every object a request
+        touched is released after its reply is sent, under that request's rules (`release`), and the socket is
+        checked to be the grader's before every send (a finaliser that ran between calls could have put another
+        socket on its descriptor number with os.dup2: red team round 13's lead)."""
         max_bytes = 1 << 40
+        gc.disable()
+        identity = _socket_identity(self.sock)
         while True:
             try:
                 request = wire.decode_request(wire.recv_frame(self.sock, max_bytes))
             except EOFError:
                 return
             nonce = request.pop("nonce", None)
-            self.pinned = []
+            self.pinned = [request]
             try:
                 reply = {"ok": True, **self.handle(request)}
             except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt included
+                self.pinned.append(exc)  # its traceback holds the call's frames: they die in `release`
                 reply = {"ok": False, "error": self.describe(exc)}
             try:
                 with probes.harness_io():
@@ -170,11 +186,24 @@ class Worker:
                          "nonce": nonce},
                         self.keep,
                     )
-            reply = None
-            gc.enable()  # disabled from the end of a guarded call (op_call) until its reply was encoded
-            self.pinned = []  # the call's objects may go now: the reply is fixed
+            self.pinned.append(reply)
+            reply = request = None
+            if _socket_identity(self.sock) != identity:  # send nothing, end the worker: the student's crash
+                print("grader: the worker's socket descriptor was replaced (os.dup2 onto it?): the worker stops",
+                      file=sys.stderr, flush=True)
+                os._exit(70)
             wire.send_frame(self.sock, payload)
+            self.release()
 
+    def release(self) -> None:
+        """Drop the last request's objects under its rules: a finaliser of the student's runs guarded, never in
+        the worker's own steps."""
+        with probes.around_call(self.module_path, **self.rules):
+            gc.enable()
+            try:
+                self.pinned = []  # a cycle among them waits for a collection, which runs inside guarded code only
+            finally:
+                gc.disable()
     def describe(self, exc: BaseException, prefix: str = "") -> dict:
         return {
             "type": type(exc).__name__,
@@ -197,6 +226,12 @@ MAX_TEXT = wire.MAX_TEXT  # characters of an exception's text or traceback sent 
 def _bounded(text: str) -> str:
     """The grader reads what the worker sends: a 200 MB exception message cost it gigabytes and minutes."""
     return text if len(text) <= MAX_TEXT else text[:MAX_TEXT] + f"... ({len(text) - MAX_TEXT:,} more characters)"
+
+
+def _socket_identity(sock: socket.socket) -> tuple:
+    """What the worker's descriptor is: the inode of the socket it was handed, and the fd number."""
+    info = os.fstat(sock.fileno())
+    return sock.fileno(), info.st_dev, info.st_ino
 
 
 def _exception_text(exc: BaseException) -> str:
