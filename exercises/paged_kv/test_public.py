@@ -12,7 +12,7 @@ import torch
 from grader import testing
 
 from grader.harness.probes import KERNELS_ONLY
-from grader.structure import Scaling, assert_flat_on_the_clock, clock
+from grader.structure import Scaling, assert_flat_on_the_clock, assert_no_hidden_loop, clock
 
 from grader.testing import assert_close, show
 
@@ -208,13 +208,16 @@ def check_identity_slots(got, tables, positions) -> None:
 def test_slot_mapping_has_no_loop_over_tokens(pk, student):
     small = (table_tensor([[1], [0]], 2), torch.tensor([[0, 1], [1, -1]]), 4)
     big = (table_tensor([[i, i + 8] for i in range(8)], 2), torch.arange(64).remainder(8).repeat(8, 1), 4)
-    _, lines_small = student.lines_executed(pk.slot_mapping, *small)
-    _, lines_big = student.lines_executed(pk.slot_mapping, *big)
+    _, work_small = student.work_executed(pk.slot_mapping, *small)
+    _, work_big = student.work_executed(pk.slot_mapping, *big)
+    lines_small, lines_big = work_small.lines, work_big.lines
     advice = "Compute every slot at once with tensor ops (torch.gather, //, %, torch.where)."
     assert lines_big <= lines_small + 2, (
         f"slot_mapping ran {lines_small} lines of your code for 4 positions and {lines_big} for 512: a Python "
         f"loop over tokens. {advice}"
     )
+    # map() over .tolist() values runs no line of yours per token; the values it reads back still grow
+    assert_no_hidden_loop("slot_mapping", ("4 positions", "512 positions"), work_small, work_big, advice)
     timing = clock(student.mode, lambda t, p: pk.slot_mapping(t, p, 4), identity_tables, check_identity_slots,
                    SLOTS_CLOCK)
     assert_flat_on_the_clock(timing, "slot_mapping", advice, lines=(lines_small, lines_big), loop="a loop over tokens")

@@ -20,7 +20,7 @@ import torch
 
 from grader import rehearsal, speed, testing
 from grader.harness.probes import KERNELS_ONLY
-from grader.structure import Scaling, assert_flat_on_the_clock, assert_worker_agrees, clock
+from grader.structure import Scaling, assert_flat_on_the_clock, assert_no_hidden_loop, assert_worker_agrees, clock
 
 DRIVER = "grader.support.paged_kv"
 
@@ -1188,13 +1188,17 @@ def test_slot_mapping_lines_do_not_grow(student, pk, rng):
     pos_small = torch.tensor([[2, -1], [4, 5]])
     pos_large = torch.arange(40).repeat(12, 1)
     pos_large[3, 30:] = -1
-    _, lines_small = student.lines_executed(pk.slot_mapping, small, pos_small, 4)
-    _, lines_large = student.lines_executed(pk.slot_mapping, large, pos_large, 4)
+    _, work_small = student.work_executed(pk.slot_mapping, small, pos_small, 4)
+    _, work_large = student.work_executed(pk.slot_mapping, large, pos_large, 4)
+    lines_small, lines_large = work_small.lines, work_large.lines
     advice = "Use tensor ops on the whole batch at once"
     assert lines_large <= lines_small + 2, (
         f"slot_mapping ran {lines_small} lines of your code for 4 positions but {lines_large} for 480: a Python "
         f"loop over sequences or tokens. {advice}"
     )
+    # A loop that map() runs over .tolist() values executes no line per token (red team round 13): its reads and
+    # operators still grow.
+    assert_no_hidden_loop("slot_mapping", ("4 positions", "480 positions"), work_small, work_large, advice)
     timing = clock(student.mode, lambda t, p, bs, tables: pk.slot_mapping(t, p, bs), lambda n: slot_case(n, r),
                    check_slots, CLOCK["slots"])
     assert_flat_on_the_clock(timing, "slot_mapping", advice, lines=(lines_small, lines_large),
@@ -1310,14 +1314,16 @@ def test_paged_attention_lines_do_not_grow(student, pk, rng):
     r = rand(rng)
     small = attention_case(r, 2, 4, 2, 8, 4, torch.float32, 0, lengths=[3, 6])
     large = attention_case(r, 9, 4, 2, 8, 4, torch.float32, 0, lengths=[40, 0, 13, 28, 7, 64, 1, 33, 21])
-    _, lines_small = student.lines_executed(pk.paged_attention, *small[:4], torch.tensor(small[5]))
-    _, lines_large = student.lines_executed(pk.paged_attention, *large[:4], torch.tensor(large[5]))
+    _, work_small = student.work_executed(pk.paged_attention, *small[:4], torch.tensor(small[5]))
+    _, work_large = student.work_executed(pk.paged_attention, *large[:4], torch.tensor(large[5]))
+    lines_small, lines_large = work_small.lines, work_large.lines
     advice = ("Gather K and V for every position of every sequence at once through the table, and mask positions "
               ">= seq_len")
     assert lines_large <= lines_small + 2, (
         f"paged_attention ran {lines_small} lines of your code for 2 short sequences but {lines_large} for 9 longer "
         f"ones: a Python loop over sequences, blocks or tokens. {advice}"
     )
+    assert_no_hidden_loop("paged_attention", ("2 short sequences", "9 longer ones"), work_small, work_large, advice)
     call = lambda q, k, v, t, lens, tables, lengths: pk.paged_attention(q, k, v, t, lens)  # noqa: E731
     for grow, make in (("sequences", lambda n: clocked_attention_case(r, n, 8)),
                        ("length", lambda n: clocked_attention_case(r, 2, n))):
