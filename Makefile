@@ -11,7 +11,7 @@ BIN    := $(VENV)/bin
 EX     ?=
 SUB    ?= solutions
 
-.PHONY: setup demo check hint progress interview interview-check interview-done grade test bench validate release image clean
+.PHONY: setup demo check hint progress interview interview-check interview-done grade test bench gpu-check validate release image clean
 
 $(BIN)/grader: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,9 @@ $(VENV)/.test-deps: $(BIN)/grader pyproject.toml
 JOBS   ?= 2
 test: $(VENV)/.test-deps          ## the project's own tests (JOBS=n parallel processes)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadgroup --durations=25 tests
+
+gpu-check: setup                  ## every CUDA check proved and calibrated on this GPU; DRY=1: the CPU rehearsal
+	$(BIN)/grader gpu-check $(if $(DRY),--dry-run)
 
 bench: setup                      ## CPU/GPU benchmark of one exercise: make bench EX=<id>
 	@test -n "$(EX)" || (echo "usage: make bench EX=<exercise id>" && exit 2)
