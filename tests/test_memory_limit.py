@@ -49,19 +49,12 @@ def _memory_cgroup(limit_mb: int) -> Path | None:
     """A fresh memory cgroup of `limit_mb` (v2, or v1's memory controller), or None where none can be made."""
     name = f"grader-test-{secrets.token_hex(4)}"
     v2 = Path("/sys/fs/cgroup")
-    if (v2 / "cgroup.controllers").exists() and "memory" in (v2 / "cgroup.controllers").read_text().split():
-        try:
-            group = v2 / name
-            group.mkdir()
-            (group / "memory.max").write_text(str(limit_mb << 20))
-            return group
-        except OSError:
-            return None
-    v1 = Path("/sys/fs/cgroup/memory")
+    on_v2 = (v2 / "cgroup.controllers").exists() and "memory" in (v2 / "cgroup.controllers").read_text().split()
+    parent, limit_file = (v2, "memory.max") if on_v2 else (v2 / "memory", "memory.limit_in_bytes")
     try:
-        group = v1 / name
+        group = parent / name
         group.mkdir()
-        (group / "memory.limit_in_bytes").write_text(str(limit_mb << 20))
+        (group / limit_file).write_text(str(limit_mb << 20))
         return group
     except OSError:
         return None

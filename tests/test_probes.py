@@ -8,6 +8,7 @@ guard is entered), which is what defeated the attribute patches alone.
 from __future__ import annotations
 
 import ast
+import contextlib
 import re
 import io
 import pickle
@@ -732,6 +733,25 @@ def test_a_read_back_bound_at_import_is_still_refused(tmp_path):
         student.close()
 
 
+@contextlib.contextmanager
+def sandboxed_module(tmp_path, name: str, source: str, forbid: list[str], monkeypatch=None):
+    """`source` as a student's file, loaded in a sandboxed worker with `forbid`. With `monkeypatch`, the trusted
+    scan is switched off (it flags each of these files), so that the worker's own defence is what is tested."""
+    from grader.harness import session
+    from grader.harness.client import Sandbox
+    from grader.harness.session import StudentSession
+
+    if monkeypatch is not None:
+        monkeypatch.setattr(session, "tamper_findings", lambda path: [])
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    student = StudentSession("sandbox", lambda _id: path, Sandbox(), lambda _id: 30.0)
+    try:
+        yield student.load(name, forbid=forbid)
+    finally:
+        student.close()
+
+
 PROBE_SWAPS = {  # each rebinds a probe from inside a guarded call (the scan flags the import; this is the backstop)
     "in_launch, which the guard asks": "probes.in_launch = lambda: True",
     "the guard's dispatch handler": "probes.OperatorGuard.__torch_dispatch__ = lambda self, f, t, a=(), k=None: f(*a, **(k or {}))",
@@ -745,23 +765,12 @@ def test_a_call_that_rebinds_a_probe_fails(tmp_path, swap, monkeypatch):
     """The worker seals the probes by identity before it imports the student's file (probes.seal); a guarded
     call that rebinds one of them, by any route the scan missed, fails with what was changed. The scan is
     switched off here (it flags each of these files), so the backstop is what is tested."""
-    from grader.harness import session
-    from grader.harness.client import Sandbox
-    from grader.harness.session import StudentSession
-
-    monkeypatch.setattr(session, "tamper_findings", lambda path: [])
-
-    path = tmp_path / "swap.py"
-    path.write_text("import torch\nfrom grader.harness import probes\nfrom triton.runtime import interpreter\n"
-                    f"def forward(x):\n    {PROBE_SWAPS[swap]}\n    return x * 2\n")
-    student = StudentSession("sandbox", lambda _id: path, Sandbox(), lambda _id: 30.0)
-    try:
-        mod = student.load("swap", forbid=[probes.KERNELS_ONLY])
+    source = ("import torch\nfrom grader.harness import probes\nfrom triton.runtime import interpreter\n"
+              f"def forward(x):\n    {PROBE_SWAPS[swap]}\n    return x * 2\n")
+    with sandboxed_module(tmp_path, "swap", source, [probes.KERNELS_ONLY], monkeypatch) as mod:
         with pytest.raises(Exception, match="the grader's probes were changed during the call") as caught:
             mod.forward(torch.ones(3))
         assert "cannot be trusted" in str(caught.value), caught.value
-    finally:
-        student.close()
 
 
 def test_the_seal_passes_an_honest_call_and_sees_a_rebinding():
@@ -1174,21 +1183,10 @@ def test_code_run_by_the_collector_after_a_call_cannot_change_its_reply(tmp_path
     returned tensor before the worker sent it (red team round 12: online_softmax 88 of 90). The worker keeps the
     collector off, and the call's objects alive, from the call's end until its reply is encoded. The scan is off
     here (it flags gc.set_threshold), so the worker's own defence is what is tested."""
-    from grader.harness import session
-    from grader.harness.client import Sandbox
-    from grader.harness.session import StudentSession
-
-    monkeypatch.setattr(session, "tamper_findings", lambda path: [])
-    path = tmp_path / "late.py"
-    path.write_text(LATE_WRITE)
-    student = StudentSession("sandbox", lambda _id: path, Sandbox(), lambda _id: 30.0)
-    try:
-        mod = student.load("late", forbid=["torch.softmax"])
+    with sandboxed_module(tmp_path, "late", LATE_WRITE, ["torch.softmax"], monkeypatch) as mod:
         x = torch.arange(6, dtype=torch.float32).reshape(2, 3)
         for _ in range(3):
             assert torch.equal(mod.forward(x), x * 2), "the reply changed after the call: code ran outside the guard"
-    finally:
-        student.close()
 
 
 PROPERTY = """\
@@ -1212,20 +1210,11 @@ def make(x):
 def test_reading_a_property_of_the_students_object_runs_under_the_rules(tmp_path):
     """An attribute read of a remote object runs the student's descriptor in the worker: under the same guard as
     a call, or a property would be a way around it (round 13's lead)."""
-    from grader.harness.client import Sandbox
-    from grader.harness.session import StudentSession
-
-    path = tmp_path / "prop.py"
-    path.write_text(PROPERTY)
-    student = StudentSession("sandbox", lambda _id: path, Sandbox(), lambda _id: 30.0)
-    try:
-        mod = student.load("prop", forbid=["torch.softmax"])
+    with sandboxed_module(tmp_path, "prop", PROPERTY, ["torch.softmax"]) as mod:
         box = mod.make(torch.ones(2, 3))
         with pytest.raises(Exception, match="must not call torch.softmax"):
             box.answer
         assert torch.equal(box.x, torch.ones(2, 3)), "a plain attribute still reads"
-    finally:
-        student.close()
 
 
 def test_a_students_exception_is_described_without_running_its_code():
@@ -1279,19 +1268,8 @@ def test_a_socket_put_on_the_workers_descriptor_gets_no_reply(tmp_path, monkeypa
     """Code of the student's could dup2 another socket onto the worker's descriptor and read (and rewrite) the
     replies there (round 13's lead). The worker checks before every send that its descriptor is still the socket it
     was handed; if not, it sends nothing and stops, and the call fails as the student's crash."""
-    from grader.harness import session
-    from grader.harness.client import Sandbox
-    from grader.harness.session import StudentSession
-
-    monkeypatch.setattr(session, "tamper_findings", lambda path: [])
-    path = tmp_path / "swap_socket.py"
-    path.write_text(SWAP_SOCKET)
-    student = StudentSession("sandbox", lambda _id: path, Sandbox(), lambda _id: 30.0)
-    try:
-        mod = student.load("swap_socket", forbid=["torch.softmax"])
+    with sandboxed_module(tmp_path, "swap_socket", SWAP_SOCKET, ["torch.softmax"], monkeypatch) as mod:
         with pytest.raises(Exception) as caught:
             mod.forward(torch.ones(3))
         assert type(caught.value).__name__ == "StudentCrash" and "socket descriptor was replaced" in str(caught.value), (
             f"expected the worker to stop at once and say why, found {type(caught.value).__name__}: {caught.value}")
-    finally:
-        student.close()

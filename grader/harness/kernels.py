@@ -118,13 +118,14 @@ def is_kernel_decorator(path: str | None) -> bool:
 
 class KernelRule:
     """Rule 10 over one parsed file. `resolve` maps a Name or Attribute node to its dotted path through the
-    file's import aliases (the scanner's own), or None."""
+    file's import aliases, `parents` a node to its parent (both the scanner's own), `flag` records a finding."""
 
     def __init__(self, tree: ast.Module, resolve: Callable[[ast.AST], str | None],
-                 flag: Callable[[ast.AST, str, str], None]):
+                 flag: Callable[[ast.AST, str, str], None], parents: dict[int, ast.AST]):
         self.tree = tree
         self.resolve = resolve
         self.flag = flag
+        self.parents = parents  # id(node) -> its parent: the scanner's own map of this tree
         self.module_names: set[str] = set()  # every name bound at module level (a builtin there is the file's)
 
     def decorator_path(self, node: ast.expr) -> str | None:
@@ -185,9 +186,7 @@ class KernelRule:
             and isinstance(self.parent_of(subscript), ast.Call) and self.parent_of(subscript).func is subscript
 
     def parent_of(self, node: ast.AST) -> ast.AST | None:
-        if not hasattr(self, "_parents"):
-            self._parents = {id(c): p for p in ast.walk(self.tree) for c in ast.iter_child_nodes(p)}
-        return self._parents.get(id(node))
+        return self.parents.get(id(node))
 
     def module_constants(self) -> tuple[set[str], set[str]]:
         """(names bound once at module level to a constant and never declared global, names bound more than

@@ -489,7 +489,7 @@ def scan(source: str | bytes, structural: bool = False, clocks: bool = False) ->
     try:
         scanner = _Scanner(findings, structural, clocks)
         scanner.run(tree)
-        KernelRule(tree, scanner.dotted, scanner.flag).run()  # rule 10
+        KernelRule(tree, scanner.dotted, scanner.flag, scanner.parents).run()  # rule 10
         _environment_writes(tree, scanner)
         findings.extend(_second_def_lines(tree, text))
     except RecursionError:  # nested deeper than this process can walk: fail closed

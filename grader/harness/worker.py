@@ -255,6 +255,7 @@ def _exception_text_whole(exc: BaseException) -> str:
     return _plain_text(exc)
 
 
+@functools.lru_cache(maxsize=1)
 def _library_dirs() -> tuple[str, ...]:
     import numpy
     import torch
@@ -273,12 +274,7 @@ def _library_dirs() -> tuple[str, ...]:
 def _library_code(fn: Any) -> bool:
     """Is `fn` C code or Python code of the standard library, torch, numpy, Triton or the grader?"""
     code = getattr(fn, "__code__", None)
-    return code is None or str(code.co_filename).startswith(_library_dirs_cached())
-
-
-@functools.lru_cache(maxsize=1)
-def _library_dirs_cached() -> tuple[str, ...]:
-    return _library_dirs()
+    return code is None or str(code.co_filename).startswith(_library_dirs())
 
 
 def _plain_text(exc: BaseException) -> str:
