@@ -101,7 +101,7 @@ def set_modes() -> None:
 
 
 def check() -> None:
-    subprocess.run([sys.executable, "-I", "-c", "import grader.container, torch, triton"], check=True)
+    subprocess.run([sys.executable, "-I", "-c", "import grader.scale.container, torch, triton"], check=True)
     student = USERS["student"]
     probe = ("import sys\n"
              "for path in sys.argv[1:]:\n"

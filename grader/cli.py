@@ -34,9 +34,11 @@ from rich.console import Console
 from rich.text import Text
 
 from grader import __version__, report, results, selfstudy
-from grader.container import ContainerError, add_backend_options, backend_from_args
+from grader.options import GradeOptions, OptionsError, add_grade_options
 from grader.course import CourseError, find_root, load_course
-from grader.runner import GradeOptions, grade, grade_exercise
+from grader.runner import grade, grade_exercise
+from grader.scale.backend import BackendError
+from grader.scale.backends import add_backend_options, backend_from_args
 from grader.text import inert
 
 console = Console(stderr=False)
@@ -59,13 +61,11 @@ def cmd_grade(args: argparse.Namespace) -> int:
     source = Path(args.submission)
     if not source.exists():
         raise UsageError(f"expected a submission folder or archive at {source}, found nothing there")
-    opts = GradeOptions(exercises=args.exercise or None, seed=args.seed, tests=args.tests,
-                        isolate=not args.no_isolate, user=args.user,
-                        log_dir=Path(args.log_dir) if args.log_dir else None)
+    opts = GradeOptions.from_args(args)
     if opts.log_dir:
         opts.log_dir.mkdir(parents=True, exist_ok=True)
     out = Path(args.out) if args.out else None
-    backend = backend_from_args(args, root)  # rejects container flags without a container
+    backend = backend_from_args(args, root, opts)  # rejects flags that do not go with the backend
     if args.backend == "local":
         result = grade(course, root, source, out, opts)
     else:
@@ -84,7 +84,8 @@ def cmd_grade(args: argparse.Namespace) -> int:
 
 def grade_in_container(course, root: Path, source: Path, out: Path | None, opts: GradeOptions, backend) -> dict:
     """`grader grade --backend docker|apptainer`: the one-submission case of a batch."""
-    from grader.batch import Entry, grade_submission, submission_id
+    from grader.scale.batch import grade_submission
+    from grader.scale.discover import Entry, submission_id
 
     with tempfile.TemporaryDirectory(prefix="grader-grade-") as tmp:
         if source.is_symlink():  # a container would mount what it points at
@@ -102,7 +103,7 @@ def grade_in_container(course, root: Path, source: Path, out: Path | None, opts:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from grader.container import doctor, print_doctor
+    from grader.scale.container import doctor, print_doctor
 
     report = doctor()
     if args.json:
@@ -373,16 +374,10 @@ def parser(student_only: bool | None = None) -> argparse.ArgumentParser:
 
     g = sub.add_parser("grade", help="grade one submission (folder, flat files, .zip or .tar.gz)")
     g.add_argument("submission")
-    g.add_argument("--exercise", "-e", action="append", help="grade only this exercise (repeatable)")
-    g.add_argument("--seed", type=int, help="seed for the hidden tests' inputs (default: a fresh secret one)")
     g.add_argument("--out", "-o", help="write the JSON result here (kept up to date as checks finish)")
     g.add_argument("--format", choices=("table", "json"), default="table")
-    g.add_argument("--tests", choices=("all", "public"), default="all")
     g.add_argument("--summary", action="store_true", help="one line per exercise")
-    g.add_argument("--no-isolate", action="store_true", help="run workers without namespaces (debugging)")
-    g.add_argument("--user", default="auto",
-                   help="as root, the worker's identity: 'auto' (a uid of its own per grade) or an account's name")
-    g.add_argument("--log-dir", help="keep each exercise's pytest output in this folder")
+    add_grade_options(g)
     add_backend_options(g)
     g.set_defaults(fn=cmd_grade)
 
@@ -432,9 +427,9 @@ def parser(student_only: bool | None = None) -> argparse.ArgumentParser:
     r.add_argument("--with-solutions", action="store_true", help="a teaching-assistant copy, clearly marked")
     r.set_defaults(fn=cmd_release)
 
-    from grader.batch import add_commands as add_batch_commands
+    from grader.scale.batch import add_commands as add_batch_commands
     from grader.export.cli import add_commands as add_export_commands
-    from grader.slurm import add_commands as add_slurm_commands
+    from grader.scale.slurm import add_commands as add_slurm_commands
 
     add_batch_commands(sub)
     add_slurm_commands(sub)
@@ -453,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (UsageError, CourseError, KeyError, ContainerError) as exc:
+    except (UsageError, CourseError, KeyError, BackendError, OptionsError) as exc:
         err.print(Text.assemble(("error:", "red"), " ", inert(str(exc).strip(chr(39)).strip(chr(34)))))
         return 2
 

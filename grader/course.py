@@ -186,7 +186,7 @@ class WorkerLimits(_Model):
 
 
 class ContainerLimits(_Model):
-    """The per-submission container of `--backend docker|apptainer` (grader/container.py); the
+    """The per-submission container of `--backend docker|apptainer` (grader/scale/container.py); the
     command line's --image, --memory, --cpus, ... override each one."""
 
     image: str = Field("llm-efficiency-lab-grader:latest", min_length=1)

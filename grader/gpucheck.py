@@ -75,7 +75,8 @@ def _copy_exercises(root: Path, source: str, ids: list[str], dest: Path) -> Path
 
 def _grade(course: Course, root: Path, folder: Path, ids: list[str], time_limit_s: float,
            checks: list[str] | None = None) -> dict:
-    from grader.runner import GradeOptions, grade
+    from grader.options import GradeOptions
+    from grader.runner import grade
 
     opts = GradeOptions(exercises=ids, seed=20261201, time_limit_s=max(30.0, time_limit_s), checks=checks)
     return grade(course, root, folder, None, opts)
@@ -117,7 +118,7 @@ def _outcome(row: dict, dry_run: bool) -> str:
 
 
 def step_doctor(report: Report) -> None:
-    from grader.container import doctor
+    from grader.scale.container import doctor
 
     report.steps["doctor"] = doctor()
 

@@ -269,18 +269,90 @@ def finish(result: dict) -> None:
         result["state"] = "complete"
 
 
-def grader_failure(result: dict, exercise_id: str, reason: str) -> None:
-    """The grader itself failed on an exercise (its test process died, the sandbox could not start):
-    an error of the grade, never a low score. The result is not gradable and asks for a regrade."""
-    message = f"{INTERNAL_ERROR}, not a fault of the submission: {reason.strip()}; regrade it"
+FAILURE_BY = ("submission", "grader")
+
+
+def mark_ungradable(result: dict, reason: str, *, by: str = "submission", retry: str | None = None,
+                    exercise_id: str | None = None, exercise_message: str | None = None,
+                    state: str | None = None) -> None:
+    """The one way a result says it earns no score.
+
+    `by="submission"`: the submission cannot be graded (it cannot be read, two entries claim its id, it is
+    a link): a complete grade of zero, the reason for the student. `by="grader"`: the grading machine
+    failed on it (its test process died, the sandbox could not start, the batch lost it): never a score,
+    the grade is to be done again and `retry` says how. Both go in ``result["failure"]`` as fields
+    (``{"by", "reason", "retry"}``: what tools read); ``format_errors`` holds the message for people.
+
+    With `exercise_id`, only that exercise becomes ungradable, with `exercise_message` or the message;
+    otherwise every exercise not yet graded does and is closed with the reason. `state`, when given, is
+    the result's new state ("error": failed and finished; "running": to be graded again).
+    """
+    message = record_failure(result, reason, by=by, retry=retry)
+    if exercise_id is not None:
+        ex = find_exercise(result, exercise_id)
+        ex["status"] = "ungradable"
+        ex["message"] = exercise_message or message
+    else:
+        for ex in result["exercises"]:
+            if ex["status"] in ("pending", "running"):
+                ex["status"] = "ungradable"
+            close_exercise(result, ex["id"], exercise_message or message)
+    if state is not None:
+        result["state"] = state
+
+
+def record_failure(result: dict, reason: str, *, by: str = "submission", retry: str | None = None) -> str:
+    """Mark `result` not gradable for `reason` and return the message for people, leaving its exercises
+    as they are (`mark_ungradable` closes them too). A failure by the grader replaces one by the
+    submission; otherwise the first failure recorded stays (the root cause)."""
+    if by not in FAILURE_BY:
+        raise ValueError(f"expected a failure by one of {list(FAILURE_BY)}, found {by!r}")
+    reason = reason.strip()
+    if by == "grader":
+        message = f"{INTERNAL_ERROR}, not a fault of the submission: {reason}; {retry or 'regrade it'}"
+    else:
+        message = reason
     result["gradable"] = False
+    failure = result.get("failure")
+    if failure is None or (by == "grader" and failure.get("by") != "grader"):
+        result["failure"] = {"by": by, "reason": reason, "retry": retry}
     errors = result.setdefault("format_errors", [])
     if message not in errors:
         errors.append(message)
-    ex = find_exercise(result, exercise_id)
-    ex["status"] = "ungradable"
-    ex["message"] = message
-    result["state"] = "error"
+    return message
+
+
+def ungradable(course: Course, exercises: list[Exercise], submission_id: str, reason: str, *, suite_sha: str,
+               seed: int, mode: str = "sandbox", submission_sha: str = "", by: str = "submission",
+               retry: str | None = None, exercise_message: str | None = None) -> dict[str, Any]:
+    """A fresh result that earns no score, for `reason` (see `mark_ungradable`). One by the submission
+    is complete; one by the grader stays "running", so that the next batch run grades it again."""
+    result = new_result(course, submission_id, submission_sha, suite_sha, seed, mode, exercises)
+    mark_ungradable(result, reason, by=by, retry=retry, exercise_message=exercise_message)
+    if by == "submission":
+        finish(result)
+    return result
+
+
+def failed_by_grader(result: dict | None) -> bool:
+    """Whether `result` records a failure of the grading machine (a regrade, never the student's score)."""
+    return bool(result) and (result.get("failure") or {}).get("by") == "grader"
+
+
+def grader_failure(result: dict, exercise_id: str, reason: str) -> None:
+    """The grader itself failed on an exercise (its test process died, the sandbox could not start):
+    an error of the grade, never a low score. The result is not gradable and asks for a regrade."""
+    mark_ungradable(result, reason, by="grader", exercise_id=exercise_id, state="error")
+
+
+def read_result(path: Path) -> dict | None:
+    """The JSON object at `path`, or None where there is none to read (missing, half-written, not an
+    object): a result the batch, a container or a Slurm task left, which may not exist yet."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def write_atomic(path: Path, data: dict) -> None:

@@ -25,33 +25,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from grader import forkserver, results
 from grader.course import Course, Exercise
 from grader.harness.client import describe_exit
+from grader.options import GradeOptions
 from grader.submission import Submission, SubmissionError, locate
 from grader.text import inert
-
-
-@dataclass
-class GradeOptions:
-    exercises: list[str] | None = None  # None: all
-    seed: int | None = None  # None: a fresh secret seed
-    mode: str = "sandbox"  # or "local" (in-process, for make check)
-    tests: str = "all"  # "all" or "public"
-    isolate: bool = True
-    user: str = "auto"  # as root: each worker a uid of its own (grader/harness/identity.py); or an account
-    hide: tuple[str, ...] = ()  # extra folders the worker must not read
-    log_dir: Path | None = None  # keep each exercise's pytest output here
-    call_timeout_s: float | None = None  # override course.yaml's per-call limit
-    time_limit_s: float | None = None  # override course.yaml's per-exercise limit
-    checks: list[str] | None = None  # run only these checks' tests (the others: "not run")
-    # Stop each check at its first test below full marks; the check's later tests score zero, "not run". For
-    # the project's own tests of known-wrong submissions, which need only know that a check lost points.
-    first_failure: bool = False
 
 
 def selected_exercises(course: Course, opts: GradeOptions) -> list[Exercise]:
@@ -114,6 +96,8 @@ def run_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed: i
     if tmp_dir is not None:
         env["TMPDIR"] = tmp_dir
     log_path = (opts.log_dir / f"{exercise.id}.log") if opts.log_dir else None
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "wb") if log_path else open(os.devnull, "wb")
     try:
         server = warm_server(env)
@@ -403,24 +387,17 @@ def _grade(course: Course, root: Path, source: Path, out: Path | None, opts: Gra
     try:
         sub: Submission | None = locate(course, Path(source), [e.id for e in exercises], submission_id, private)
     except SubmissionError as exc:
-        sub = None
-        result = results.new_result(course, submission_id or Path(source).name, "", suite, seed, opts.mode, exercises)
-        result["gradable"] = False
-        result["format_errors"] = [str(exc)]
-        for ex in exercises:
-            results.find_exercise(result, ex.id)["status"] = "ungradable"
-            results.close_exercise(result, ex.id, f"the submission could not be read: {exc}")
-        results.finish(result)
+        result = results.ungradable(course, exercises, submission_id or Path(source).name, str(exc), suite_sha=suite,
+                                    seed=seed, mode=opts.mode, exercise_message=f"the submission could not be read: {exc}")
         save(result)
         return result
 
     result = results.new_result(course, sub.id, sub.sha256, suite, seed, opts.mode, exercises)
     result["warnings"].extend(inert(note, 2000) for note in sub.notes)
-    result["gradable"] = bool(sub.files)
+    result["gradable"] = True
     if not sub.files:
-        result["format_errors"] = [
-            f"no file to grade: expected one of {sorted(e.file for e in exercises)} (flat, in <id>/ or in exercises/<id>/)"
-        ]
+        results.record_failure(result, f"no file to grade: expected one of {sorted(e.file for e in exercises)} "
+                                       "(flat, in <id>/ or in exercises/<id>/)")
     save(result)
     try:
         for ex in exercises:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from grader.course import find_root, load_course
-from grader.runner import GradeOptions, grade
+from grader.options import GradeOptions
+from grader.runner import grade
 
 ROOT = find_root(Path(__file__).parent)
 COURSE = load_course(ROOT)
@@ -37,7 +38,7 @@ def checks_of(result: dict, exercise_id: str) -> dict[str, dict]:
 
 def left_running() -> list[int]:
     """Processes below this one but the fork servers it keeps between grades (grader/forkserver.py)."""
-    from grader.batch import descendants
+    from grader.proctree import descendants
     from grader.runner import warm_server_pids
 
     keep = warm_server_pids()

@@ -24,9 +24,13 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from grader import batch, results
-from grader.batch import BatchError, BatchOptions, JobRun, LocalBackend, run_batch
-from grader.runner import GradeOptions
+from grader import proctree, results
+from grader.options import GradeOptions
+from grader.scale import batch, discover, resume
+from grader.scale.backend import JobRun
+from grader.scale.batch import BatchOptions, run_batch
+from grader.scale.errors import BatchError
+from grader.scale.local import LocalBackend
 from tests.conftest import COURSE, ROOT, checks_of, left_running
 from tests.known_wrong import load_mutants
 
@@ -87,7 +91,7 @@ def hostile_source(subs: Path, out: Path) -> str:
     popen = next(line for line in source.splitlines() if line.startswith("subprocess.Popen("))
     # The worker's lock refuses the orphan where the exercise's drivers do not spawn: go on to the peeks.
     source = source.replace(popen, f"try:\n    {popen}\nexcept PermissionError:\n    pass")
-    targets = [str(subs / "reference" / f"{EXERCISE}.py"), str(out / batch.STATE_FILE)]
+    targets = [str(subs / "reference" / f"{EXERCISE}.py"), str(out / resume.STATE_FILE)]
     return source + (
         "\n\ndef _peek(path):\n"
         "    try:\n"
@@ -257,7 +261,7 @@ def cheap_batch(folder: Path) -> Path:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "grader.batch", "batch", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "grader.scale.batch", "batch", *args], cwd=ROOT, capture_output=True,
                           text=True, env={**os.environ, "COLUMNS": "160"}, timeout=300)
 
 
@@ -280,7 +284,7 @@ def test_cli_takes_folders_relative_to_where_it_runs(tmp_path):
     submission at subs/ann" (the grading child runs elsewhere)."""
     (tmp_path / "subs" / "ann").mkdir(parents=True)
     (tmp_path / "subs" / "ann" / f"{EXERCISE}.py").write_text("x = 1\n")
-    run = subprocess.run([sys.executable, "-m", "grader.batch", "batch", "subs", "--out", "results", "-e", EXERCISE,
+    run = subprocess.run([sys.executable, "-m", "grader.scale.batch", "batch", "subs", "--out", "results", "-e", EXERCISE,
                           "--tests", "public", "--check", "normalizer_public"], cwd=tmp_path, capture_output=True,
                          text=True, env={**os.environ, "COLUMNS": "160", "GRADER_COURSE_ROOT": str(ROOT)}, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -316,10 +320,10 @@ def test_conflicting_ids(tmp_path):
     ("bad-\udcff-bytes", "bytes that are not UTF-8"),
 ])
 def test_an_id_that_cannot_name_a_result_file_gets_a_stable_one_that_can(natural, why):
-    safe = batch.safe_id(natural)
-    assert safe != natural and safe == batch.safe_id(natural), f"{why}: expected a stable replacement, found {safe!r}"
-    assert safe.isprintable() and len(safe.encode()) <= batch.MAX_ID_BYTES and safe.lower() != "summary", safe
-    assert batch.safe_id(natural + "x") != safe, "two names must not share a replacement"
+    safe = discover.safe_id(natural)
+    assert safe != natural and safe == discover.safe_id(natural), f"{why}: expected a stable replacement, found {safe!r}"
+    assert safe.isprintable() and len(safe.encode()) <= discover.MAX_ID_BYTES and safe.lower() != "summary", safe
+    assert discover.safe_id(natural + "x") != safe, "two names must not share a replacement"
 
 
 def test_names_the_batch_cannot_use_are_graded_under_safe_ids_and_the_batch_goes_on(tmp_path):
@@ -336,7 +340,7 @@ def test_names_the_batch_cannot_use_are_graded_under_safe_ids_and_the_batch_goes
     printed = console.file.getvalue()
     assert len(report.graded) == 2 and report.internal_errors == [], report
     for natural in ("summary", long_name):
-        safe = batch.safe_id(natural)
+        safe = discover.safe_id(natural)
         result = result_of(out, safe)
         assert result["state"] == "complete" and result["gradable"] is True and result["score"] == 0, result
         assert f"is graded as {safe!r}" in printed, printed
@@ -349,12 +353,12 @@ def test_ids_that_differ_only_in_letter_case_get_result_files_of_their_own(tmp_p
     """"Bob" and "bob" would share one result file on a case-insensitive file system (macOS, Windows)."""
     for name in ("Bob", "bob", "carol"):
         (tmp_path / name).mkdir()
-    entries, conflicts = batch.discover(tmp_path)
+    entries, conflicts = discover.discover(tmp_path)
     ids = sorted(e.id for e in entries)
     assert not conflicts and len({i.casefold() for i in ids}) == 3, ids
     assert "carol" in ids and all(i.startswith(("Bob~", "bob~")) for i in ids if i != "carol"), ids
-    assert [e.id for e in batch.discover(tmp_path)[0]] == [e.id for e in entries], "the ids must be stable"
-    lines = batch.describe_entries(tmp_path, entries)
+    assert [e.id for e in discover.discover(tmp_path)[0]] == [e.id for e in entries], "the ids must be stable"
+    lines = discover.describe_entries(tmp_path, entries)
     assert sum("but for letter case" in line for line in lines) == 2, lines
 
 
@@ -382,7 +386,8 @@ def test_an_exception_in_the_grader_writes_a_result_and_the_batch_goes_on(tmp_pa
     boom = result_of(out, "boom")
     results.validate(boom)
     assert boom["gradable"] is False and boom["state"] == "running"
-    assert boom["format_errors"][0].startswith(batch.INTERNAL_ERROR) and "RuntimeError: grader bug on purpose" in boom["format_errors"][0]
+    assert boom["failure"]["by"] == "grader" and "RuntimeError: grader bug on purpose" in boom["failure"]["reason"]
+    assert boom["format_errors"][0].startswith(results.INTERNAL_ERROR) and boom["failure"]["retry"] == batch.RETRY
     assert all(c["status"] == "error" and "grader bug" in c["message"] for c in checks_of(boom, EXERCISE).values())
     summary = json.loads((out / "summary.json").read_text())
     assert [s["id"] for s in summary["internal_error"]] == ["boom"]
@@ -499,8 +504,7 @@ def test_no_process_is_left_running():
 INTERRUPTED_BATCH = """
 import json, os, sys
 from pathlib import Path
-from grader import batch
-from grader.batch import LocalBackend
+from grader.scale.local import LocalBackend
 from tests.conftest import left_running
 from tests.test_batch import HANGS, ROOT, batch_run
 report = batch_run(Path(sys.argv[1]), Path(sys.argv[2]), backend=LocalBackend(ROOT, [sys.executable, "-c", HANGS]))
@@ -568,10 +572,10 @@ def test_a_killed_batch_takes_every_grading_process_with_it(tmp_path):
     try:
         deadline = time.monotonic() + 120
         # The serve process, its pytest, and the worker's launcher: a grade is under way.
-        while len(batch.descendants(proc.pid)) < 3 and time.monotonic() < deadline and proc.poll() is None:
+        while len(proctree.descendants(proc.pid)) < 3 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.2)
         time.sleep(2)
-        running = batch.descendants(proc.pid)
+        running = proctree.descendants(proc.pid)
         assert len(running) >= 3, f"the grade did not get under way within 120 s: {running}"
         proc.kill()
         proc.wait()
@@ -584,7 +588,7 @@ def test_a_killed_batch_takes_every_grading_process_with_it(tmp_path):
             proc.kill()
     kill_and_report([str(p) for p in left])
     assert left == [], "grading processes outlived the batch that was SIGKILLed"
-    result = batch.read_result(out / "slow.json")
+    result = results.read_result(out / "slow.json")
     assert result is None or result["state"] != "complete", "a killed grade must not end with a verdict"
 
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from grader.batch import BatchOptions, run_batch
-from grader.container import LABEL, ContainerBackend
-from grader.runner import GradeOptions
+from grader.options import GradeOptions
+from grader.scale.batch import BatchOptions, run_batch
+from grader.scale.container import LABEL, ContainerBackend
 from tests import docker_base
 from tests.conftest import COURSE, ROOT, checks_of, left_running
 
@@ -107,7 +107,7 @@ def test_the_image_holds_only_what_grading_needs_and_says_what_it_runs(image):
         assert f"'{absent}'" not in listing, f"{absent}/ must stay out of the image (.dockerignore): {listing}"
     config = json.loads(subprocess.run(["docker", "image", "inspect", image], capture_output=True, text=True).stdout)[0]
     assert config["Config"]["Healthcheck"]["Test"][-1] == "doctor"
-    assert config["Config"]["Entrypoint"] == ["python3", "-m", "grader.container"]
+    assert config["Config"]["Entrypoint"] == ["python3", "-m", "grader.scale.container"]
     doctor = subprocess.run(["docker", "run", "--rm", "--network", "none", image, "doctor", "--json"],
                             capture_output=True, text=True, timeout=300)
     report = json.loads(doctor.stdout)
@@ -295,7 +295,7 @@ def test_a_grade_past_its_budget_is_stopped_and_keeps_the_checks_it_finished(ima
 
 
 def test_the_docker_command_carries_every_limit_and_pins_one_gpu(tmp_path):
-    from grader.container import ContainerLimits, docker_command
+    from grader.scale.container import ContainerLimits, docker_command
 
     limits = ContainerLimits(memory_mb=2048, cpus=1.5, pids=64, tmpfs_mb=512, shm_mb=256)
     archive = tmp_path / "alice.zip"
@@ -316,7 +316,7 @@ def test_the_docker_command_carries_every_limit_and_pins_one_gpu(tmp_path):
 
 
 def test_the_apptainer_command_keeps_the_host_out(tmp_path):
-    from grader.container import apptainer_command
+    from grader.scale.container import apptainer_command
 
     cmd = apptainer_command("/shared/course.sif", tmp_path, tmp_path / "scratch", gpu="1")
     for flag in ("--fakeroot", "--containall", "--cleanenv", "--no-home", "--network", "--nv"):
@@ -342,7 +342,7 @@ KILLED_DOCKER_BATCH = """
 import io, sys
 from pathlib import Path
 from rich.console import Console
-from grader.batch import BatchOptions, run_batch
+from grader.scale.batch import BatchOptions, run_batch
 from tests.conftest import COURSE, ROOT
 from tests.test_docker import backend, grade_options
 run_batch(COURSE, ROOT, BatchOptions(Path(sys.argv[1]), Path(sys.argv[2]), jobs=1,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from grader import results
-from grader.batch import Entry, content_fingerprint
+from grader.scale.discover import Entry, content_fingerprint
 from grader.submission import MAX_MEMBERS, SubmissionError, locate
 from tests.conftest import COURSE, ROOT, grade_folder
 from tests.hostile import staging as H

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from grader import batch, report, results, slurm
+from grader import report, results
+from grader.scale import slurm
+from grader.scale import summary as batch_summary
 from grader.export.checks import check_output
 from grader.export.csv_gradebook import to_csv
 from grader.export.feedback import render_feedback
@@ -184,13 +186,13 @@ def test_batch_and_slurm_summaries_print_student_text_inert(tmp_path):
     (tmp_path / "mallory.json").write_text(json.dumps(result))
     ungradable = dict(raw_result(), gradable=False, format_errors=[EVIL])
     (tmp_path / "[bold]eve\x1b[2J.json").write_text(json.dumps(ungradable))
-    summary = batch.summarize(COURSE, tmp_path, ["mallory", "[bold]eve\x1b[2J"], [EXERCISE])
+    summary = batch_summary.summarize(COURSE, tmp_path, ["mallory", "[bold]eve\x1b[2J"], [EXERCISE])
     console = Console(file=io.StringIO(), width=200, color_system=None)
-    batch.print_summary(summary, console)
+    batch_summary.print_summary(summary, console)
     rows = [slurm.Row(0, "[/]mallory\x1b[2J", "failed", "12_0 FAILED", EVIL, None)]
     slurm.print_rows(rows, console, "grader slurm: results")
-    lines = [batch._one_line("[/]x\x1b]0;t\x07", result, None), batch._one_line("y", None, EVIL),
-             batch._one_line("z", ungradable, None)]
+    lines = [batch_summary.one_line("[/]x\x1b]0;t\x07", result, None), batch_summary.one_line("y", None, EVIL),
+             batch_summary.one_line("z", ungradable, None)]
     text = console.file.getvalue() + "\n".join(lines)
     assert_inert(text, "the batch and slurm tables")
     assert "[bold]eve" in text and "[/]mallory" in text and MARKUP in text

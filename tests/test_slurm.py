@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from grader import batch, results, slurm
+from grader import results
+from grader.options import GradeOptions
+from grader.scale import slurm
 from grader.cli import main as grader_main
 from tests.conftest import COURSE, ROOT, checks_of
 from tests.known_wrong import load_mutants
@@ -274,7 +276,8 @@ def test_killed_tasks_are_failed_and_resubmitting_completes_the_set(cluster, tmp
         result = result_of(out, sub_id)
         results.validate(result)
         assert result["state"] != "complete", f"{sub_id}: a killed grade must never look complete"
-        assert result["format_errors"][0].startswith(batch.INTERNAL_ERROR), result["format_errors"]
+        assert result["failure"]["by"] == "grader", result.get("failure")
+        assert result["format_errors"][0].startswith(results.INTERNAL_ERROR), result["format_errors"]
         assert "--resubmit-failed" in result["format_errors"][0]
     assert "received SIGTERM" in result_of(out, "cancelled")["format_errors"][0]
     assert rows["killed"].slurm == f"{job}_2 FAILED", rows["killed"]
@@ -307,7 +310,7 @@ def test_a_task_slurm_has_forgotten_without_a_result_is_failed(cluster, tmp_path
     (subs / "lost").mkdir(parents=True)
     manifest = {"schema": slurm.MANIFEST_SCHEMA, "root": str(ROOT), "python": sys.executable, "submissions": str(subs),
                 "results": str(out), "runtime": "local", "image": None,
-                "options": batch._options_json(batch.GradeOptions(exercises=[EXERCISE])), "slurm": {},
+                "options": GradeOptions(exercises=[EXERCISE]).to_json(), "slurm": {},
                 "tasks": [{"index": 0, "id": "lost", "path": str(subs / "lost")}],
                 "jobs": [{"job_id": "987654321", "indices": [0], "submitted_at": results.now()}], "conflicts": []}
     results.write_atomic(slurm.manifest_path(out), manifest)
@@ -349,7 +352,7 @@ def test_dry_run_prints_the_script_and_submits_nothing(tmp_path):
     for line in ("#!/bin/bash", "#SBATCH --array=0-2%2", "#SBATCH --gres=gpu:1", "#SBATCH --partition=gpu",
                  "#SBATCH --account=lab", "#SBATCH --time=1-00:30:00", f"#SBATCH --output={out}/logs/%A_%a.out",
                  f"#SBATCH --error={out}/logs/%A_%a.err", f"cd {ROOT} || exit 1",
-                 f"exec {sys.executable} -m grader.slurm _task {out}/.slurm/manifest.json"):
+                 f"exec {sys.executable} -m grader.scale.slurm _task {out}/.slurm/manifest.json"):
         assert line in script.splitlines(), f"expected the line {line!r} in the script:\n{script}"
     assert "apptainer" in script and "/shared/course.sif" in script
     assert "dry run: 3 task(s); nothing written, nothing submitted" in run.stderr

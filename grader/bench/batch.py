@@ -28,9 +28,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from grader.batch import BACKENDS, BatchOptions, make_backend, read_result, run_batch
+from grader.results import read_result
+from grader.scale.backend import BACKENDS
+from grader.scale.backends import make_backend
+from grader.scale.batch import BatchOptions, run_batch
 from grader.course import find_root, load_course
-from grader.runner import GradeOptions
+from grader.options import GradeOptions
 
 
 def make_copies(root: Path, folder: Path, copies: int) -> Path:

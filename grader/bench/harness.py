@@ -20,7 +20,8 @@ import torch
 
 from grader.course import find_root, load_course
 from grader.harness.client import CallOptions, RemoteModule, Sandbox, WorkerProcess
-from grader.runner import GradeOptions, grade
+from grader.options import GradeOptions
+from grader.runner import grade
 
 PROBE = "def echo(x):\n    return x\n"
 

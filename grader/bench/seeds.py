@@ -25,7 +25,8 @@ from rich.table import Table
 from rich.text import Text
 
 from grader.course import Course, find_root, load_course
-from grader.runner import GradeOptions, grade
+from grader.options import GradeOptions
+from grader.runner import grade
 
 
 @dataclass

@@ -57,7 +57,8 @@ def run(root: Path) -> int:
     from grader.course import load_course
     from grader.export.gradescope import to_gradescope
     from grader.export.settings import load_settings
-    from grader.runner import GradeOptions, grade
+    from grader.options import GradeOptions
+    from grader.runner import grade
 
     started = time.monotonic()
     source = root / "source"

@@ -31,7 +31,8 @@ def run(grade_root: Path, exercises: list[str] | None, tests: str, user: str, co
     from grader.course import find_root, load_course
     from grader.export.prairielearn import to_prairielearn
     from grader.export.settings import load_settings
-    from grader.runner import GradeOptions, grade
+    from grader.options import GradeOptions
+    from grader.runner import grade
 
     out_dir = grade_root / "results"
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from grader.course import find_root, load_course
-from grader.runner import GradeOptions, grade
+from grader.options import GradeOptions
+from grader.runner import grade
 from tests.known_wrong import load_mutants, write_mutant
 
 

@@ -2,16 +2,16 @@
 
     grader slurm SUBMISSIONS_DIR --out RESULTS_DIR [--partition P] [--gpus-per-task N] [--time 00:30:00]
                  [--max-parallel N] [--runtime local|docker|apptainer] [--image IMAGE] [--account A] [--dry-run]
-                 [--seed N] [--exercise ID ...] [--tests all|public] [--check ID ...]
+                 [--seed N] [--exercise ID ...] [--tests all|public] [--check ID ...] [--log-dir DIR] ...
     grader slurm --status RESULTS_DIR            done / running / failed / pending per submission
     grader slurm --resubmit-failed RESULTS_DIR   a new array of the tasks that failed, nothing else
 
 Submitting writes RESULTS_DIR/.slurm/manifest.json (array index -> submission id and path, the grading
 options, the runtime and image, the arrays submitted) and an sbatch script RESULTS_DIR/.slurm/array-N.sbatch,
 then runs `sbatch --parsable` and records the job id. Each array task runs
-``python -m grader.slurm _task MANIFEST`` with the submitting process's Python, in this checkout, so the
+``python -m grader.scale.slurm _task MANIFEST`` with the submitting process's Python, in this checkout, so the
 nodes must see the checkout and its virtual environment (a shared filesystem) or use a container image.
-A task grades its submission exactly as `grader batch` does (grader.batch.grade_submission), so its result
+A task grades its submission exactly as `grader batch` does (grader.scale.batch.grade_submission), so its result
 lands atomically in RESULTS_DIR/<id>.json and `grader export` and the summary work unchanged. Slurm's
 logs go to RESULTS_DIR/logs/<job>_<index>.out and .err.
 
@@ -43,17 +43,25 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from grader import batch, results
-from grader.batch import BatchError, BatchOptions, Entry
+from grader import results
+from grader.options import GradeOptions, OptionsError, add_grade_options
+from grader.results import read_result
+from grader.scale import batch
+from grader.scale.backend import BACKENDS, Job
+from grader.scale.backends import make_backend
+from grader.scale.batch import BatchOptions
+from grader.scale.discover import Entry, content_fingerprint, describe_entries, discover
+from grader.scale.errors import BatchError
+from grader.scale.summary import classify, one_line, print_summary, summarize, write_summary
 from grader.course import Course, CourseError, find_root, load_course
-from grader.runner import GradeOptions, selected_exercises, suite_sha256
+from grader.runner import selected_exercises, suite_sha256
 from grader.text import inert
 
 MANIFEST_DIR = ".slurm"
 MANIFEST_FILE = "manifest.json"
 MANIFEST_SCHEMA = "llm-efficiency-lab/slurm-manifest/v1"
 LOG_DIR = "logs"
-RUNTIMES = batch.BACKENDS
+RUNTIMES = BACKENDS
 
 # Slurm's job states (squeue --states, sacct --state), by what they mean for one submission's grade.
 PENDING_STATES = {"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD", "CONFIGURING",
@@ -195,7 +203,7 @@ def render_script(manifest: dict, indices: list[int], opts: SlurmOptions) -> str
         f"# One task per submission of {manifest['submissions']}; the manifest maps SLURM_ARRAY_TASK_ID to it.",
         f"# Runtime: {manifest['runtime']}" + (f", image {manifest['image']}" if manifest.get("image") else ""),
         f"cd {q(manifest['root'])} || exit 1",
-        f"exec {q(manifest['python'])} -m grader.slurm _task {q(str(manifest_path(out_dir)))}",
+        f"exec {q(manifest['python'])} -m grader.scale.slurm _task {q(str(manifest_path(out_dir)))}",
         "",
     ]
     return "\n".join(lines)
@@ -256,8 +264,8 @@ def submit(course: Course, root: Path, submissions: Path, out_dir: Path, grade: 
     unknown = sorted(set(grade.exercises or []) - {e.id for e in course.exercises})
     if unknown:
         raise SlurmError(f"unknown exercise {unknown[0]!r}; expected one of {[e.id for e in course.exercises]}")
-    entries, conflicts = batch.discover(submissions)
-    for line in batch.describe_entries(submissions, entries):
+    entries, conflicts = discover(submissions)
+    for line in describe_entries(submissions, entries):
         console.print(inert(line), markup=False, highlight=False)
     entries = [e for e in entries if e.id not in conflicts]
     if not entries and not conflicts:
@@ -271,7 +279,7 @@ def submit(course: Course, root: Path, submissions: Path, out_dir: Path, grade: 
             if busy:
                 raise SlurmError(f"expected no grade in progress in {out_dir}, found {len(busy)} task(s) pending or "
                                  f"running (e.g. {busy[0].id}); wait, or see `grader slurm --status {out_dir}`")
-    grade_opts = batch._grade_options_for(BatchOptions(Path(submissions), out_dir, grade=grade), root)
+    grade_opts = batch.grade_options_for(BatchOptions(Path(submissions), out_dir, grade=grade), root)
     manifest = {
         "schema": MANIFEST_SCHEMA,
         "created_at": results.now(),
@@ -281,7 +289,7 @@ def submit(course: Course, root: Path, submissions: Path, out_dir: Path, grade: 
         "results": str(out_dir),
         "runtime": runtime,
         "image": image,
-        "options": batch._options_json(grade_opts),
+        "options": grade_opts.to_json(),
         "slurm": _slurm_opts_json(opts),
         "tasks": [{"index": i, "id": e.id, "path": str(e.path.resolve())} for i, e in enumerate(entries)],
         "jobs": [],
@@ -298,8 +306,8 @@ def submit(course: Course, root: Path, submissions: Path, out_dir: Path, grade: 
         exercises = selected_exercises(course, grade_opts)
         suite = suite_sha256(root, exercises)
         for sub_id, paths in conflicts.items():
-            batch.write_conflict_result(course, exercises, out_dir / f"{sub_id}.json", sub_id, paths, grade_opts,
-                                        suite, then="resubmit")
+            results.write_atomic(out_dir / f"{sub_id}.json",
+                                 batch.conflict_result(course, exercises, sub_id, paths, grade_opts, suite, then="resubmit"))
             console.print(inert(f"{sub_id}: not gradable: {len(paths)} entries claim this id"), markup=False,
                           highlight=False)
     if indices:
@@ -315,15 +323,13 @@ def submit(course: Course, root: Path, submissions: Path, out_dir: Path, grade: 
 
 def failure_result(course: Course, root: Path, manifest: dict, task: dict, reason: str) -> dict:
     """The result of a task that did not finish: what it graded, and why it stopped (state "running")."""
-    grade = batch._options_from_json(manifest["options"])
+    grade = GradeOptions.from_json(manifest["options"])
     exercises = selected_exercises(course, grade)
     entry = Entry(task["id"], Path(task["path"]))
-    sha, _ = batch.content_fingerprint(course, entry, [e.id for e in exercises])
-    job = batch.Job(entry.id, entry.path, Path(manifest["results"]) / f"{entry.id}.json", grade, 0)
-    result = batch.internal_error_result(course, exercises, job, suite_sha256(root, exercises), sha, reason)
-    result["format_errors"][0] = result["format_errors"][0].replace(
-        "rerun the batch to retry", f"`grader slurm --resubmit-failed {manifest['results']}` grades it again")
-    return result
+    sha, _ = content_fingerprint(course, entry, [e.id for e in exercises])
+    job = Job(entry.id, entry.path, Path(manifest["results"]) / f"{entry.id}.json", grade, 0)
+    retry = f"`grader slurm --resubmit-failed {manifest['results']}` grades it again"
+    return batch.internal_error_result(course, exercises, job, suite_sha256(root, exercises), sha, reason, retry=retry)
 
 
 def task_gpu(runtime: str, env: dict | None = None) -> str | None:
@@ -361,10 +367,10 @@ def run_task(manifest_file: Path, index: int | None = None) -> int:
         signal.signal(sig, on_signal)
     error = None
     try:
-        backend = batch.make_backend(manifest["runtime"], root, image=manifest.get("image"))
+        backend = make_backend(manifest["runtime"], root, image=manifest.get("image"))
         # A local backend's grading process dies with this task even when the task is SIGKILLed
         # (out of memory, a node agent's kill): LocalBackend binds it to this process.
-        grade = batch._options_from_json(manifest["options"])
+        grade = GradeOptions.from_json(manifest["options"])
         _result, error = batch.grade_submission(course, root, Entry(task["id"], Path(task["path"])),
                                                Path(manifest["results"]), grade, backend,
                                                gpu=task_gpu(manifest["runtime"]))
@@ -372,7 +378,7 @@ def run_task(manifest_file: Path, index: int | None = None) -> int:
         pass
     except Exception as exc:  # the grader failed outside grade_submission's own net (the backend, say)
         error = f"{type(exc).__name__}: {exc}"
-    done = batch.read_result(out)
+    done = read_result(out)
     reason = ""
     complete = done is not None and done.get("state") == "complete" and done.get("submission", {}).get("id") == task["id"]
     if not complete and (stopped or error):
@@ -381,8 +387,8 @@ def run_task(manifest_file: Path, index: int | None = None) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             signal.signal(sig, signal.SIG_IGN)  # let nothing interrupt the last write
         results.write_atomic(out, failure_result(course, root, manifest, task, reason))
-        done = batch.read_result(out)
-    print(batch._one_line(task["id"], done, None if complete else reason if (stopped or error) else None), flush=True)
+        done = read_result(out)
+    print(one_line(task["id"], done, None if complete else reason if (stopped or error) else None), flush=True)
     if stopped:
         return 128 + signal.Signals[stopped[0]].value
     return 0 if complete else 1
@@ -469,7 +475,7 @@ def task_rows(course: Course, manifest: dict) -> list[Row]:
     for task in manifest["tasks"]:
         i, sub_id = task["index"], task["id"]
         job = latest.get(i)
-        result = batch.read_result(out_dir / f"{sub_id}.json")
+        result = read_result(out_dir / f"{sub_id}.json")
         finished = _time((result or {}).get("finished_at"))
         submitted = _time(job["submitted_at"]) if job else None
         current = (result is not None and result.get("state") == "complete"
@@ -481,7 +487,7 @@ def task_rows(course: Course, manifest: dict) -> list[Row]:
         name = f"{job['job_id']}_{i}"
         state = states.get((job["job_id"], i))
         slurm = f"{name} {state}" if state else f"{name} (unknown to Slurm now)"
-        kind, reason = batch.classify(result)
+        kind, reason = classify(result)
         if state in PENDING_STATES:
             rows.append(Row(i, sub_id, "pending", slurm, "waiting for a node", result))
         elif state in RUNNING_STATES and not current:
@@ -508,12 +514,11 @@ def record_failures(course: Course, root: Path, manifest: dict, rows: list[Row])
     for row in rows:
         if row.state != "failed":
             continue
-        result = batch.read_result(out_dir / f"{row.id}.json")
+        result = read_result(out_dir / f"{row.id}.json")
         if result is not None and result.get("state") == "complete":
             continue  # complete, from an earlier grade: never overwritten here; a resubmitted task replaces it
-        errors = "; ".join((result or {}).get("format_errors") or [])
         name = row.slurm.split()[0]
-        if result is not None and errors.startswith(batch.INTERNAL_ERROR) and name in errors:
+        if results.failed_by_grader(result) and name in result["failure"]["reason"]:
             continue  # the task (or an earlier --status) already said why
         task = manifest["tasks"][row.index]
         results.write_atomic(out_dir / f"{row.id}.json", failure_result(course, root, manifest, task, row.detail))
@@ -544,13 +549,13 @@ def status(course: Course, root: Path, out_dir: Path, console: Console | None = 
     counts = print_rows(rows, console, f"grader slurm: {manifest['results']}")
     if counts["pending"] or counts["running"]:
         return rows, None
-    grade = batch._options_from_json(manifest["options"])
+    grade = GradeOptions.from_json(manifest["options"])
     ids = sorted({t["id"] for t in manifest["tasks"]} | set(manifest.get("conflicts") or []))
-    summary = batch.summarize(course, Path(manifest["results"]), ids, [e.id for e in selected_exercises(course, grade)])
+    summary = summarize(course, Path(manifest["results"]), ids, [e.id for e in selected_exercises(course, grade)])
     summary["slurm"] = {"jobs": [{"job_id": j["job_id"], "indices": j["indices"]} for j in manifest["jobs"]],
                         "counts": counts, "runtime": manifest["runtime"], "image": manifest.get("image")}
-    batch.write_summary(Path(manifest["results"]), summary)
-    batch.print_summary(summary, console)
+    write_summary(Path(manifest["results"]), summary)
+    print_summary(summary, console)
     return rows, summary
 
 
@@ -605,11 +610,14 @@ def cmd_slurm(args: argparse.Namespace) -> int:
                              f"RESULTS_DIR), found {'no SUBMISSIONS_DIR' if not args.submissions else 'no --out'}")
         root = find_root()
         course = load_course(root)
-        grade = GradeOptions(exercises=args.exercise or None, seed=args.seed, tests=args.tests,
-                             checks=args.check or None, call_timeout_s=args.call_timeout, time_limit_s=args.time_limit)
+        grade = GradeOptions.from_args(args)
+        host_only = grade.host_only_flags()
+        if host_only and args.runtime != "local":
+            raise SlurmError(f"{host_only[0]} applies to --runtime local (a container runs its own sandbox, as its "
+                             f"own user, with its own files), found --runtime {args.runtime}")
         submit(course, root, Path(args.submissions), Path(args.out), grade, opts, runtime=args.runtime,
                image=args.image, dry_run=args.dry_run, console=err if args.dry_run else console)
-    except (BatchError, CourseError) as exc:
+    except (BatchError, CourseError, OptionsError) as exc:
         err.print(Text.assemble(("error:", "red"), " ", inert(str(exc))), soft_wrap=True)  # paths stay whole
         return 2
     return 0
@@ -633,12 +641,7 @@ def add_commands(subparsers) -> None:
     s.add_argument("--runtime", default="local", help=f"how each task grades: {', '.join(RUNTIMES)} (default local)")
     s.add_argument("--image", help="the course image, for --runtime docker or apptainer")
     s.add_argument("--dry-run", action="store_true", help="print the sbatch script; write and submit nothing")
-    s.add_argument("--seed", type=int, help="seed for the hidden tests' inputs (default: a fresh secret one each)")
-    s.add_argument("--exercise", "-e", action="append", help="grade only this exercise (repeatable)")
-    s.add_argument("--tests", choices=("all", "public"), default="all")
-    s.add_argument("--check", action="append", help="run only this check's tests (repeatable); the others: not run")
-    s.add_argument("--call-timeout", type=float, help="override course.yaml's per-call limit (seconds)")
-    s.add_argument("--time-limit", type=float, help="override course.yaml's per-exercise limit (seconds)")
+    add_grade_options(s)
     s.set_defaults(fn=cmd_slurm)
 
 
@@ -646,10 +649,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_task"]:
         if len(argv) != 2:
-            print("usage: python -m grader.slurm _task MANIFEST (inside a Slurm array task)", file=sys.stderr)
+            print("usage: python -m grader.scale.slurm _task MANIFEST (inside a Slurm array task)", file=sys.stderr)
             return 2
         return run_task(Path(argv[1]))
-    parser = argparse.ArgumentParser(prog="python -m grader.slurm")
+    parser = argparse.ArgumentParser(prog="python -m grader.scale.slurm")
     add_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.fn(args)

@@ -16,7 +16,7 @@ budget from outside: past it the container is killed, the checks it finished are
 runner rewrites /results/result.json after every test) and the rest score zero as "timeout".
 The result the host keeps records the image's digest.
 
-Inside the container (``python3 -m grader.container grade``, the image's entry point) the trusted
+Inside the container (``python3 -m grader.scale.container grade``, the image's entry point) the trusted
 side runs as the container's root, holding only the capabilities above: enough to stage the
 submission, hand the worker its folder and drop the worker to the `student` user, who owns no
 capability and cannot read the hidden checks or the solutions (owned by `grader`, mode 0700). The
@@ -44,7 +44,10 @@ import uuid
 from pathlib import Path
 
 from grader import results
-from grader.batch import BACKENDS, JobRun, descendants, read_result
+from grader.options import GradeOptions
+from grader.proctree import descendants
+from grader.results import read_result
+from grader.scale.backend import BackendError, Job, JobRun
 
 CONTAINER_SOURCE = "/submission"
 CONTAINER_RESULTS = "/results"
@@ -62,7 +65,7 @@ CAPABILITIES = (
 STUDENT_USER = "student"
 
 
-class ContainerError(RuntimeError):
+class ContainerError(BackendError):
     """The container runtime cannot be used (not installed, no such image)."""
 
 
@@ -209,12 +212,12 @@ class ContainerSlot:
         self.backend = backend
         self.gpu = gpu
 
-    def grade(self, job) -> JobRun:
+    def grade(self, job: Job) -> JobRun:
         backend = self.backend
         started = time.monotonic()
         scratch = Path(tempfile.mkdtemp(prefix="grader-container-"))  # mode 0700: the student cannot enter
         try:
-            (scratch / REQUEST_NAME).write_text(json.dumps({"id": job.id, "options": _options_json(job.options)}))
+            (scratch / REQUEST_NAME).write_text(json.dumps({"id": job.id, "options": job.options.for_container().to_json()}))
             name = f"grade-{re.sub(r'[^a-zA-Z0-9_.-]', '-', job.id)[:40]}-{uuid.uuid4().hex[:8]}"
             if backend.runtime == "docker":
                 cmd = docker_command(backend.image, job.source, scratch, name, backend.batch_label, backend.limits,
@@ -281,42 +284,6 @@ def _close_as_timeout(result: dict, reason: str) -> None:
     results.finish(result)
 
 
-def _options_json(opts) -> dict:
-    """The grading options the container needs (paths on the host mean nothing inside it)."""
-    return {"exercises": opts.exercises, "seed": opts.seed, "tests": opts.tests, "checks": opts.checks,
-            "call_timeout_s": opts.call_timeout_s, "time_limit_s": opts.time_limit_s}
-
-
-def add_backend_options(parser: argparse.ArgumentParser) -> None:
-    """--backend and the container's limits, for `grader grade` and `grader batch`."""
-    parser.add_argument("--backend", choices=BACKENDS, default="local",
-                        help="local: this machine, the runner's own sandbox; docker/apptainer: one container of "
-                             "the course image per submission")
-    parser.add_argument("--image", help="the course image (docker) or .sif file (apptainer); default: "
-                                        "course.yaml's container.image")
-    parser.add_argument("--memory", type=int, metavar="MB", help="container memory, swap included (course.yaml)")
-    parser.add_argument("--cpus", type=float, help="container CPUs (course.yaml)")
-    parser.add_argument("--pids", type=int, help="container process and thread limit (course.yaml)")
-    parser.add_argument("--tmpfs", type=int, metavar="MB", help="size of the container's /tmp (course.yaml)")
-
-
-def backend_from_args(args: argparse.Namespace, root: Path):
-    """The backend the command line asks for (ContainerError when its runtime or image is missing)."""
-    from grader.batch import make_backend
-
-    if args.backend == "local":
-        for flag in ("image", "memory", "cpus", "pids", "tmpfs"):
-            if getattr(args, flag, None) is not None:
-                raise ContainerError(f"--{flag} applies to --backend docker or apptainer, found --backend local")
-        return make_backend("local", root)
-    for flag in ("memory", "cpus", "pids", "tmpfs"):
-        value = getattr(args, flag, None)
-        if value is not None and value <= 0:
-            raise ContainerError(f"expected --{flag} greater than 0, found {value:g}")
-    return make_backend(args.backend, root, image=args.image, memory_mb=args.memory, cpus=args.cpus, pids=args.pids,
-                        tmpfs_mb=args.tmpfs)
-
-
 # ---------------------------------------------------------------------------------------------
 # Inside the container
 
@@ -324,19 +291,16 @@ def backend_from_args(args: argparse.Namespace, root: Path):
 def entry_grade(args: argparse.Namespace) -> int:
     """Grade /submission (or --source) into /results/result.json; 0 whenever a result was written."""
     from grader.course import find_root, load_course
-    from grader.runner import GradeOptions, grade
+    from grader.runner import grade
 
     results_dir = Path(args.results)
     out = results_dir / RESULT_NAME
     request = read_result(results_dir / REQUEST_NAME) or {}
     options = request.get("options") or {}
-    root = find_root(Path(__file__).resolve().parent.parent)
+    root = find_root(Path(__file__).resolve().parents[2])
     course = load_course(root)
-    opts = GradeOptions(
-        exercises=options.get("exercises"), seed=options.get("seed"), tests=options.get("tests") or "all",
-        checks=options.get("checks"), call_timeout_s=options.get("call_timeout_s"),
-        time_limit_s=options.get("time_limit_s"), user=args.user,
-    )
+    # The host's options, less its own (for_container), as the container's trusted side runs them.
+    opts = GradeOptions.from_json(options).for_container().replace(user=args.user)
     if args.watch_stdin:
         threading.Thread(target=_end_when_stdin_closes, daemon=True, name="watch-stdin").start()
     source = Path(args.source)
@@ -390,8 +354,8 @@ def print_doctor(report: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grader.container",
-                                     description="the grading image's entry point (see grader/container.py)")
+    parser = argparse.ArgumentParser(prog="python -m grader.scale.container",
+                                     description="the grading image's entry point (see grader/scale/container.py)")
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("grade", help="grade /submission into /results/result.json")
     g.add_argument("--source", default=CONTAINER_SOURCE)
