@@ -3,7 +3,8 @@
     python -m grader.bench.online_softmax [SUBMISSION_FILE]     (default: exercises/online_softmax/online_softmax.py)
 
 On CUDA: GB/s of the submission's softmax_triton and of torch.softmax (bytes that must move: read x
-once, write y once), each as a fraction of the measured device copy bandwidth, fp16, two shapes.
+once, write y once), each as a fraction of the measured device copy bandwidth, fp16, on the shapes of
+grader/cases/online_softmax.py (the graded ones and one more).
 On the CPU: time of online_softmax relative to torch.softmax (one thread, minimum of 5 runs); the
 Triton kernel is skipped there (the interpreter measures NumPy, not the kernel).
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 import torch
 
 from grader.bench import load, min_time
+from grader.cases import online_softmax as cases
 from grader.course import find_root
 
 
@@ -30,9 +32,10 @@ def main(argv: list[str]) -> None:
         ceil = speed.ceilings()
         print(f"device copy bandwidth: {ceil.copy_bytes_per_s / 1e9:.0f} GB/s")
         print(f"{'shape':>16} {'softmax_triton GB/s':>20} {'fraction':>9} {'torch.softmax GB/s':>19} {'ratio':>6}")
-        for rows, cols in ((4096, 8192), (64, 1 << 18), (16384, 1024)):
-            spec = [speed.Randn((rows, cols), torch.float16)]
-            moved = 2 * rows * cols * 2
+        for case in cases.BENCHED:
+            rows, cols = case.shape
+            spec = [speed.Randn(case.shape, cases.DTYPE)]
+            moved = case.bytes()
             mine = speed.time_here(sub.softmax_triton, spec)
             lib = speed.time_here(lambda x: torch.softmax(x, -1), spec)
             print(f"{rows:>7} x {cols:<7} {moved / mine.mean_s / 1e9:>20.0f} "

@@ -1,7 +1,8 @@
 """Hidden checks for online softmax.
 
 Every input derives from the run's seed (the `rng` fixture). The oracle is the textbook formula in
-float64; the student's functions are never compared with another clever implementation.
+float64 (oracle.py); the student's functions are never compared with another clever implementation.
+The speed check's shapes and byte count are grader/cases/online_softmax.py's, shared with the benchmark.
 """
 
 import math
@@ -10,7 +11,9 @@ import pytest
 import torch
 
 from grader import blocks, rehearsal, speed
+from grader.cases import online_softmax as cases
 from grader.harness.probes import KERNELS_ONLY
+from grader.hidden.online_softmax.oracle import naive_softmax, naive_state
 from grader.testing import OnceIterable, assert_close, assert_equal, mismatches, show
 
 INF = float("inf")
@@ -35,23 +38,7 @@ def smk(student):
 
 
 # --------------------------------------------------------------------------------------------------
-# Oracles
-
-
-def naive_state(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row max and sum(exp(x - max)) in float64; rows of only -inf give (-inf, 0)."""
-    x = x.double()
-    m = x.amax(dim=1) if x.shape[1] else torch.full(x.shape[:1], -INF, dtype=torch.float64)
-    safe = torch.where(m == -INF, torch.zeros_like(m), m)
-    return m, torch.exp(x - safe[:, None]).sum(dim=1)
-
-
-def naive_softmax(x: torch.Tensor) -> torch.Tensor:
-    rows = x.reshape(-1, x.shape[-1]).double()
-    m, l = naive_state(rows)
-    safe = torch.where(m == -INF, torch.zeros_like(m), m)
-    out = torch.exp(rows - safe[:, None]) / torch.where(l > 0, l, torch.ones_like(l))[:, None]
-    return out.reshape(x.shape)
+# Inputs and assertions (the oracles are in oracle.py)
 
 
 def random_split(n: int, rng: torch.Generator, max_parts: int = 6) -> list[int]:
@@ -496,17 +483,18 @@ def test_triton_generated_masks_against_every_tile_width(smk, rng, device, trial
 
 @pytest.mark.cuda
 @pytest.mark.check("triton_speed")
-@pytest.mark.parametrize("rows,cols", [(4096, 8192), (64, 1 << 18)])
-def test_triton_bandwidth(student, sm, smk, score, rows, cols):
-    dtype = torch.float16
-    rows, cols = rehearsal.size((rows, cols), {4096: (16, 256), 64: (4, 4096)}[rows])  # a CPU rehearsal: tiny
+@pytest.mark.parametrize("case", cases.GRADED, ids=lambda case: f"{case.rows}-{case.cols}")
+def test_triton_bandwidth(student, sm, smk, score, case):
+    dtype = cases.DTYPE
+    case = rehearsal.size(case, case.tiny_case())  # a CPU rehearsal: tiny
+    rows, cols = case.shape
     # The timing loop makes its own inputs beside the call, so it runs without the kernel rule: the same
     # function must first pass under the rule, on a smaller input of the timed shape's kind.
     small = (torch.randn(64, cols // 64, generator=torch.Generator().manual_seed(rows)) * 3).to(rehearsal.device(),
                                                                                              dtype)
     assert_softmax(smk.softmax_triton(small), small, 2e-3, "softmax_triton, called once before the timing")
     ceil = speed.ceilings()
-    spec = speed.Randn((rows, cols), dtype, scale=3.0)
+    spec = speed.Randn(case.shape, dtype, scale=3.0)
 
     def check(args, out):
         assert_softmax(out, args[0], 2e-3, "softmax_triton's output")
@@ -516,7 +504,7 @@ def test_triton_bandwidth(student, sm, smk, score, rows, cols):
     # Every output element needs its whole row of input, so a fingerprint of every 256th column still
     # covers every row, at 1/16 of the cost of reading the output.
     t = speed.time_student(student, sm.softmax_triton, [spec], check=check, reps=4000, stride=256)
-    moved = 2 * rows * cols * 2  # read x once, write y once (fp16): the least any softmax moves
+    moved = case.bytes()  # read x once, write y once (fp16): the least any softmax moves
     library = speed.time_here(lambda a: torch.softmax(a, dim=-1), [spec], reps=4000)
     score.metrics(
         gbps=moved / t.mean_s / 1e9,
