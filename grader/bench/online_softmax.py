@@ -38,9 +38,11 @@ def main(argv: list[str]) -> None:
             moved = case.bytes()
             mine = speed.time_here(sub.softmax_triton, spec)
             lib = speed.time_here(lambda x: torch.softmax(x, -1), spec)
-            print(f"{rows:>7} x {cols:<7} {moved / mine.mean_s / 1e9:>20.0f} "
-                  f"{moved / mine.mean_s / ceil.copy_bytes_per_s:>9.2f} {moved / lib.mean_s / 1e9:>19.0f} "
-                  f"{lib.mean_s / mine.mean_s:>6.2f}")
+            print(
+                f"{rows:>7} x {cols:<7} {moved / mine.mean_s / 1e9:>20.0f} "
+                f"{moved / mine.mean_s / ceil.copy_bytes_per_s:>9.2f} {moved / lib.mean_s / 1e9:>19.0f} "
+                f"{lib.mean_s / mine.mean_s:>6.2f}"
+            )
         return
     torch.set_num_threads(1)
     print("CPU, one thread, minimum of 5 runs (softmax_triton skipped: the interpreter is not the kernel)")

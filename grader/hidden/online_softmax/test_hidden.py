@@ -19,9 +19,19 @@ from grader.testing import OnceIterable, assert_close, assert_equal, mismatches,
 INF = float("inf")
 # Each name stands for all of the softmax's math at the dispatcher (grader.harness.probes.NORMALISER): the
 # softmax and log-softmax, logsumexp and logcumsumexp, logaddexp, softplus, sigmoid, fused attention.
-SOFTMAX_FORBID = ["torch.softmax", "torch.nn.functional.softmax", "torch.Tensor.softmax", "torch.logsumexp",
-                  "torch.log_softmax", "torch.nn.functional.log_softmax", "torch.nn.functional.softmin",
-                  "torch.special.softmax", "torch.special.logsumexp", "torch.logcumsumexp", "torch.logaddexp"]
+SOFTMAX_FORBID = [
+    "torch.softmax",
+    "torch.nn.functional.softmax",
+    "torch.Tensor.softmax",
+    "torch.logsumexp",
+    "torch.log_softmax",
+    "torch.nn.functional.log_softmax",
+    "torch.nn.functional.softmin",
+    "torch.special.softmax",
+    "torch.special.logsumexp",
+    "torch.logcumsumexp",
+    "torch.logaddexp",
+]
 WHY = "the exercise is to compute the normaliser yourself"
 
 
@@ -33,8 +43,11 @@ def sm(student):
 @pytest.fixture(scope="module")
 def smk(student):
     """softmax_triton's calls: the kernel rule too (outside a launch, only allocation, views, copies, casts)."""
-    return student.load("online_softmax", forbid=[*SOFTMAX_FORBID, KERNELS_ONLY],
-                        forbid_why=f"{WHY}, in a Triton kernel for softmax_triton")
+    return student.load(
+        "online_softmax",
+        forbid=[*SOFTMAX_FORBID, KERNELS_ONLY],
+        forbid_why=f"{WHY}, in a Triton kernel for softmax_triton",
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -54,13 +67,20 @@ def chunks_of(x: torch.Tensor, cuts: list[int]) -> OnceIterable:
 
 def assert_state(m, l, x, what: str) -> None:
     want_m, want_l = naive_state(x)
-    assert m.dtype == torch.float32 and l.dtype == torch.float32, f"{what}: (m, l) must be fp32, found {m.dtype}, {l.dtype}"
+    assert m.dtype == torch.float32 and l.dtype == torch.float32, (
+        f"{what}: (m, l) must be fp32, found {m.dtype}, {l.dtype}"
+    )
     assert torch.equal(m.double() == -INF, want_m == -INF), f"{what}: m is -inf exactly on the rows of only -inf"
     assert_close(m, want_m.float(), atol=1e-8, rtol=1e-5, what=f"{what}: m [row]", hint="m is the row max")
     assert not torch.isnan(l).any(), f"{what}: l has NaN (rows of only -inf must give l = 0)"
-    assert_close(l, want_l, atol=1e-6, rtol=1e-5, what=f"{what}: l [row]", hint=(
-        "Is the running sum rescaled by exp(old_max - new_max) when a chunk raises the max?"
-    ))
+    assert_close(
+        l,
+        want_l,
+        atol=1e-6,
+        rtol=1e-5,
+        what=f"{what}: l [row]",
+        hint=("Is the running sum rescaled by exp(old_max - new_max) when a chunk raises the max?"),
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -135,7 +155,10 @@ def test_merge_is_exactly_commutative(sm, rng):
 def test_merge_with_empty_state_is_identity(sm, rng):
     a = random_state(rng, 32)
     empty = (torch.full((32,), -INF), torch.zeros(32))
-    for order, (m, l) in (("merge(a, empty)", sm.merge_states(*a, *empty)), ("merge(empty, a)", sm.merge_states(*empty, *a))):
+    for order, (m, l) in (
+        ("merge(a, empty)", sm.merge_states(*a, *empty)),
+        ("merge(empty, a)", sm.merge_states(*empty, *a)),
+    ):
         assert not torch.isnan(l).any(), f"{order} has NaN: exp(-inf - (-inf)) is NaN; subtract 0 when both are -inf"
         assert torch.equal(m, a[0]) and torch.equal(l, a[1]), f"{order} must return a exactly"
     m, l = sm.merge_states(*empty, *empty)
@@ -158,8 +181,9 @@ def test_merge_is_associative_up_to_rounding(sm, rng):
     m2, l2 = sm.merge_states(*a, *sm.merge_states(*b, *c))
     assert torch.equal(m1, m2), "(a+b)+c and a+(b+c) disagree on m"
     assert not bool(torch.isnan(l1).any() or torch.isnan(l2).any()), "(a+b)+c or a+(b+c) has NaN in l"
-    assert_close(l1, l2, atol=0.0, rtol=1e-5, what="l of (a+b)+c against l of a+(b+c)",
-                 hint="They may differ only by rounding")
+    assert_close(
+        l1, l2, atol=0.0, rtol=1e-5, what="l of (a+b)+c against l of a+(b+c)", hint="They may differ only by rounding"
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -175,8 +199,10 @@ def accumulation_rtol(n: int, block: int | None) -> float:
     return 2 * 2.0**-24 * steps
 
 
-UNWRITTEN = (" Under the kernel rule the memory your host code allocates with torch.empty reads NaN, so a NaN may "
-             "also be an element no kernel wrote: does the grid cover every row, and every store its columns?")
+UNWRITTEN = (
+    " Under the kernel rule the memory your host code allocates with torch.empty reads NaN, so a NaN may "
+    "also be an element no kernel wrote: does the grid cover every row, and every store its columns?"
+)
 
 
 def assert_softmax(out, x, atol: float, what: str, block: int | None = None, kernel: bool = False) -> None:
@@ -253,7 +279,9 @@ def test_softmax_large_offset_does_not_overflow(sm, rng):
 def test_normalizer_large_offset(sm, rng):
     x = -1e4 + torch.randn(2, 120, generator=rng) * 3
     m, l = sm.online_normalizer(chunks_of(x, [0, 50, 120]))
-    assert torch.isfinite(l).all() and (l > 0).all(), f"l must be finite and positive for inputs near -1e4, found {show(l)}"
+    assert torch.isfinite(l).all() and (l > 0).all(), (
+        f"l must be finite and positive for inputs near -1e4, found {show(l)}"
+    )
     assert_state(m, l, x, "inputs around -1e4")
 
 
@@ -265,9 +293,14 @@ def test_long_fp16_rows_accumulate_in_fp32(sm, rng):
     assert_softmax(out, x, 1e-6, f"fp16 rows of {n}", 4096)
     m, l = sm.online_normalizer(chunks_of(x, [0, n // 2, n]))
     want = naive_state(x)[1]
-    assert_close(l, want, atol=1e-8, rtol=1e-4, what=f"l of fp16 rows of {n}", hint=(
-        f"The row sums are {show(want)}: accumulate in fp32, not in the input's dtype"
-    ))
+    assert_close(
+        l,
+        want,
+        atol=1e-8,
+        rtol=1e-4,
+        what=f"l of fp16 rows of {n}",
+        hint=(f"The row sums are {show(want)}: accumulate in fp32, not in the input's dtype"),
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -296,7 +329,9 @@ def test_triton_strided_views(smk, rng, device):
     base = (torch.randn(40, 30, generator=rng) * 3).to(device)
     for what, view in (("a transpose", base.t()), ("a column slice", base[:, 3:27]), ("every other row", base[::2])):
         out = smk.softmax_triton(view)
-        assert out.shape == view.shape and out.is_contiguous(), f"{what}: expected a contiguous {tuple(view.shape)} output"
+        assert out.shape == view.shape and out.is_contiguous(), (
+            f"{what}: expected a contiguous {tuple(view.shape)} output"
+        )
         assert_softmax(out, view, 1e-6, f"{what} (strides {view.stride()})", kernel=True)
 
 
@@ -320,8 +355,9 @@ def test_triton_fp16(smk, rng, device):
 @pytest.mark.cuda
 @pytest.mark.check("triton")
 def test_triton_bf16_and_very_long_rows_on_cuda(smk, rng):
-    x = (torch.randn(4, rehearsal.size(1 << 20, 1 << 10), generator=rng) * 2).to(rehearsal.device(),
-                                                                                 rehearsal.dtype(torch.bfloat16))
+    x = (torch.randn(4, rehearsal.size(1 << 20, 1 << 10), generator=rng) * 2).to(
+        rehearsal.device(), rehearsal.dtype(torch.bfloat16)
+    )
     out = smk.softmax_triton(x)
     assert_softmax(out.cpu(), x.cpu(), 8e-3, "bf16 rows of 2**20 columns", kernel=True)
 
@@ -377,7 +413,9 @@ def masked_input(rng: torch.Generator, spans_per_row, n: int) -> torch.Tensor:
 def assert_state_against_chunks(m, l, x, cuts, what: str) -> None:
     """(m, l) against the oracle's, with a message on the first wrong row's chunks and spans."""
     want_m, want_l = naive_state(x)
-    assert m.dtype == torch.float32 and l.dtype == torch.float32, f"{what}: (m, l) must be fp32, found {m.dtype}, {l.dtype}"
+    assert m.dtype == torch.float32 and l.dtype == torch.float32, (
+        f"{what}: (m, l) must be fp32, found {m.dtype}, {l.dtype}"
+    )
     widths = [b - a for a, b in zip(cuts, cuts[1:])]
 
     def hint(index, name):
@@ -385,10 +423,22 @@ def assert_state_against_chunks(m, l, x, cuts, what: str) -> None:
         got, want = (m, want_m) if name == "m" else (l, want_l)
         return f"Row {row}: " + blocks.explain_state(x[row], float(got[row]), float(want[row]), cuts, "chunk", name)
 
-    assert_close(m, want_m.float(), atol=1e-8, rtol=1e-5, what=f"{what}, chunk widths {widths}: m [row]",
-                 hint=lambda index: hint(index, "m"))
-    assert_close(l, want_l, atol=1e-6, rtol=1e-5, what=f"{what}, chunk widths {widths}: l [row]",
-                 hint=lambda index: hint(index, "l"))
+    assert_close(
+        m,
+        want_m.float(),
+        atol=1e-8,
+        rtol=1e-5,
+        what=f"{what}, chunk widths {widths}: m [row]",
+        hint=lambda index: hint(index, "m"),
+    )
+    assert_close(
+        l,
+        want_l,
+        atol=1e-6,
+        rtol=1e-5,
+        what=f"{what}, chunk widths {widths}: l [row]",
+        hint=lambda index: hint(index, "l"),
+    )
 
 
 @pytest.mark.check("normalizer")
@@ -396,7 +446,11 @@ def assert_state_against_chunks(m, l, x, cuts, what: str) -> None:
 def test_generated_masks_against_the_chunks(sm, rng, trial):
     if trial < 2:  # every span of a short row, against random chunks (empty ones too) or equal ones
         n = int(torch.randint(8, 14, (1,), generator=rng))
-        cuts = blocks.random_cuts(n, rng, 6) if trial == 0 else blocks.block_cuts(n, int(torch.randint(2, 5, (1,), generator=rng)))
+        cuts = (
+            blocks.random_cuts(n, rng, 6)
+            if trial == 0
+            else blocks.block_cuts(n, int(torch.randint(2, 5, (1,), generator=rng)))
+        )
         spans = every_span_rows(n)
     else:  # longer rows, spans of every kind near the chunk boundaries
         n = int(torch.randint(40, 200, (1,), generator=rng))
@@ -422,7 +476,11 @@ def test_generated_masks_shared_by_every_row(sm, rng):
 @pytest.mark.check("merge")
 @pytest.mark.parametrize("trial", range(3))
 def test_generated_masks_merge_to_the_state_of_the_union(sm, rng, trial):
-    n = int(torch.randint(8, 14, (1,), generator=rng)) if trial == 0 else int(torch.randint(30, 150, (1,), generator=rng))
+    n = (
+        int(torch.randint(8, 14, (1,), generator=rng))
+        if trial == 0
+        else int(torch.randint(30, 150, (1,), generator=rng))
+    )
     cuts = blocks.random_cuts(n, rng, 5)
     x = masked_input(rng, every_span_rows(n) if trial == 0 else span_rows(n, cuts, rng, 32), n)
     parts = [tuple(t.float() for t in naive_state(x[:, a:b])) for a, b in zip(cuts, cuts[1:])]
@@ -436,8 +494,12 @@ def test_generated_masks_merge_to_the_state_of_the_union(sm, rng, trial):
         assert_state_against_chunks(m, l, x, cuts, f"the states of the parts merged {order}")
     ab, ba = sm.merge_states(*parts[0], *parts[-1]), sm.merge_states(*parts[-1], *parts[0])
     for name, one, other in (("m", ab[0], ba[0]), ("l", ab[1], ba[1])):
-        assert_equal(one, other, what=f"{name} of merge(a, b) against merge(b, a) [row] for masked states",
-                     hint="Merging must be exactly commutative: compute both rescalings the same way, then add")
+        assert_equal(
+            one,
+            other,
+            what=f"{name} of merge(a, b) against merge(b, a) [row] for masked states",
+            hint="Merging must be exactly commutative: compute both rescalings the same way, then add",
+        )
 
 
 @pytest.mark.check("softmax")
@@ -454,8 +516,13 @@ def test_generated_masks_against_the_blocks(sm, rng, trial):
     x = masked_input(rng, spans, n)
     dtype, atol = (torch.float16, 1e-3) if trial == 3 else (torch.float32, 1e-6)
     x = x.to(dtype).reshape(-1, 3, n) if trial >= 2 else x.to(dtype)
-    assert_softmax(sm.online_softmax(x, block_size=block), x, atol,
-                   f"generated masks, block_size={block}, n={n}, {str(dtype)[6:]}", block)
+    assert_softmax(
+        sm.online_softmax(x, block_size=block),
+        x,
+        atol,
+        f"generated masks, block_size={block}, n={n}, {str(dtype)[6:]}",
+        block,
+    )
 
 
 @pytest.mark.check("triton")
@@ -490,8 +557,9 @@ def test_triton_bandwidth(student, sm, smk, score, case):
     rows, cols = case.shape
     # The timing loop makes its own inputs beside the call, so it runs without the kernel rule: the same
     # function must first pass under the rule, on a smaller input of the timed shape's kind.
-    small = (torch.randn(64, cols // 64, generator=torch.Generator().manual_seed(rows)) * 3).to(rehearsal.device(),
-                                                                                             dtype)
+    small = (torch.randn(64, cols // 64, generator=torch.Generator().manual_seed(rows)) * 3).to(
+        rehearsal.device(), dtype
+    )
     assert_softmax(smk.softmax_triton(small), small, 2e-3, "softmax_triton, called once before the timing")
     ceil = speed.ceilings()
     spec = speed.Randn(case.shape, dtype, scale=3.0)
