@@ -32,7 +32,13 @@ import triton.language as tl
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
+# The kernels work in base 2 (exp2 and log2 are the fast instructions): exp(x) = exp2(x * LOG2E) and
+# ln(y) = log2(y) * LN2. Named tl.constexpr so the kernels can read them as compile-time constants.
+LOG2E = tl.constexpr(1.4426950408889634)  # log2(e)
+LN2 = tl.constexpr(0.6931471805599453)  # ln(2)
+# Under the CPU interpreter (TRITON_INTERPRET=1) large tiles mean fewer Python steps.
+INTERPRETER_BLOCKS = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1)
+DELTA_ROWS = 64  # rows of rowsum(O * dO) per program of the backward's first kernel
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -63,9 +69,9 @@ def _scale(sm_scale: float | None, head_dim: int) -> float:
 
 
 def _blocks(head_dim: int) -> dict:
-    """Tile sizes and launch options. Under the CPU interpreter, large tiles mean fewer Python steps."""
+    """Tile sizes and launch options (INTERPRETER_BLOCKS under the CPU interpreter)."""
     if os.environ.get("TRITON_INTERPRET") == "1":
-        return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1)
+        return dict(INTERPRETER_BLOCKS)
     if head_dim <= 64:
         return dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3)
     return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
@@ -172,7 +178,7 @@ def _fwd_kernel(Q, K, V, O, LSE, qk_scale, N_Q, N_K, H_Q, H_KV,
     seen = l_i > 0
     l_safe = tl.where(seen, l_i, 1.0)
     o = acc / l_safe[:, None]
-    lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("inf"))  # * ln(2): natural log
+    lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * LN2, float("inf"))  # natural log
     tl.store(O + offs_m[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty), mask=row_ok[:, None])
     tl.store(LSE + offs_m, lse, mask=row_ok)
 
@@ -193,7 +199,7 @@ def flash_attention_forward(
         return o, lse
     cfg = _blocks(head_dim)
     grid = (triton.cdiv(n_q, cfg["BLOCK_M"]), batch * h_q)
-    _fwd_kernel[grid](q, k, v, o, lse, scale * LOG2E, n_q, n_k, h_q, h_kv,
+    _fwd_kernel[grid](q, k, v, o, lse, scale * LOG2E.value, n_q, n_k, h_q, h_kv,
                       HEAD_DIM=head_dim, CAUSAL=bool(causal), PRECISION=_precision(q.dtype), **cfg)
     return o, lse
 
@@ -226,7 +232,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, DELTA, offs_n, start, stop, N_Q, N
         # Rows past the end load lse = +inf and dO = 0, so they add nothing to dK or dV.
         q = tl.load(Q + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
         do = tl.load(DO + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-        lse = tl.load(LSE + rows, mask=row_ok, other=float("inf")) * 1.4426950408889634  # log2(e): base 2
+        lse = tl.load(LSE + rows, mask=row_ok, other=float("inf")) * LOG2E  # base 2
         delta = tl.load(DELTA + rows, mask=row_ok, other=0.0)
 
         # Work with the transposed tile [BLOCK_N, BLOCK_M] so dK and dV come out row-major.
@@ -320,7 +326,7 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sm_scale, qk_scale, N_Q, N_K, H_
     q_off = bh.to(tl.int64) * N_Q * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
     q = tl.load(Q + q_off, mask=row_ok[:, None], other=0.0)
     do = tl.load(DO + q_off, mask=row_ok[:, None], other=0.0)
-    lse = tl.load(LSE + bh.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=float("inf")) * 1.4426950408889634  # base 2
+    lse = tl.load(LSE + bh.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=float("inf")) * LOG2E  # base 2
     delta = tl.load(DELTA + bh.to(tl.int64) * N_Q + offs_m, mask=row_ok, other=0.0)
     K += kv_bh.to(tl.int64) * N_K * HEAD_DIM
     V += kv_bh.to(tl.int64) * N_K * HEAD_DIM
@@ -337,8 +343,7 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sm_scale, qk_scale, N_Q, N_K, H_
 def _bwd_blocks(head_dim: int) -> tuple[dict, dict]:
     """(dK/dV config, dQ config): the dK/dV kernel wants long key tiles, the dQ kernel long query tiles."""
     if os.environ.get("TRITON_INTERPRET") == "1":
-        cfg = dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=1)
-        return cfg, cfg
+        return dict(INTERPRETER_BLOCKS), dict(INTERPRETER_BLOCKS)
     warps = 4 if head_dim <= 64 else 8
     return (dict(BLOCK_M=32, BLOCK_N=128, num_warps=warps, num_stages=3),
             dict(BLOCK_M=128, BLOCK_N=32, num_warps=warps, num_stages=3))
@@ -362,12 +367,13 @@ def flash_attention_backward(
     kv_cfg, q_cfg = _bwd_blocks(head_dim)
     precision = _precision(q.dtype)
     delta = torch.empty_like(lse)
-    _bwd_delta_kernel[(triton.cdiv(n_q, 64), batch * h_q)](o, do, delta, n_q, HEAD_DIM=head_dim, BLOCK_M=64)
+    _bwd_delta_kernel[(triton.cdiv(n_q, DELTA_ROWS), batch * h_q)](o, do, delta, n_q, HEAD_DIM=head_dim,
+                                                                  BLOCK_M=DELTA_ROWS)
     _bwd_dkdv_kernel[(triton.cdiv(n_k, kv_cfg["BLOCK_N"]), batch * h_kv)](
-        q, k, v, do, lse, delta, dk, dv, scale, scale * LOG2E, n_q, n_k, h_q, h_kv,
+        q, k, v, do, lse, delta, dk, dv, scale, scale * LOG2E.value, n_q, n_k, h_q, h_kv,
         HEAD_DIM=head_dim, CAUSAL=bool(causal), PRECISION=precision, **kv_cfg)
     _bwd_dq_kernel[(triton.cdiv(n_q, q_cfg["BLOCK_M"]), batch * h_q)](
-        q, k, v, do, lse, delta, dq, scale, scale * LOG2E, n_q, n_k, h_q, h_kv,
+        q, k, v, do, lse, delta, dq, scale, scale * LOG2E.value, n_q, n_k, h_q, h_kv,
         HEAD_DIM=head_dim, CAUSAL=bool(causal), PRECISION=precision, **q_cfg)
     return dq, dk, dv
 

@@ -4,7 +4,7 @@ from tests.known_wrong import Mutant
 
 _LAUNCH = """    cfg = _blocks(head_dim)
     grid = (triton.cdiv(n_q, cfg["BLOCK_M"]), batch * h_q)
-    _fwd_kernel[grid](q, k, v, o, lse, scale * LOG2E, n_q, n_k, h_q, h_kv,
+    _fwd_kernel[grid](q, k, v, o, lse, scale * LOG2E.value, n_q, n_k, h_q, h_kv,
                       HEAD_DIM=head_dim, CAUSAL=bool(causal), PRECISION=_precision(q.dtype), **cfg)
     return o, lse
 """
@@ -97,14 +97,13 @@ MUTANTS = [
     Mutant(
         name="lse_base2",
         why="stores the base-2 logsumexp the kernel works in, without converting back to the natural log",
-        edits=[("(m_i + tl.math.log2(l_safe)) * 0.6931471805599453", "(m_i + tl.math.log2(l_safe))")],
+        edits=[("(m_i + tl.math.log2(l_safe)) * LN2", "(m_i + tl.math.log2(l_safe))")],
         loses=["forward_public", "causal_public", "lse", "backward"],
     ),
     Mutant(
         name="lse_unscaled",
         why="takes the max over raw scores q.k but the sum over scaled ones: lse = max(q.k) + log(l)",
-        edits=[("(m_i + tl.math.log2(l_safe)) * 0.6931471805599453",
-                "(m_i / qk_scale + tl.math.log2(l_safe) * 0.6931471805599453)")],
+        edits=[("(m_i + tl.math.log2(l_safe)) * LN2", "(m_i / qk_scale + tl.math.log2(l_safe) * LN2)")],
         loses=["forward_public", "causal_public", "lse", "backward"],
     ),
     Mutant(
@@ -178,8 +177,8 @@ MUTANTS = [
 # The library's softmax through a name bound at import (issue "Trust II", item 4): the numbers are
 # right, so only the forbidden-call guard takes the points away. Patching torch.softmax during the
 # call missed the alias; the operator guard sees aten::_softmax.
-_ALIAS_AT_IMPORT = ("LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)\n",
-                    "LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)\n_SOFTMAX = torch.softmax\n")
+_ALIAS_AT_IMPORT = ("LN2 = tl.constexpr(0.6931471805599453)  # ln(2)\n",
+                    "LN2 = tl.constexpr(0.6931471805599453)  # ln(2)\n_SOFTMAX = torch.softmax\n")
 _ALIASED_SOFTMAX = """    group = h_q // h_kv
     kk, vv = k.repeat_interleave(group, 1).float(), v.repeat_interleave(group, 1).float()
     s = q.float() @ kk.transpose(-1, -2) * scale
@@ -257,12 +256,13 @@ _NUMPY_FORWARD = """    import numpy as np
 _KERNEL_BACKWARD = """    kv_cfg, q_cfg = _bwd_blocks(head_dim)
     precision = _precision(q.dtype)
     delta = torch.empty_like(lse)
-    _bwd_delta_kernel[(triton.cdiv(n_q, 64), batch * h_q)](o, do, delta, n_q, HEAD_DIM=head_dim, BLOCK_M=64)
+    _bwd_delta_kernel[(triton.cdiv(n_q, DELTA_ROWS), batch * h_q)](o, do, delta, n_q, HEAD_DIM=head_dim,
+                                                                  BLOCK_M=DELTA_ROWS)
     _bwd_dkdv_kernel[(triton.cdiv(n_k, kv_cfg["BLOCK_N"]), batch * h_kv)](
-        q, k, v, do, lse, delta, dk, dv, scale, scale * LOG2E, n_q, n_k, h_q, h_kv,
+        q, k, v, do, lse, delta, dk, dv, scale, scale * LOG2E.value, n_q, n_k, h_q, h_kv,
         HEAD_DIM=head_dim, CAUSAL=bool(causal), PRECISION=precision, **kv_cfg)
     _bwd_dq_kernel[(triton.cdiv(n_q, q_cfg["BLOCK_M"]), batch * h_q)](
-        q, k, v, do, lse, delta, dq, scale, scale * LOG2E, n_q, n_k, h_q, h_kv,
+        q, k, v, do, lse, delta, dq, scale, scale * LOG2E.value, n_q, n_k, h_q, h_kv,
         HEAD_DIM=head_dim, CAUSAL=bool(causal), PRECISION=precision, **q_cfg)
     return dq, dk, dv
 """

@@ -1,0 +1,71 @@
+"""Each exercise's files agree with each other: the README's points table is course.yaml's, and the
+code the stub gives the student (helpers, types, constants) is the solution's own.
+
+(The README's hints are course.yaml's too: tests/test_selfstudy.py holds that.)"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import pytest
+
+from grader.course import find_root, load_course
+
+ROOT = find_root()
+COURSE = load_course(ROOT)
+IDS = [e.id for e in COURSE.exercises]
+POINTS_ROW = re.compile(r"^\| `([a-z0-9_]+)` \| ([0-9.]+) \|", re.M)
+
+
+@pytest.mark.parametrize("exercise_id", IDS)
+def test_the_readme_points_table_is_course_yaml(exercise_id):
+    exercise = COURSE.exercise(exercise_id)
+    readme = (ROOT / "exercises" / exercise_id / "README.md").read_text()
+    table = {check: float(points) for check, points in POINTS_ROW.findall(readme)}
+    expected = {c.id: float(c.points) for c in exercise.checks}
+    assert table == expected, (
+        f"exercises/{exercise_id}/README.md's points table must list every check of course.yaml with its points; "
+        f"missing or different: { {k: v for k, v in expected.items() if table.get(k) != v} }, "
+        f"not in course.yaml: {sorted(set(table) - set(expected))}")
+
+
+def _without_docstrings(node: ast.AST) -> str:
+    node = ast.parse(ast.unparse(node)).body[0]
+    for inner in ast.walk(node):
+        if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and inner.body \
+                and isinstance(inner.body[0], ast.Expr) and isinstance(inner.body[0].value, ast.Constant) \
+                and isinstance(inner.body[0].value.value, str):
+            inner.body = inner.body[1:] or [ast.Pass()]
+    return ast.unparse(node)
+
+
+def _name(node: ast.stmt) -> str | None:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return node.name
+    if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        return node.targets[0].id
+    return None
+
+
+def given_code(exercise_id: str) -> dict[str, ast.stmt]:
+    """What the stub defines that is not left to the student (no NotImplementedError in it)."""
+    exercise = COURSE.exercise(exercise_id)
+    tree = ast.parse((ROOT / "exercises" / exercise_id / exercise.file).read_text())
+    return {_name(n): n for n in tree.body if _name(n) and "NotImplementedError" not in ast.dump(n)}
+
+
+def test_every_stub_gives_some_code_the_test_can_compare():
+    assert sum(len(given_code(i)) for i in IDS) >= 10, "the comparison below must have something to compare"
+
+
+@pytest.mark.parametrize("exercise_id", IDS)
+def test_the_code_a_stub_gives_is_the_solutions_own(exercise_id):
+    exercise = COURSE.exercise(exercise_id)
+    solution = ast.parse((ROOT / "solutions" / exercise_id / exercise.file).read_text())
+    theirs = {_name(n): n for n in solution.body if _name(n)}
+    for name, node in given_code(exercise_id).items():
+        assert name in theirs, f"exercises/{exercise_id}/{exercise.file} gives {name}, which the solution lacks"
+        assert _without_docstrings(node) == _without_docstrings(theirs[name]), (
+            f"{name} in exercises/{exercise_id}/{exercise.file} differs from the solution's (docstrings aside): "
+            "the stub's given code must be exactly what the reference runs, or a student debugs a different program")
