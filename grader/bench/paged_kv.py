@@ -74,26 +74,19 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def cuda_attention(modules: dict) -> None:
-    """GB/s of K/V read by each paged attention, as a fraction of the device copy bandwidth."""
-    import math
-
+    """GB/s of K/V read by each paged attention, as a fraction of the device copy bandwidth, on the graded decode
+    batch (grader/cases/paged_kv.py; lengths and tables drawn from seed 0)."""
     import torch
 
     from grader import speed
+    from grader.cases import paged_kv as cases
 
-    g = torch.Generator().manual_seed(0)
-    B, Hq, Hkv, D, block_size = 64, 32, 8, 128, 16
-    lengths = torch.randint(512, 4097, (B,), generator=g)
-    need = [math.ceil(int(n) / block_size) for n in lengths]
-    perm = torch.randperm(sum(need), generator=g)
-    tables = torch.full((B, max(need)), -1, dtype=torch.int32)
-    at = 0
-    for b, k in enumerate(need):
-        tables[b, :k] = perm[at : at + k].to(torch.int32)
-        at += k
-    specs = [speed.Randn((B, Hq, D), torch.float16), speed.Randn((sum(need), block_size, Hkv, D), torch.float16),
-             speed.Randn((sum(need), block_size, Hkv, D), torch.float16), tables.cuda(), lengths.to(torch.int32).cuda()]
-    moved = int(lengths.sum()) * Hkv * D * 2 * 2 + 2 * B * Hq * D * 2
+    case = cases.DECODE
+    B, Hq, Hkv, D, block_size = case.batch, case.q_heads, case.kv_heads, case.head_dim, case.block_size
+    lengths, need, tables = case.layout(torch.Generator().manual_seed(0))
+    specs = [speed.Randn(case.q_shape, cases.DTYPE), speed.Randn(case.cache_shape(sum(need)), cases.DTYPE),
+             speed.Randn(case.cache_shape(sum(need)), cases.DTYPE), tables.cuda(), lengths.to(torch.int32).cuda()]
+    moved = case.bytes(lengths)
     ceil = speed.ceilings()
     print(f"CUDA decode, B={B}, Hq={Hq}, Hkv={Hkv}, D={D}, block size {block_size}, fp16; copy bandwidth "
           f"{ceil.copy_bytes_per_s / 1e9:.0f} GB/s")

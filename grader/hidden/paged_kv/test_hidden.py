@@ -1,10 +1,12 @@
 """Hidden checks for the paged KV cache.
 
-Oracles, all written here and none taken from the solution:
+Oracles, all written for the tests (oracle.py) and none taken from the solution:
 * `Model`: the BlockManager contract the slow obvious way (a list as the free queue, linear scans,
   and the prefix cache keyed by the whole token prefix, which is what a chained hash stands for);
+  `TracingModel` (here) adds the story of every cached prefix, for the messages;
 * a per-token loop for slot_mapping;
 * a per-sequence, per-head, per-token walk through the block table in float64 for attention.
+The speed check's decode batch and byte count are grader/cases/paged_kv.py's, shared with the benchmark.
 
 Long operation sequences run in the worker through grader.support.paged_kv.run_script, which returns
 what the student's manager reported after every step; every comparison happens here.
@@ -19,7 +21,9 @@ import pytest
 import torch
 
 from grader import rehearsal, speed, testing
+from grader.cases import paged_kv as cases
 from grader.harness.probes import KERNELS_ONLY
+from grader.hidden.paged_kv.oracle import Model, attention_oracle, naive_slot, naive_slots
 from grader.structure import Scaling, assert_flat_on_the_clock, assert_no_hidden_loop, assert_worker_agrees, clock
 
 DRIVER = "grader.support.paged_kv"
@@ -57,111 +61,7 @@ def pairs(value) -> list:
 
 
 # --------------------------------------------------------------------------------------------------
-# The model
-
-
-class ModelOutOfBlocks(Exception):
-    pass
-
-
-class Model:
-    """The contract, naively: a list for the free queue, scans everywhere, exact prefixes as keys."""
-
-    def __init__(self, num_blocks: int, block_size: int, caching: bool):
-        self.num_blocks, self.bs, self.caching = num_blocks, block_size, caching
-        self.queue = list(range(num_blocks))
-        self.refs = [0] * num_blocks
-        self.cache: dict[tuple, int] = {}  # the whole token prefix up to a block's end -> that block
-        self.tables: dict = {}
-        self.tokens: dict = {}
-
-    def _take_front(self) -> int:
-        block = self.queue.pop(0)
-        for key in [k for k, b in self.cache.items() if b == block]:
-            del self.cache[key]
-        self.refs[block] = 1
-        return block
-
-    def _enter(self, prefix: tuple, block: int) -> None:
-        if self.caching and prefix not in self.cache:
-            self.cache[prefix] = block
-
-    def add(self, seq, tokens: list[int]) -> int:
-        if seq in self.tables or not tokens:
-            raise ValueError
-        bs = self.bs
-        hits = []
-        if self.caching:
-            for i in range((len(tokens) - 1) // bs):
-                key = tuple(tokens[: (i + 1) * bs])
-                if key not in self.cache:
-                    break
-                hits.append(self.cache[key])
-        blocks = math.ceil(len(tokens) / bs)
-        if blocks - len(hits) + sum(self.refs[b] == 0 for b in hits) > len(self.queue):
-            raise ModelOutOfBlocks
-        for b in hits:
-            if self.refs[b] == 0:
-                self.queue.remove(b)
-            self.refs[b] += 1
-        table = hits + [self._take_front() for _ in range(blocks - len(hits))]
-        for i in range(len(hits), len(tokens) // bs):
-            self._enter(tuple(tokens[: (i + 1) * bs]), table[i])
-        self.tables[seq], self.tokens[seq] = table, list(tokens)
-        return len(hits) * bs
-
-    def append(self, seq, token: int) -> list:
-        table, tokens = self.tables[seq], self.tokens[seq]
-        copies = []
-        if len(tokens) % self.bs == 0:
-            if not self.queue:
-                raise ModelOutOfBlocks
-            table.append(self._take_front())
-        elif self.refs[table[-1]] > 1:
-            if not self.queue:
-                raise ModelOutOfBlocks
-            new = self._take_front()
-            self.refs[table[-1]] -= 1
-            copies = [[table[-1], new]]
-            table[-1] = new
-        tokens.append(token)
-        if len(tokens) % self.bs == 0:
-            self._enter(tuple(tokens), table[-1])
-        return copies
-
-    def fork(self, parent, child) -> None:
-        table = self.tables[parent]
-        if child in self.tables:
-            raise ValueError
-        for b in table:
-            self.refs[b] += 1
-        self.tables[child], self.tokens[child] = list(table), list(self.tokens[parent])
-
-    def free(self, seq) -> None:
-        table = self.tables.pop(seq)
-        del self.tokens[seq]
-        for b in reversed(table):
-            self.refs[b] -= 1
-            if self.refs[b] == 0:
-                self.queue.append(b)
-
-    def apply(self, op: str, args: tuple) -> dict:
-        try:
-            return {"result": getattr(self, op)(*args)}
-        except ModelOutOfBlocks:
-            return {"raised": "OutOfBlocks"}
-        except KeyError:
-            return {"raised": "KeyError"}
-        except ValueError:
-            return {"raised": "ValueError"}
-
-    def state(self, live: list) -> dict:
-        return {
-            "free": len(self.queue),
-            "tables": [list(self.tables[s]) for s in live],
-            "tokens": [len(self.tokens[s]) for s in live],
-            "refs": list(self.refs),
-        }
+# Random operations against the model (oracle.py)
 
 
 NAMES = {"add": "add_sequence", "append": "append_token", "fork": "fork", "free": "free"}
@@ -1131,7 +1031,7 @@ def test_slot_mapping_matches_a_loop(pk, rng, block_size):
         for b in range(B):
             for t in range(T):
                 p = int(positions[b, t])
-                want = -1 if p < 0 else tables[b][p // block_size] * block_size + p % block_size
+                want = naive_slot(tables[b], p, block_size)
                 assert int(got[b, t]) == want, (
                     f"block size {block_size}, sequence {b} (table {tables[b]}), position {p}: expected slot {want}, "
                     f"found {int(got[b, t])}" + (" (padding positions map to -1)" if p < 0 else
@@ -1169,8 +1069,7 @@ def slot_case(n: int, r: random.Random, block_size: int = 4):
 
 
 def check_slots(got, tables_t, positions, block_size, tables) -> None:
-    want = [[-1 if p < 0 else tables[b][p // block_size] * block_size + p % block_size for p in row]
-            for b, row in enumerate(positions.tolist())]
+    want = naive_slots(tables, positions.tolist(), block_size)
     assert isinstance(got, torch.Tensor) and got.shape == positions.shape, (
         f"slot_mapping must return a tensor of the positions' shape {tuple(positions.shape)}, found {testing.show(got)}"
     )
@@ -1207,27 +1106,6 @@ def test_slot_mapping_lines_do_not_grow(student, pk, rng):
 
 # --------------------------------------------------------------------------------------------------
 # Paged attention
-
-
-def attention_oracle(q, k_cache, v_cache, tables: list, lengths: list, sm_scale: float | None) -> torch.Tensor:
-    """float64, one sequence and one head at a time, walking the table token by token."""
-    B, Hq, D = q.shape
-    block_size, Hkv = k_cache.shape[1], k_cache.shape[2]
-    scale = 1 / math.sqrt(D) if sm_scale is None else sm_scale
-    out = torch.zeros(B, Hq, D, dtype=torch.float64)
-    for b in range(B):
-        slots = [(tables[b][p // block_size], p % block_size) for p in range(lengths[b])]
-        if not slots:
-            continue
-        blocks = torch.tensor([s[0] for s in slots])
-        offsets = torch.tensor([s[1] for s in slots])
-        for h in range(Hq):
-            kv = h // (Hq // Hkv)
-            keys = k_cache[blocks, offsets, kv].double()  # [len, D]
-            values = v_cache[blocks, offsets, kv].double()
-            weights = torch.softmax(keys @ q[b, h].double() * scale, dim=0)
-            out[b, h] = weights @ values
-    return out
 
 
 def attention_case(r: random.Random, B: int, Hq: int, Hkv: int, D: int, block_size: int, dtype, max_len: int,
@@ -1480,36 +1358,30 @@ def test_manager_time_does_not_grow_with_the_pool(student, pk, scaling, clocked_
 def test_paged_attention_triton_bandwidth(student, pk, pkk, score):
     # The timing loop makes fresh inputs beside the call, so it runs without the kernel rule: the function
     # must first pass under the rule, on a small batch of the timed kind.
+    timed = cases.DECODE
     r = random.Random(4321)
-    q, k, v, tables_t, tables, lengths = attention_case(r, 4, 32, 8, 128, 16, torch.float16, 0,
-                                                        lengths=[1, 16, 17, 300])
+    q, k, v, tables_t, tables, lengths = attention_case(r, 4, timed.q_heads, timed.kv_heads, timed.head_dim,
+                                                        timed.block_size, cases.DTYPE, 0, lengths=[1, 16, 17, 300])
     gpu = rehearsal.device()  # "cuda", or "cpu" in a rehearsal (grader/rehearsal.py)
     out = pkk.paged_attention_triton(q.to(gpu), k.to(gpu), v.to(gpu), tables_t.to(gpu),
                                      torch.tensor(lengths, dtype=torch.int32, device=gpu))
     check_attention(out.cpu(), attention_oracle(q, k, v, tables, lengths, None), q, lengths, 5e-3,
                     "paged_attention_triton, once before the timing")
-    g = torch.Generator().manual_seed(1234)
-    B, Hq, Hkv, D, block_size = rehearsal.size(64, 2), rehearsal.size(32, 4), rehearsal.size(8, 2), 128, 16
-    lengths = torch.randint(*rehearsal.size((512, 4097), (16, 65)), (B,), generator=g)
-    need = [math.ceil(int(n) / block_size) for n in lengths]
+    case = rehearsal.size(cases.DECODE, cases.DECODE_TINY)
+    B, Hq, Hkv, D = case.batch, case.q_heads, case.kv_heads, case.head_dim
+    lengths, need, tables = case.layout(torch.Generator().manual_seed(1234))
     num_blocks = sum(need)
-    perm = torch.randperm(num_blocks, generator=g)
-    tables = torch.full((B, max(need)), -1, dtype=torch.int32)
-    at = 0
-    for b, k in enumerate(need):
-        tables[b, :k] = perm[at : at + k].to(torch.int32)
-        at += k
     tables_cuda, lens_cuda = tables.to(gpu), lengths.to(torch.int32).to(gpu)
     # Compile the kernel first (same dtypes, strides and constants; empty sequences, so a one-block
     # cache suffices): a compile inside the timed call would read as time the kernel did not report.
-    tiny = torch.zeros(1, block_size, Hkv, D, dtype=torch.float16, device=gpu)
-    pk.paged_attention_triton(torch.zeros(B, Hq, D, dtype=torch.float16, device=gpu), tiny, tiny.clone(),
+    tiny = torch.zeros(case.cache_shape(1), dtype=cases.DTYPE, device=gpu)
+    pk.paged_attention_triton(torch.zeros(case.q_shape, dtype=cases.DTYPE, device=gpu), tiny, tiny.clone(),
                               tables_cuda, torch.zeros(B, dtype=torch.int32, device=gpu))
     ceil = speed.ceilings()
     specs = [
-        speed.Randn((B, Hq, D), torch.float16),
-        speed.Randn((num_blocks, block_size, Hkv, D), torch.float16),
-        speed.Randn((num_blocks, block_size, Hkv, D), torch.float16),
+        speed.Randn(case.q_shape, cases.DTYPE),
+        speed.Randn(case.cache_shape(num_blocks), cases.DTYPE),
+        speed.Randn(case.cache_shape(num_blocks), cases.DTYPE),
         tables_cuda,
         lens_cuda,
     ]
@@ -1534,8 +1406,7 @@ def test_paged_attention_triton_bandwidth(student, pk, pkk, score):
     # Each rep reads about 600 MB of K/V: at the bar (0.3 of a ~4 TB/s copy) some 0.5 ms, so 300 reps
     # are about 0.15 s, well above the wall-clock bound's slack (5 ms + 3%, grader/speed.py).
     t = speed.time_student(student, pk.paged_attention_triton, specs, check=check, reps=300)
-    kv_bytes = int(lengths.sum()) * Hkv * D * 2 * 2  # K and V, fp16
-    moved = kv_bytes + 2 * B * Hq * D * 2  # plus q in and the output out
+    moved = case.bytes(lengths)  # K and V (fp16), plus q in and the output out
     gbps = moved / t.mean_s / 1e9
     fraction = ceil.copy_fraction(moved, t.mean_s)
     score.metrics(gbps=gbps, copy_gbps=ceil.copy_bytes_per_s / 1e9, mean_ms=t.mean_s * 1e3)
