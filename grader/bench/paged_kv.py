@@ -20,7 +20,6 @@ from grader.bench import load
 ROOT = Path(__file__).resolve().parents[2]
 
 
-
 def decode_run(module, seqs: int, steps: int, prompt: int, block_size: int, caching: bool) -> tuple[float, int]:
     """Seconds for one full serving run, and the number of manager operations in it."""
     blocks_needed = seqs * (-(-(prompt + steps) // block_size))
@@ -51,10 +50,14 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(1)
-    modules = {"submission": load(Path(args.submission), "paged_kv_submission"),
-               "reference": load(Path(args.reference), "paged_kv_reference")}
-    print(f"{args.seqs} sequences x {args.steps} decode steps, prompt {args.prompt}, block size {args.block_size}; "
-          f"best of {args.runs} runs, one thread")
+    modules = {
+        "submission": load(Path(args.submission), "paged_kv_submission"),
+        "reference": load(Path(args.reference), "paged_kv_reference"),
+    }
+    print(
+        f"{args.seqs} sequences x {args.steps} decode steps, prompt {args.prompt}, block size {args.block_size}; "
+        f"best of {args.runs} runs, one thread"
+    )
     for caching in (False, True):
         best = {name: float("inf") for name in modules}
         ops = 0
@@ -67,8 +70,10 @@ def main(argv: list[str] | None = None) -> None:
                     return
                 best[name] = min(best[name], seconds)
         rates = {name: ops / s for name, s in best.items()}
-        print(f"prefix caching {'on ' if caching else 'off'}: submission {rates['submission']:>12,.0f} ops/s   "
-              f"reference {rates['reference']:>12,.0f} ops/s   ratio {rates['submission'] / rates['reference']:.2f}")
+        print(
+            f"prefix caching {'on ' if caching else 'off'}: submission {rates['submission']:>12,.0f} ops/s   "
+            f"reference {rates['reference']:>12,.0f} ops/s   ratio {rates['submission'] / rates['reference']:.2f}"
+        )
     if torch.cuda.is_available():
         cuda_attention(modules)
 
@@ -84,17 +89,26 @@ def cuda_attention(modules: dict) -> None:
     case = cases.DECODE
     B, Hq, Hkv, D, block_size = case.batch, case.q_heads, case.kv_heads, case.head_dim, case.block_size
     lengths, need, tables = case.layout(torch.Generator().manual_seed(0))
-    specs = [speed.Randn(case.q_shape, cases.DTYPE), speed.Randn(case.cache_shape(sum(need)), cases.DTYPE),
-             speed.Randn(case.cache_shape(sum(need)), cases.DTYPE), tables.cuda(), lengths.to(torch.int32).cuda()]
+    specs = [
+        speed.Randn(case.q_shape, cases.DTYPE),
+        speed.Randn(case.cache_shape(sum(need)), cases.DTYPE),
+        speed.Randn(case.cache_shape(sum(need)), cases.DTYPE),
+        tables.cuda(),
+        lengths.to(torch.int32).cuda(),
+    ]
     moved = case.bytes(lengths)
     ceil = speed.ceilings()
-    print(f"CUDA decode, B={B}, Hq={Hq}, Hkv={Hkv}, D={D}, block size {block_size}, fp16; copy bandwidth "
-          f"{ceil.copy_bytes_per_s / 1e9:.0f} GB/s")
+    print(
+        f"CUDA decode, B={B}, Hq={Hq}, Hkv={Hkv}, D={D}, block size {block_size}, fp16; copy bandwidth "
+        f"{ceil.copy_bytes_per_s / 1e9:.0f} GB/s"
+    )
     for name, module in modules.items():
         for fn_name in ("paged_attention_triton", "paged_attention"):
             t = speed.time_here(getattr(module, fn_name), specs, reps=20)
-            print(f"  {name:>10} {fn_name:<24} {moved / t.mean_s / 1e9:8.0f} GB/s  "
-                  f"{moved / t.mean_s / ceil.copy_bytes_per_s:5.2f} of copy")
+            print(
+                f"  {name:>10} {fn_name:<24} {moved / t.mean_s / 1e9:8.0f} GB/s  "
+                f"{moved / t.mean_s / ceil.copy_bytes_per_s:5.2f} of copy"
+            )
 
 
 if __name__ == "__main__":

@@ -38,8 +38,9 @@ def pk(student):
 def pkk(student):
     """paged_attention_triton's calls: under the kernel rule (outside a launch the host code may only allocate,
     view, copy and cast; the walk through the block tables happens in the kernel)."""
-    return student.load("paged_kv", forbid=[KERNELS_ONLY],
-                        forbid_why="paged_attention_triton walks the block tables inside its kernel")
+    return student.load(
+        "paged_kv", forbid=[KERNELS_ONLY], forbid_why="paged_attention_triton walks the block tables inside its kernel"
+    )
 
 
 def rand(rng: torch.Generator) -> random.Random:
@@ -96,14 +97,16 @@ def random_script(r: random.Random, model: Model, steps: int) -> tuple[list, lis
         elif roll < 0.95:
             op, args = "free", (r.choice(live),)
         else:  # a mistake the manager must reject without changing anything
-            op, args = r.choice([
-                ("append", (10_000 + next_id, 1)),
-                ("free", (10_000 + next_id,)),
-                ("fork", (10_000 + next_id, next_id)),
-                ("add", (r.choice(live), [1, 2, 3])),
-                ("add", (next_id, [])),
-                ("fork", (live[0], r.choice(live))),
-            ])
+            op, args = r.choice(
+                [
+                    ("append", (10_000 + next_id, 1)),
+                    ("free", (10_000 + next_id,)),
+                    ("fork", (10_000 + next_id, next_id)),
+                    ("add", (r.choice(live), [1, 2, 3])),
+                    ("add", (next_id, [])),
+                    ("fork", (live[0], r.choice(live))),
+                ]
+            )
         outcome = model.apply(op, args)
         after = sorted(model.tables)
         script.append((op, args, after))
@@ -122,23 +125,30 @@ def check_records(script: list, expected: list, records: list, num_blocks: int) 
         history = "; ".join(describe(o, a) for o, a, _ in script[max(0, i - 5) : i + 1])
         where = f"step {i}, {describe(op, args)} (the last steps: {history})"
         if "raised" in want:
-            assert raised(got, want["raised"]), (
-                f"{where}: expected {want['raised']}, but it "
-                + (f"raised {got['raised']}: {got.get('message', '')}" if "raised" in got else f"returned {testing.show(got.get('result'))}")
+            assert raised(got, want["raised"]), f"{where}: expected {want['raised']}, but it " + (
+                f"raised {got['raised']}: {got.get('message', '')}"
+                if "raised" in got
+                else f"returned {testing.show(got.get('result'))}"
             )
         else:
-            assert "raised" not in got, f"{where}: expected success, but it raised {got['raised']}: {got.get('message', '')}"
+            assert "raised" not in got, (
+                f"{where}: expected success, but it raised {got['raised']}: {got.get('message', '')}"
+            )
             if op in ("add", "append"):
                 result = got["result"] if op == "add" else pairs(got["result"])
                 what = "cached prompt tokens" if op == "add" else "copy-on-write pairs"
-                assert result == want["result"], f"{where}: expected {what} {want['result']!r}, found {testing.show(result)}"
+                assert result == want["result"], (
+                    f"{where}: expected {what} {want['result']!r}, found {testing.show(result)}"
+                )
         state = got.get("state", {})
         for key in ("free", "tables", "tokens", "refs"):
             value = state.get(key)
             assert not isinstance(value, dict), f"{where}: reading the state failed: {value and value.get('error')}"
         tables, refs, free = state["tables"], state["refs"], state["free"]
         for seq, table in zip(live, tables):
-            assert len(set(table)) == len(table), f"{where}: block_table({seq!r}) = {testing.show(table)} holds a block twice"
+            assert len(set(table)) == len(table), (
+                f"{where}: block_table({seq!r}) = {testing.show(table)} holds a block twice"
+            )
         holders = [0] * num_blocks
         for table in tables:
             for b in table:
@@ -157,7 +167,9 @@ def check_records(script: list, expected: list, records: list, num_blocks: int) 
         assert state["tokens"] == want_state["tokens"], (
             f"{where}: num_tokens of {live} is {testing.show(state['tokens'])}, expected {want_state['tokens']}"
         )
-        assert free == want_state["free"], f"{where}: num_free_blocks is {testing.show(free)}, expected {want_state['free']}"
+        assert free == want_state["free"], (
+            f"{where}: num_free_blocks is {testing.show(free)}, expected {want_state['free']}"
+        )
         for seq, table, want_table in zip(live, tables, want_state["tables"]):
             assert table == want_table, (
                 f"{where}: block_table({seq!r}) is {table}, expected {want_table}. Blocks come from the front of "
@@ -289,7 +301,9 @@ def test_append_token_that_does_not_fit(pk):
         "(expected 16); the token must not be counted when its slot could not be reserved"
     )
     bm.free("a")
-    assert bm.num_free_blocks == 4, f"after freeing the only sequence, expected 4 free blocks, found {bm.num_free_blocks}"
+    assert bm.num_free_blocks == 4, (
+        f"after freeing the only sequence, expected 4 free blocks, found {bm.num_free_blocks}"
+    )
 
 
 @pytest.mark.check("oom_atomic")
@@ -322,8 +336,7 @@ def test_a_failed_add_keeps_the_prefix_cache(pk):
     assert bm.num_free_blocks == 6, f"a failed add_sequence must leave 6 free blocks, found {bm.num_free_blocks}"
     hit = bm.add_sequence("again", prompt)
     assert hit == 8, (
-        f"the failed add_sequence must not evict anything from the prefix cache: expected 8 cached tokens, "
-        f"found {hit}"
+        f"the failed add_sequence must not evict anything from the prefix cache: expected 8 cached tokens, found {hit}"
     )
 
 
@@ -365,7 +378,10 @@ def test_a_full_pool_rejects_a_new_prompt(pk):
 def test_copy_on_write_matrix(student, pk, prompt_len, appends, writer):
     bs, num_blocks = 8, 64
     other = "parent" if writer == "child" else "child"
-    script = [("add", ("parent", list(range(prompt_len))), ["parent"]), ("fork", ("parent", "child"), ["child", "parent"])]
+    script = [
+        ("add", ("parent", list(range(prompt_len))), ["parent"]),
+        ("fork", ("parent", "child"), ["child", "parent"]),
+    ]
     script += [("append", (writer, 1000 + i), ["child", "parent"]) for i in range(appends)]
     records = run_script(student, pk, num_blocks, bs, False, script)
     for i, rec in enumerate(records):
@@ -388,10 +404,15 @@ def test_copy_on_write_matrix(student, pk, prompt_len, appends, writer):
                 f"prompt of {prompt_len} tokens (block size {bs}): the shared last block {shared[-1]} is partial, so "
                 f"the first append must copy it: expected [({shared[-1]}, {mine[-1]})], found {copies}"
             )
-            assert mine[:-1] == shared[:-1] and mine[-1] not in shared, f"the writer's table {mine} should be {shared[:-1]} + a new block"
+            assert mine[:-1] == shared[:-1] and mine[-1] not in shared, (
+                f"the writer's table {mine} should be {shared[:-1]} + a new block"
+            )
         else:
-            why = ("the shared last block was full, so the append starts a new block" if i == 0
-                   else "the writer's last block is already private")
+            why = (
+                "the shared last block was full, so the append starts a new block"
+                if i == 0
+                else "the writer's last block is already private"
+            )
             assert copies == [], f"prompt of {prompt_len} tokens, append {i}: {why}; expected no copy, found {copies}"
     refs = records[-1]["state"]["refs"]
     for b in shared[:-1]:
@@ -519,7 +540,9 @@ def test_eviction_takes_the_least_recently_freed_first(pk):
     )
     hit = bm.add_sequence("b2", b)
     assert hit == 8, f"b was freed after a, so its prefix outlives a's: expected 8 cached tokens, found {hit}"
-    assert bm.block_table("b2") == [3, 4, 0], f"expected b2 = [3, 4, 0] (two hits, one block from the queue), found {bm.block_table('b2')}"
+    assert bm.block_table("b2") == [3, 4, 0], (
+        f"expected b2 = [3, 4, 0] (two hits, one block from the queue), found {bm.block_table('b2')}"
+    )
 
 
 @pytest.mark.check("prefix_cache")
@@ -579,7 +602,9 @@ def test_a_duplicate_never_enters_the_cache(pk):
     assert bm.block_table("c") == [0, 2], f"expected c = [0, 2] (one hit, one new block), found {bm.block_table('c')}"
     bm.free("a")  # releases 1 (0 is still held by c)   -> queue: 3 4 1
     bm.add_sequence("e", list(range(50, 59)))  # takes 3, 4, 1: the cache entry of x+y goes with block 1
-    assert bm.block_table("e") == [3, 4, 1], f"expected e = [3, 4, 1] from the front of the queue, found {bm.block_table('e')}"
+    assert bm.block_table("e") == [3, 4, 1], (
+        f"expected e = [3, 4, 1] from the front of the queue, found {bm.block_table('e')}"
+    )
     bm.free("e")  # -> queue: 1 4 3
     hit = bm.add_sequence("d", xy + [9])
     assert hit == 4 and bm.block_table("d") == [0, 1, 4], (
@@ -649,8 +674,15 @@ def step_context(model: TracingModel, op: str, args: tuple) -> dict:
             prefix = tuple(tokens[: (i + 1) * bs])
             cached = model.cache.get(prefix)
             elsewhere = any(p != prefix and p[-bs:] == prefix[-bs:] for p in model.cache)
-            ctx["prefixes"].append({"cached": cached, "free": cached is not None and model.refs[cached] == 0, "tokens": prefix,
-                                    "history": list(model.history.get(prefix, [])), "elsewhere": elsewhere})
+            ctx["prefixes"].append(
+                {
+                    "cached": cached,
+                    "free": cached is not None and model.refs[cached] == 0,
+                    "tokens": prefix,
+                    "history": list(model.history.get(prefix, [])),
+                    "elsewhere": elsewhere,
+                }
+            )
         hits = 0
         while hits < ctx["limit"] and ctx["prefixes"][hits]["cached"] is not None:
             hits += 1
@@ -660,15 +692,23 @@ def step_context(model: TracingModel, op: str, args: tuple) -> dict:
             for i, b in enumerate(table):
                 ctx["holds"].setdefault(b, tuple(model.tokens[seq][: (i + 1) * bs]))
         taken = sum(p["free"] for p in ctx["prefixes"][:hits])
-        ctx.update(hits=hits, need=math.ceil(len(tokens) / bs) - hits + taken,
-                   need_words=f"{math.ceil(len(tokens) / bs) - hits} new block(s) and {taken} cached free block(s) "
-                              f"that its {hits} hit(s) take out of the queue")
+        ctx.update(
+            hits=hits,
+            need=math.ceil(len(tokens) / bs) - hits + taken,
+            need_words=f"{math.ceil(len(tokens) / bs) - hits} new block(s) and {taken} cached free block(s) "
+            f"that its {hits} hit(s) take out of the queue",
+        )
     elif op == "append" and args[0] in model.tables:
         table, tokens = model.tables[args[0]], model.tokens[args[0]]
         ctx.update(last=table[-1], full=len(tokens) % bs == 0, refs=model.refs[table[-1]])
-        ctx.update(need=int(ctx["full"] or ctx["refs"] > 1),
-                   need_words="a new block (the last one is full)" if ctx["full"] else
-                   f"a block to copy the shared last block {table[-1]} into" if ctx["refs"] > 1 else "no block")
+        ctx.update(
+            need=int(ctx["full"] or ctx["refs"] > 1),
+            need_words="a new block (the last one is full)"
+            if ctx["full"]
+            else f"a block to copy the shared last block {table[-1]} into"
+            if ctx["refs"] > 1
+            else "no block",
+        )
     return ctx
 
 
@@ -707,8 +747,9 @@ def serving_script(r: random.Random, model: TracingModel, steps: int, fork_weigh
             plans[next_id], next_id = [], next_id + 1
         elif not live or roll < 0.3:  # look a prefix up (and allocate the rest)
             stem = r.choice(stems)
-            tokens = stem[: r.randint(1, len(stem))] + ([r.randrange(4) for _ in range(r.randint(1, bs))]
-                                                        if r.random() < 0.3 else [])
+            tokens = stem[: r.randint(1, len(stem))] + (
+                [r.randrange(4) for _ in range(r.randint(1, bs))] if r.random() < 0.3 else []
+            )
             op, args = "add", (next_id, tokens)
             plans[next_id], next_id = stem, next_id + 1
         elif roll < 0.35:  # a prompt nobody shares: it takes blocks from the front, evicting cached ones
@@ -728,14 +769,16 @@ def serving_script(r: random.Random, model: TracingModel, steps: int, fork_weigh
         elif roll < 0.95:
             op, args = "free", (r.choice(live),)
         else:  # a mistake the manager must reject without changing anything
-            op, args = r.choice([
-                ("append", (10_000 + next_id, 1)),
-                ("free", (10_000 + next_id,)),
-                ("fork", (10_000 + next_id, next_id)),
-                ("add", (r.choice(live), r.choice(stems)[:bs])),
-                ("add", (next_id, [])),
-                ("fork", (live[0], r.choice(live))),
-            ])
+            op, args = r.choice(
+                [
+                    ("append", (10_000 + next_id, 1)),
+                    ("free", (10_000 + next_id,)),
+                    ("fork", (10_000 + next_id, next_id)),
+                    ("add", (r.choice(live), r.choice(stems)[:bs])),
+                    ("add", (next_id, [])),
+                    ("fork", (live[0], r.choice(live))),
+                ]
+            )
         model.step, model.op, model.seq = step, op, args[0]
         contexts.append(step_context(model, op, args))
         outcome = model.apply(op, args)
@@ -759,11 +802,15 @@ EVENT_WORDS = {
     "evicted": "left the cache at step {step}, when block {block} was taken from the front of the free queue",
 }
 CHAIN_RULE = "a block's key is block_hash(key of the previous block, its tokens), chained from the first block"
-FORKED_KEY = ("a forked child inherits its parent's last key, so the first block it fills is keyed on the whole "
-              "prefix, chained from the parent's blocks")
-QUEUE_RULE = ("new blocks come from the front of one free queue: never-used blocks in id order, then released "
-              "blocks in release order (free releases a sequence's last block first); a hit on a free block "
-              "leaves the queue without moving the others")
+FORKED_KEY = (
+    "a forked child inherits its parent's last key, so the first block it fills is keyed on the whole "
+    "prefix, chained from the parent's blocks"
+)
+QUEUE_RULE = (
+    "new blocks come from the front of one free queue: never-used blocks in id order, then released "
+    "blocks in release order (free releases a sequence's last block first); a hit on a free block "
+    "leaves the queue without moving the others"
+)
 
 
 def story(prefix: dict, last: int = 5) -> str:
@@ -785,23 +832,42 @@ def why_reused(ctx: dict, i: int, reused, bs: int) -> str | None:
     reasons = []  # (step of the event it rests on, reason): the latest event first
     for event, step, block, _ in p["history"]:
         if block == reused and event == "evicted":
-            reasons.append((step, f"block {reused} held {whose(i, bs)} until step {step}, when it was taken from the "
-                                  "front of the free queue and written over: allocating a block must delete the cache "
-                                  "entry it held"))
+            reasons.append(
+                (
+                    step,
+                    f"block {reused} held {whose(i, bs)} until step {step}, when it was taken from the "
+                    "front of the free queue and written over: allocating a block must delete the cache "
+                    "entry it held",
+                )
+            )
         if block == reused and event == "duplicate":
-            now = f"the cache's entry is block {p['cached']}" if p["cached"] is not None else "no block holds the key now"
-            reasons.append((step, f"block {reused} filled with {whose(i, bs)} at step {step} while another block held "
-                                  f"that key, so it never entered the cache ({now}): keep the existing entry and leave "
-                                  "the duplicate out, even after the existing one is evicted (vLLM keeps every "
-                                  "duplicate; this contract keeps one entry a key)"))
+            now = (
+                f"the cache's entry is block {p['cached']}" if p["cached"] is not None else "no block holds the key now"
+            )
+            reasons.append(
+                (
+                    step,
+                    f"block {reused} filled with {whose(i, bs)} at step {step} while another block held "
+                    f"that key, so it never entered the cache ({now}): keep the existing entry and leave "
+                    "the duplicate out, even after the existing one is evicted (vLLM keeps every "
+                    "duplicate; this contract keeps one entry a key)",
+                )
+            )
     by, step = ctx["filled_by"].get(p["cached"], ("", -1))
     if "forked child" in by:
-        reasons.append((step, f"the cache's entry, block {p['cached']}, was filled at step {step} ({by}): {FORKED_KEY}"))
+        reasons.append(
+            (step, f"the cache's entry, block {p['cached']}, was filled at step {step} ({by}): {FORKED_KEY}")
+        )
     held = ctx["holds"].get(reused, ())
     if held and len(held) % bs == 0 and held[-bs:] == p["tokens"][-bs:] and held != p["tokens"]:
         by, step = ctx["filled_by"].get(reused, ("", -1))
-        reasons.append((step, f"block {reused} holds the same {bs} token(s) after a different prefix ({testing.show(held)}): "
-                              + (FORKED_KEY if "forked child" in by else CHAIN_RULE)))
+        reasons.append(
+            (
+                step,
+                f"block {reused} holds the same {bs} token(s) after a different prefix ({testing.show(held)}): "
+                + (FORKED_KEY if "forked child" in by else CHAIN_RULE),
+            )
+        )
     reasons = [why for _, why in sorted(reasons, key=lambda sr: -sr[0])[:2]]
     return ("either " if len(reasons) > 1 else "") + "; or ".join(reasons) if reasons else None
 
@@ -812,22 +878,29 @@ def why_hits_differ(ctx: dict, want: int, got: int, n: int, bs: int, reused=None
     prefixes, limit = ctx["prefixes"], ctx["limit"]
     if got > want:
         if got > limit:
-            return (f"a hit never covers the last prompt token: a {n}-token prompt hits at most "
-                    f"(n - 1) // block_size = {limit} blocks")
+            return (
+                f"a hit never covers the last prompt token: a {n}-token prompt hits at most "
+                f"(n - 1) // block_size = {limit} blocks"
+            )
         p = prefixes[want]
         events = [e for e, *_ in p["history"]]
         reason = why_reused(ctx, want, reused, bs)
         if reason:
             return f"your manager reused block {reused} as the prompt's block {want}: {reason}"
         if "evicted" in events and "duplicate" in events:
-            return (f"{whose(want, bs)}: {story(p)}. Either your manager kept the entry of an evicted block (allocating "
-                    "a block must delete the cache entry it held), or it answered with a duplicate, which never "
-                    "entered the cache (vLLM keeps every duplicate; this contract keeps one entry a key)")
+            return (
+                f"{whose(want, bs)}: {story(p)}. Either your manager kept the entry of an evicted block (allocating "
+                "a block must delete the cache entry it held), or it answered with a duplicate, which never "
+                "entered the cache (vLLM keeps every duplicate; this contract keeps one entry a key)"
+            )
         if "evicted" in events:
-            return (f"{whose(want, bs)}: {story(p)}. Allocating a block from the queue must delete the cache "
-                    "entry it held")
+            return (
+                f"{whose(want, bs)}: {story(p)}. Allocating a block from the queue must delete the cache entry it held"
+            )
         if p["elsewhere"]:
-            return f"block {want} of the prompt holds tokens that are cached, but after a different prefix: {CHAIN_RULE}"
+            return (
+                f"block {want} of the prompt holds tokens that are cached, but after a different prefix: {CHAIN_RULE}"
+            )
         return f"{whose(want, bs)} were never cached: look up exactly the chained keys the cache holds"
     p = prefixes[got]
     causes = []
@@ -836,13 +909,20 @@ def why_hits_differ(ctx: dict, want: int, got: int, n: int, bs: int, reused=None
     if any(by == "append_token" and e == "entered" for e, _, _, by in p["history"]):
         causes.append("blocks that append_token fills enter the cache too, keyed on the sequence's whole prefix")
     if p["free"]:
-        causes.append(f"block {p['cached']} is free (ref count 0) but keeps its key while it waits in the free "
-                      "queue; a hit takes it back out")
+        causes.append(
+            f"block {p['cached']} is free (ref count 0) but keeps its key while it waits in the free "
+            "queue; a hit takes it back out"
+        )
     if "duplicate" in [e for e, *_ in p["history"]]:
-        causes.append("a duplicate must not replace the existing entry: if your cache pointed the key at the "
-                      "newer block, the key left with it when that block was reallocated")
+        causes.append(
+            "a duplicate must not replace the existing entry: if your cache pointed the key at the "
+            "newer block, the key left with it when that block was reallocated"
+        )
     causes.append("the key of block i is block_hash(key of block i - 1, its tokens), None for the first block")
-    return f"the model holds {whose(got, bs)} in block {p['cached']} ({story(p)}). Mistakes that lead here: " + "; ".join(causes)
+    return (
+        f"the model holds {whose(got, bs)} in block {p['cached']} ({story(p)}). Mistakes that lead here: "
+        + "; ".join(causes)
+    )
 
 
 def why_table_differs(ctx: dict, table: list, want_table: list, bs: int) -> str:
@@ -853,83 +933,133 @@ def why_table_differs(ctx: dict, table: list, want_table: list, bs: int) -> str:
     reason = why_reused(ctx, wrong, table[wrong], bs)
     if reason:
         return f"the prompt's block {wrong} is a hit on block {want_table[wrong]}, not {table[wrong]}: {reason}"
-    return (f"the prompt's block {wrong} is a hit, on the block the cache holds for that prefix: {whose(wrong, bs)} "
-            f"{story(ctx['prefixes'][wrong])}")
+    return (
+        f"the prompt's block {wrong} is a hit, on the block the cache holds for that prefix: {whose(wrong, bs)} "
+        f"{story(ctx['prefixes'][wrong])}"
+    )
 
 
 def why_copies_differ(ctx: dict, want: list, got) -> str:
     if want:
-        return (f"the last block ({ctx['last']}) is partial and shared (ref count {ctx['refs']}): copy on write takes "
-                f"a new block from the front of the queue, puts it in place of block {ctx['last']}, drops one "
-                f"reference to block {ctx['last']}, and returns [({want[0][0]}, {want[0][1]})]")
+        return (
+            f"the last block ({ctx['last']}) is partial and shared (ref count {ctx['refs']}): copy on write takes "
+            f"a new block from the front of the queue, puts it in place of block {ctx['last']}, drops one "
+            f"reference to block {ctx['last']}, and returns [({want[0][0]}, {want[0][1]})]"
+        )
     if ctx["full"]:
-        return (f"the last block ({ctx['last']}) was full: the token starts a new block and nothing is copied, "
-                "shared or not")
+        return (
+            f"the last block ({ctx['last']}) was full: the token starts a new block and nothing is copied, "
+            "shared or not"
+        )
     return f"the last block ({ctx['last']}) is partial but only this sequence holds it (ref count 1): write in place"
 
 
 def why_error_differs(op: str, ctx: dict, want: dict, got: dict) -> str:
     if want.get("raised") == "OutOfBlocks":
-        return (f"the pool had {ctx['free']} free block(s) and this call needs {ctx['need']}: {ctx['need_words']}. "
-                "Count first, and raise OutOfBlocks before changing anything")
+        return (
+            f"the pool had {ctx['free']} free block(s) and this call needs {ctx['need']}: {ctx['need_words']}. "
+            "Count first, and raise OutOfBlocks before changing anything"
+        )
     if got.get("raised") == "OutOfBlocks":
-        return (f"the pool had {ctx['free']} free block(s), and this call needs {ctx['need']}: {ctx['need_words']} "
-                "(hits on blocks that other sequences hold take nothing from the queue; a full shared last block "
-                "needs a new block but no copy)")
+        return (
+            f"the pool had {ctx['free']} free block(s), and this call needs {ctx['need']}: {ctx['need_words']} "
+            "(hits on blocks that other sequences hold take nothing from the queue; a full shared last block "
+            "needs a new block but no copy)"
+        )
     if want.get("raised"):
-        return ("an unknown sequence id raises KeyError; a duplicate id (in add_sequence or as a fork's child) or an "
-                "empty prompt raises ValueError")
+        return (
+            "an unknown sequence id raises KeyError; a duplicate id (in add_sequence or as a fork's child) or an "
+            "empty prompt raises ValueError"
+        )
     return "this call is valid in the contract"
 
 
-def step_divergence(op: str, args: tuple, live: list, want: dict, want_state: dict, ctx: dict, got: dict,
-                    num_blocks: int, block_size: int) -> tuple[str, str] | None:
+def step_divergence(
+    op: str,
+    args: tuple,
+    live: list,
+    want: dict,
+    want_state: dict,
+    ctx: dict,
+    got: dict,
+    num_blocks: int,
+    block_size: int,
+) -> tuple[str, str] | None:
     """(what differs, the usual cause) at one step, or None when the student's step matches the model's."""
     if "raised" in want:
         if not raised(got, want["raised"]):
-            found = (f"raised {got['raised']} ({got.get('message', '')})" if "raised" in got
-                     else f"returned {testing.show(got.get('result'))}")
+            found = (
+                f"raised {got['raised']} ({got.get('message', '')})"
+                if "raised" in got
+                else f"returned {testing.show(got.get('result'))}"
+            )
             cause = why_error_differs(op, ctx, want, got)
             result = got.get("result")
-            if (want["raised"] == "OutOfBlocks" and op == "add" and isinstance(result, int) and result % block_size == 0
-                    and result // block_size != ctx["hits"]):
-                cause = (f"your manager found {result} cached tokens where the model finds {ctx['hits'] * block_size}, "
-                         "so it needed fewer blocks: " + why_hits_differ(ctx, ctx["hits"], result // block_size,
-                                                                         len(args[1]), block_size))
+            if (
+                want["raised"] == "OutOfBlocks"
+                and op == "add"
+                and isinstance(result, int)
+                and result % block_size == 0
+                and result // block_size != ctx["hits"]
+            ):
+                cause = (
+                    f"your manager found {result} cached tokens where the model finds {ctx['hits'] * block_size}, "
+                    "so it needed fewer blocks: "
+                    + why_hits_differ(ctx, ctx["hits"], result // block_size, len(args[1]), block_size)
+                )
             return f"the model raises {want['raised']}, your manager {found}", cause
     elif "raised" in got:
-        return (f"the model succeeds, your manager raised {got['raised']} ({got.get('message', '')})",
-                why_error_differs(op, ctx, want, got))
+        return (
+            f"the model succeeds, your manager raised {got['raised']} ({got.get('message', '')})",
+            why_error_differs(op, ctx, want, got),
+        )
     elif op == "add" and got["result"] != want["result"]:
         n = len(args[1])
         result = got["result"]
         if not isinstance(result, int) or isinstance(result, bool) or result < 0 or result % block_size:
-            return (f"the model finds {want['result']} cached prompt token(s), your manager returned {testing.show(result)}",
-                    "add_sequence returns a count of tokens: whole blocks only, a multiple of block_size")
+            return (
+                f"the model finds {want['result']} cached prompt token(s), your manager returned {testing.show(result)}",
+                "add_sequence returns a count of tokens: whole blocks only, a multiple of block_size",
+            )
         table = got.get("state", {}).get("tables")
         mine = table[live.index(args[0])] if isinstance(table, list) and args[0] in live else []
         seen = f" (table {testing.show(mine)})" if mine else ""
-        return (f"the model finds {want['result']} cached prompt token(s) (table "
-                f"{want_state['tables'][live.index(args[0])]}), your manager returned {result}{seen}",
-                why_hits_differ(ctx, want["result"] // block_size, result // block_size, n, block_size,
-                                reused=mine[want["result"] // block_size] if len(mine) > want["result"] // block_size
-                                else None))
+        return (
+            f"the model finds {want['result']} cached prompt token(s) (table "
+            f"{want_state['tables'][live.index(args[0])]}), your manager returned {result}{seen}",
+            why_hits_differ(
+                ctx,
+                want["result"] // block_size,
+                result // block_size,
+                n,
+                block_size,
+                reused=mine[want["result"] // block_size] if len(mine) > want["result"] // block_size else None,
+            ),
+        )
     elif op == "append" and pairs(got["result"]) != want["result"]:
-        return (f"the model returns the copies {want['result']}, your manager returned {testing.show(pairs(got['result']))}",
-                why_copies_differ(ctx, want["result"], got["result"]))
+        return (
+            f"the model returns the copies {want['result']}, your manager returned {testing.show(pairs(got['result']))}",
+            why_copies_differ(ctx, want["result"], got["result"]),
+        )
     state = got.get("state", {})
     for key in ("free", "tables", "tokens", "refs"):
         if isinstance(state.get(key), dict) or key not in state:
-            return (f"reading the state after the step failed: {(state.get(key) or {}).get('error')}",
-                    "block_table, num_tokens, ref_count and num_free_blocks must answer after every step")
+            return (
+                f"reading the state after the step failed: {(state.get(key) or {}).get('error')}",
+                "block_table, num_tokens, ref_count and num_free_blocks must answer after every step",
+            )
     atomic = unchanged = ""
     if "raised" in want:
         atomic = " (the call raised, so nothing may change)"
-        unchanged = (f"a call that raises {want['raised']} leaves every table, token count, ref count and the free "
-                     "queue as they were: check first (for OutOfBlocks, count the blocks it needs), change second")
+        unchanged = (
+            f"a call that raises {want['raised']} leaves every table, token count, ref count and the free "
+            "queue as they were: check first (for OutOfBlocks, count the blocks it needs), change second"
+        )
     if state["tokens"] != want_state["tokens"]:
-        return (f"num_tokens of {live} are {want_state['tokens']} in the model, {testing.show(state['tokens'])} in your manager{atomic}",
-                unchanged if atomic else "num_tokens counts the prompt plus every appended token")
+        return (
+            f"num_tokens of {live} are {want_state['tokens']} in the model, {testing.show(state['tokens'])} in your manager{atomic}",
+            unchanged if atomic else "num_tokens counts the prompt plus every appended token",
+        )
     for seq, table, want_table in zip(live, state["tables"], want_state["tables"]):
         if table != want_table:
             if atomic:
@@ -942,29 +1072,42 @@ def step_divergence(op: str, args: tuple, live: list, want: dict, want_state: di
                 cause = f"a copy on write replaces only the last block; {QUEUE_RULE}"
             else:
                 cause = QUEUE_RULE
-            return f"block_table({seq!r}) is {want_table} in the model, {testing.show(table)} in your manager{atomic}", cause
+            return (
+                f"block_table({seq!r}) is {want_table} in the model, {testing.show(table)} in your manager{atomic}",
+                cause,
+            )
     for b in range(num_blocks):
         if state["refs"][b] != want_state["refs"][b]:
-            return (f"ref_count({b}) is {want_state['refs'][b]} in the model, {testing.show(state['refs'][b])} in your manager{atomic}",
-                    unchanged if atomic else "a block's ref count is the number of live tables holding it: a hit and a "
-                    "fork add one, a copy on write moves one from the shared block to the copy, free drops one")
+            return (
+                f"ref_count({b}) is {want_state['refs'][b]} in the model, {testing.show(state['refs'][b])} in your manager{atomic}",
+                unchanged
+                if atomic
+                else "a block's ref count is the number of live tables holding it: a hit and a "
+                "fork add one, a copy on write moves one from the shared block to the copy, free drops one",
+            )
     if state["free"] != want_state["free"]:
-        return (f"num_free_blocks is {want_state['free']} in the model, {testing.show(state['free'])} in your manager{atomic}",
-                unchanged if atomic else "the free queue holds every block with ref count 0, cached ones included, "
-                "and nothing else")
+        return (
+            f"num_free_blocks is {want_state['free']} in the model, {testing.show(state['free'])} in your manager{atomic}",
+            unchanged
+            if atomic
+            else "the free queue holds every block with ref count 0, cached ones included, and nothing else",
+        )
     return None
 
 
-def first_divergence(script: list, expected: list, contexts: list, records: list, num_blocks: int,
-                     block_size: int, caching: bool) -> str | None:
+def first_divergence(
+    script: list, expected: list, contexts: list, records: list, num_blocks: int, block_size: int, caching: bool
+) -> str | None:
     for i, ((op, args, live), (want, want_state), ctx, got) in enumerate(zip(script, expected, contexts, records)):
         found = step_divergence(op, args, live, want, want_state, ctx, got, num_blocks, block_size)
         if found is not None:
             what, cause = found
             before = "; ".join(show(o, a) for o, a, _ in script[max(0, i - 8) : i])
-            return (f"step {i} of {len(script)} ({num_blocks} blocks of {block_size}, prefix caching "
-                    f"{'on' if caching else 'off'}): {show(op, args)}: {what}. Usual cause: {cause}. "
-                    f"The steps before it: {before or '(none)'}")
+            return (
+                f"step {i} of {len(script)} ({num_blocks} blocks of {block_size}, prefix caching "
+                f"{'on' if caching else 'off'}): {show(op, args)}: {what}. Usual cause: {cause}. "
+                f"The steps before it: {before or '(none)'}"
+            )
     return None
 
 
@@ -1034,8 +1177,12 @@ def test_slot_mapping_matches_a_loop(pk, rng, block_size):
                 want = naive_slot(tables[b], p, block_size)
                 assert int(got[b, t]) == want, (
                     f"block size {block_size}, sequence {b} (table {tables[b]}), position {p}: expected slot {want}, "
-                    f"found {int(got[b, t])}" + (" (padding positions map to -1)" if p < 0 else
-                    f" = block {tables[b][p // block_size]} * {block_size} + offset {p % block_size}")
+                    f"found {int(got[b, t])}"
+                    + (
+                        " (padding positions map to -1)"
+                        if p < 0
+                        else f" = block {tables[b][p // block_size]} * {block_size} + offset {p % block_size}"
+                    )
                 )
 
 
@@ -1098,21 +1245,37 @@ def test_slot_mapping_lines_do_not_grow(student, pk, rng):
     # A loop that map() runs over .tolist() values executes no line per token (red team round 13): its reads and
     # operators still grow.
     assert_no_hidden_loop("slot_mapping", ("4 positions", "480 positions"), work_small, work_large, advice)
-    timing = clock(student.mode, lambda t, p, bs, tables: pk.slot_mapping(t, p, bs), lambda n: slot_case(n, r),
-                   check_slots, CLOCK["slots"])
-    assert_flat_on_the_clock(timing, "slot_mapping", advice, lines=(lines_small, lines_large),
-                             loop="a loop over sequences or tokens")
+    timing = clock(
+        student.mode,
+        lambda t, p, bs, tables: pk.slot_mapping(t, p, bs),
+        lambda n: slot_case(n, r),
+        check_slots,
+        CLOCK["slots"],
+    )
+    assert_flat_on_the_clock(
+        timing, "slot_mapping", advice, lines=(lines_small, lines_large), loop="a loop over sequences or tokens"
+    )
 
 
 # --------------------------------------------------------------------------------------------------
 # Paged attention
 
 
-def attention_case(r: random.Random, B: int, Hq: int, Hkv: int, D: int, block_size: int, dtype, max_len: int,
-                   lengths: list | None = None):
+def attention_case(
+    r: random.Random,
+    B: int,
+    Hq: int,
+    Hkv: int,
+    D: int,
+    block_size: int,
+    dtype,
+    max_len: int,
+    lengths: list | None = None,
+):
     if lengths is None:
-        lengths = [r.choice([0, 1, block_size, block_size + 1, r.randint(1, max_len), r.randint(1, max_len)])
-                   for _ in range(B)]
+        lengths = [
+            r.choice([0, 1, block_size, block_size + 1, r.randint(1, max_len), r.randint(1, max_len)]) for _ in range(B)
+        ]
     tables_t, tables = random_tables(r, lengths, block_size, pad=r.randint(0, 2))
     num_blocks = int(tables_t.max()) + 3
     g = torch.Generator().manual_seed(r.randrange(2**31))
@@ -1130,10 +1293,16 @@ def check_attention(out, want, q, lengths, atol, what):
         f"{what}: expected output {tuple(q.shape)} {q.dtype}, found {tuple(out.shape)} {out.dtype}"
     )
     assert not torch.isnan(out).any(), f"{what}: NaN in the output (lengths {lengths}); an empty sequence gives zeros"
-    testing.assert_close(out, want, atol=atol, what=f"{what} [sequence, head, feature]", hint=lambda at: (
-        f"Sequence {at[0]} has length {lengths[at[0]]}. Check the gather through the table, the mask "
-        "for positions >= seq_len, and that query head h reads KV head h // (Hq // Hkv)"
-    ))
+    testing.assert_close(
+        out,
+        want,
+        atol=atol,
+        what=f"{what} [sequence, head, feature]",
+        hint=lambda at: (
+            f"Sequence {at[0]} has length {lengths[at[0]]}. Check the gather through the table, the mask "
+            "for positions >= seq_len, and that query head h reads KV head h // (Hq // Hkv)"
+        ),
+    )
 
 
 ATTENTION_CASES = [
@@ -1147,7 +1316,9 @@ ATTENTION_CASES = [
 
 
 @pytest.mark.check("attention")
-@pytest.mark.parametrize("case", ATTENTION_CASES, ids=lambda c: f"B{c[0]}-Hq{c[1]}-Hkv{c[2]}-D{c[3]}-bs{c[4]}-{str(c[5])[6:]}")
+@pytest.mark.parametrize(
+    "case", ATTENTION_CASES, ids=lambda c: f"B{c[0]}-Hq{c[1]}-Hkv{c[2]}-D{c[3]}-bs{c[4]}-{str(c[5])[6:]}"
+)
 def test_paged_attention_matches_the_oracle(pk, rng, case):
     B, Hq, Hkv, D, block_size, dtype, max_len, sm_scale = case
     r = rand(rng)
@@ -1155,8 +1326,14 @@ def test_paged_attention_matches_the_oracle(pk, rng, case):
     seq_lens = torch.tensor(lengths, dtype=r.choice([torch.int32, torch.int64]))
     kwargs = {} if sm_scale is None else {"sm_scale": sm_scale}
     out = pk.paged_attention(q, k, v, tables_t, seq_lens, **kwargs)
-    check_attention(out, attention_oracle(q, k, v, tables, lengths, sm_scale), q, lengths, TOL[dtype],
-                    f"paged_attention, {dtype}, Hq={Hq}, Hkv={Hkv}, block size {block_size}")
+    check_attention(
+        out,
+        attention_oracle(q, k, v, tables, lengths, sm_scale),
+        q,
+        lengths,
+        TOL[dtype],
+        f"paged_attention, {dtype}, Hq={Hq}, Hkv={Hkv}, block size {block_size}",
+    )
 
 
 @pytest.mark.check("attention")
@@ -1183,8 +1360,14 @@ def check_clocked_attention(out, q, k, v, tables_t, seq_lens, tables, lengths, r
     picked = sorted({0, B - 1, *random.sample(range(B), min(rows, B))})
     sub = [tables[b] for b in picked]
     want = attention_oracle(q[picked], k, v, sub, [lengths[b] for b in picked], None)
-    check_attention(out[picked], want, q[picked], [lengths[b] for b in picked], TOL[torch.float32],
-                    f"paged_attention on {B} sequences (timed on the grader's clock)")
+    check_attention(
+        out[picked],
+        want,
+        q[picked],
+        [lengths[b] for b in picked],
+        TOL[torch.float32],
+        f"paged_attention on {B} sequences (timed on the grader's clock)",
+    )
 
 
 @pytest.mark.check("attention_vectorised")
@@ -1195,19 +1378,27 @@ def test_paged_attention_lines_do_not_grow(student, pk, rng):
     _, work_small = student.work_executed(pk.paged_attention, *small[:4], torch.tensor(small[5]))
     _, work_large = student.work_executed(pk.paged_attention, *large[:4], torch.tensor(large[5]))
     lines_small, lines_large = work_small.lines, work_large.lines
-    advice = ("Gather K and V for every position of every sequence at once through the table, and mask positions "
-              ">= seq_len")
+    advice = (
+        "Gather K and V for every position of every sequence at once through the table, and mask positions >= seq_len"
+    )
     assert lines_large <= lines_small + 2, (
         f"paged_attention ran {lines_small} lines of your code for 2 short sequences but {lines_large} for 9 longer "
         f"ones: a Python loop over sequences, blocks or tokens. {advice}"
     )
     assert_no_hidden_loop("paged_attention", ("2 short sequences", "9 longer ones"), work_small, work_large, advice)
     call = lambda q, k, v, t, lens, tables, lengths: pk.paged_attention(q, k, v, t, lens)  # noqa: E731
-    for grow, make in (("sequences", lambda n: clocked_attention_case(r, n, 8)),
-                       ("length", lambda n: clocked_attention_case(r, 2, n))):
+    for grow, make in (
+        ("sequences", lambda n: clocked_attention_case(r, n, 8)),
+        ("length", lambda n: clocked_attention_case(r, 2, n)),
+    ):
         timing = clock(student.mode, call, make, check_clocked_attention, CLOCK[grow])
-        assert_flat_on_the_clock(timing, "paged_attention", advice, lines=(lines_small, lines_large),
-                                 loop="a loop over sequences" if grow == "sequences" else "a loop over positions or blocks")
+        assert_flat_on_the_clock(
+            timing,
+            "paged_attention",
+            advice,
+            lines=(lines_small, lines_large),
+            loop="a loop over sequences" if grow == "sequences" else "a loop over positions or blocks",
+        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1230,10 +1421,15 @@ def test_paged_attention_triton_matches_the_oracle(pkk, rng, case):
     q, k, v, tables_t, tables, lengths = attention_case(r, B, Hq, Hkv, D, block_size, dtype, 0, lengths=lengths)
     kwargs = {} if sm_scale is None else {"sm_scale": sm_scale}
     out = pkk.paged_attention_triton(q, k, v, tables_t, torch.tensor(lengths, dtype=torch.int32), **kwargs)
-    check_attention(out, attention_oracle(q, k, v, tables, lengths, sm_scale), q, lengths,
-                    1e-4 if dtype == torch.float32 else 5e-3,
-                    f"paged_attention_triton, {dtype}, Hq={Hq}, Hkv={Hkv}, block size {block_size}"
-                    + ("" if sm_scale is None else f", sm_scale={sm_scale} (it multiplies q.k; default 1/sqrt(D))"))
+    check_attention(
+        out,
+        attention_oracle(q, k, v, tables, lengths, sm_scale),
+        q,
+        lengths,
+        1e-4 if dtype == torch.float32 else 5e-3,
+        f"paged_attention_triton, {dtype}, Hq={Hq}, Hkv={Hkv}, block size {block_size}"
+        + ("" if sm_scale is None else f", sm_scale={sm_scale} (it multiplies q.k; default 1/sqrt(D))"),
+    )
 
 
 @pytest.mark.check("triton")
@@ -1241,14 +1437,23 @@ def test_paged_attention_triton_launches_one_kernel_per_batch(student, pkk, rng)
     r = rand(rng)
     launches = {}
     for lengths in ([3, 6], [40, 0, 13, 28, 7, 64, 1, 33, 21]):
-        q, k, v, tables_t, tables, lengths = attention_case(r, len(lengths), 4, 2, 16, 4, torch.float32, 0,
-                                                            lengths=lengths)
+        q, k, v, tables_t, tables, lengths = attention_case(
+            r, len(lengths), 4, 2, 16, 4, torch.float32, 0, lengths=lengths
+        )
         # Under the kernel rule, with the launches recorded: the host code can only allocate, view, copy and
         # cast (the gather through the tables is the kernel's), and the output must be handed to a launch.
-        got = student.drive("grader.support.kernels:launches", pkk.paged_attention_triton, q, k, v, tables_t,
-                            torch.tensor(lengths, dtype=torch.int32))
-        check_attention(got["out"], attention_oracle(q, k, v, tables, lengths, None), q, lengths, 1e-4,
-                        "paged_attention_triton")
+        got = student.drive(
+            "grader.support.kernels:launches",
+            pkk.paged_attention_triton,
+            q,
+            k,
+            v,
+            tables_t,
+            torch.tensor(lengths, dtype=torch.int32),
+        )
+        check_attention(
+            got["out"], attention_oracle(q, k, v, tables, lengths, None), q, lengths, 1e-4, "paged_attention_triton"
+        )
         assert got["handed"] == [True], (
             f"paged_attention_triton's output was never handed to a kernel launch (launches: "
             f"{testing.show(got['launches'])}): allocate the output, pass it to your kernel, and return that same tensor"
@@ -1316,8 +1521,10 @@ def clocked_scaling(student, pk):
     return clock(student.mode, workload, make, check, MANAGER_CLOCK)
 
 
-POOL_ADVICE = ("an O(num_blocks) step such as list.pop(0), list.remove, `in` on a list, or min() over the free "
-               "blocks. Use a deque or an OrderedDict")
+POOL_ADVICE = (
+    "an O(num_blocks) step such as list.pop(0), list.remove, `in` on a list, or min() over the free "
+    "blocks. Use a deque or an OrderedDict"
+)
 
 
 @pytest.mark.check("manager_speed")
@@ -1338,15 +1545,17 @@ def test_manager_time_does_not_grow_with_the_pool(student, pk, scaling, clocked_
     n_small, n_large = scaling["sizes"]
     ops = scaling["ops"]
     ratio = t_large / max(t_small, 1e-9)
-    score.metrics(ops_per_s_small_pool=ops / t_small, ops_per_s_large_pool=ops / t_large, ratio=ratio,
-                  **clocked_scaling.metrics())
+    score.metrics(
+        ops_per_s_small_pool=ops / t_small, ops_per_s_large_pool=ops / t_large, ratio=ratio, **clocked_scaling.metrics()
+    )
     student.assert_untampered(pk.slot_mapping, "the times the worker measured")
     assert ratio <= 3.0, (
         f"the same {ops} operations took {ratio:.1f}x longer with {n_large} blocks than with {n_small} "
         f"({ops / t_small:,.0f} vs {ops / t_large:,.0f} ops/s, best of several runs): {POOL_ADVICE}"
     )
-    assert_worker_agrees(clocked_scaling, "the BlockManager",
-                         f"{ratio:.1f}x longer with {n_large} blocks than with {n_small}")
+    assert_worker_agrees(
+        clocked_scaling, "the BlockManager", f"{ratio:.1f}x longer with {n_large} blocks than with {n_small}"
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1360,13 +1569,21 @@ def test_paged_attention_triton_bandwidth(student, pk, pkk, score):
     # must first pass under the rule, on a small batch of the timed kind.
     timed = cases.DECODE
     r = random.Random(4321)
-    q, k, v, tables_t, tables, lengths = attention_case(r, 4, timed.q_heads, timed.kv_heads, timed.head_dim,
-                                                        timed.block_size, cases.DTYPE, 0, lengths=[1, 16, 17, 300])
+    q, k, v, tables_t, tables, lengths = attention_case(
+        r, 4, timed.q_heads, timed.kv_heads, timed.head_dim, timed.block_size, cases.DTYPE, 0, lengths=[1, 16, 17, 300]
+    )
     gpu = rehearsal.device()  # "cuda", or "cpu" in a rehearsal (grader/rehearsal.py)
-    out = pkk.paged_attention_triton(q.to(gpu), k.to(gpu), v.to(gpu), tables_t.to(gpu),
-                                     torch.tensor(lengths, dtype=torch.int32, device=gpu))
-    check_attention(out.cpu(), attention_oracle(q, k, v, tables, lengths, None), q, lengths, 5e-3,
-                    "paged_attention_triton, once before the timing")
+    out = pkk.paged_attention_triton(
+        q.to(gpu), k.to(gpu), v.to(gpu), tables_t.to(gpu), torch.tensor(lengths, dtype=torch.int32, device=gpu)
+    )
+    check_attention(
+        out.cpu(),
+        attention_oracle(q, k, v, tables, lengths, None),
+        q,
+        lengths,
+        5e-3,
+        "paged_attention_triton, once before the timing",
+    )
     case = rehearsal.size(cases.DECODE, cases.DECODE_TINY)
     B, Hq, Hkv, D = case.batch, case.q_heads, case.kv_heads, case.head_dim
     lengths, need, tables = case.layout(torch.Generator().manual_seed(1234))
@@ -1375,8 +1592,13 @@ def test_paged_attention_triton_bandwidth(student, pk, pkk, score):
     # Compile the kernel first (same dtypes, strides and constants; empty sequences, so a one-block
     # cache suffices): a compile inside the timed call would read as time the kernel did not report.
     tiny = torch.zeros(case.cache_shape(1), dtype=cases.DTYPE, device=gpu)
-    pk.paged_attention_triton(torch.zeros(case.q_shape, dtype=cases.DTYPE, device=gpu), tiny, tiny.clone(),
-                              tables_cuda, torch.zeros(B, dtype=torch.int32, device=gpu))
+    pk.paged_attention_triton(
+        torch.zeros(case.q_shape, dtype=cases.DTYPE, device=gpu),
+        tiny,
+        tiny.clone(),
+        tables_cuda,
+        torch.zeros(B, dtype=torch.int32, device=gpu),
+    )
     ceil = speed.ceilings()
     specs = [
         speed.Randn(case.q_shape, cases.DTYPE),
@@ -1410,5 +1632,7 @@ def test_paged_attention_triton_bandwidth(student, pk, pkk, score):
     gbps = moved / t.mean_s / 1e9
     fraction = ceil.copy_fraction(moved, t.mean_s)
     score.metrics(gbps=gbps, copy_gbps=ceil.copy_bytes_per_s / 1e9, mean_ms=t.mean_s * 1e3)
-    score.speed(fraction, f"{gbps:.0f} GB/s of K/V read = {fraction:.2f} of the copy bandwidth "
-                          f"({ceil.copy_bytes_per_s / 1e9:.0f} GB/s)")
+    score.speed(
+        fraction,
+        f"{gbps:.0f} GB/s of K/V read = {fraction:.2f} of the copy bandwidth ({ceil.copy_bytes_per_s / 1e9:.0f} GB/s)",
+    )
