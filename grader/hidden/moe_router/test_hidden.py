@@ -1,8 +1,8 @@
 """Hidden checks for moe_router: per-token loop oracles, tie-heavy inputs, crafted priority cases,
 auxiliary losses and their gradients, dispatch/combine, the whole layer's gradients, vectorisation.
 
-Every oracle here is naive code written for this file: Python loops over tokens and experts on
-lists, and autograd of the textbook formulas in fp64. Inputs come from the run's seed.
+The oracles are naive code written for these checks: Python loops over tokens and experts on lists
+(oracle.py), and autograd of the textbook formulas in fp64 (in the tests). Inputs come from the run's seed.
 """
 
 from __future__ import annotations
@@ -16,6 +16,15 @@ import pytest
 import torch
 from torch import nn
 
+from grader.cases.moe_router import ROUTE
+from grader.hidden.moe_router.oracle import (
+    capacity_formula,
+    oracle_combine,
+    oracle_dispatch,
+    oracle_route,
+    oracle_slots,
+    ranked_experts,
+)
 from grader.structure import Scaling, assert_flat_on_the_clock, assert_no_hidden_loop, clock
 from grader.support.moe_router import Routing, as_routing
 from grader.testing import assert_close, assert_equal, show
@@ -30,80 +39,7 @@ def sm(student):
 
 
 # --------------------------------------------------------------------------------------------------
-# Oracles: plain loops
-
-
-def capacity_formula(T: int, E: int, k: int, cf: float, min_capacity: int = 1) -> int:
-    return max(min_capacity, math.ceil(k * T * cf / E))
-
-
-def ranked_experts(p32_row: list[float], k: int) -> list[int]:
-    """The k best experts of one token: descending probability, ties to the lower index."""
-    return sorted(range(len(p32_row)), key=lambda e: (-p32_row[e], e))[:k]
-
-
-def oracle_slots(idx: list[list[int]], p32: list[list[float]], cap: int, policy: str) -> list[list[int]]:
-    """Each choice's slot in its expert's buffer (-1: dropped), by loops over lists."""
-    T, k, E = len(idx), len(idx[0]) if idx else 0, len(p32[0]) if p32 else 0
-    slot = [[-1] * k for _ in range(T)]
-    if policy == "position":
-        count = [0] * E
-        for j in range(k):  # every first choice before any second choice
-            for t in range(T):
-                e = idx[t][j]
-                if count[e] < cap:
-                    slot[t][j] = count[e]
-                    count[e] += 1
-    else:
-        wanting: list[list[tuple[int, int]]] = [[] for _ in range(E)]
-        for t in range(T):
-            for j in range(k):
-                wanting[idx[t][j]].append((t, j))
-        for e in range(E):
-            wanting[e].sort(key=lambda tj: (-p32[tj[0]][e], tj[0]))
-            for rank, (t, j) in enumerate(wanting[e][:cap]):
-                slot[t][j] = rank
-    return slot
-
-
-def oracle_route(logits: torch.Tensor, k: int, cf: float, policy: str = "position", min_capacity: int = 1,
-                 renormalize: bool | None = None) -> dict:
-    """Routing by loops. Ranking uses fp32 probabilities (the contract); values are fp64."""
-    T, E = logits.shape
-    p32 = torch.softmax(logits.float(), -1).tolist()
-    p64 = torch.softmax(logits.double(), -1)
-    if renormalize is None:
-        renormalize = k > 1
-    cap = capacity_formula(T, E, k, cf, min_capacity)
-    idx = [ranked_experts(p32[t], k) for t in range(T)]
-    weight = [[float(p64[t, e]) for e in idx[t]] for t in range(T)]
-    if renormalize:
-        weight = [[w / sum(row) for w in row] for row in weight]
-
-    slot = oracle_slots(idx, p32, cap, policy)
-
-    kept = [[slot[t][j] >= 0 for j in range(k)] for t in range(T)]
-    tokens = [sum(kept[t][j] for t in range(T) for j in range(k) if idx[t][j] == e) for e in range(E)]
-    chosen = [sum(1 for t in range(T) for j in range(k) if idx[t][j] == e) for e in range(E)]
-    f = [c / (T * k) for c in chosen]
-    P = [sum(float(p64[t, e]) for t in range(T)) / T for e in range(E)]
-    lse = torch.logsumexp(logits.double(), -1)
-    return {
-        "policy": policy,
-        "p32": torch.tensor(p32, dtype=torch.float32).view(T, E),
-        "capacity": cap,
-        "expert_index": torch.tensor(idx, dtype=torch.long).view(T, k),
-        "weight": torch.tensor(weight, dtype=torch.float64).view(T, k),
-        "slot": torch.tensor(slot, dtype=torch.long).view(T, k),
-        "kept": torch.tensor(kept, dtype=torch.bool).view(T, k),
-        "combine_weight": torch.tensor(
-            [[weight[t][j] if kept[t][j] else 0.0 for j in range(k)] for t in range(T)], dtype=torch.float64
-        ).view(T, k),
-        "tokens_per_expert": torch.tensor(tokens, dtype=torch.long),
-        "f": torch.tensor(f, dtype=torch.float64),
-        "aux_loss": E * sum(f[e] * P[e] for e in range(E)),
-        "z_loss": float((lse**2).mean()),
-    }
+# Inputs: the oracle's decisions for the student's dispatch/combine, logits, token counts
 
 
 def oracle_routing(o: dict) -> Routing:
@@ -846,28 +782,6 @@ def test_z_loss_value_and_gradient(student, sm, rng):
 # dispatch / combine
 
 
-def oracle_dispatch(x: torch.Tensor, o: dict, E: int, cap: int) -> torch.Tensor:
-    out = torch.zeros(E, cap, x.shape[1], dtype=x.dtype)
-    T, k = o["slot"].shape
-    for t in range(T):
-        for j in range(k):
-            s = int(o["slot"][t, j])
-            if s >= 0:
-                out[int(o["expert_index"][t, j]), s] = x[t]
-    return out
-
-
-def oracle_combine(expert_out: torch.Tensor, o: dict) -> torch.Tensor:
-    T, k = o["slot"].shape
-    y = torch.zeros(T, expert_out.shape[-1], dtype=torch.float64)
-    for t in range(T):
-        for j in range(k):
-            s = int(o["slot"][t, j])
-            if s >= 0:
-                y[t] += float(o["combine_weight"][t, j]) * expert_out[int(o["expert_index"][t, j]), s].double()
-    return y
-
-
 @pytest.mark.check("dispatch_combine")
 @pytest.mark.parametrize("k,cf", [(1, 0.5), (2, 1.0), (2, HUGE), (4, 1.25)])
 def test_dispatch_against_the_loop(student, sm, rng, k, cf):
@@ -1320,13 +1234,14 @@ def assert_timed_route(r, logits, k, cf):
 def test_route_speed(student, sm, score):
     from grader import rehearsal, speed
 
-    T, E, k, cf = rehearsal.size(65536, 256), 64, 2, 1.25
-    spec = speed.Randn((T, E), rehearsal.dtype(torch.bfloat16))
+    case = rehearsal.size(ROUTE, ROUTE.tiny_case())
+    T, E, k, cf = case.tokens, case.experts, case.k, case.capacity_factor
+    spec = speed.Randn((T, E), rehearsal.dtype(case.dtype))
     # At the bar a route may take 25 times one topk + softmax (tens of us), up to about 0.75 ms: 300 reps
     # are some 0.2 s there, well above the wall-clock bound's slack (5 ms + 3%, grader/speed.py).
     t = speed.time_student(student, sm.route, [spec, k, cf], reps=300,
                            check=lambda args, out: assert_timed_route(out, args[0], k, cf))
-    base = speed.time_here(lambda lg: (torch.topk(lg, k, dim=-1), torch.softmax(lg.float(), dim=-1)), [spec], reps=300)
+    base = speed.time_here(case.baseline, [spec], reps=300)
     ratio = base.mean_s / t.mean_s
     score.metrics(route_us=t.mean_s * 1e6, topk_softmax_us=base.mean_s * 1e6)
     score.speed(ratio, f"route takes {t.mean_s * 1e6:.0f} us, one topk + softmax {base.mean_s * 1e6:.0f} us: "
