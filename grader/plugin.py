@@ -39,6 +39,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--grader-seed", type=int, default=None, help="seed for the hidden tests' inputs")
     group.addoption("--grader-hide", default="", help="os.pathsep-separated folders the worker must not read")
     group.addoption("--grader-no-isolate", action="store_true", help="run workers without namespaces")
+    group.addoption("--grader-grade-tag", default=None, help="the grade's tag: its workers' cgroups carry it")
     group.addoption("--grader-user", default="auto",
                     help="as root: 'auto' runs each worker as a uid of its own; or an account's name (shared)")
     group.addoption("--grader-checks", default="", help="comma-separated check ids: run only their tests")
@@ -141,6 +142,7 @@ def _make_session(config: pytest.Config):
         hide=[p for p in config.getoption("--grader-hide").split(os.pathsep) if p],
         course_root=str(root),
         cuda=_cuda_available(),
+        grade_tag=config.getoption("--grader-grade-tag"),
         **({} if limits is None else {
             "memory_mb": limits.memory_mb, "cpu_s": limits.cpu_s, "file_size_mb": limits.file_size_mb,
             "processes": limits.processes, "max_result_mb": limits.max_result_mb, "scratch_mb": limits.scratch_mb,

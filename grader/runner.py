@@ -30,6 +30,7 @@ from typing import Callable
 
 from grader import forkserver, results
 from grader.course import Course, Exercise
+from grader.harness import cgroup
 from grader.harness.client import describe_exit
 from grader.options import GradeOptions
 from grader.submission import Submission, SubmissionError, locate
@@ -89,6 +90,9 @@ def run_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed: i
         cmd += ["--grader-call-timeout", str(opts.call_timeout_s)]
     if opts.first_failure:
         cmd.append("--grader-first-failure")
+    tag = grade_tag(tmp_dir)
+    if tag is not None:
+        cmd += ["--grader-grade-tag", tag]
     # The seed travels in the environment, which only this user can read (/proc/PID/environ), not on
     # the command line, which any process on the machine (or in the grading container) can.
     env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", PYTHONDONTWRITEBYTECODE="1", GRADER_SEED=str(seed))
@@ -116,6 +120,21 @@ def run_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed: i
         return _follow(proc, read_fd, exercise, opts, on_event)
     finally:
         _kill(proc)  # whatever happened here, no pytest (and no worker under it) outlives this call
+        if tag is not None:  # nor a worker's cgroup, which a killed pytest could not remove
+            cgroup.reap(tag)
+        if log_path is not None:
+            make_log_inert(log_path)
+
+
+def make_log_inert(path: Path) -> None:
+    """Rewrite a pytest log (--log-dir) without escape sequences or control characters: its failure
+    messages quote what the student's code returned and raised, and an instructor reads it on a terminal
+    (a class named with escapes drew a green "100/100 passed" there)."""
+    tmp = path.with_name(path.name + ".inert")
+    with open(path, "rb") as raw, open(tmp, "w", encoding="utf-8") as clean:
+        for line in raw:
+            clean.write(inert(line.decode("utf-8", errors="replace").rstrip("\r\n")) + "\n")
+    os.replace(tmp, path)
 
 
 SYNTAX_CHECK_BYTES = 256 << 10  # parsing costs ~500 bytes a byte: a larger file is left to the worker's import
@@ -325,6 +344,16 @@ def private_folder() -> str:
     return folder
 
 
+def grade_tag(private: str | None) -> str | None:
+    """The tag of the grade whose private folder is `private` (its random suffix): the grade's workers'
+    cgroups carry it, so that the runner can remove them whatever became of the pytest that made them."""
+    name = os.path.basename(private or "")
+    if not name.startswith(PRIVATE_PREFIX):
+        return None
+    tag = name[len(PRIVATE_PREFIX):]
+    return tag if cgroup.TAG.fullmatch(tag) else None
+
+
 def reap_private_folders(parent: str | None = None) -> list[str]:
     """Remove the folders of grades that were killed: ours (same owner), real folders, lock free."""
     parent = parent or tempfile.gettempdir()
@@ -346,6 +375,9 @@ def reap_private_folders(parent: str | None = None) -> list[str]:
             continue  # a grade in progress
         shutil.rmtree(entry.path, ignore_errors=True)
         os.close(fd)
+        tag = grade_tag(entry.path)
+        if tag is not None:  # a grade killed outright: its workers' cgroups go with its folder
+            cgroup.reap(tag)
         removed.append(entry.path)
     return removed
 

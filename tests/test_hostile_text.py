@@ -67,8 +67,16 @@ def graded(tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("mallory")
     (folder / f"{EXERCISE}.py").write_text(HOSTILE.read_text())
     out = folder.parent / "mallory.json"
-    run = grader("grade", str(folder), "-e", EXERCISE, "--tests", "public", "--seed", "5", "-o", str(out))
-    return {"run": run, "result": json.loads(out.read_text()) if out.exists() else None}
+    logs = folder.parent / "mallory-logs"
+    run = grader("grade", str(folder), "-e", EXERCISE, "--tests", "public", "--seed", "5", "-o", str(out),
+                 "--log-dir", str(logs))
+    return {"run": run, "result": json.loads(out.read_text()) if out.exists() else None, "logs": logs}
+
+
+def test_the_instructors_pytest_log_holds_the_text_inert(graded):
+    log = (graded["logs"] / f"{EXERCISE}.log").read_text()
+    assert "RuntimeError" in log and "total 100/100" in log, "the log must hold the failures, with the student's text"
+    assert_inert(log, "the pytest log that --log-dir keeps (an instructor reads it on a terminal)")
 
 
 def test_grader_grade_exits_0_and_prints_the_markup_literally(graded):

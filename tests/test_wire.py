@@ -446,3 +446,63 @@ def test_a_forged_exception_description_is_refused_without_formatting_it():
     cls = _attribute({"kind": "exception", "mro": ["BadShape", "ValueError", "Exception"]}, None, "module", ["x"],
                      CallOptions())
     assert issubclass(cls, ValueError) and cls.__name__ == "BadShape"
+
+
+FRAME_PROBE = """
+import resource, socket, sys, threading, time
+from grader.harness import wire
+
+def peak_mib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+mode, size_mib = sys.argv[1], int(sys.argv[2])
+ours, theirs = socket.socketpair()
+chunk = bytes(1 << 20)
+
+def send():
+    theirs.sendall(wire._HEADER.pack(size_mib << 20))
+    for _ in range(size_mib if mode == "whole" else 1):
+        theirs.sendall(chunk)  # one buffer, resent: the sender pays nothing for what it announces
+
+threading.Thread(target=send, daemon=True).start()
+before = peak_mib()
+try:
+    frame = wire.recv_frame(ours, 1 << 30, time.monotonic() + (60 if mode == "whole" else 2))
+    print("got", len(frame), frame[:4] == bytes(4))
+except wire.FrameTimeout:
+    print("timeout")
+print("grew", peak_mib() - before)
+"""
+
+
+def _probe(mode: str, size_mib: int) -> tuple[str, float]:
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", FRAME_PROBE, mode, str(size_mib)], capture_output=True, text=True,
+                         timeout=300, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert run.returncode == 0, run.stderr
+    first, grew = run.stdout.splitlines()
+    return first, float(grew.split()[1])
+
+
+def test_a_large_frame_is_held_once_not_twice():
+    first, grew = _probe("whole", 256)
+    assert first == f"got {256 << 20} True"
+    assert grew < 256 * 1.25, (f"reading a 256 MiB frame grew the reader by {grew:.0f} MiB: the bytes must be held "
+                               "once (chunks joined at the end cost twice the frame, before any check)")
+
+
+def test_an_announced_frame_costs_nothing_until_its_bytes_arrive():
+    first, grew = _probe("header", 512)
+    assert first == "timeout"
+    assert grew < 64, f"a header announcing 512 MiB (1 MiB sent) grew the reader by {grew:.0f} MiB"
+
+
+def test_a_handles_type_name_carries_no_escape_sequence():
+    made = []
+    tree = {wire.TAG: "handle", "id": 3, "type": "\x1b]0;ALL PASSED\x07\x1b[2J\x1b[32mgptq 100/100\x1b[0m"}
+    data = io.BytesIO()
+    torch.save(tree, data)
+    wire.decode_reply(data.getvalue(), lambda hid, name: made.append(name) or name)
+    assert made and "\x1b" not in made[0] and "\x07" not in made[0], made

@@ -109,13 +109,14 @@ class Sandbox:
     cpu_s: int = 900
     file_size_mb: int = 256
     processes: int = 256
-    max_result_mb: int = 1024
+    max_result_mb: int = 128
     scratch_mb: int = 1024
     shm_mb: int = 256
     uid_first: int = identity.DEFAULT_UID_FIRST
     uid_count: int = identity.DEFAULT_UID_COUNT
     threads: int = 1
     cuda: bool = False
+    grade_tag: str | None = None  # names the worker's cgroups after the grade, whose runner reaps them
 
     def account(self) -> tuple[int, int] | None:
         """(uid, gid) of the named account when root and one is named (not "auto"); else None."""
@@ -242,7 +243,8 @@ class WorkerProcess:
         # In a container the container's own memory and pids limits are the worker's (one grade per container).
         if os.geteuid() == 0 and self.sandbox.isolate and os.environ.get("GRADER_IN_CONTAINER") != "1":
             try:
-                self.group = cgroup.WorkerGroup.create(self.sandbox.memory_mb, self.sandbox.processes)
+                self.group = cgroup.WorkerGroup.create(self.sandbox.memory_mb, self.sandbox.processes,
+                                                      self.sandbox.grade_tag)
             except cgroup.CgroupError as exc:
                 self.group_warning = (f"{exc}: the worker's memory limit holds per process, so a worker that forks "
                                       "can hold a multiple of it")

@@ -19,7 +19,9 @@ from __future__ import annotations
 import collections
 import io
 import keyword
+import mmap
 import pickle
+import re
 import socket
 import struct
 import time
@@ -36,6 +38,7 @@ MAX_CLASSES = 16  # distinct named-tuple classes in one reply (the course's repl
 # hold short field names and op names, and two exception texts cut to MAX_TEXT.
 MAX_TEXT_TOTAL = 4 << 20
 _HEADER = struct.Struct(">Q")
+SMALL_FRAME = 1 << 16  # a frame up to this size is read into bytes; a larger one into a mapping
 
 MODULE = "module"  # the root target name for the student's module in a worker's requests
 
@@ -111,23 +114,34 @@ def send_frame(sock: socket.socket, payload: bytes, deadline: float | None = Non
             sock.settimeout(None)
 
 
-def _recv_exact(sock: socket.socket, n: int, deadline: float | None) -> bytes:
-    chunks, got = [], 0
-    while got < n:
-        _settimeout(sock, deadline)
-        try:
-            chunk = sock.recv(min(n - got, 1 << 20))
-        except socket.timeout:
-            raise FrameTimeout(f"{got} of {n} bytes arrived before the deadline") from None
-        if not chunk:
-            raise EOFError("the connection closed mid-frame")
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
+def _recv_exact(sock: socket.socket, n: int, deadline: float | None) -> bytes | mmap.mmap:
+    """Exactly `n` bytes from `sock`, held once: a small frame as bytes, a larger one in an anonymous
+    mapping that the bytes fill as they arrive (a header that announces a large frame costs nothing until
+    the bytes come, and a frame that does come is held once, never copied: chunks joined at the end took
+    twice its size, before anything in it was checked)."""
+    if n <= SMALL_FRAME:
+        buffer: bytearray | mmap.mmap = bytearray(n)
+    else:
+        buffer = mmap.mmap(-1, n)
+    view, got = memoryview(buffer), 0
+    try:
+        while got < n:
+            _settimeout(sock, deadline)
+            try:
+                k = sock.recv_into(view[got:], min(n - got, 1 << 20))
+            except socket.timeout:
+                raise FrameTimeout(f"{got} of {n} bytes arrived before the deadline") from None
+            if not k:
+                raise EOFError("the connection closed mid-frame")
+            got += k
+    finally:
+        view.release()
+    return bytes(buffer) if isinstance(buffer, bytearray) else buffer
 
 
-def recv_frame(sock: socket.socket, max_bytes: int, deadline: float | None = None) -> bytes:
-    """Read one frame. With a `deadline` (time.monotonic()), the whole frame must arrive by then or
+def recv_frame(sock: socket.socket, max_bytes: int, deadline: float | None = None) -> bytes | mmap.mmap:
+    """Read one frame (bytes, or for a large one a read-only-by-convention mapping that reads like a file:
+    pass it to `as_file`). With a `deadline` (time.monotonic()), the whole frame must arrive by then or
     FrameTimeout is raised: a peer that sends a header and then stalls cannot hang the reader."""
     try:
         (n,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size, deadline))
@@ -137,6 +151,14 @@ def recv_frame(sock: socket.socket, max_bytes: int, deadline: float | None = Non
     finally:
         if deadline is not None:
             sock.settimeout(None)
+
+
+def as_file(data: bytes | mmap.mmap) -> io.BytesIO | mmap.mmap:
+    """A frame as a file to read from its start, without a copy."""
+    if isinstance(data, mmap.mmap):
+        data.seek(0)
+        return data
+    return io.BytesIO(data)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -203,6 +225,7 @@ def to_wire(value: Any, keep: Callable[[Any], int]) -> Any:
 
 
 _SCALARS = (bool, int, float, str, bytes)
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9_.<>\[\], -]")
 _DICTS = (dict, collections.OrderedDict, collections.defaultdict)
 
 
@@ -314,7 +337,7 @@ def check_archive(data: bytes, max_bytes: int) -> None:
     if directory_size >= 0xFFFFFFFF or directory_at >= 0xFFFFFFFF:
         raise MalformedReply("the worker's reply is a zip64 archive; no reply needs one")
     try:
-        archive = zipfile.ZipFile(io.BytesIO(data))
+        archive = zipfile.ZipFile(as_file(data))
         infos = archive.infolist()
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, struct.error) as exc:
         raise MalformedReply(f"the worker's reply is not a readable archive: {type(exc).__name__}") from None
@@ -615,7 +638,9 @@ def from_wire(tree: Any, make_handle: Callable[[int, str], Any], budget: _Budget
             kind_name = tree.get("type", "object")
             if not isinstance(kind_name, str) or len(kind_name) > 200:
                 raise MalformedReply("handle whose type is not a short string")
-            return make_handle(tree["id"], kind_name)
+            # The name of a class of the student's: it reaches reprs, messages and pytest's own output
+            # (the instructor's --log-dir), so only a name's characters travel, never an escape sequence.
+            return make_handle(tree["id"], _SAFE_NAME.sub("?", kind_name) or "object")
         raise MalformedReply(f"unknown wire tag {kind!r}")
     raise MalformedReply(f"unexpected {type(tree).__name__} in reply")
 
@@ -629,7 +654,7 @@ def decode_reply(data: bytes, make_handle: Callable[[int, str], Any], max_bytes:
 
     check_archive(data, max_bytes)
     try:
-        tree = torch.load(io.BytesIO(data), weights_only=True, map_location=None)
+        tree = torch.load(as_file(data), weights_only=True, map_location=None)
     except Exception as exc:  # noqa: BLE001 - any failure to decode hostile bytes is a malformed reply
         raise MalformedReply(f"the worker's reply could not be decoded safely: {type(exc).__name__}") from None
     try:
