@@ -1064,18 +1064,27 @@ class _ReadState(threading.local):
     reading: tuple = ()  # ids of the tensors whose watched read is running in this thread
 
 
+# Reads that call the student's code back while they run: a read made from inside the callback is the
+# student's own, never the library's nested one, so it counts even when it reads the same object
+# (`box.apply_(f)`, whose `f` swapped `box.data = x` and read `box.tolist()`, was counted as one element
+# for 100,000: red team round 15).
+_CALLING_BACK = frozenset({"torch.Tensor.apply_", "torch.Tensor.map_", "torch.Tensor.map2_"})
+
+
 _READ_STATE = _ReadState()
 
 
 def _watched_read(fn: Any, what: str, args: tuple, kwargs: dict, whole_storage: bool = False,
-                  aliasing: bool = False) -> Any:
-    target = id(args[0]) if args else None
+                  aliasing: bool = False, calls_back: bool = False) -> Any:
+    # Nested reads of one object are counted once (numpy.asarray(t) calls t.__array__, which calls t.numpy()):
+    # library code reading on. A read that runs the student's code marks nothing: what that code reads counts.
+    target = id(args[0]) if args and not calls_back else None
     if aliasing and args and not in_launch():  # memory handed over where Python reads it later: remembered
         _note_aliased(args[0])
     if not in_launch():
         if _READS["refuse"]:
             raise host_read_refused(what, _READS["why"])
-        if _READS["counters"] and target not in _READ_STATE.reading:  # numpy.asarray(t) calls t.numpy(): once
+        if _READS["counters"] and (target is None or target not in _READ_STATE.reading):
             n = sum(_elements(a, whole_storage) for a in args)  # Tensor.map_(other, f) reads both
             for counter in _READS["counters"]:
                 counter.reads += n
@@ -1102,6 +1111,30 @@ def _watched_create(fn: Any, what: str, args: tuple, kwargs: dict) -> Any:
     return out
 
 
+def _watching(current: Any, original: Any, what: str, dotted: str) -> Any:
+    """The wrapper that watches the route `dotted`. Its settings are bound in a closure, never as keyword
+    defaults: a call can pass any keyword, and ``t.numpy(_whole=False)`` would have counted one element of
+    a view for its whole storage."""
+    whole, aliasing, calls_back = dotted in _EXPOSING, dotted in _ALIASING, dotted in _CALLING_BACK
+    if isinstance(original, property):
+        prop = original
+
+        def getter(self):
+            return _watched_read(prop.__get__, what, (self, type(self)), {}, whole)
+
+        return property(getter)
+    if dotted in _CREATING:
+        def creating(*args, **kwargs):
+            return _watched_create(current, what, args, kwargs)
+
+        return functools.wraps(current)(creating)
+
+    def reading(*args, **kwargs):
+        return _watched_read(current, what, args, kwargs, whole, aliasing, calls_back)
+
+    return functools.wraps(current)(reading)
+
+
 def install_host_read_watch() -> None:
     """Replace each route in `HOST_READS` by a wrapper that refuses or counts during guarded calls and
     otherwise passes through; once per process, before any student module is imported."""
@@ -1117,21 +1150,7 @@ def install_host_read_watch() -> None:
                 continue
             original = vars(owner).get(attr, _INHERITED) if isinstance(owner, type) else getattr(owner, attr)
             current = getattr(owner, attr) if not isinstance(original, property) else original
-            whole = dotted in _EXPOSING
-            if isinstance(original, property):
-                def getter(self, _prop=original, _what=what, _whole=whole):
-                    return _watched_read(_prop.__get__, _what, (self, type(self)), {}, _whole)
-
-                replacement: Any = property(getter)
-            elif dotted in _CREATING:
-                @functools.wraps(current)
-                def replacement(*args, _fn=current, _what=what, **kwargs):
-                    return _watched_create(_fn, _what, args, kwargs)
-            else:
-                @functools.wraps(current)
-                def replacement(*args, _fn=current, _what=what, _whole=whole, _alias=dotted in _ALIASING, **kwargs):
-                    return _watched_read(_fn, _what, args, kwargs, _whole, _alias)
-
+            replacement = _watching(current, original, what, dotted)
             # functools.wraps keeps the original as __wrapped__: a submission that reads the wrapper's namespace
             # would find the unwatched method there.
             if not isinstance(replacement, property):
