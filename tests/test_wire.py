@@ -506,3 +506,17 @@ def test_a_handles_type_name_carries_no_escape_sequence():
     torch.save(tree, data)
     wire.decode_reply(data.getvalue(), lambda hid, name: made.append(name) or name)
     assert made and "\x1b" not in made[0] and "\x07" not in made[0], made
+
+
+def test_a_reply_larger_than_a_small_frame_decodes_from_its_mapping():
+    import socket
+    import threading
+
+    value = {"ok": True, "value": torch.arange(100_000, dtype=torch.float32)}  # 400 kB: read into a mapping
+    data = wire.encode_reply(value, lambda obj: 0)
+    assert len(data) > wire.SMALL_FRAME
+    ours, theirs = socket.socketpair()
+    threading.Thread(target=lambda: theirs.sendall(wire._HEADER.pack(len(data)) + data), daemon=True).start()
+    frame = wire.recv_frame(ours, 1 << 30)
+    reply = wire.decode_reply(frame, lambda hid, name: None)
+    assert torch.equal(reply["value"], value["value"])

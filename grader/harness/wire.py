@@ -153,11 +153,38 @@ def recv_frame(sock: socket.socket, max_bytes: int, deadline: float | None = Non
             sock.settimeout(None)
 
 
-def as_file(data: bytes | mmap.mmap) -> io.BytesIO | mmap.mmap:
-    """A frame as a file to read from its start, without a copy."""
+class _MappedFile(io.RawIOBase):
+    """A mapped frame as a read-only binary file (zipfile and torch.load ask a file if it is seekable,
+    which a mapping cannot answer before Python 3.13)."""
+
+    def __init__(self, mapping: mmap.mmap):
+        super().__init__()
+        self._mapping = mapping
+        mapping.seek(0)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        chunk = self._mapping.read(len(buffer))
+        buffer[: len(chunk)] = chunk
+        return len(chunk)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._mapping.seek(offset, whence)
+        return self._mapping.tell()
+
+    def tell(self) -> int:
+        return self._mapping.tell()
+
+
+def as_file(data: bytes | mmap.mmap) -> io.BufferedReader | io.BytesIO:
+    """A frame as a file to read from its start, without a copy of the whole."""
     if isinstance(data, mmap.mmap):
-        data.seek(0)
-        return data
+        return io.BufferedReader(_MappedFile(data))
     return io.BytesIO(data)
 
 
