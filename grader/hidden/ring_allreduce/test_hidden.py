@@ -1,8 +1,8 @@
 """Hidden checks for ring all-reduce.
 
-Oracles, all written out here: chunk bounds from the formula (first n % N chunks one longer), the
-exact sum over ranks in int64, and the ring-order sum in the tensor's dtype, chunk by chunk:
-chunk c is ((x_c + x_(c+1)) + x_(c+2)) + ... + x_(c-1), ranks mod N. The communication volume is
+Oracles, all written out for the tests (oracle.py): chunk bounds from the formula (first n % N chunks
+one longer), the exact sum over ranks in int64, and the ring-order sum in the tensor's dtype, chunk by
+chunk: chunk c is ((x_c + x_(c+1)) + x_(c+2)) + ... + x_(c-1), ranks mod N. The communication volume is
 read from the course's simulated ring, which counts every message each rank sends.
 
 Every run that sends a message is traced, and every message is checked: the contract says what each
@@ -28,6 +28,15 @@ from typing import NamedTuple
 import pytest
 import torch
 
+from grader.hidden.ring_allreduce.oracle import (
+    bounds,
+    exact_sum,
+    expected_trace,
+    rank_state,
+    ring_order_sum,
+    ring_partials,
+    sizes_of,
+)
 from grader.support.ring_allreduce import forbidden_collectives, message_digest
 from grader.testing import is_close, mismatches, show
 
@@ -57,45 +66,12 @@ def ra(student):
 
 
 # --------------------------------------------------------------------------------------------------
-# Oracles
-
-
-def sizes_of(n: int, world: int) -> list[int]:
-    return [n // world + (1 if c < n % world else 0) for c in range(world)]
-
-
-def bounds(n: int, world: int, c: int) -> tuple[int, int]:
-    sizes = sizes_of(n, world)
-    start = sum(sizes[:c])
-    return start, start + sizes[c]
+# Inputs, messages and assertion helpers (the oracles are in oracle.py)
 
 
 def lengths(world: int) -> list[int]:
     """The n values to try for a world size: empty, one element, fewer than N, uneven, large-ish."""
     return sorted({0, 1, max(world - 1, 0), world + 1, 1009})
-
-
-def exact_sum(xs: list[torch.Tensor]) -> torch.Tensor:
-    """The sum over ranks of the flat tensors, exact (int64 for integer data, float64 otherwise)."""
-    wide = torch.int64 if not xs[0].dtype.is_floating_point else torch.float64
-    total = torch.zeros(xs[0].numel(), dtype=wide)
-    for x in xs:
-        total += x.reshape(-1).to(wide)
-    return total
-
-
-def ring_order_sum(xs: list[torch.Tensor], chunks: list[int] | None = None) -> torch.Tensor:
-    """Chunk c summed in ring order, starting at rank c, in the tensors' own dtype (flat)."""
-    world, flats = len(xs), [x.reshape(-1) for x in xs]
-    n = flats[0].numel()
-    out = torch.zeros_like(flats[0])
-    for c in chunks if chunks is not None else range(world):
-        lo, hi = bounds(n, world, c)
-        acc = flats[c][lo:hi].clone()
-        for hop in range(1, world):
-            acc = acc + flats[(c + hop) % world][lo:hi]
-        out[lo:hi] = acc
-    return out
 
 
 def int_inputs(world: int, n: int, dtype: torch.dtype, offset: int, shape=None) -> list[torch.Tensor]:
@@ -697,54 +673,6 @@ def generated_ring_case(rnd: random.Random, trial: int, dtypes: list, gen: torch
     shaped = [laid_out(f, layout, random.Random(layout_seed)) for f in flats]  # one shape and layout for every rank
     label = f"N={world}, n={n} ({kind}), {str(dtype).removeprefix('torch.')}, {shaped[0][1]}"
     return RingCase(world, [x for x, _ in shaped], flats, label, offset)
-
-
-def ring_partials(flats: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-    """partials[c][h]: chunk c after h hops of the ring order, x_c + x_(c+1) + ... + x_(c+h), in the dtype."""
-    world, n = len(flats), flats[0].numel()
-    out = []
-    for c in range(world):
-        lo, hi = bounds(n, world, c)
-        acc = flats[c][lo:hi].clone()
-        hops = [acc]
-        for hop in range(1, world):
-            acc = acc + flats[(c + hop) % world][lo:hi]
-            hops.append(acc)
-        out.append(hops)
-    return out
-
-
-def expected_trace(flats: list, partials: list, kind: str, shift: int, finals: list | None = None) -> list[list[tuple]]:
-    """Per rank, each exchange as (phase, step, chunk, the elements it sends), straight from the contract."""
-    world, per_rank = len(flats), []
-    for r in range(world):
-        msgs = []
-        if kind in ("allreduce", "reduce_scatter"):
-            msgs += [("reduce-scatter", s, (r - s) % world, partials[(r - s) % world][s]) for s in range(world - 1)]
-        if kind in ("allreduce", "all_gather"):
-            owned = (r + 1) % world if kind == "allreduce" else (r + shift) % world
-            for s in range(world - 1):
-                c = (owned - s) % world
-                msgs.append(("all-gather", s, c, finals[c] if finals else partials[c][world - 1]))
-        per_rank.append(msgs)
-    return per_rank
-
-
-def rank_state(flats: list, partials: list, finals: list, kind: str, shift: int, r: int, phase: str,
-               step: int) -> list[torch.Tensor]:
-    """Rank r's copy of every chunk just before `step` of `phase`, by the contract."""
-    world, n = len(flats), flats[0].numel()
-    own = [flats[r][slice(*bounds(n, world, j))] for j in range(world)]
-    if kind == "all_gather":
-        before = own
-    else:  # chunk j gets its one addition at reduce-scatter step (r - j - 1) % N and then holds j .. r
-        upto = step if phase == "reduce-scatter" else world - 1
-        before = [partials[j][(r - j) % world] if (r - j - 1) % world < upto else own[j] for j in range(world)]
-    if phase == "reduce-scatter":
-        return before
-    owned = (r + 1) % world if kind == "allreduce" else (r + shift) % world
-    done = {(owned - t) % world for t in range(step + 1)}
-    return [finals[j] if j in done else before[j] for j in range(world)]
 
 
 def message_cause(got: torch.Tensor, want: torch.Tensor, state: list, before_gather: list, finals: list, phase: str,
