@@ -49,6 +49,8 @@ def with_one_rank(world: int) -> list[int]:
     """The world sizes a test parametrised by `world` runs: one rank as well, beside two. With one rank the
     all-reduce is the identity, so a function that does nothing is right there; it earns nothing alone."""
     return [1, world] if world == 2 else [world]
+
+
 BIG = 2**20 + 3
 # The simulated ring's own deadline for the 2^20-element runs (its default is 60 s): a run of 8 ranks takes
 # about 0.5 s on a quiet machine, but the course's shared 2-core machine under load (load average 40) stretched
@@ -114,8 +116,9 @@ def explain_int(xs: list[torch.Tensor], got: torch.Tensor, want: torch.Tensor, r
     )
 
 
-def explain_float(got: torch.Tensor, want: torch.Tensor, exact: torch.Tensor, rank: int, label: str, n: int,
-                  world: int) -> str:
+def explain_float(
+    got: torch.Tensor, want: torch.Tensor, exact: torch.Tensor, rank: int, label: str, n: int, world: int
+) -> str:
     got, want = got.reshape(-1), want.reshape(-1)
     bad = (got != want).nonzero().flatten()
     k = int(bad[0])
@@ -123,8 +126,8 @@ def explain_float(got: torch.Tensor, want: torch.Tensor, exact: torch.Tensor, ra
     hint = (
         "The result is close to the true sum but not bit-identical to the ring order: accumulate in the "
         "tensor's own dtype (no float32/float64 accumulator), one hop at a time, chunk c starting at rank c."
-        if is_close(got, exact.reshape(-1), atol=0.05 * scale) else
-        "The result is far from the sum: check the chunk indices and the peers."
+        if is_close(got, exact.reshape(-1), atol=0.05 * scale)
+        else "The result is far from the sum: check the chunk indices and the peers."
     )
     return (
         f"{label}: rank {rank}, position {k} (chunk {chunk_of(k, n, world)}): found {float(got[k])!r}, the ring "
@@ -138,10 +141,13 @@ def first_wrong(got: torch.Tensor, want: torch.Tensor, world: int) -> str:
     bad = mismatches(got, want, atol=0.0)
     k, n = int(bad.nonzero()[0]), want.numel()
     close = want.dtype in (torch.float32, torch.bfloat16) and is_close(
-        got, want, atol=1e-2 * (float(want.double().abs().max()) or 1.0))
-    return (f"position {k} of {n} (chunk {chunk_of(k, n, world)}) holds {got[k].item()!r}, expected "
-            f"{want[k].item()!r}; {int(bad.sum())} positions differ"
-            + (" (all close to the sum: the order or dtype of the additions?)" if close else ""))
+        got, want, atol=1e-2 * (float(want.double().abs().max()) or 1.0)
+    )
+    return (
+        f"position {k} of {n} (chunk {chunk_of(k, n, world)}) holds {got[k].item()!r}, expected "
+        f"{want[k].item()!r}; {int(bad.sum())} positions differ"
+        + (" (all close to the sum: the order or dtype of the additions?)" if close else "")
+    )
 
 
 def run_ring(student, fn, xs, trace=True, **kwargs):
@@ -157,8 +163,9 @@ RING_ONLY = (
 )
 
 
-def assert_ring_messages(run: dict, flats: list[torch.Tensor], kind: str, what: str, shift: int = 1,
-                         finals: list | None = None) -> None:
+def assert_ring_messages(
+    run: dict, flats: list[torch.Tensor], kind: str, what: str, shift: int = 1, finals: list | None = None
+) -> None:
     """Every message of a traced run is the ring's: right peers, dtype, length and elements, bit for bit.
 
     `flats`: the ranks' inputs, flat, as they were before the run; `kind`: "allreduce", "reduce_scatter" or
@@ -199,12 +206,15 @@ def test_reduce_scatter(student, ra, rng, world):
                         if not torch.equal(got, want):
                             full = run["outputs"][r].reshape(-1).clone()
                             full[lo:hi] = want  # only the owned chunk is promised
-                            pytest.fail(explain_int(xs, run["outputs"][r], full, r, f"{label}, owned chunk {owned}")
-                                        + f" After N - 1 steps chunk {owned} must hold every rank's contribution: at step s "
-                                        "rank r adds the chunk (r - s - 1) % N that arrives from rank (r - 1) % N.")
+                            pytest.fail(
+                                explain_int(xs, run["outputs"][r], full, r, f"{label}, owned chunk {owned}")
+                                + f" After N - 1 steps chunk {owned} must hold every rank's contribution: at step s "
+                                "rank r adds the chunk (r - s - 1) % N that arrives from rank (r - 1) % N."
+                            )
                     else:
                         assert torch.equal(got, want), explain_float(
-                            got, want, exact_sum(xs)[lo:hi], r, label + f", chunk {owned}", hi - lo, world)
+                            got, want, exact_sum(xs)[lo:hi], r, label + f", chunk {owned}", hi - lo, world
+                        )
                 assert_ring_messages(run, xs, "reduce_scatter", label)
 
 
@@ -220,8 +230,8 @@ def test_reduce_scatter_keeps_the_dtype_and_shape(student, ra, rng):
         lo, hi = bounds(105, 3, owned)
         want = ring_order_sum(xs, [owned])[lo:hi]
         assert torch.equal(out.reshape(-1)[lo:hi], want), explain_float(
-            out.reshape(-1)[lo:hi], want, exact_sum(xs)[lo:hi], r, "ring_reduce_scatter, bfloat16 [5, 7, 3]",
-            hi - lo, 3)
+            out.reshape(-1)[lo:hi], want, exact_sum(xs)[lo:hi], r, "ring_reduce_scatter, bfloat16 [5, 7, 3]", hi - lo, 3
+        )
     assert_ring_messages(run, flat_copies(xs), "reduce_scatter", "ring_reduce_scatter, bfloat16 [5, 7, 3]")
 
 
@@ -257,8 +267,14 @@ def test_all_gather(student, ra, rng, world):
                         + "At step s send chunk (owned - s) % N, receive chunk (owned - s - 1) % N."
                     )
             finals = [final[slice(*bounds(n, world, c))] for c in range(world)]
-            assert_ring_messages(run, xs, "all_gather", f"ring_all_gather, N={world}, n={n}, {dtype}, owned = "
-                                 f"(rank + {shift}) % N", shift=shift, finals=finals)
+            assert_ring_messages(
+                run,
+                xs,
+                "all_gather",
+                f"ring_all_gather, N={world}, n={n}, {dtype}, owned = (rank + {shift}) % N",
+                shift=shift,
+                finals=finals,
+            )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -278,7 +294,9 @@ def test_allreduce_exact(student, ra, seed, world, dtype):
                 got = run["outputs"][r]
                 assert got.dtype == dtype, f"N={world}, n={n}: rank {r}'s tensor became {got.dtype}; keep {dtype}"
                 if not torch.equal(got.reshape(-1).to(want.dtype), want):
-                    pytest.fail(explain_int(xs, got, want.to(torch.int64), r, f"ring_allreduce, N={world}, n={n}, {dtype}"))
+                    pytest.fail(
+                        explain_int(xs, got, want.to(torch.int64), r, f"ring_allreduce, N={world}, n={n}, {dtype}")
+                    )
             assert_ring_messages(run, xs, "allreduce", f"ring_allreduce, N={world}, n={n}, {dtype}")
 
 
@@ -362,7 +380,8 @@ def test_ring_order(student, ra, rng, world, dtype):
             got = run["outputs"][r]
             assert got.dtype == dtype, f"N={world}: rank {r}'s tensor became {got.dtype}; keep {dtype}"
             assert torch.equal(got, want), explain_float(
-                got, want, exact_sum(xs), r, f"N={world}, n={n}, {dtype}", n, world)
+                got, want, exact_sum(xs), r, f"N={world}, n={n}, {dtype}", n, world
+            )
         assert_ring_messages(run, xs, "allreduce", f"ring_allreduce, N={world}, n={n}, {dtype}")
 
 
@@ -376,7 +395,8 @@ def test_ring_order_large(student, ra, rng, world, dtype):
         got = run["outputs"][r]
         assert got.dtype == dtype, f"N={world}, n=2^20+3: rank {r}'s tensor became {got.dtype}; keep {dtype}"
         assert torch.equal(got, want), explain_float(
-            got, want, exact_sum(xs), r, f"N={world}, n=2^20+3, {dtype}", BIG, world)
+            got, want, exact_sum(xs), r, f"N={world}, n=2^20+3, {dtype}", BIG, world
+        )
     assert_ring_messages(run, xs, "allreduce", f"ring_allreduce, N={world}, n=2^20+3, {dtype}")
 
 
@@ -442,7 +462,8 @@ def test_shapes(student, ra, rng):
     world = 4
     cases = {
         "a permuted 3-D float32 tensor [3, 4, 5]": [
-            torch.randn(5, 3, 4, generator=rng).permute(1, 2, 0) for _ in range(world)],
+            torch.randn(5, 3, 4, generator=rng).permute(1, 2, 0) for _ in range(world)
+        ],
         "a 0-d int64 tensor": [torch.tensor(7 * r + 1) for r in range(world)],
         "an empty float32 tensor [0, 3]": [torch.empty(0, 3) for _ in range(world)],
         "a sliced int64 row view x[::2]": [torch.arange(40)[::2] * (r + 1) for r in range(world)],
@@ -503,8 +524,8 @@ def _volume_message(label: str, r: int, run: dict, want_msgs: int, want_elems: i
         why = (
             f"one message held {biggest} elements, more than the largest chunk ({max(sizes)}): "
             "a ring step passes one chunk, not the whole buffer"
-            if biggest > max(sizes) else
-            f"the chunk sizes must follow torch.tensor_split: {sizes}"
+            if biggest > max(sizes)
+            else f"the chunk sizes must follow torch.tensor_split: {sizes}"
         )
         return f"{label}: rank {r} sent {elems} elements, the optimum is {want_elems}; {why}"
     return None
@@ -521,13 +542,15 @@ def test_allreduce_volume(student, ra, world):
             problem = _volume_message(f"ring_allreduce, N={world}, n={n}", r, run, 2 * (world - 1), want, sizes)
             assert problem is None, problem
             expected_sizes = [sizes[(r - s) % world] for s in range(world - 1)] + [
-                sizes[(r + 1 - s) % world] for s in range(world - 1)]
+                sizes[(r + 1 - s) % world] for s in range(world - 1)
+            ]
             assert run["message_sizes"][r] == expected_sizes, (
                 f"ring_allreduce, N={world}, n={n}: rank {r} sent messages of {show(run['message_sizes'][r])} "
                 f"elements, expected {show(expected_sizes)} (chunk (r - s) % N, then chunk (r + 1 - s) % N)"
             )
-        assert_ring_messages(run, int_inputs(world, n, torch.int64, 1), "allreduce",
-                             f"ring_allreduce, N={world}, n={n}")
+        assert_ring_messages(
+            run, int_inputs(world, n, torch.int64, 1), "allreduce", f"ring_allreduce, N={world}, n={n}"
+        )
 
 
 @pytest.mark.check("volume")
@@ -537,22 +560,31 @@ def test_phase_volume(student, ra, world):
     sizes = sizes_of(n, world)
     run = run_ring(student, ra.ring_reduce_scatter, int_inputs(world, n, torch.int64, 1))
     for r in range(world):
-        problem = _volume_message(f"ring_reduce_scatter, N={world}, n={n}", r, run, world - 1,
-                                  n - sizes[(r + 1) % world], sizes)
+        problem = _volume_message(
+            f"ring_reduce_scatter, N={world}, n={n}", r, run, world - 1, n - sizes[(r + 1) % world], sizes
+        )
         assert problem is None, problem
-    assert_ring_messages(run, int_inputs(world, n, torch.int64, 1), "reduce_scatter",
-                         f"ring_reduce_scatter, N={world}, n={n}")
+    assert_ring_messages(
+        run, int_inputs(world, n, torch.int64, 1), "reduce_scatter", f"ring_reduce_scatter, N={world}, n={n}"
+    )
     shift = 2
     owned = [((r + shift) % world,) for r in range(world)]
     run = run_ring(student, ra.ring_all_gather, int_inputs(world, n, torch.int64, 1), rank_args=owned)
     for r in range(world):
-        problem = _volume_message(f"ring_all_gather, N={world}, n={n}, owned=(rank+2)%N", r, run, world - 1,
-                                  n - sizes[(r + shift + 1) % world], sizes)
+        problem = _volume_message(
+            f"ring_all_gather, N={world}, n={n}, owned=(rank+2)%N",
+            r,
+            run,
+            world - 1,
+            n - sizes[(r + shift + 1) % world],
+            sizes,
+        )
         assert problem is None, problem
     flats = int_inputs(world, n, torch.int64, 1)
     finals = [flats[(c - shift) % world][slice(*bounds(n, world, c))] for c in range(world)]
-    assert_ring_messages(run, flats, "all_gather", f"ring_all_gather, N={world}, n={n}, owned=(rank+2)%N", shift=shift,
-                         finals=finals)
+    assert_ring_messages(
+        run, flats, "all_gather", f"ring_all_gather, N={world}, n={n}, owned=(rank+2)%N", shift=shift, finals=finals
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -571,9 +603,17 @@ def seeded(rng: torch.Generator) -> random.Random:
 
 
 def generated_length(rnd: random.Random, kind: str, world: int) -> int:
-    return {"0": 0, "1": 1, "N - 1": world - 1, "N": world, "N + 1": world + 1, "2N - 1": 2 * world - 1,
-            "a multiple of N": world * rnd.randint(2, 40), "small": rnd.randint(2, 64),
-            "large": rnd.randint(500, 3000)}[kind]
+    return {
+        "0": 0,
+        "1": 1,
+        "N - 1": world - 1,
+        "N": world,
+        "N + 1": world + 1,
+        "2N - 1": 2 * world - 1,
+        "a multiple of N": world * rnd.randint(2, 40),
+        "small": rnd.randint(2, 64),
+        "large": rnd.randint(500, 3000),
+    }[kind]
 
 
 def factors(n: int, count: int, rnd: random.Random) -> tuple[int, ...] | None:
@@ -639,8 +679,9 @@ def decode(value: int, k: int, world: int, offset: int) -> str:
     if missing:
         parts.append(f"rank(s) {missing} contributed nothing to it")
     if extra:
-        parts.append(f"rank(s) {extra} contributed more than once (a chunk added twice, or added where it should "
-                     "overwrite)")
+        parts.append(
+            f"rank(s) {extra} contributed more than once (a chunk added twice, or added where it should overwrite)"
+        )
     return "; ".join(parts) or "it is the right sum"
 
 
@@ -675,27 +716,48 @@ def generated_ring_case(rnd: random.Random, trial: int, dtypes: list, gen: torch
     return RingCase(world, [x for x, _ in shaped], flats, label, offset)
 
 
-def message_cause(got: torch.Tensor, want: torch.Tensor, state: list, before_gather: list, finals: list, phase: str,
-                  step: int, c: int, partials: list, exact: torch.Tensor | None) -> str:
+def message_cause(
+    got: torch.Tensor,
+    want: torch.Tensor,
+    state: list,
+    before_gather: list,
+    finals: list,
+    phase: str,
+    step: int,
+    c: int,
+    partials: list,
+    exact: torch.Tensor | None,
+) -> str:
     """What a rank most likely did wrong to send `got` where the contract sends `want` (chunk c)."""
-    send_rule = ("at reduce-scatter step s rank r sends chunk (r - s) % N" if phase == "reduce-scatter"
-                 else "at all-gather step s rank r sends chunk (owned - s) % N")
+    send_rule = (
+        "at reduce-scatter step s rank r sends chunk (r - s) % N"
+        if phase == "reduce-scatter"
+        else "at all-gather step s rank r sends chunk (owned - s) % N"
+    )
     if got.numel() and not got.any() and want.any():
-        return ("the message is all zeros where the ring's is not: a placeholder of the right size? The data must travel "
-                "in the messages themselves")
+        return (
+            "the message is all zeros where the ring's is not: a placeholder of the right size? The data must travel "
+            "in the messages themselves"
+        )
     for j, held in enumerate(state):
         if j != c and held.numel() == got.numel() and held.numel() and torch.equal(got, held):
             return f"it sent its copy of chunk {j} instead: {send_rule}"
     if phase == "reduce-scatter" and step > 0 and torch.equal(got, partials[c][step - 1]):
-        return ("it is the message that arrived for this chunk one step earlier, without this rank's own values: the "
-                "reduce-scatter ADDS the incoming chunk into this rank's copy (receive into a scratch buffer, then add)")
+        return (
+            "it is the message that arrived for this chunk one step earlier, without this rank's own values: the "
+            "reduce-scatter ADDS the incoming chunk into this rank's copy (receive into a scratch buffer, then add)"
+        )
     if phase == "all-gather" and torch.equal(got, finals[c] + before_gather[c]):
         return "it is the final chunk plus this rank's stale partial sum: the all-gather overwrites, never adds"
     if exact is not None and is_close(got, exact, atol=0.05 * (float(exact.abs().max()) if exact.numel() else 1.0)):
-        return ("it is close to the true partial sum but not bit-identical to the ring order: add in the tensor's own "
-                "dtype, one hop at a time (no wider accumulator), chunk c starting at rank c")
-    return (f"this rank's copy of chunk {c} is not what the earlier steps make it: at reduce-scatter step s rank r "
-            "receives chunk (r - s - 1) % N from rank (r - 1) % N and adds it into its own copy of that chunk")
+        return (
+            "it is close to the true partial sum but not bit-identical to the ring order: add in the tensor's own "
+            "dtype, one hop at a time (no wider accumulator), chunk c starting at rank c"
+        )
+    return (
+        f"this rank's copy of chunk {c} is not what the earlier steps make it: at reduce-scatter step s rank r "
+        "receives chunk (r - s - 1) % N from rank (r - 1) % N and adds it into its own copy of that chunk"
+    )
 
 
 def trace_divergence(run: dict, flats: list[torch.Tensor], kind: str, shift: int, finals: list | None = None) -> str:
@@ -717,8 +779,10 @@ def trace_divergence(run: dict, flats: list[torch.Tensor], kind: str, shift: int
                 return f"{where}: rank {r} made only {len(trace[r])} exchanges; each phase takes N - 1 = {world - 1}"
             msg = trace[r][e]
             if (msg["dst"], msg["src"]) != ((r + 1) % world, (r - 1) % world):
-                return (f"{where}: rank {r} sent to rank {msg['dst']} and received from rank {msg['src']}; in the ring "
-                        f"it sends to (r + 1) % N = {(r + 1) % world} and receives from (r - 1) % N = {(r - 1) % world}")
+                return (
+                    f"{where}: rank {r} sent to rank {msg['dst']} and received from rank {msg['src']}; in the ring "
+                    f"it sends to (r + 1) % N = {(r + 1) % world} and receives from (r - 1) % N = {(r - 1) % world}"
+                )
             if "digest" in msg:
                 problem = digest_divergence(msg, elems, phase, c)
                 if problem:
@@ -727,14 +791,22 @@ def trace_divergence(run: dict, flats: list[torch.Tensor], kind: str, shift: int
             got, lo = msg["sent"], bounds(n, world, c)[0]
             state = rank_state(flats, partials, finals, kind, shift, r, phase, step)
             if got.dtype != elems.dtype:
-                return (f"{where}: rank {r} sent {dtype_name(got.dtype)} elements, the tensor is {dtype_name(elems.dtype)}: "
-                        "accumulate and send in the tensor's own dtype (no upcast: each hop rounds)")
+                return (
+                    f"{where}: rank {r} sent {dtype_name(got.dtype)} elements, the tensor is {dtype_name(elems.dtype)}: "
+                    "accumulate and send in the tensor's own dtype (no upcast: each hop rounds)"
+                )
             if got.numel() != elems.numel():
-                same = [j for j in range(world) if j != c and state[j].numel() == got.numel() and torch.equal(got, state[j])]
-                why = (f"it is this rank's copy of chunk {same[0]}: at {phase} step s rank r sends chunk "
-                       + ("(r - s) % N" if phase == "reduce-scatter" else "(owned - s) % N") if same and got.numel() else
-                       "it is the whole buffer: a ring step passes one chunk" if got.numel() == n and n > elems.numel()
-                       else f"chunks follow torch.tensor_split: sizes {sizes_of(n, world)}")
+                same = [
+                    j for j in range(world) if j != c and state[j].numel() == got.numel() and torch.equal(got, state[j])
+                ]
+                why = (
+                    f"it is this rank's copy of chunk {same[0]}: at {phase} step s rank r sends chunk "
+                    + ("(r - s) % N" if phase == "reduce-scatter" else "(owned - s) % N")
+                    if same and got.numel()
+                    else "it is the whole buffer: a ring step passes one chunk"
+                    if got.numel() == n and n > elems.numel()
+                    else f"chunks follow torch.tensor_split: sizes {sizes_of(n, world)}"
+                )
                 return f"{where}: rank {r} sent {got.numel()} elements, chunk {c} holds {elems.numel()}: {why}"
             bad = mismatches(got, elems, atol=0.0)
             if bad.any():
@@ -743,12 +815,17 @@ def trace_divergence(run: dict, flats: list[torch.Tensor], kind: str, shift: int
                 exact = None
                 if floats:
                     hi = lo + elems.numel()
-                    terms = ([flats[(c + h) % world][lo:hi] for h in range(step + 1)] if phase == "reduce-scatter"
-                             else [x[lo:hi] for x in flats])
+                    terms = (
+                        [flats[(c + h) % world][lo:hi] for h in range(step + 1)]
+                        if phase == "reduce-scatter"
+                        else [x[lo:hi] for x in flats]
+                    )
                     exact = sum(t.double() for t in terms)
                 cause = message_cause(got, elems, state, before_gather, finals, phase, step, c, partials, exact)
-                return (f"{where}: its message differs first at position {lo + j} (element {j} of chunk {c}): found "
-                        f"{got[j].item()!r}, the ring order gives {elems[j].item()!r}: {cause}")
+                return (
+                    f"{where}: its message differs first at position {lo + j} (element {j} of chunk {c}): found "
+                    f"{got[j].item()!r}, the ring order gives {elems[j].item()!r}: {cause}"
+                )
     extra = [r for r in range(world) if len(trace[r]) > len(want[r])]
     if extra:
         return f"rank {extra[0]} made {len(trace[extra[0]])} exchanges, the contract {len(want[extra[0]])}"
@@ -762,22 +839,35 @@ def dtype_name(dtype: torch.dtype) -> str:
 def digest_divergence(msg: dict, elems: torch.Tensor, phase: str, c: int) -> str:
     """'' when a digested message is the contract's `elems`; else what differs (dtype, length, or the values)."""
     if msg["dtype"] != dtype_name(elems.dtype):
-        return (f"it sent {msg['dtype']} elements, the tensor is {dtype_name(elems.dtype)}: accumulate and send in the "
-                "tensor's own dtype (no upcast: each hop rounds)")
+        return (
+            f"it sent {msg['dtype']} elements, the tensor is {dtype_name(elems.dtype)}: accumulate and send in the "
+            "tensor's own dtype (no upcast: each hop rounds)"
+        )
     if msg["numel"] != elems.numel():
         return f"it sent {msg['numel']} elements, chunk {c} holds {elems.numel()}"
     if msg["digest"] != message_digest(elems):
         if elems.any() and msg["digest"] == message_digest(torch.zeros_like(elems)):
-            return (f"it sent {elems.numel()} zeros, as many elements as chunk {c} holds, where the ring's message is not "
-                    "zero: a placeholder of the right size? The data must travel in the messages themselves")
+            return (
+                f"it sent {elems.numel()} zeros, as many elements as chunk {c} holds, where the ring's message is not "
+                "zero: a placeholder of the right size? The data must travel in the messages themselves"
+            )
         what = "its partial sum of" if phase == "reduce-scatter" else "the finished"
-        return (f"it sent {elems.numel()} {dtype_name(elems.dtype)} elements, as many as chunk {c} holds, but not "
-                f"{what} chunk {c} (run the same input on run_simulated with trace=True to see its values)")
+        return (
+            f"it sent {elems.numel()} {dtype_name(elems.dtype)} elements, as many as chunk {c} holds, but not "
+            f"{what} chunk {c} (run the same input on run_simulated with trace=True to see its values)"
+        )
     return ""
 
 
-def result_divergence(got: torch.Tensor, want: torch.Tensor, case: RingCase, r: int, what: str,
-                      before_gather: torch.Tensor | None = None, sums: bool = True) -> str:
+def result_divergence(
+    got: torch.Tensor,
+    want: torch.Tensor,
+    case: RingCase,
+    r: int,
+    what: str,
+    before_gather: torch.Tensor | None = None,
+    sums: bool = True,
+) -> str:
     """The first wrong position of rank r's flat result, its chunk, and what it holds instead: its own input,
     the final value added to what the rank held before the all-gather (`before_gather`), or (exact dtypes,
     `sums`) the ranks and position its value decodes to."""
@@ -785,14 +875,18 @@ def result_divergence(got: torch.Tensor, want: torch.Tensor, case: RingCase, r: 
     got = got.reshape(-1)
     bad = mismatches(got, want, atol=0.0)
     k = int(bad.nonzero()[0])
-    text = (f"{what}, rank {r}: position {k} of {n} (chunk {chunk_of(k, n, world)}) holds {got[k].item()!r}, "
-            f"expected {want[k].item()!r} ({'the ring-order sum' if sums else 'the final value'}); "
-            f"{int(bad.sum())} positions differ")
+    text = (
+        f"{what}, rank {r}: position {k} of {n} (chunk {chunk_of(k, n, world)}) holds {got[k].item()!r}, "
+        f"expected {want[k].item()!r} ({'the ring-order sum' if sums else 'the final value'}); "
+        f"{int(bad.sum())} positions differ"
+    )
     if torch.equal(got, case.flats[r]):
         return text + ". It is this rank's own input, unchanged: write the result into the caller's tensor"
-    if before_gather is not None and torch.equal(got[k:k + 1], want[k:k + 1] + before_gather[k:k + 1]):
-        return (text + ". It is the final value plus what this rank held there before the all-gather: the all-gather "
-                "overwrites each incoming chunk, never adds it")
+    if before_gather is not None and torch.equal(got[k : k + 1], want[k : k + 1] + before_gather[k : k + 1]):
+        return (
+            text + ". It is the final value plus what this rank held there before the all-gather: the all-gather "
+            "overwrites each incoming chunk, never adds it"
+        )
     if sums and (not got.dtype.is_floating_point or got.dtype == torch.float64):
         value = got[k].item()
         if float(value) == int(value):
@@ -837,12 +931,19 @@ def check_generated_allreduce(student, ra, rng: torch.Generator, dtypes: list, t
         for r in range(case.world):
             if not torch.equal(run["outputs"][r].reshape(-1), want):
                 first = trace_divergence(run, case.flats, "allreduce", 1)
-                pytest.fail(result_divergence(run["outputs"][r], want, case, r, what,
-                                              held_before_gather(case, r, "allreduce", 1)) + ". " + (
-                    f"The first message that left the ring: {first}" if first else
-                    "Every message matched the ring, so the result went wrong in this rank's own buffer: store each "
-                    "chunk received in the all-gather in place (overwrite, never add), and copy a non-contiguous "
-                    "tensor's flat copy (tensor.reshape(-1)) back"))
+                pytest.fail(
+                    result_divergence(
+                        run["outputs"][r], want, case, r, what, held_before_gather(case, r, "allreduce", 1)
+                    )
+                    + ". "
+                    + (
+                        f"The first message that left the ring: {first}"
+                        if first
+                        else "Every message matched the ring, so the result went wrong in this rank's own buffer: store each "
+                        "chunk received in the all-gather in place (overwrite, never add), and copy a non-contiguous "
+                        "tensor's flat copy (tensor.reshape(-1)) back"
+                    )
+                )
         assert_ring_messages(run, case.flats, "allreduce", what)
 
 
@@ -878,10 +979,16 @@ def test_generated_reduce_scatter_ownership(student, ra, rng):
                 full = got.clone()
                 full[lo:hi] = want[lo:hi]  # only the owned chunk is promised
                 first = trace_divergence(run, case.flats, "reduce_scatter", 1)
-                pytest.fail(result_divergence(got, full, case, r, what + f", owned chunk {owned}") + ". " + (
-                    f"The first message that left the ring: {first}" if first else
-                    "Every message matched the ring: add the last incoming chunk into this rank's own copy, and copy a "
-                    "non-contiguous tensor's flat copy back"))
+                pytest.fail(
+                    result_divergence(got, full, case, r, what + f", owned chunk {owned}")
+                    + ". "
+                    + (
+                        f"The first message that left the ring: {first}"
+                        if first
+                        else "Every message matched the ring: add the last incoming chunk into this rank's own copy, and copy a "
+                        "non-contiguous tensor's flat copy back"
+                    )
+                )
         assert_ring_messages(run, case.flats, "reduce_scatter", what)
 
 
@@ -902,8 +1009,9 @@ def test_generated_all_gather(student, ra, rng):
                 out[r][lo:hi] = final[lo:hi]
             return out
 
-        case = generated_ring_case(rnd, trial, [torch.float32, torch.int64, torch.bfloat16, torch.float64], rng,
-                                   with_final_chunks)
+        case = generated_ring_case(
+            rnd, trial, [torch.float32, torch.int64, torch.bfloat16, torch.float64], rng, with_final_chunks
+        )
         n = case.flats[0].numel()
         finals = [case.flats[(c - shift) % world][slice(*bounds(n, world, c))] for c in range(world)]
         final = torch.cat(finals) if finals else case.flats[0]
@@ -913,10 +1021,16 @@ def test_generated_all_gather(student, ra, rng):
         for r in range(world):
             if not torch.equal(run["outputs"][r].reshape(-1), final):
                 first = trace_divergence(run, case.flats, "all_gather", shift, finals)
-                pytest.fail(result_divergence(run["outputs"][r], final, case, r, what, case.flats[r], sums=False) + ". " + (
-                    f"The first message that left the ring: {first}" if first else
-                    "Every message matched the ring: store each incoming chunk in place (overwrite), at chunk "
-                    "(owned - s - 1) % N, and copy a non-contiguous tensor's flat copy back"))
+                pytest.fail(
+                    result_divergence(run["outputs"][r], final, case, r, what, case.flats[r], sums=False)
+                    + ". "
+                    + (
+                        f"The first message that left the ring: {first}"
+                        if first
+                        else "Every message matched the ring: store each incoming chunk in place (overwrite), at chunk "
+                        "(owned - s - 1) % N, and copy a non-contiguous tensor's flat copy back"
+                    )
+                )
         assert_ring_messages(run, case.flats, "all_gather", what, shift=shift, finals=finals)
 
 
@@ -934,8 +1048,12 @@ def test_real_processes(student, ra, rng, world):
         "float64, n=1 (empty chunks)": [torch.tensor([float(r + 1)], dtype=torch.float64) for r in range(world)],
         "float32, n=0": [torch.empty(0) for _ in range(world)],
     }
-    generated = generated_ring_case(seeded(rng), world - 1 + 8 * int(torch.randint(0, 9, (1,), generator=rng)),
-                                    [torch.float32, torch.bfloat16, torch.int64, torch.float64], rng)
+    generated = generated_ring_case(
+        seeded(rng),
+        world - 1 + 8 * int(torch.randint(0, 9, (1,), generator=rng)),
+        [torch.float32, torch.bfloat16, torch.int64, torch.float64],
+        rng,
+    )
     cases[f"generated: {generated.label}"] = generated.xs
     if world == 4:
         cases["float32, n=2^20+3 (ring order)"] = rand_inputs(world, BIG, torch.float32, rng)
