@@ -19,9 +19,10 @@ from pathlib import Path
 import torch
 
 from grader.bench import load
+from grader.cases.speculative import ACCEPT, ACCEPT_CPU
 
 ROOT = Path(__file__).resolve().parents[2]
-B, GAMMA, VOCAB = 64, 4, 8192
+B, GAMMA, VOCAB = ACCEPT_CPU.batch, ACCEPT_CPU.gamma, ACCEPT_CPU.vocab
 RUNS = 15
 
 
@@ -68,10 +69,10 @@ def cuda_report(contenders: dict) -> None:
     from grader import speed
     from grader.support.speculative import Probs, SeededGenerator, Tokens
 
-    Bc, gamma, vocab = 64, 4, 128_256
+    Bc, gamma, vocab = ACCEPT.batch, ACCEPT.gamma, ACCEPT.vocab
     ceil = speed.ceilings()
     specs = [Tokens((Bc, gamma), high=vocab), Probs((Bc, gamma, vocab)), Probs((Bc, gamma + 1, vocab)), SeededGenerator(())]
-    moved = 4 * Bc * (2 * gamma + 1) * vocab
+    moved = ACCEPT.bytes()
     print(f"CUDA: speculative_accept, B={Bc}, gamma={gamma}, V={vocab}, fp32; copy bandwidth "
           f"{ceil.copy_bytes_per_s / 1e9:.0f} GB/s (the check: full marks at 0.15 of it, none at 0.03)")
     for name, fn in contenders.items():
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     if torch.cuda.is_available():
         cuda_report(contenders)
     torch.set_num_threads(1)
-    moved = 4 * B * (2 * GAMMA + 1) * VOCAB
+    moved = ACCEPT_CPU.bytes()
     print(f"CPU: speculative_accept, B={B}, gamma={GAMMA}, V={VOCAB}, fp32, 1 thread, best of {RUNS}")
     times = {}
     for name, fn in contenders.items():
