@@ -1,6 +1,6 @@
 """Hidden checks for pipeline_1f1b.
 
-The oracles live here and are naive on purpose: schedules transcribed from the contract's formulas
+The oracles live in oracle.py and are naive on purpose: schedules transcribed from the contract's formulas
 (as lists, and again one op at a time), a simulator that sweeps the stages over and over until nothing
 moves, another that starts one op at a time, earliest first, and gradients of the whole batch in float64.
 None of them comes from the reference solution. Generated cases (random sizes, random valid and broken
@@ -9,15 +9,28 @@ schedules) are drawn from the run's seed; a failure names the first divergence a
 
 from __future__ import annotations
 
-import copy
 import math
 import random
 from collections import Counter
-from typing import NamedTuple
 
 import pytest
 import torch
 
+from grader.hidden.pipeline_1f1b.oracle import (
+    Invalid,
+    Verdict,
+    defined_schedule,
+    event_oracle,
+    expected_1f1b,
+    expected_gpipe,
+    expected_interleaved,
+    full_batch_oracle,
+    gpipe_op,
+    interleaved_op,
+    is_valid,
+    one_f_one_b_op,
+    trusted_simulate,
+)
 from grader.structure import Scaling, assert_flat_on_the_clock, clock
 from grader.support import pipeline_1f1b as support
 from grader.testing import assert_close, is_close, show, must_accept
@@ -33,134 +46,7 @@ def pm(student):
 
 
 # --------------------------------------------------------------------------------------------------
-# Trusted oracles
-
-
-def expected_gpipe(p: int, m: int) -> list[list[tuple]]:
-    return [[("F", i) for i in range(m)] + [("B", i) for i in range(m)] for _ in range(p)]
-
-
-def expected_1f1b(p: int, m: int) -> list[list[tuple]]:
-    schedule = []
-    for s in range(p):
-        w = min(p - s - 1, m)
-        ops, f, b = [], 0, 0
-        while f < w:
-            ops.append(("F", f))
-            f += 1
-        while f < m:
-            ops.append(("F", f))
-            f += 1
-            ops.append(("B", b))
-            b += 1
-        while b < m:
-            ops.append(("B", b))
-            b += 1
-        schedule.append(ops)
-    return schedule
-
-
-def expected_interleaved(p: int, m: int, v: int) -> list[list[tuple]]:
-    schedule = []
-    for s in range(p):
-        n = m * v
-        fwd = [("F", (k // (p * v)) * p + k % p, ((k % (p * v)) // p) * p + s) for k in range(n)]
-        bwd = [("B", (k // (p * v)) * p + k % p, (v - 1 - (k % (p * v)) // p) * p + s) for k in range(n)]
-        w = min(2 * (p - s - 1) + (v - 1) * p, n)
-        ops = fwd[:w]
-        for i in range(n - w):
-            ops.append(fwd[w + i])
-            ops.append(bwd[i])
-        ops.extend(bwd[n - w :])
-        schedule.append(ops)
-    return schedule
-
-
-class Invalid(Exception):
-    """The trusted simulator's verdict that a schedule is not runnable."""
-
-
-def trusted_simulate(schedule, tf: float = 1.0, tb: float = 2.0, p2p: float = 0.0) -> dict:
-    """Sweep the stages again and again, starting every op whose dependencies are done, until nothing moves."""
-    p = len(schedule)
-    ops = [tuple(op) for row in schedule for op in row]
-    if p == 0 or not ops:
-        raise Invalid("empty schedule")
-    arities = {len(op) for op in ops}
-    if len(arities) != 1 or arities.pop() not in (2, 3):
-        raise Invalid("ops of mixed or wrong length")
-    for op in ops:
-        if op[0] not in ("F", "B") or not all(type(x) is int and x >= 0 for x in op[1:]):
-            raise Invalid(f"bad op {op}")
-    interleaved = len(ops[0]) == 3
-    m = max(op[1] for op in ops) + 1
-    n_chunks = max(op[2] for op in ops) + 1 if interleaved else p
-    if n_chunks % p:
-        raise Invalid("chunk count not a multiple of p")
-    v = n_chunks // p
-
-    def chunk(op, s):
-        return op[2] if interleaved else s
-
-    for s, row in enumerate(schedule):
-        want = Counter()
-        for c in range(s, n_chunks, p):
-            for mb in range(m):
-                for kind in "FB":
-                    want[(kind, mb, c) if interleaved else (kind, mb)] += 1
-        if Counter(tuple(op) for op in row) != want:
-            raise Invalid(f"stage {s} does not run each of its ops exactly once")
-
-    finish: dict[tuple, float] = {}
-    free = [0.0] * p
-    pos = [0] * p
-    timeline = [[] for _ in range(p)]
-    moved = True
-    while moved:
-        moved = False
-        for s in range(p):
-            while pos[s] < len(schedule[s]):
-                op = tuple(schedule[s][pos[s]])
-                kind, mb, c = op[0], op[1], chunk(op, s)
-                deps = []
-                if kind == "F" and c > 0:
-                    deps.append(("F", mb, c - 1))
-                if kind == "B":
-                    deps.append(("F", mb, c))
-                    if c < n_chunks - 1:
-                        deps.append(("B", mb, c + 1))
-                if any(d not in finish for d in deps):
-                    break
-                start = free[s]
-                for d in deps:
-                    start = max(start, finish[d] + (p2p if d[2] % p != s else 0.0))
-                end = start + (tf if kind == "F" else tb) / v
-                finish[(kind, mb, c)] = end
-                free[s] = end
-                timeline[s].append((start, end, op))
-                pos[s] += 1
-                moved = True
-    stuck = [tuple(schedule[s][pos[s]]) for s in range(p) if pos[s] < len(schedule[s])]
-    if stuck:
-        raise Invalid(f"deadlock at {stuck}", stuck)
-    makespan = max(free)
-    busy = sum(e - b for row in timeline for b, e, _ in row)
-    peaks = []
-    for row in schedule:
-        live = peak = 0
-        for op in row:
-            live += 1 if op[0] == "F" else -1
-            peak = max(peak, live)
-        peaks.append(peak)
-    return {"makespan": makespan, "bubble": (p * makespan - busy) / (p * makespan), "peaks": peaks, "timeline": timeline}
-
-
-def is_valid(schedule, **times) -> bool:
-    try:
-        trusted_simulate(schedule, **times)
-        return True
-    except Invalid:
-        return False
+# Reading the student's schedules, and messages that explain a difference
 
 
 def plain_list(value, what: str) -> list:
@@ -270,42 +156,6 @@ def interleaved_rule(p: int, m: int, v: int):
     return rule
 
 
-# The definitions again, one op at a time: op i of stage s straight from the contract's formulas (no list
-# is built and sliced), so the generated sizes are checked against a second, independent reading.
-
-
-def gpipe_op(p: int, m: int, s: int, i: int) -> tuple:
-    return ("F", i) if i < m else ("B", i - m)
-
-
-def one_f_one_b_op(p: int, m: int, s: int, i: int) -> tuple:
-    w = min(p - s - 1, m)
-    if i < w:
-        return ("F", i)  # warm-up
-    j = i - w
-    if j < 2 * (m - w):
-        return ("F", w + j // 2) if j % 2 == 0 else ("B", j // 2)  # steady state: F, then the oldest B
-    return ("B", i - m)  # cool-down: the k-th backward sits at i = m + k
-
-
-def interleaved_op(p: int, m: int, v: int, s: int, i: int) -> tuple:
-    n = m * v
-    w = min(2 * (p - s - 1) + (v - 1) * p, n)
-    if i < w:
-        kind, k = "F", i
-    elif i - w < 2 * (n - w):
-        kind, k = ("F", w + (i - w) // 2) if (i - w) % 2 == 0 else ("B", (i - w) // 2)
-    else:
-        kind, k = "B", i - n
-    local = (k % (p * v)) // p
-    return (kind, (k // (p * v)) * p + k % p, (local if kind == "F" else v - 1 - local) * p + s)
-
-
-def defined_schedule(op_at, p: int, m: int, *v: int) -> list[list[tuple]]:
-    per_stage = 2 * m * (v[0] if v else 1)
-    return [[op_at(p, m, *v, s, i) for i in range(per_stage)] for s in range(p)]
-
-
 def forwards_before_first_backward(row) -> int:
     for i, op in enumerate(row):
         if op[0] == "B":
@@ -386,10 +236,30 @@ def test_gpipe_makespan_and_bubble(pm, times):
                                      [(1, 1), (2, 5), (4, 8), (4, 3), (8, 16), (8, 2)], expected_gpipe, gpipe_rule)
 
 
-def assert_linear_work(student, fn, small: tuple, large: tuple, what: str) -> None:
-    """The lines of the student's module that fn(*large) executes grow at most 2x faster than its ops do."""
-    got_small, lines_small = student.lines_executed(fn, *small)
-    got_large, lines_large = student.lines_executed(fn, *large)
+def runnable_schedule(expected, args: tuple, what: str):
+    """A check for a counted call: the schedule holds each stage's ops of the definition, once each, and the
+    trusted simulator runs it (the counts of a call that returned a placeholder say nothing of the work)."""
+
+    def check(got) -> None:
+        ops = as_ops(got, f"{what}{args}")
+        want = expected(*args)
+        assert [sorted(row) for row in ops] == [sorted(row) for row in want], (
+            f"{what}{args} (a call whose lines are counted) does not hold each stage's ops, once each: "
+            f"{first_difference(ops, want, f'{what}{args}')}"
+        )
+        try:
+            trusted_simulate(ops)
+        except Invalid as exc:
+            raise AssertionError(f"{what}{args} (a call whose lines are counted) cannot run: {exc.args[0]}") from None
+
+    return check
+
+
+def assert_linear_work(student, fn, small: tuple, large: tuple, what: str, expected) -> None:
+    """The lines of the student's module that fn(*large) executes grow at most 2x faster than its ops do; both
+    calls' schedules are checked (`runnable_schedule`)."""
+    got_small, lines_small = student.lines_executed(fn, *small, check=runnable_schedule(expected, small, what))
+    got_large, lines_large = student.lines_executed(fn, *large, check=runnable_schedule(expected, large, what))
     ops_small = sum(len(row) for row in plain_list(got_small, f"{what}{small}"))
     ops_large = sum(len(row) for row in plain_list(got_large, f"{what}{large}"))
     assert ops_small > 0 and ops_large > ops_small, f"{what}{large} returned {ops_large} ops, {what}{small} {ops_small}"
@@ -466,7 +336,7 @@ def assert_linear_on_the_clock(student, fn, oracle, kind: str, what: str) -> Non
 
 @pytest.mark.check("gpipe")
 def test_gpipe_work_is_linear(student, pm):
-    assert_linear_work(student, pm.gpipe_schedule, (4, 8), (32, 32), "gpipe_schedule")
+    assert_linear_work(student, pm.gpipe_schedule, (4, 8), (32, 32), "gpipe_schedule", expected_gpipe)
     assert_linear_on_the_clock(student, pm.gpipe_schedule, expected_gpipe, "plain", "gpipe_schedule")
 
 
@@ -545,7 +415,7 @@ def test_1f1b_makespan_and_bubble(pm, times):
 
 @pytest.mark.check("one_f_one_b")
 def test_1f1b_work_is_linear(student, pm):
-    assert_linear_work(student, pm.one_f_one_b_schedule, (4, 8), (32, 32), "one_f_one_b_schedule")
+    assert_linear_work(student, pm.one_f_one_b_schedule, (4, 8), (32, 32), "one_f_one_b_schedule", expected_1f1b)
     assert_linear_on_the_clock(student, pm.one_f_one_b_schedule, expected_1f1b, "plain", "one_f_one_b_schedule")
 
 
@@ -631,8 +501,10 @@ def test_interleaving_shrinks_the_bubble_by_v(pm):
 @pytest.mark.check("interleaved")
 def test_interleaved_work_is_linear(student, pm):
     # 128 ops, then 4096 (32x); then v = 4 at the same p and m: twice the ops, so at most 4x the lines.
-    assert_linear_work(student, pm.interleaved_schedule, (4, 8, 2), (16, 64, 2), "interleaved_schedule")
-    assert_linear_work(student, pm.interleaved_schedule, (16, 64, 2), (16, 64, 4), "interleaved_schedule")
+    assert_linear_work(student, pm.interleaved_schedule, (4, 8, 2), (16, 64, 2), "interleaved_schedule",
+                       expected_interleaved)
+    assert_linear_work(student, pm.interleaved_schedule, (16, 64, 2), (16, 64, 4), "interleaved_schedule",
+                       expected_interleaved)
     assert_linear_on_the_clock(student, pm.interleaved_schedule, expected_interleaved, "interleaved",
                                "interleaved_schedule")
 
@@ -699,97 +571,6 @@ def test_interleaved_generated_sizes_op_by_op(pm, rng):
 
 # --------------------------------------------------------------------------------------------------
 # Simulator
-
-
-class Verdict(NamedTuple):
-    """What the contract says of one schedule: either why it is invalid, or its timing."""
-
-    why: str = ""  # the rule an invalid schedule breaks ("" when valid)
-    stuck: tuple = ()  # a deadlock's stuck ops: each unfinished stage's next op, spelled as in the schedule
-    makespan: float = 0.0
-    bubble: float = 0.0
-    peaks: tuple = ()
-    timeline: tuple = ()  # per stage, in its order: (start, end, op)
-    v: int = 1
-
-
-def event_oracle(schedule, tf: float, tb: float, p2p: float) -> Verdict:
-    """The README's contract, rule by rule, then one event at a time: of the stages whose next op has all
-    its inputs, the one that can start it earliest starts it; when no stage can, the rest is stuck."""
-    if min(tf, tb, p2p) < 0:
-        return Verdict(why="has a negative time")
-    p = len(schedule)
-    ops = [(s, tuple(op)) for s, row in enumerate(schedule) for op in row]
-    if p == 0 or not ops:
-        return Verdict(why="is empty")
-    for s, op in ops:
-        if len(op) not in (2, 3) or op[0] not in ("F", "B") or any(type(x) is not int or x < 0 for x in op[1:]):
-            return Verdict(why=f"holds {op!r}, which is not an op")
-    if len({len(op) for _, op in ops}) > 1:
-        return Verdict(why="mixes plain and interleaved ops")
-    plain = len(ops[0][1]) == 2
-    chunks = p if plain else 1 + max(op[2] for _, op in ops)
-    if chunks % p:
-        return Verdict(why=f"has chunk ids up to {chunks - 1}, not a whole number of chunks per stage")
-    v, m = chunks // p, 1 + max(op[1] for _, op in ops)
-
-    def key(s: int, op: tuple) -> tuple:
-        return (op[0], op[1], s if plain else op[2])
-
-    for s, op in ops:
-        if key(s, op)[2] % p != s:
-            return Verdict(why=f"runs {op!r} on stage {s}, but chunk {op[2]} lives on stage {op[2] % p}")
-    for s, row in enumerate(schedule):
-        have = Counter(key(s, tuple(op)) for op in row)
-        for c in range(s, chunks, p):
-            for mb in range(m):
-                for kind in "FB":
-                    spelled = (kind, mb) if plain else (kind, mb, c)
-                    if have[(kind, mb, c)] == 0:
-                        return Verdict(why=f"never runs {spelled!r} on stage {s}")
-                    if have[(kind, mb, c)] > 1:
-                        return Verdict(why=f"runs {spelled!r} {have[(kind, mb, c)]} times on stage {s}")
-
-    def inputs(kind: str, mb: int, c: int) -> list[tuple]:
-        if kind == "F":
-            return [("F", mb, c - 1)] if c > 0 else []
-        return [("F", mb, c)] + ([("B", mb, c + 1)] if c + 1 < chunks else [])
-
-    ended: dict[tuple, float] = {}
-    free, pos = [0.0] * p, [0] * p
-    timeline: list[list[tuple]] = [[] for _ in range(p)]
-    while True:
-        best = None
-        for s in range(p):
-            if pos[s] == len(schedule[s]):
-                continue
-            op = tuple(schedule[s][pos[s]])
-            deps = inputs(*key(s, op))
-            if all(d in ended for d in deps):
-                start = max([free[s]] + [ended[d] + (p2p if d[2] % p != s else 0.0) for d in deps])
-                if best is None or start < best[0]:
-                    best = (start, s, op)
-        if best is None:
-            break
-        start, s, op = best
-        end = start + (tf if op[0] == "F" else tb) / v
-        ended[key(s, op)] = free[s] = end
-        timeline[s].append((start, end, op))
-        pos[s] += 1
-    stuck = tuple(tuple(schedule[s][pos[s]]) for s in range(p) if pos[s] < len(schedule[s]))
-    if stuck:
-        return Verdict(why="deadlocks", stuck=stuck)
-    makespan = max(free)
-    busy = sum(end - start for row in timeline for start, end, _ in row)
-    peaks = []
-    for row in schedule:
-        live = peak = 0
-        for op in row:
-            live += 1 if op[0] == "F" else -1
-            peak = max(peak, live)
-        peaks.append(peak)
-    return Verdict(makespan=makespan, bubble=(p * makespan - busy) / (p * makespan), peaks=tuple(peaks),
-                   timeline=tuple(tuple(row) for row in timeline), v=v)
 
 
 def show_schedule(schedule) -> str:
@@ -1166,9 +947,16 @@ def assert_simulate_linear(student, pm, small, large, what: str, makespan: float
     """simulate runs at most 2x more lines per op on `large` (32x the ops of `small`) than on `small`; and on
     the grader's clock, 64x the ops take no more than LINEAR_CLOCK's bar."""
     n_small, n_large = sum(map(len, small)), sum(map(len, large))
-    _, lines_small = student.lines_executed(pm.simulate, small)
-    result, lines_large = student.lines_executed(pm.simulate, large)
-    assert close(result.makespan, makespan), f"simulate({what}) gave makespan {result.makespan:g}, expected {makespan:g}"
+    def makespan_of(schedule, want: float):
+        def check(result) -> None:
+            got = getattr(result, "makespan", None)
+            assert isinstance(got, (int, float)) and close(got, want), (
+                f"simulate({what}) (a call whose lines are counted) gave makespan {show(got)}, expected {want:g}")
+        return check
+
+    _, lines_small = student.lines_executed(pm.simulate, small,
+                                            check=makespan_of(small, trusted_simulate(small)["makespan"]))
+    result, lines_large = student.lines_executed(pm.simulate, large, check=makespan_of(large, makespan))
     growth, ops_growth = lines_large / lines_small, n_large / n_small
     assert growth <= 2 * ops_growth, (
         f"simulate ran {lines_small} lines of your code for {n_small} ops and {lines_large} for {n_large} ops of "
@@ -1236,16 +1024,6 @@ def batch(rng: torch.Generator, m: int, n: int = 5, d_in: int = 6, d_out: int = 
     xs = [torch.randn(n, d_in, generator=rng) for _ in range(m)]
     ys = [torch.randn(n, d_out, generator=rng) for _ in range(m)]
     return xs, ys
-
-
-def full_batch_oracle(stages, xs, ys):
-    """The whole batch through a float64 copy of the model in one go: loss and gradients."""
-    model = copy.deepcopy(torch.nn.Sequential(*stages)).double()
-    model.zero_grad(set_to_none=True)
-    loss = torch.nn.functional.mse_loss(model(torch.cat(xs).double()), torch.cat(ys).double())
-    loss.backward()
-    grads = [[q.grad if q.grad is not None else torch.zeros_like(q) for q in piece.parameters()] for piece in model]
-    return float(loss.detach()), grads
 
 
 def check_run(run, stages, xs, ys, what: str) -> None:
