@@ -22,7 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 BAR = 3.0  # the submission may take up to this many times the reference's time
 
 
-
 def _layer(rows: int, cols: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     mix = torch.randn(cols, cols, generator=g) / cols**0.5 + torch.eye(cols)
@@ -60,8 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     ref = load(reference, "gptq_reference")
     sub = load(submission, "gptq_submission")
     rows = []
-    for label, kwargs in [("4-bit, block 128", {}), ("4-bit, groups of 128", {"group_size": 128}),
-                          ("3-bit, act_order", {"bits": 3, "act_order": True})]:
+    for label, kwargs in [
+        ("4-bit, block 128", {}),
+        ("4-bit, groups of 128", {"group_size": 128}),
+        ("3-bit, act_order", {"bits": 3, "act_order": True}),
+    ]:
         t_ref, t_sub = best_times([ref.gptq_quantize, sub.gptq_quantize], W, H, **kwargs)
         rows.append((label, t_sub, t_ref, t_sub / t_ref))
     print(f"gptq on a 1024 x 1024 fp32 layer on {device}, 1 CPU thread, best of 5 ({submission})")

@@ -26,7 +26,6 @@ B, GAMMA, VOCAB = ACCEPT_CPU.batch, ACCEPT_CPU.gamma, ACCEPT_CPU.vocab
 RUNS = 15
 
 
-
 def oracle_accept(draft_tokens, draft_probs, target_probs, generator):
     """The straightforward vectorised rule: the residual of EVERY position, normalised, then gathered."""
     Bn, gamma = draft_tokens.shape
@@ -71,18 +70,27 @@ def cuda_report(contenders: dict) -> None:
 
     Bc, gamma, vocab = ACCEPT.batch, ACCEPT.gamma, ACCEPT.vocab
     ceil = speed.ceilings()
-    specs = [Tokens((Bc, gamma), high=vocab), Probs((Bc, gamma, vocab)), Probs((Bc, gamma + 1, vocab)), SeededGenerator(())]
+    specs = [
+        Tokens((Bc, gamma), high=vocab),
+        Probs((Bc, gamma, vocab)),
+        Probs((Bc, gamma + 1, vocab)),
+        SeededGenerator(()),
+    ]
     moved = ACCEPT.bytes()
-    print(f"CUDA: speculative_accept, B={Bc}, gamma={gamma}, V={vocab}, fp32; copy bandwidth "
-          f"{ceil.copy_bytes_per_s / 1e9:.0f} GB/s (the check: full marks at 0.15 of it, none at 0.03)")
+    print(
+        f"CUDA: speculative_accept, B={Bc}, gamma={gamma}, V={vocab}, fp32; copy bandwidth "
+        f"{ceil.copy_bytes_per_s / 1e9:.0f} GB/s (the check: full marks at 0.15 of it, none at 0.03)"
+    )
     for name, fn in contenders.items():
         try:
             t = speed.time_here(fn, specs)
         except NotImplementedError as exc:
             print(f"  {name:18s} not implemented yet ({exc})")
             continue
-        print(f"  {name:18s} {t.mean_s * 1e6:9.1f} us  {moved / t.mean_s / 1e9:8.1f} GB/s  "
-              f"{moved / t.mean_s / ceil.copy_bytes_per_s:6.3f} of copy bandwidth")
+        print(
+            f"  {name:18s} {t.mean_s * 1e6:9.1f} us  {moved / t.mean_s / 1e9:8.1f} GB/s  "
+            f"{moved / t.mean_s / ceil.copy_bytes_per_s:6.3f} of copy bandwidth"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -90,7 +98,9 @@ def main(argv: list[str] | None = None) -> None:
     submission = Path(argv[0]) if argv else ROOT / "exercises" / "speculative" / "speculative.py"
     contenders = {
         "submission": load(submission, "speculative_submission").speculative_accept,
-        "reference": load(ROOT / "solutions" / "speculative" / "speculative.py", "speculative_reference").speculative_accept,
+        "reference": load(
+            ROOT / "solutions" / "speculative" / "speculative.py", "speculative_reference"
+        ).speculative_accept,
         "vectorised oracle": oracle_accept,
     }
     if torch.cuda.is_available():

@@ -29,8 +29,7 @@ from grader.hidden.gptq.oracle import (
     output_error,
     rtn_rule,
 )
-from grader.testing import (assert_close, assert_equal, assert_equal_up_to_ties, is_close, mismatches,
-                            show)
+from grader.testing import assert_close, assert_equal, assert_equal_up_to_ties, is_close, mismatches, show
 
 
 @pytest.fixture(scope="module")
@@ -85,13 +84,21 @@ def assert_same_q(got, want, step, what: str, order=None, ties=None, hint=None) 
             "the very first column processed already differs, so look at the grid (scale, zero) or the rounding"
             if first == 0
             else f"the {first} columns processed before it agree in this row, so look at the error feedback into "
-                 "later columns"
+            "later columns"
         )
         return f"Grid step there {float(step[r, j]):.4g}; {where}"
 
     atol = 1e-3 * step + 1e-6
-    accepted = assert_equal_up_to_ties(got, want, ties=ties, atol=atol, tie_atol=1.01 * step + atol,
-                                       order=columns, what=f"{what}: Q [row, column]", hint=hint or loop_hint)
+    accepted = assert_equal_up_to_ties(
+        got,
+        want,
+        ties=ties,
+        atol=atol,
+        tie_atol=1.01 * step + atol,
+        order=columns,
+        what=f"{what}: Q [row, column]",
+        hint=hint or loop_hint,
+    )
     return [int(r) for r in torch.nonzero(accepted.any(1)).flatten()]
 
 
@@ -114,19 +121,28 @@ def assert_on_grid(res, bits: int, what: str) -> None:
     scale, zero, g_idx = res.scale.double(), res.zero.double(), res.g_idx
     assert g_idx.dtype == torch.int64, f"{what}: g_idx should be int64, found {g_idx.dtype}"
     assert (scale > 0).all(), f"{what}: every scale must be positive, found min {float(scale.min()):.3g}"
-    assert torch.equal(zero, zero.round()), f"{what}: zero must hold whole numbers (round(-xmin / scale)), found {show(res.zero, 6)}"
+    assert torch.equal(zero, zero.round()), (
+        f"{what}: zero must hold whole numbers (round(-xmin / scale)), found {show(res.zero, 6)}"
+    )
     assert bool(torch.isfinite(res.Q).all()), f"{what}: Q holds NaN or inf"
     k = res.Q.double() / scale[:, g_idx] + zero[:, g_idx]
-    assert_close(k, k.round(), atol=2e-3, what=f"{what}: Q / scale + zero, the integer code of each weight [row, column]",
-                 hint="It is not a whole number there: Q is not on its grid. Use the scale and zero of "
-                      "the column's own row and group, and return them in QuantResult.")
+    assert_close(
+        k,
+        k.round(),
+        atol=2e-3,
+        what=f"{what}: Q / scale + zero, the integer code of each weight [row, column]",
+        hint="It is not a whole number there: Q is not on its grid. Use the scale and zero of "
+        "the column's own row and group, and return them in QuantResult.",
+    )
     assert int(k.round().min()) >= 0 and int(k.round().max()) <= maxq, (
         f"{what}: integer codes must lie in 0..{maxq}, found {float(k.round().min()):g}..{float(k.round().max()):g}"
     )
 
 
-RTN_HINT = ("Round-to-nearest is exact: q = scale * (clamp(round(x / scale) + zero, 0, maxq) - zero) in fp32, with "
-            "torch.round (half to even) of x / scale, before zero is added")
+RTN_HINT = (
+    "Round-to-nearest is exact: q = scale * (clamp(round(x / scale) + zero, 0, maxq) - zero) in fp32, with "
+    "torch.round (half to even) of x / scale, before zero is added"
+)
 
 
 def step_of(res) -> torch.Tensor:
@@ -137,18 +153,45 @@ def assert_grid_matches(res, scale, zero, what: str, slack=0.0) -> None:
     """The code's grids against an oracle's: scale within `slack`, what float32 may move it (nothing for
     a grid fit from the weights as given), zero exactly (one fit from a tie is the code's own, on a
     followed path)."""
-    assert tuple(res.scale.shape) == tuple(scale.shape), f"{what}: scale should be [rows, n_groups] = {tuple(scale.shape)}, found {tuple(res.scale.shape)}"
-    assert tuple(res.zero.shape) == tuple(zero.shape), f"{what}: zero should be [rows, n_groups] = {tuple(zero.shape)}, found {tuple(res.zero.shape)}"
-    assert_close(res.scale.double(), scale, atol=slack, rtol=1e-6, what=f"{what}: scale [row, group]",
-                 hint="It differs from the contract's rule (xmax - xmin) / maxq")
-    assert_equal(res.zero.double(), zero, what=f"{what}: zero [row, group]",
-                 hint="It differs from round(-xmin / scale) (or (maxq + 1) / 2 when symmetric)")
+    assert tuple(res.scale.shape) == tuple(scale.shape), (
+        f"{what}: scale should be [rows, n_groups] = {tuple(scale.shape)}, found {tuple(res.scale.shape)}"
+    )
+    assert tuple(res.zero.shape) == tuple(zero.shape), (
+        f"{what}: zero should be [rows, n_groups] = {tuple(zero.shape)}, found {tuple(res.zero.shape)}"
+    )
+    assert_close(
+        res.scale.double(),
+        scale,
+        atol=slack,
+        rtol=1e-6,
+        what=f"{what}: scale [row, group]",
+        hint="It differs from the contract's rule (xmax - xmin) / maxq",
+    )
+    assert_equal(
+        res.zero.double(),
+        zero,
+        what=f"{what}: zero [row, group]",
+        hint="It differs from round(-xmin / scale) (or (maxq + 1) / 2 when symmetric)",
+    )
 
 
-def assert_matches_oracle(res, W, H, what: str, *, bits: int, group_size: int = -1, sym: bool = False,
-                          act_order: bool = False, static_groups: bool = False, percdamp: float = 0.01,
-                          grids: bool = True, loss: bool = True, grid_note: str = "", oracle: Oracle | None = None
-                          ) -> Oracle:
+def assert_matches_oracle(
+    res,
+    W,
+    H,
+    what: str,
+    *,
+    bits: int,
+    group_size: int = -1,
+    sym: bool = False,
+    act_order: bool = False,
+    static_groups: bool = False,
+    percdamp: float = 0.01,
+    grids: bool = True,
+    loss: bool = True,
+    grid_note: str = "",
+    oracle: Oracle | None = None,
+) -> Oracle:
     """gptq_quantize's result against the textbook loop, up to the loop's own rounding ties.
 
     First Q against `obq64` with grader.testing's ties rule: a row may differ only from a tie of the
@@ -157,8 +200,9 @@ def assert_matches_oracle(res, W, H, what: str, *, bits: int, group_size: int = 
     before the loop (no groups, static groups) do not depend on the path and are checked first. Returns
     the first, unfollowed oracle (`oracle`, if given, computed beforehand with the same parameters; its
     ties serve comparisons of the code against itself)."""
-    params = dict(bits=bits, group_size=group_size, percdamp=percdamp, sym=sym, act_order=act_order,
-                  static_groups=static_groups)
+    params = dict(
+        bits=bits, group_size=group_size, percdamp=percdamp, sym=sym, act_order=act_order, static_groups=static_groups
+    )
     oracle = oracle or obq64(W, H, **params)
     fixed_grids = group_size <= 0 or static_groups
     cols = W.shape[1]
@@ -168,21 +212,38 @@ def assert_matches_oracle(res, W, H, what: str, *, bits: int, group_size: int = 
     assert_on_grid(res, bits, what)
     if grids and fixed_grids:
         assert_grid_matches(res, oracle.scale, oracle.zero, what + grid_note)
-    assert_same_q(on_grid(res, oracle.scale[:, g_idx]), oracle.Q, oracle.scale[:, g_idx], what, order=oracle.order,
-                  ties=oracle.ties)
+    assert_same_q(
+        on_grid(res, oracle.scale[:, g_idx]),
+        oracle.Q,
+        oracle.scale[:, g_idx],
+        what,
+        order=oracle.order,
+        ties=oracle.ties,
+    )
     path = oracle
     if oracle.ties.any():
         path = obq64(W, H, **params, follow=res)
-        assert_same_q(on_grid(res, path.scale[:, g_idx]), path.Q, path.scale[:, g_idx],
-                      f"{what}, on the path your code took at each rounding tie", order=path.order)
+        assert_same_q(
+            on_grid(res, path.scale[:, g_idx]),
+            path.Q,
+            path.scale[:, g_idx],
+            f"{what}, on the path your code took at each rounding tie",
+            order=path.order,
+        )
     if grids and not fixed_grids:
         assert_grid_matches(res, path.scale, path.zero, what + grid_note, slack=path.scale_slack)
     if loss:
         assert isinstance(res.loss, float), f"{what}: loss should be a Python float, found {type(res.loss).__name__}"
-        assert_close(res.loss, path.loss, atol=path.loss_tol, what=f"{what}: loss", hint=(
-            "It is the sum over all weights of (w - q)^2 / d^2 / 2 with d = U[i, i], w the column as updated just "
-            "before rounding"
-        ))
+        assert_close(
+            res.loss,
+            path.loss,
+            atol=path.loss_tol,
+            what=f"{what}: loss",
+            hint=(
+                "It is the sum over all weights of (w - q)^2 / d^2 / 2 with d = U[i, i], w the column as updated just "
+                "before rounding"
+            ),
+        )
     return oracle
 
 
@@ -202,14 +263,28 @@ def test_fit_quantizer_follows_the_rules(gq, rng, bits, sym):
     w[4, 7] = 2.5  # one nonzero value
     scale, zero = gq.fit_quantizer(w, bits=bits, sym=sym)
     want_s, want_z = fit_rule(w, bits, sym)
-    assert scale.dtype == torch.float32 and zero.dtype == torch.float32, f"scale and zero should be fp32, found {scale.dtype}, {zero.dtype}"
+    assert scale.dtype == torch.float32 and zero.dtype == torch.float32, (
+        f"scale and zero should be fp32, found {scale.dtype}, {zero.dtype}"
+    )
     assert tuple(scale.shape) == (12,), f"one scale per row: expected shape [12], found {tuple(scale.shape)}"
-    names = {1: "(a row with no negative value)", 2: "(a row with no positive value)", 3: "(an all-zero row)", 4: "(a row with one nonzero value)"}
-    assert_close(scale, want_s, atol=0.0, rtol=1e-6, what=f"bits={bits}, sym={sym}: scale [row]", hint=lambda at: (
-        f"Row {at[0]} {names.get(at[0], '(a random row)')}. "
-        "xmin = min(row.min(), 0), xmax = max(row.max(), 0); symmetric uses xmax = max(|xmin|, xmax), "
-        "xmin = -xmax for every row; all-zero rows use [-1, 1]"
-    ))
+    names = {
+        1: "(a row with no negative value)",
+        2: "(a row with no positive value)",
+        3: "(an all-zero row)",
+        4: "(a row with one nonzero value)",
+    }
+    assert_close(
+        scale,
+        want_s,
+        atol=0.0,
+        rtol=1e-6,
+        what=f"bits={bits}, sym={sym}: scale [row]",
+        hint=lambda at: (
+            f"Row {at[0]} {names.get(at[0], '(a random row)')}. "
+            "xmin = min(row.min(), 0), xmax = max(row.max(), 0); symmetric uses xmax = max(|xmin|, xmax), "
+            "xmin = -xmax for every row; all-zero rows use [-1, 1]"
+        ),
+    )
     badz = [r for r in range(12) if float(zero[r]) != float(want_z[r])]
     assert not badz, (
         f"bits={bits}, sym={sym}: row {badz[0]} {names.get(badz[0], '')} has zero {float(zero[badz[0]])}, expected "
@@ -218,7 +293,9 @@ def test_fit_quantizer_follows_the_rules(gq, rng, bits, sym):
 
 
 @pytest.mark.check("quantizer")
-@pytest.mark.parametrize("bits,group_size,sym", [(4, -1, False), (3, 8, False), (2, 5, True), (8, 16, False), (4, 7, True)])
+@pytest.mark.parametrize(
+    "bits,group_size,sym", [(4, -1, False), (3, 8, False), (2, 5, True), (8, 16, False), (4, 7, True)]
+)
 def test_rtn_is_on_grid_and_matches_the_rules(gq, rng, bits, group_size, sym):
     W = torch.randn(9, 37, generator=rng) * 0.05
     W[0] = 0.0
@@ -229,7 +306,9 @@ def test_rtn_is_on_grid_and_matches_the_rules(gq, rng, bits, group_size, sym):
     assert_g_idx(res, g_idx, what)
     assert_grid_matches(res, scale, zero, what)
     assert_on_grid(res, bits, what)
-    assert torch.equal(res.Q[0], torch.zeros(37)), f"{what}: an all-zero row must quantise to zeros, found {show(res.Q[0], 6)}"
+    assert torch.equal(res.Q[0], torch.zeros(37)), (
+        f"{what}: an all-zero row must quantise to zeros, found {show(res.Q[0], 6)}"
+    )
     assert_same_q(res.Q, Q, scale[:, g_idx], what, hint=RTN_HINT)
     assert res.loss is None, f"{what}: round-to-nearest returns loss=None"
 
@@ -239,11 +318,19 @@ def test_rtn_is_on_grid_and_matches_the_rules(gq, rng, bits, group_size, sym):
 def test_rtn_keeps_the_dtype(gq, rng, dtype):
     W = (torch.randn(6, 16, generator=rng) * 0.1).to(dtype)
     res = gq.quantize_rtn(W, bits=4, group_size=8)
-    assert res.Q.dtype == dtype and res.Q.shape == W.shape, f"Q should keep W's dtype {dtype} and shape, found {res.Q.dtype} {tuple(res.Q.shape)}"
+    assert res.Q.dtype == dtype and res.Q.shape == W.shape, (
+        f"Q should keep W's dtype {dtype} and shape, found {res.Q.dtype} {tuple(res.Q.shape)}"
+    )
     assert res.scale.dtype == torch.float32, f"scale should be fp32 whatever W's dtype, found {res.scale.dtype}"
     Q, scale, _, _ = rtn_rule(W.float(), 4, 8)
-    assert_close(res.Q, Q.to(dtype), atol=float(scale.max()) * 1e-2, rtol=1e-5, what=f"Q for a {dtype} W",
-                 hint="It should be W.float() rounded, cast back")
+    assert_close(
+        res.Q,
+        Q.to(dtype),
+        atol=float(scale.max()) * 1e-2,
+        rtol=1e-5,
+        what=f"Q for a {dtype} W",
+        hint="It should be W.float() rounded, cast back",
+    )
 
 
 # Generated grids: values exactly on a rounding midpoint of their grid, and a few ulps either side of
@@ -300,9 +387,12 @@ def rounding_hint(W: np.ndarray, scale: np.ndarray, zero: np.ndarray, gs: int, b
         x, s, z = W[r, j], scale[r, j // gs], zero[r, j // gs]
         v = x / s
         on = ", exactly a midpoint: torch.round rounds half to EVEN there" if v - np.floor(v) == 0.5 else ""
-        return (f"Row {r} ({kinds[r]} row), column {j}: x = {float(x)!r}, with its grid scale = {float(s)!r}, "
-                f"zero = {float(z):g}: x / scale = {float(v)!r} in fp32{on}. q = scale * (clamp(round(x / scale) "
-                "+ zero, 0, maxq) - zero) in fp32: round x / scale itself, before adding zero")
+        return (
+            f"Row {r} ({kinds[r]} row), column {j}: x = {float(x)!r}, with its grid scale = {float(s)!r}, "
+            f"zero = {float(z):g}: x / scale = {float(v)!r} in fp32{on}. q = scale * (clamp(round(x / scale) "
+            "+ zero, 0, maxq) - zero) in fp32: round x / scale itself, before adding zero"
+        )
+
     return hint
 
 
@@ -315,9 +405,13 @@ def test_generated_grids_with_ties(gq, rng):
         group_size = -1 if nrng.integers(3) == 0 else int(nrng.integers(1, cols + 1))
         gs = group_size if group_size > 0 else cols
         W, kinds = tie_layer(nrng, rows, cols, bits, sym, gs)
-        what = f"generated case {case}: quantize_rtn(W [{rows}, {cols}], bits={bits}, group_size={group_size}, sym={sym})"
+        what = (
+            f"generated case {case}: quantize_rtn(W [{rows}, {cols}], bits={bits}, group_size={group_size}, sym={sym})"
+        )
         n_groups = math.ceil(cols / gs)
-        want = [[naive_grid(list(W[r, g * gs : (g + 1) * gs]), bits, sym) for g in range(n_groups)] for r in range(rows)]
+        want = [
+            [naive_grid(list(W[r, g * gs : (g + 1) * gs]), bits, sym) for g in range(n_groups)] for r in range(rows)
+        ]
         want_scale = np.array([[s for s, _ in row] for row in want], np.float32)
         want_zero = np.array([[z for _, z in row] for row in want], np.float32)
         res = gq.quantize_rtn(torch.from_numpy(W.copy()), bits=bits, group_size=group_size, sym=sym)
@@ -330,19 +424,34 @@ def test_generated_grids_with_ties(gq, rng):
         assert_equal(res.zero, want_zero, what=f"{what}: zero [row, group]", hint=grid_hint)
         # Q on the code's own grid (its scale may differ from the rule's in the last bit): exactly the rule
         scale, zero = res.scale.float().numpy(), res.zero.float().numpy()
-        want_q = np.array([[naive_quantize(W[r, j], scale[r, j // gs], zero[r, j // gs], bits) for j in range(cols)]
-                           for r in range(rows)], np.float32)
-        assert_equal(res.Q, want_q, what=f"{what}: Q [row, column]",
-                     hint=rounding_hint(W, scale, zero, gs, bits, kinds))
+        want_q = np.array(
+            [
+                [naive_quantize(W[r, j], scale[r, j // gs], zero[r, j // gs], bits) for j in range(cols)]
+                for r in range(rows)
+            ],
+            np.float32,
+        )
+        assert_equal(
+            res.Q, want_q, what=f"{what}: Q [row, column]", hint=rounding_hint(W, scale, zero, gs, bits, kinds)
+        )
         s, z = gq.fit_quantizer(torch.from_numpy(W.copy()), bits=bits, sym=sym)
         whole = [naive_grid(list(W[r]), bits, sym) for r in range(rows)]
         row_hint = lambda at: f"Row {at[0]} ({kinds[at[0]]} row)"  # noqa: E731
-        assert_close(s, np.array([w[0] for w in whole], np.float32), atol=0.0, rtol=1e-6,
-                     what=f"generated case {case}: fit_quantizer(W [{rows}, {cols}], bits={bits}, sym={sym}): scale [row]",
-                     hint=row_hint)
-        assert_equal(z, np.array([w[1] for w in whole], np.float32),
-                     what=f"generated case {case}: fit_quantizer(W [{rows}, {cols}], bits={bits}, sym={sym}): zero [row]",
-                     hint=row_hint)
+        assert_close(
+            s,
+            np.array([w[0] for w in whole], np.float32),
+            atol=0.0,
+            rtol=1e-6,
+            what=f"generated case {case}: fit_quantizer(W [{rows}, {cols}], bits={bits}, sym={sym}): scale [row]",
+            hint=row_hint,
+        )
+        assert_equal(
+            z,
+            np.array([w[1] for w in whole], np.float32),
+            what=f"generated case {case}: fit_quantizer(W [{rows}, {cols}], bits={bits}, sym={sym}): zero [row]",
+            hint=row_hint,
+        )
+
 
 # --------------------------------------------------------------------------------------------------
 # hessian
@@ -354,12 +463,16 @@ def hessian_hint(H, want: torch.Tensor) -> str:
     got = H.double()
     ratio = float((got * want).sum() / (want * want).sum())
     if is_close(got, ratio * want, atol=0.0, rtol=1e-4) and not is_close(ratio, 1.0, atol=1e-3):
-        return (f"H is {ratio:.4g} times the expected 2/n X^T X everywhere: it must be the mean over all ROWS seen "
-                "(n counts rows, leading dims flattened, not calls), so before adding a batch of m rows rescale H by "
-                "n / (n + m), then add 2 / (n + m) x^T x")
+        return (
+            f"H is {ratio:.4g} times the expected 2/n X^T X everywhere: it must be the mean over all ROWS seen "
+            "(n counts rows, leading dims flattened, not calls), so before adding a batch of m rows rescale H by "
+            "n / (n + m), then add 2 / (n + m) x^T x"
+        )
     if is_close(got, want, atol=0.0, rtol=1e-2):
-        return ("H is close to 2/n X^T X, but not to fp32 precision: convert x to fp32 before the product (x^T x of "
-                "fp16 values loses precision or overflows in fp16)")
+        return (
+            "H is close to 2/n X^T X, but not to fp32 precision: convert x to fp32 before the product (x^T x of "
+            "fp16 values loses precision or overflows in fp16)"
+        )
     return "Expected H = (2 / n) * sum over all rows seen of x x^T, with n counting rows"
 
 
@@ -386,8 +499,14 @@ def test_hessian_streams_random_batches(gq, rng):
         start += m
     want = 2 / len(X) * X.double().T @ X.double()
     assert_counts_rows(n, len(X), f"after batches of {sizes} rows")
-    assert_close(H, want, atol=1e-4, rtol=1e-5, what=f"H after batches of {sizes} rows, against 2/n X^T X",
-                 hint=lambda _: hessian_hint(H, want))
+    assert_close(
+        H,
+        want,
+        atol=1e-4,
+        rtol=1e-5,
+        what=f"H after batches of {sizes} rows, against 2/n X^T X",
+        hint=lambda _: hessian_hint(H, want),
+    )
 
 
 @pytest.mark.check("hessian")
@@ -397,8 +516,14 @@ def test_hessian_flattens_leading_dims_and_counts_rows(gq, rng):
     flat = x.reshape(12, 6).double()
     assert_counts_rows(n, 12, "one call with x of shape [3, 4, 6] (12 rows of 6 features)")
     want = 2 / 12 * flat.T @ flat
-    assert_close(H, want, atol=1e-5, rtol=1e-5, what="H of x of shape [3, 4, 6], against 2/12 x^T x with x flattened "
-                 "to [12, 6]", hint=lambda _: hessian_hint(H, want))
+    assert_close(
+        H,
+        want,
+        atol=1e-5,
+        rtol=1e-5,
+        what="H of x of shape [3, 4, 6], against 2/12 x^T x with x flattened to [12, 6]",
+        hint=lambda _: hessian_hint(H, want),
+    )
 
 
 @pytest.mark.check("hessian")
@@ -408,8 +533,14 @@ def test_hessian_accumulates_fp16_inputs_in_fp32(gq, rng):
     assert H.dtype == torch.float32, f"H should stay fp32, found {H.dtype}"
     assert_counts_rows(n, 64, "one call with 64 fp16 rows")
     want = 2 / 64 * x.double().T @ x.double()
-    assert_close(H, want, atol=1e-5 * float(want.abs().max()), rtol=1e-4, what="H from fp16 inputs",
-                 hint=lambda _: hessian_hint(H, want))
+    assert_close(
+        H,
+        want,
+        atol=1e-5 * float(want.abs().max()),
+        rtol=1e-4,
+        what="H from fp16 inputs",
+        hint=lambda _: hessian_hint(H, want),
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -476,8 +607,16 @@ def test_matches_the_textbook_loop(gq, rng, rows, cols, bits, group_size, block_
     res = gq.gptq_quantize(W, H, bits=bits, group_size=group_size, block_size=block_size, sym=sym)
     what = f"gptq_quantize(bits={bits}, group_size={group_size}, block_size={block_size}, sym={sym}) on a [{rows}, {cols}] layer"
     assert res.Q.shape == W.shape and res.Q.dtype == W.dtype, f"{what}: Q should be {tuple(W.shape)} {W.dtype}"
-    assert_matches_oracle(res, W, H, what, bits=bits, group_size=group_size, sym=sym,
-                          grid_note=" (groups are fit from the weights as updated so far)")
+    assert_matches_oracle(
+        res,
+        W,
+        H,
+        what,
+        bits=bits,
+        group_size=group_size,
+        sym=sym,
+        grid_note=" (groups are fit from the weights as updated so far)",
+    )
 
 
 @pytest.mark.check("obq_oracle")
@@ -488,7 +627,9 @@ def test_all_zero_row_and_original_weights(gq, rng):
     res = gq.gptq_quantize(W, H, bits=4, block_size=8)
     assert torch.isfinite(res.Q).all(), "an all-zero row of W gives NaN or inf: fit_quantizer must use [-1, 1] for it"
     assert torch.equal(res.Q[3], torch.zeros(20)), f"an all-zero row must quantise to zeros, found {show(res.Q[3], 5)}"
-    assert torch.equal(W, W_before) and torch.equal(H, H_before), "gptq_quantize modified its inputs W or H: work on copies"
+    assert torch.equal(W, W_before) and torch.equal(H, H_before), (
+        "gptq_quantize modified its inputs W or H: work on copies"
+    )
     assert_matches_oracle(res, W, H, "a layer with an all-zero row", bits=4)
 
 
@@ -508,7 +649,9 @@ def random_problem(nrng, act_order: bool):
     group_size = -1 if nrng.integers(3) == 0 else int(nrng.integers(1, cols + 1))
     static = group_size > 0 and (act_order or bool(nrng.integers(2)))
     if group_size > 0 and not static:
-        fits = sorted({d for d in range(1, group_size + 1) if group_size % d == 0} | {group_size * k for k in (2, 3, 4)})
+        fits = sorted(
+            {d for d in range(1, group_size + 1) if group_size % d == 0} | {group_size * k for k in (2, 3, 4)}
+        )
         block_size = int(nrng.choice(fits))
     else:
         block_size = int(nrng.integers(1, 41))
@@ -530,8 +673,14 @@ def random_problem(nrng, act_order: bool):
     if rows > 1 and nrng.random() < 0.2:
         W[int(nrng.integers(rows))] = 0.0
         notes.append("an all-zero row")
-    params = dict(bits=bits, group_size=group_size, sym=sym, act_order=act_order, static_groups=static,
-                  percdamp=float(nrng.choice([0.01, 0.05, 0.2])))
+    params = dict(
+        bits=bits,
+        group_size=group_size,
+        sym=sym,
+        act_order=act_order,
+        static_groups=static,
+        percdamp=float(nrng.choice([0.01, 0.05, 0.2])),
+    )
     return torch.from_numpy(W), H, block_size, params, notes
 
 
@@ -541,8 +690,10 @@ def check_generated_problems(gq, rng, act_order: bool) -> None:
         W, H, block_size, params, notes = random_problem(nrng, act_order)
         res = gq.gptq_quantize(W, H, block_size=block_size, **params)
         args = ", ".join(f"{name}={value}" for name, value in params.items())
-        what = (f"generated problem {k}: gptq_quantize(W {list(W.shape)}, H ({', '.join(notes)}), "
-                f"block_size={block_size}, {args})")
+        what = (
+            f"generated problem {k}: gptq_quantize(W {list(W.shape)}, H ({', '.join(notes)}), "
+            f"block_size={block_size}, {args})"
+        )
         assert res.Q.shape == W.shape and res.Q.dtype == W.dtype, f"{what}: Q should be {tuple(W.shape)} {W.dtype}"
         assert_matches_oracle(res, W, H, what, **params)
 
@@ -556,17 +707,29 @@ def test_generated_problems_match_the_textbook_loop(gq, rng):
 def test_generated_act_order_problems_match_the_textbook_loop(gq, rng):
     check_generated_problems(gq, rng, act_order=True)
 
+
 # --------------------------------------------------------------------------------------------------
 # diagonal
 
 
 @pytest.mark.check("diagonal")
-@pytest.mark.parametrize("bits,group_size,sym,act_order", [(4, -1, False, False), (3, 8, True, False), (2, 6, False, True), (4, -1, True, True)])
+@pytest.mark.parametrize(
+    "bits,group_size,sym,act_order",
+    [(4, -1, False, False), (3, 8, True, False), (2, 6, False, True), (4, -1, True, True)],
+)
 def test_diagonal_hessian_is_rtn(gq, rng, bits, group_size, sym, act_order):
     W = torch.randn(10, 30, generator=rng)
     h = 0.1 + 5 * torch.rand(30, generator=rng)
-    res = gq.gptq_quantize(W, torch.diag(h), bits=bits, group_size=group_size, block_size=8, sym=sym,
-                           act_order=act_order, static_groups=act_order)
+    res = gq.gptq_quantize(
+        W,
+        torch.diag(h),
+        bits=bits,
+        group_size=group_size,
+        block_size=8,
+        sym=sym,
+        act_order=act_order,
+        static_groups=act_order,
+    )
     rtn = gq.quantize_rtn(W, bits=bits, group_size=group_size, sym=sym)
     what = f"diagonal H (bits={bits}, group_size={group_size}, sym={sym}, act_order={act_order})"
     assert torch.equal(res.Q, rtn.Q), (
@@ -579,9 +742,14 @@ def test_diagonal_hessian_is_rtn(gq, rng, bits, group_size, sym, act_order):
     assert_same_q(res.Q, Q, scale[:, g_idx], what + " vs the contract's rounding", hint=RTN_HINT)
     damp = 0.01 * float(h.double().mean())
     want = float(((W.double() - Q) ** 2 * (h.double() + damp)).sum() / 2)
-    assert_close(res.loss, want, atol=0.0, rtol=1e-4, what=f"{what}: loss", hint=(
-        "It is sum((w - q)^2 * (h_i + damp) / 2), since d = U[i, i] = 1 / sqrt(h_i + damp)"
-    ))
+    assert_close(
+        res.loss,
+        want,
+        atol=0.0,
+        rtol=1e-4,
+        what=f"{what}: loss",
+        hint=("It is sum((w - q)^2 * (h_i + damp) / 2), since d = U[i, i] = 1 / sqrt(h_i + damp)"),
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -589,24 +757,49 @@ def test_diagonal_hessian_is_rtn(gq, rng, bits, group_size, sym, act_order):
 
 
 @pytest.mark.check("block_invariance")
-@pytest.mark.parametrize("group_size,block_sizes", [(-1, [1, 3, 32, 128]), (8, [1, 8, 32, 128]), (6, [1, 3, 6, 24]), (32, [1, 8, 32, 64, 128])])
+@pytest.mark.parametrize(
+    "group_size,block_sizes",
+    [(-1, [1, 3, 32, 128]), (8, [1, 8, 32, 128]), (6, [1, 3, 6, 24]), (32, [1, 8, 32, 64, 128])],
+)
 def test_block_size_does_not_change_q(gq, rng, group_size, block_sizes):
     W, H = correlated_layer(rng, 12, 70, 200)
     results = {bs: gq.gptq_quantize(W, H, bits=3, group_size=group_size, block_size=bs) for bs in block_sizes}
     oracle = obq64(W, H, bits=3, group_size=group_size)  # its ties: where two correct runs may part
     first = block_sizes[0]
     for bs in block_sizes[1:]:
-        why = ("a group's grid must be fit from its weights with all earlier feedback applied: inside a block they "
-               "live in the block's working copy, not in W" if group_size > 0 else
-               "the lazy batch must add up to the same updates as applying each column's feedback at once: after each "
-               "block, every later column gets Err_block @ U[block, later]")
+        why = (
+            "a group's grid must be fit from its weights with all earlier feedback applied: inside a block they "
+            "live in the block's working copy, not in W"
+            if group_size > 0
+            else "the lazy batch must add up to the same updates as applying each column's feedback at once: after each "
+            "block, every later column gets Err_block @ U[block, later]"
+        )
         what = f"group_size={group_size}: block_size={bs} against block_size={first} ({why})"
-        assert_close(results[bs].scale, results[first].scale, atol=2 * oracle.scale_slack, rtol=1e-6,
-                     what=f"{what}: scale [row, group]")
-        assert_same_q(on_grid(results[bs], step_of(results[first])), results[first].Q, step_of(results[first]), what,
-                      ties=oracle.ties)
-    assert_matches_oracle(results[first], W, H, f"group_size={group_size}, block_size={first}", bits=3,
-                          group_size=group_size, grids=False, loss=False, oracle=oracle)
+        assert_close(
+            results[bs].scale,
+            results[first].scale,
+            atol=2 * oracle.scale_slack,
+            rtol=1e-6,
+            what=f"{what}: scale [row, group]",
+        )
+        assert_same_q(
+            on_grid(results[bs], step_of(results[first])),
+            results[first].Q,
+            step_of(results[first]),
+            what,
+            ties=oracle.ties,
+        )
+    assert_matches_oracle(
+        results[first],
+        W,
+        H,
+        f"group_size={group_size}, block_size={first}",
+        bits=3,
+        group_size=group_size,
+        grids=False,
+        loss=False,
+        oracle=oracle,
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -621,10 +814,24 @@ def test_scaling_h_changes_nothing(gq, rng, factor):
     scaled = gq.gptq_quantize(W, H * factor, bits=3, block_size=8)
     assert torch.isfinite(scaled.Q).all(), f"H * {factor:g} gives NaN or inf"
     oracle = obq64(W, H, bits=3)
-    assert_same_q(scaled.Q, base.Q, step_of(base), f"H * {factor:g} against H (scaling the inputs X must not change Q: "
-                  "damp by percdamp * mean(diag(H)), relative, not by percdamp)", ties=oracle.ties)
-    assert_matches_oracle(base, W, H, "a singular H (20 calibration rows, 32 features) with percdamp=0.01", bits=3,
-                          grids=False, loss=False, oracle=oracle)
+    assert_same_q(
+        scaled.Q,
+        base.Q,
+        step_of(base),
+        f"H * {factor:g} against H (scaling the inputs X must not change Q: "
+        "damp by percdamp * mean(diag(H)), relative, not by percdamp)",
+        ties=oracle.ties,
+    )
+    assert_matches_oracle(
+        base,
+        W,
+        H,
+        "a singular H (20 calibration rows, 32 features) with percdamp=0.01",
+        bits=3,
+        grids=False,
+        loss=False,
+        oracle=oracle,
+    )
 
 
 @pytest.mark.check("damping_dead")
@@ -638,15 +845,27 @@ def test_dead_columns_quantise_to_zero(gq, rng, group_size, act_order):
     H = 2 * X.T @ X / 80
     W = torch.randn(10, cols, generator=rng)
     W[:, dead] = 8.0 * torch.sign(torch.randn(10, len(dead), generator=rng))  # large: they would widen the grid
-    res = gq.gptq_quantize(W, H, bits=4, group_size=group_size, block_size=8, act_order=act_order, static_groups=act_order)
+    res = gq.gptq_quantize(
+        W, H, bits=4, group_size=group_size, block_size=8, act_order=act_order, static_groups=act_order
+    )
     what = f"dead columns {dead} (group_size={group_size}, act_order={act_order})"
     assert torch.isfinite(res.Q).all(), f"{what}: Q holds NaN or inf: set H[i, i] = 1 for every i with H[i, i] == 0"
     assert torch.equal(res.Q[:, dead], torch.zeros(10, len(dead))), (
         f"{what}: Q[:, dead] should be exactly 0: a feature that is always 0 contributes nothing, so set W[:, i] = 0 "
         f"for dead columns (before fitting any grid); found {show(res.Q[:, dead][0])}"
     )
-    assert_matches_oracle(res, W, H, what, bits=4, group_size=group_size, act_order=act_order, static_groups=act_order,
-                          loss=False, grid_note=": fit the grids AFTER zeroing the dead columns")
+    assert_matches_oracle(
+        res,
+        W,
+        H,
+        what,
+        bits=4,
+        group_size=group_size,
+        act_order=act_order,
+        static_groups=act_order,
+        loss=False,
+        grid_note=": fit the grids AFTER zeroing the dead columns",
+    )
 
 
 @pytest.mark.check("damping_dead")
@@ -666,12 +885,26 @@ def test_no_calibration_data_at_all(gq, rng):
 @pytest.mark.parametrize("bits,group_size,sym", [(4, -1, False), (3, 8, False), (3, -1, True)])
 def test_act_order_matches_the_textbook_order(gq, rng, bits, group_size, sym):
     W, H = correlated_layer(rng, 12, 32, 100, spread=6.0)
-    res = gq.gptq_quantize(W, H, bits=bits, group_size=group_size, block_size=8, sym=sym, act_order=True,
-                           static_groups=group_size > 0)
-    what = (f"act_order (bits={bits}, group_size={group_size}, sym={sym}; columns processed by descending diag(H), "
-            "Q returned in the ORIGINAL column order)")
-    assert_matches_oracle(res, W, H, what, bits=bits, group_size=group_size, sym=sym, act_order=True, static_groups=True,
-                          loss=False, grid_note=": static groups are fit from the original W, before any update")
+    res = gq.gptq_quantize(
+        W, H, bits=bits, group_size=group_size, block_size=8, sym=sym, act_order=True, static_groups=group_size > 0
+    )
+    what = (
+        f"act_order (bits={bits}, group_size={group_size}, sym={sym}; columns processed by descending diag(H), "
+        "Q returned in the ORIGINAL column order)"
+    )
+    assert_matches_oracle(
+        res,
+        W,
+        H,
+        what,
+        bits=bits,
+        group_size=group_size,
+        sym=sym,
+        act_order=True,
+        static_groups=True,
+        loss=False,
+        grid_note=": static groups are fit from the original W, before any update",
+    )
 
 
 @pytest.mark.check("act_order")
@@ -679,10 +912,16 @@ def test_act_order_is_permutation_equivariant(gq, rng):
     W, H = correlated_layer(rng, 10, 28, 90, spread=6.0)
     perm = torch.randperm(28, generator=rng)
     base = gq.gptq_quantize(W, H, bits=3, block_size=8, act_order=True)
-    moved = gq.gptq_quantize(W[:, perm].contiguous(), H[perm][:, perm].contiguous(), bits=3, block_size=8, act_order=True)
-    assert_same_q(moved.Q, base.Q[:, perm], step_of(base)[:, perm],
-                  "act_order with the input features permuted: Q should be permuted the same way (same features, same "
-                  "processing order). Is Q un-permuted with argsort(perm) at the end?")  # the same arithmetic: exact
+    moved = gq.gptq_quantize(
+        W[:, perm].contiguous(), H[perm][:, perm].contiguous(), bits=3, block_size=8, act_order=True
+    )
+    assert_same_q(
+        moved.Q,
+        base.Q[:, perm],
+        step_of(base)[:, perm],
+        "act_order with the input features permuted: Q should be permuted the same way (same features, same "
+        "processing order). Is Q un-permuted with argsort(perm) at the end?",
+    )  # the same arithmetic: exact
 
 
 @pytest.mark.check("act_order")
@@ -807,8 +1046,9 @@ def test_the_lazy_batch_is_real(student, gq, rng):
     ties = torch.zeros(rows, cols, dtype=torch.bool)
     if apart:  # rows are independent: the textbook loop on the rows where the runs part must show a tie there
         ties[apart] = obq64(W[apart], H, bits=4, reinvert=False).ties
-    assert_same_q(Q, plain.Q, step_of(plain), f"block_size={block} against block_size=1 on a [{rows}, {cols}] layer",
-                  ties=ties)
+    assert_same_q(
+        Q, plain.Q, step_of(plain), f"block_size={block} against block_size=1 on a [{rows}, {cols}] layer", ties=ties
+    )
     # The reference reaches 0.35 of round-to-nearest's output error on this layer (seeds 0-2: 0.350-0.354); rows of
     # the plain inverse H^-1 as the feedback reach 0.74, no feedback at all 0.99.
     ratio = output_error(W, Q, H) / output_error(W, rtn_rule(W, 4)[0], H)
@@ -888,16 +1128,30 @@ def test_speed_against_the_matmul_ceiling(student, gq, score, rows, cols, target
     # Fresh W per rep; H (calibration_hessian, seed 0) made once per loop, in the worker and here. A rep
     # takes seconds, so 5 reps dwarf the wall-clock bound's slack (5 ms + 3%, grader/speed.py).
     specs = [speed.Randn((rows, cols)), Hessian((cols, cols))]
-    t = speed.time_student(student, gq.gptq_quantize, specs, reps=5, warmup=1,
-                           check=lambda args, out: assert_timed_quantisation(out, *args))
+    t = speed.time_student(
+        student,
+        gq.gptq_quantize,
+        specs,
+        reps=5,
+        warmup=1,
+        check=lambda args, out: assert_timed_quantisation(out, *args),
+    )
     seconds = t.mean_s
     flops = feedback_flops(rows, cols)
     fraction = ceil.matmul_fraction(flops, seconds)
     full_marks_s = flops / (0.8 * target * ceil.matmul_flops_per_s)
-    score.metrics(seconds=seconds, tflops=flops / seconds / 1e12, **ceil.figures(),
-                  fraction_of_matmul=fraction, target_fraction=target, full_marks_seconds=full_marks_s)
-    score.speed(fraction / target,
-                f"[{rows}, {cols}] fp32: {seconds * 1e3:.0f} ms, {flops / seconds / 1e12:.3f} TFLOP/s of error feedback, "
-                f"{fraction:.2e} of this GPU's {ceil.matmul_flops_per_s / 1e12:.0f} TFLOP/s bf16 matmul; full marks at "
-                f"{0.8 * target:.1e} (about {full_marks_s:.1f} s here). The column loop is bound by kernel launches: "
-                "keep the per-column work to a few whole-column tensor operations, with no host sync")
+    score.metrics(
+        seconds=seconds,
+        tflops=flops / seconds / 1e12,
+        **ceil.figures(),
+        fraction_of_matmul=fraction,
+        target_fraction=target,
+        full_marks_seconds=full_marks_s,
+    )
+    score.speed(
+        fraction / target,
+        f"[{rows}, {cols}] fp32: {seconds * 1e3:.0f} ms, {flops / seconds / 1e12:.3f} TFLOP/s of error feedback, "
+        f"{fraction:.2e} of this GPU's {ceil.matmul_flops_per_s / 1e12:.0f} TFLOP/s bf16 matmul; full marks at "
+        f"{0.8 * target:.1e} (about {full_marks_s:.1f} s here). The column loop is bound by kernel launches: "
+        "keep the per-column work to a few whole-column tensor operations, with no host sync",
+    )

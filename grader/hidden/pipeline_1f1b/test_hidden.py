@@ -65,8 +65,10 @@ def as_ops(schedule, what: str = "the schedule") -> list[list[tuple]]:
     for s, row in enumerate(rows):
         for i, op in enumerate(row):
             if not isinstance(op, (list, tuple)):
-                raise AssertionError(f"{what}, stage {s}, op {i}: an op is a tuple ('F' or 'B', microbatch) or "
-                                     f"('F' or 'B', microbatch, chunk), found {type(op).__name__} {show(op)}")
+                raise AssertionError(
+                    f"{what}, stage {s}, op {i}: an op is a tuple ('F' or 'B', microbatch) or "
+                    f"('F' or 'B', microbatch, chunk), found {type(op).__name__} {show(op)}"
+                )
     return [[tuple(op) for op in row] for row in rows]
 
 
@@ -76,15 +78,17 @@ def peaks_of(value, p: int, what: str) -> list:
     if isinstance(value, torch.Tensor) and value.dim() == 1 and value.numel() == p:
         return value.tolist()
     if not isinstance(value, (list, tuple)):
-        raise AssertionError(f"{what}: peak_activations should be a list of {p} ints (one per stage), found "
-                             f"{type(value).__name__} {show(value)}")
+        raise AssertionError(
+            f"{what}: peak_activations should be a list of {p} ints (one per stage), found "
+            f"{type(value).__name__} {show(value)}"
+        )
     return list(value)
 
 
 def show_ops(row, start: int = 0, stop: int | None = None) -> str:
     """Ops as the README draws them: F0 B0 (interleaved F0.2: microbatch 0 on chunk 2); a window [start:stop]."""
     stop = len(row) if stop is None else min(stop, len(row))
-    text = " ".join(op[0] + ".".join(str(x) for x in op[1:]) for op in row[max(start, 0):stop])
+    text = " ".join(op[0] + ".".join(str(x) for x in op[1:]) for op in row[max(start, 0) : stop])
     return ("... " if start > 0 else "") + text + (" ..." if stop < len(row) else "")
 
 
@@ -93,26 +97,35 @@ def difference_cause(got_row, want_row, i: int, s: int, p: int, warmup_rule: str
     a, b = tuple(got_row[i]), tuple(want_row[i])
     nf_got, nf_want = forwards_before_first_backward(got_row), forwards_before_first_backward(want_row)
     if nf_got != nf_want:
-        return (f"stage {s} runs {nf_got} forwards before its first backward, the definition {nf_want}"
-                + (f" ({warmup_rule})" if warmup_rule else "")
-                + ": check the warm-up count and its cap, and that each steady-state pair is a forward THEN a backward")
+        return (
+            f"stage {s} runs {nf_got} forwards before its first backward, the definition {nf_want}"
+            + (f" ({warmup_rule})" if warmup_rule else "")
+            + ": check the warm-up count and its cap, and that each steady-state pair is a forward THEN a backward"
+        )
     if len(a) != len(b) or a[0] not in ("F", "B"):
         return "an op is ('F' or 'B', microbatch) for a plain schedule, ('F' or 'B', microbatch, chunk) for an interleaved one"
     if a[0] != b[0]:
-        return ("a forward and a backward out of turn: after the warm-up a stage alternates one forward, then one backward "
-                "(of the oldest microbatch in flight), and then drains the backwards it still owes")
+        return (
+            "a forward and a backward out of turn: after the warm-up a stage alternates one forward, then one backward "
+            "(of the oldest microbatch in flight), and then drains the backwards it still owes"
+        )
     if len(b) == 3 and a[1] == b[1] and a[2] != b[2]:
         if a[2] % p != s:
-            return (f"chunk {a[2]} lives on stage {a[2] % p}: stage {s} holds the global chunks {s}, {s + p}, "
-                    f"{s + 2 * p}, ... (local chunk j is global chunk j p + s)")
+            return (
+                f"chunk {a[2]} lives on stage {a[2] % p}: stage {s} holds the global chunks {s}, {s + p}, "
+                f"{s + 2 * p}, ... (local chunk j is global chunk j p + s)"
+            )
         if b[0] == "B":
-            return ("backwards visit a stage's chunks in the reverse order of its forwards: the k-th backward is on "
-                    "local chunk v - 1 - (k % (p v)) // p")
+            return (
+                "backwards visit a stage's chunks in the reverse order of its forwards: the k-th backward is on "
+                "local chunk v - 1 - (k % (p v)) // p"
+            )
         return "the k-th forward is on local chunk (k % (p v)) // p: a group of p microbatches goes through one chunk before the next"
     if a[0] == "B":
         return f"backwards go oldest first (first in, first out): here the oldest microbatch in flight is {b[1]}"
     return "forwards run in microbatch order" + (
-        ", in groups of p per chunk: the k-th is microbatch (k // (p v)) p + k % p" if len(b) == 3 else "")
+        ", in groups of p per chunk: the k-th is microbatch (k // (p v)) p + k % p" if len(b) == 3 else ""
+    )
 
 
 def first_difference(got, want, what: str, warmup_rule=None) -> str:
@@ -132,8 +145,10 @@ def first_difference(got, want, what: str, warmup_rule=None) -> str:
                     f"{difference_cause(g, w, i, s, p, rule)}"
                 )
         if len(g) != len(w):
-            return (f"{what}: stage {s} has {len(g)} ops, expected {len(w)} (every microbatch's F and B once per chunk "
-                    f"the stage holds); the definition ends {show_ops(w, len(w) - 6)}")
+            return (
+                f"{what}: stage {s} has {len(g)} ops, expected {len(w)} (every microbatch's F and B once per chunk "
+                f"the stage holds); the definition ends {show_ops(w, len(w) - 6)}"
+            )
     return ""
 
 
@@ -144,15 +159,20 @@ def gpipe_rule(p: int, m: int):
 def one_f_one_b_rule(p: int, m: int):
     def rule(s: int) -> str:
         w = min(p - s - 1, m)
-        return f"w = min(p - s - 1, m) = {w} warm-up forwards" + (", then the steady state's first forward" if w < m else "")
+        return f"w = min(p - s - 1, m) = {w} warm-up forwards" + (
+            ", then the steady state's first forward" if w < m else ""
+        )
+
     return rule
 
 
 def interleaved_rule(p: int, m: int, v: int):
     def rule(s: int) -> str:
         w = min(2 * (p - s - 1) + (v - 1) * p, m * v)
-        return (f"w = min(2(p - s - 1) + (v - 1)p, m v) = {w} warm-up forwards"
-                + (", then the steady state's first forward" if w < m * v else ""))
+        return f"w = min(2(p - s - 1) + (v - 1)p, m v) = {w} warm-up forwards" + (
+            ", then the steady state's first forward" if w < m * v else ""
+        )
+
     return rule
 
 
@@ -202,7 +222,9 @@ def test_gpipe_lists_every_forward_then_every_backward(pm):
         diff = first_difference(got, expected_gpipe(p, m), f"gpipe_schedule({p}, {m})", gpipe_rule(p, m))
         assert not diff, diff
         sim = trusted_simulate(got, 1.0, 2.0)
-        assert sim["peaks"] == [m] * p, f"gpipe_schedule({p}, {m}): every stage should hold all {m} microbatches at its peak"
+        assert sim["peaks"] == [m] * p, (
+            f"gpipe_schedule({p}, {m}): every stage should hold all {m} microbatches at its peak"
+        )
 
 
 FLUSH_TIMES = [(1.0, 2.0), (1.0, 1.0), (0.5, 1.5)]
@@ -232,8 +254,14 @@ def assert_flush_makespan_and_bubble(schedule, what: str, tf: float, tb: float, 
 @pytest.mark.check("gpipe")
 @pytest.mark.parametrize("times", FLUSH_TIMES)
 def test_gpipe_makespan_and_bubble(pm, times):
-    assert_flush_makespan_and_bubble(pm.gpipe_schedule, "gpipe_schedule", *times,
-                                     [(1, 1), (2, 5), (4, 8), (4, 3), (8, 16), (8, 2)], expected_gpipe, gpipe_rule)
+    assert_flush_makespan_and_bubble(
+        pm.gpipe_schedule,
+        "gpipe_schedule",
+        *times,
+        [(1, 1), (2, 5), (4, 8), (4, 3), (8, 16), (8, 2)],
+        expected_gpipe,
+        gpipe_rule,
+    )
 
 
 def runnable_schedule(expected, args: tuple, what: str):
@@ -270,8 +298,10 @@ def assert_linear_work(student, fn, small: tuple, large: tuple, what: str, expec
     )
 
 
-LINEAR_ADVICE = ("generating a schedule should cost a constant amount of work per op. Build each stage's list from the "
-                 "formulas directly; do not build every stage's ops and filter them per stage, or search a list for each op.")
+LINEAR_ADVICE = (
+    "generating a schedule should cost a constant amount of work per op. Build each stage's list from the "
+    "formulas directly; do not build every stage's ops and filter them per stage, or search a list for each op."
+)
 
 # The grader's own clock (grader/structure.py) beside the worker's line counts, which the submission can forge:
 # about 128 ops, then 8192 (64x: p from 2 to 128 at m = 32; interleaved, p from 2 to 32 and m from 16 to 64).
@@ -328,9 +358,15 @@ def assert_linear_on_the_clock(student, fn, oracle, kind: str, what: str) -> Non
             f"is sent back, or a wrong one: expected {sum(map(len, want))} ops"
         )
 
-    timing = clock(student.mode, lambda *args: student.drive(f"{SUPPORT}:schedule_digest", fn, *args),
-                   sizes_per_run(kind), check, LINEAR_CLOCK[kind], work=lambda got, *args: got["ops"],
-                   linear=lambda *args: student.drive(f"{SUPPORT}:schedule_baseline", fn, *args))
+    timing = clock(
+        student.mode,
+        lambda *args: student.drive(f"{SUPPORT}:schedule_digest", fn, *args),
+        sizes_per_run(kind),
+        check,
+        LINEAR_CLOCK[kind],
+        work=lambda got, *args: got["ops"],
+        linear=lambda *args: student.drive(f"{SUPPORT}:schedule_baseline", fn, *args),
+    )
     assert_flat_on_the_clock(timing, what, LINEAR_ADVICE, loop="more work per op when there are more stages")
 
 
@@ -362,8 +398,9 @@ def test_1f1b_is_valid_for_every_size(pm):
             trusted_simulate(got)
         except Invalid as exc:
             why = first_difference(got, expected_1f1b(p, m), f"one_f_one_b_schedule({p}, {m})", one_f_one_b_rule(p, m))
-            pytest.fail(f"one_f_one_b_schedule({p}, {m}) cannot run: {exc.args[0]}. First difference from the "
-                        f"definition: {why}")
+            pytest.fail(
+                f"one_f_one_b_schedule({p}, {m}) cannot run: {exc.args[0]}. First difference from the definition: {why}"
+            )
 
 
 @pytest.mark.check("one_f_one_b")
@@ -387,7 +424,9 @@ def test_1f1b_backwards_are_first_in_first_out(pm):
         for s, row in enumerate(got):
             backs = [op[1] for op in row if op[0] == "B"]
             fwds = [op[1] for op in row if op[0] == "F"]
-            assert fwds == list(range(m)), f"one_f_one_b_schedule({p}, {m}), stage {s}: forwards run {fwds}, expected 0..{m - 1} in order"
+            assert fwds == list(range(m)), (
+                f"one_f_one_b_schedule({p}, {m}), stage {s}: forwards run {fwds}, expected 0..{m - 1} in order"
+            )
             assert backs == list(range(m)), (
                 f"one_f_one_b_schedule({p}, {m}), stage {s}: backwards run {backs}, expected 0..{m - 1} in order: "
                 "the oldest microbatch in flight goes back first (its gradient arrives first)"
@@ -402,15 +441,22 @@ def test_1f1b_exact_order_and_peak_memory(pm):
         assert not diff, diff
         peaks = trusted_simulate(got)["peaks"]
         want = [min(p - s, m) for s in range(p)]
-        assert peaks == want, f"one_f_one_b_schedule({p}, {m}): peak microbatches in flight per stage are {peaks}, expected {want}"
+        assert peaks == want, (
+            f"one_f_one_b_schedule({p}, {m}): peak microbatches in flight per stage are {peaks}, expected {want}"
+        )
 
 
 @pytest.mark.check("one_f_one_b")
 @pytest.mark.parametrize("times", FLUSH_TIMES)
 def test_1f1b_makespan_and_bubble(pm, times):
-    assert_flush_makespan_and_bubble(pm.one_f_one_b_schedule, "one_f_one_b_schedule", *times,
-                                     [(1, 1), (2, 5), (4, 8), (4, 3), (8, 16), (8, 2), (6, 7)], expected_1f1b,
-                                     one_f_one_b_rule)
+    assert_flush_makespan_and_bubble(
+        pm.one_f_one_b_schedule,
+        "one_f_one_b_schedule",
+        *times,
+        [(1, 1), (2, 5), (4, 8), (4, 3), (8, 16), (8, 2), (6, 7)],
+        expected_1f1b,
+        one_f_one_b_rule,
+    )
 
 
 @pytest.mark.check("one_f_one_b")
@@ -440,7 +486,9 @@ def test_interleaved_chunks_live_on_their_stage(pm):
         for s, row in enumerate(got):
             chunks = sorted({op[2] for op in row if len(op) == 3})
             want = list(range(s, p * v, p))
-            assert all(len(op) == 3 for op in row), f"interleaved_schedule({p}, {m}, {v}): ops must be ('F'|'B', mb, chunk), found {row[:3]}"
+            assert all(len(op) == 3 for op in row), (
+                f"interleaved_schedule({p}, {m}, {v}): ops must be ('F'|'B', mb, chunk), found {row[:3]}"
+            )
             assert chunks == want, (
                 f"interleaved_schedule({p}, {m}, {v}), stage {s} runs chunks {chunks}, expected {want}: "
                 "chunk ids are global and chunk c lives on stage c % p (local chunk j of stage s is j*p + s)"
@@ -454,10 +502,13 @@ def test_interleaved_is_valid(pm):
         try:
             trusted_simulate(got)
         except Invalid as exc:
-            why = first_difference(got, expected_interleaved(p, m, v), f"interleaved_schedule({p}, {m}, {v})",
-                                   interleaved_rule(p, m, v))
-            pytest.fail(f"interleaved_schedule({p}, {m}, {v}) cannot run: {exc.args[0]}. First difference from the "
-                        f"definition: {why}")
+            why = first_difference(
+                got, expected_interleaved(p, m, v), f"interleaved_schedule({p}, {m}, {v})", interleaved_rule(p, m, v)
+            )
+            pytest.fail(
+                f"interleaved_schedule({p}, {m}, {v}) cannot run: {exc.args[0]}. First difference from the "
+                f"definition: {why}"
+            )
 
 
 @pytest.mark.check("interleaved")
@@ -471,8 +522,9 @@ def test_interleaved_exact_order(pm):
                 f"interleaved_schedule({p}, {m}, {v}), stage {s}: {got_n} forwards before the first backward, expected "
                 f"{want_n}: w = min(2(p - s - 1) + (v - 1)p, m v) = {w} warm-up forwards, then the steady state's first forward"
             )
-        diff = first_difference(got, expected_interleaved(p, m, v), f"interleaved_schedule({p}, {m}, {v})",
-                                interleaved_rule(p, m, v))
+        diff = first_difference(
+            got, expected_interleaved(p, m, v), f"interleaved_schedule({p}, {m}, {v})", interleaved_rule(p, m, v)
+        )
         assert not diff, diff
 
 
@@ -480,8 +532,12 @@ def test_interleaved_exact_order(pm):
 def test_interleaving_shrinks_the_bubble_by_v(pm):
     for p, m, v in [(4, 8, 2), (4, 8, 4), (2, 6, 3), (8, 16, 2), (3, 3, 2)]:
         got = as_ops(pm.interleaved_schedule(p, m, v))
-        why = first_difference(got, expected_interleaved(p, m, v), f"interleaved_schedule({p}, {m}, {v})",
-                               interleaved_rule(p, m, v)) or "the order is right"
+        why = (
+            first_difference(
+                got, expected_interleaved(p, m, v), f"interleaved_schedule({p}, {m}, {v})", interleaved_rule(p, m, v)
+            )
+            or "the order is right"
+        )
         try:
             sim = trusted_simulate(got, 1.0, 2.0)
         except Invalid as exc:
@@ -501,12 +557,15 @@ def test_interleaving_shrinks_the_bubble_by_v(pm):
 @pytest.mark.check("interleaved")
 def test_interleaved_work_is_linear(student, pm):
     # 128 ops, then 4096 (32x); then v = 4 at the same p and m: twice the ops, so at most 4x the lines.
-    assert_linear_work(student, pm.interleaved_schedule, (4, 8, 2), (16, 64, 2), "interleaved_schedule",
-                       expected_interleaved)
-    assert_linear_work(student, pm.interleaved_schedule, (16, 64, 2), (16, 64, 4), "interleaved_schedule",
-                       expected_interleaved)
-    assert_linear_on_the_clock(student, pm.interleaved_schedule, expected_interleaved, "interleaved",
-                               "interleaved_schedule")
+    assert_linear_work(
+        student, pm.interleaved_schedule, (4, 8, 2), (16, 64, 2), "interleaved_schedule", expected_interleaved
+    )
+    assert_linear_work(
+        student, pm.interleaved_schedule, (16, 64, 2), (16, 64, 4), "interleaved_schedule", expected_interleaved
+    )
+    assert_linear_on_the_clock(
+        student, pm.interleaved_schedule, expected_interleaved, "interleaved", "interleaved_schedule"
+    )
 
 
 @pytest.mark.check("interleaved")
@@ -529,8 +588,15 @@ def seeded(rng: torch.Generator) -> random.Random:
 def plain_sizes(rnd: random.Random) -> list[tuple[int, int]]:
     """Past the grid (p up to 16, m up to 64), with the edges every schedule has: m < p, m = p, m = p - 1, p = 1."""
     p = rnd.randint(9, 16)
-    return [(p, rnd.randint(1, p - 2)), (p, p), (p, p - 1), (1, rnd.randint(17, 64)), (rnd.randint(2, 16), 1),
-            (rnd.randint(2, 16), rnd.randint(17, 48)), (rnd.randint(2, 8), rnd.randint(1, 48))]
+    return [
+        (p, rnd.randint(1, p - 2)),
+        (p, p),
+        (p, p - 1),
+        (1, rnd.randint(17, 64)),
+        (rnd.randint(2, 16), 1),
+        (rnd.randint(2, 16), rnd.randint(17, 48)),
+        (rnd.randint(2, 8), rnd.randint(1, 48)),
+    ]
 
 
 def interleaved_sizes(rnd: random.Random) -> list[tuple[int, int, int]]:
@@ -558,15 +624,17 @@ def test_gpipe_generated_sizes_op_by_op(pm, rng):
 @pytest.mark.check("one_f_one_b")
 def test_1f1b_generated_sizes_op_by_op(pm, rng):
     for p, m in plain_sizes(seeded(rng)):
-        assert_matches_definition(pm.one_f_one_b_schedule(p, m), one_f_one_b_op, (p, m), "one_f_one_b_schedule",
-                                  one_f_one_b_rule)
+        assert_matches_definition(
+            pm.one_f_one_b_schedule(p, m), one_f_one_b_op, (p, m), "one_f_one_b_schedule", one_f_one_b_rule
+        )
 
 
 @pytest.mark.check("interleaved")
 def test_interleaved_generated_sizes_op_by_op(pm, rng):
     for p, m, v in interleaved_sizes(seeded(rng)):
-        assert_matches_definition(pm.interleaved_schedule(p, m, v), interleaved_op, (p, m, v), "interleaved_schedule",
-                                  interleaved_rule)
+        assert_matches_definition(
+            pm.interleaved_schedule(p, m, v), interleaved_op, (p, m, v), "interleaved_schedule", interleaved_rule
+        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -596,14 +664,20 @@ def start_cause(want: Verdict, s: int, i: int, got_start: float, times: tuple) -
     same = [d for d, _, t in arrivals if t == s]
     other = [(d, t) for d, _, t in arrivals if t != s]
     if p2p > 0 and same and close(got_start, all_p2p) and not close(all_p2p, start):
-        return (f"that is p2p_time = {p2p:g} late: its input {same[0]!r} ran on this same stage, and only an input from "
-                "another stage arrives p2p_time after it ends")
+        return (
+            f"that is p2p_time = {p2p:g} late: its input {same[0]!r} ran on this same stage, and only an input from "
+            "another stage arrives p2p_time after it ends"
+        )
     if p2p > 0 and other and close(got_start, no_p2p) and not close(no_p2p, start):
-        return (f"p2p_time = {p2p:g} is missing: its input {other[0][0]!r} ran on stage {other[0][1]}, so it arrives "
-                "p2p_time after it ends")
+        return (
+            f"p2p_time = {p2p:g} is missing: its input {other[0][0]!r} ran on stage {other[0][1]}, so it arrives "
+            "p2p_time after it ends"
+        )
     limits = [f"its stage is free at {free:g} (after {spell(row[i - 1][2])!r})" if i else "its stage is free at 0"]
-    limits += [f"{d!r} (stage {t}) ends at {e:g}" + (f" and arrives at {e + p2p:g}" if t != s and p2p else "")
-               for d, e, t in arrivals]
+    limits += [
+        f"{d!r} (stage {t}) ends at {e:g}" + (f" and arrives at {e + p2p:g}" if t != s and p2p else "")
+        for d, e, t in arrivals
+    ]
     if got_start < start and not close(got_start, start):
         return "it starts before all of its inputs are ready: " + "; ".join(limits)
     return "it starts later than it can: an op starts as soon as " + "; ".join(limits)
@@ -623,8 +697,10 @@ def sim_divergence(got, want: Verdict, times: tuple) -> str:
     """The first place where the student's SimResult leaves the oracle's, and what usually causes it ('' if none)."""
     fields = getattr(got, "_fields", ())
     if not isinstance(fields, tuple) or fields != ("makespan", "bubble_fraction", "peak_activations", "timeline"):
-        return (f"simulate should return the SimResult NamedTuple (makespan, bubble_fraction, peak_activations, "
-                f"timeline), found a {type(got).__name__} with fields {show(fields)}")
+        return (
+            f"simulate should return the SimResult NamedTuple (makespan, bubble_fraction, peak_activations, "
+            f"timeline), found a {type(got).__name__} with fields {show(fields)}"
+        )
     p = len(want.timeline)
     if not isinstance(got.timeline, (list, tuple)):
         return f"the timeline should be a list (one list of (start, end, op) per stage), found {type(got.timeline).__name__} {show(got.timeline)}"
@@ -638,8 +714,10 @@ def sim_divergence(got, want: Verdict, times: tuple) -> str:
             return f"stage {s}'s timeline has {len(g)} entries, expected {len(w)}: one (start, end, op) per op, in the stage's order"
         for i, (entry, (ws, we, wop)) in enumerate(zip(g, w)):
             if not (isinstance(entry, (list, tuple)) and len(entry) == 3 and isinstance(entry[2], (list, tuple))):
-                return (f"stage {s}'s timeline entry {i} should be (start, end, op) with op a tuple such as {wop!r}, "
-                        f"found {type(entry).__name__} {show(entry)}")
+                return (
+                    f"stage {s}'s timeline entry {i} should be (start, end, op) with op a tuple such as {wop!r}, "
+                    f"found {type(entry).__name__} {show(entry)}"
+                )
             gs, ge, gop = entry
             gop = tuple(gop)
             if gop != wop:
@@ -649,12 +727,19 @@ def sim_divergence(got, want: Verdict, times: tuple) -> str:
     if first is not None:
         ws, s, i, gs, ge = first
         _, we, op = want.timeline[s][i]
-        cause = (start_cause(want, s, i, gs, times) if not close(gs, ws)
-                 else duration_cause(ge - gs, we - ws, op[0], times, want.v))
-        return (f"first divergence at time {ws:g}: stage {s}, op {i} {op!r} runs ({gs:g}, {ge:g}), the contract gives "
-                f"({ws:g}, {we:g}): {cause}")
+        cause = (
+            start_cause(want, s, i, gs, times)
+            if not close(gs, ws)
+            else duration_cause(ge - gs, we - ws, op[0], times, want.v)
+        )
+        return (
+            f"first divergence at time {ws:g}: stage {s}, op {i} {op!r} runs ({gs:g}, {ge:g}), the contract gives "
+            f"({ws:g}, {we:g}): {cause}"
+        )
     if not close(got.makespan, want.makespan):
-        return f"the timeline is right but makespan is {got.makespan:g}: it is the end of the last op, {want.makespan:g}"
+        return (
+            f"the timeline is right but makespan is {got.makespan:g}: it is the end of the last op, {want.makespan:g}"
+        )
     if not close(got.bubble_fraction, want.bubble):
         busy = (1 - want.bubble) * p * want.makespan
         why = "idle stage-time over total stage-time, (p * makespan - busy) / (p * makespan)"
@@ -671,8 +756,10 @@ def sim_divergence(got, want: Verdict, times: tuple) -> str:
         if len(got_peaks) != p:
             return f"peak_activations has {len(got_peaks)} entries, expected one per stage ({p})"
         s = next(s for s in range(p) if got_peaks[s] != want.peaks[s])
-        return (f"stage {s}: peak_activations is {got_peaks[s]}, the contract gives {want.peaks[s]}: along the stage's "
-                "own list, the most (microbatch, chunk) pairs whose F ran and whose B has not")
+        return (
+            f"stage {s}: peak_activations is {got_peaks[s]}, the contract gives {want.peaks[s]}: along the stage's "
+            "own list, the most (microbatch, chunk) pairs whose F ran and whose B has not"
+        )
     return ""
 
 
@@ -681,7 +768,9 @@ def compare_sim(got, want: dict, what: str, times: tuple = (1.0, 2.0, 0.0)) -> N
     timeline = tuple(tuple(row) for row in want["timeline"])
     ops = [op for row in timeline for _, _, op in row]
     v = (1 + max(op[2] for op in ops)) // len(timeline) if len(ops[0]) == 3 else 1
-    verdict = Verdict(makespan=want["makespan"], bubble=want["bubble"], peaks=tuple(want["peaks"]), timeline=timeline, v=v)
+    verdict = Verdict(
+        makespan=want["makespan"], bubble=want["bubble"], peaks=tuple(want["peaks"]), timeline=timeline, v=v
+    )
     diff = sim_divergence(got, verdict, times)
     assert not diff, f"{what}: {diff}"
 
@@ -693,8 +782,12 @@ def test_simulate_known_schedules_with_random_costs(pm, rng):
         tf, tb, p2p = rnd.uniform(0.5, 2), rnd.uniform(0.5, 3), rnd.choice([0.0, rnd.uniform(0.05, 0.5)])
         for name, sched in [("gpipe", expected_gpipe(p, m)), ("1F1B", expected_1f1b(p, m))]:
             got = pm.simulate(sched, tf, tb, p2p)
-            compare_sim(got, trusted_simulate(sched, tf, tb, p2p), f"simulate({name} p={p} m={m}, t_f={tf:.3f}, t_b={tb:.3f}, p2p={p2p:.3f})",
-                        (tf, tb, p2p))
+            compare_sim(
+                got,
+                trusted_simulate(sched, tf, tb, p2p),
+                f"simulate({name} p={p} m={m}, t_f={tf:.3f}, t_b={tb:.3f}, p2p={p2p:.3f})",
+                (tf, tb, p2p),
+            )
 
 
 @pytest.mark.check("simulate")
@@ -704,8 +797,12 @@ def test_simulate_random_valid_schedules(pm, rng):
         p, m = rnd.randint(1, 5), rnd.randint(1, 6)
         sched = random_valid_schedule(rnd, p, m)
         tf, tb, p2p = rnd.uniform(0.3, 2), rnd.uniform(0.3, 3), rnd.choice([0.0, rnd.uniform(0.05, 0.7)])
-        compare_sim(pm.simulate(sched, tf, tb, p2p), trusted_simulate(sched, tf, tb, p2p),
-                    f"simulate({sched}, {tf:.3f}, {tb:.3f}, {p2p:.3f})", (tf, tb, p2p))
+        compare_sim(
+            pm.simulate(sched, tf, tb, p2p),
+            trusted_simulate(sched, tf, tb, p2p),
+            f"simulate({sched}, {tf:.3f}, {tb:.3f}, {p2p:.3f})",
+            (tf, tb, p2p),
+        )
 
 
 @pytest.mark.check("simulate")
@@ -715,9 +812,12 @@ def test_simulate_interleaved_schedules(pm, rng):
     cases += [random_valid_schedule(rnd, rnd.randint(1, 4), rnd.randint(1, 4), rnd.randint(2, 3)) for _ in range(6)]
     for sched in cases:
         tf, tb, p2p = rnd.uniform(0.3, 2), rnd.uniform(0.3, 3), rnd.choice([0.0, rnd.uniform(0.05, 0.7)])
-        compare_sim(pm.simulate(sched, tf, tb, p2p), trusted_simulate(sched, tf, tb, p2p),
-                    f"simulate({sched}, {tf:.3f}, {tb:.3f}, {p2p:.3f}) (each op costs its time / v; peaks count (mb, chunk) pairs)",
-                    (tf, tb, p2p))
+        compare_sim(
+            pm.simulate(sched, tf, tb, p2p),
+            trusted_simulate(sched, tf, tb, p2p),
+            f"simulate({sched}, {tf:.3f}, {tb:.3f}, {p2p:.3f}) (each op costs its time / v; peaks count (mb, chunk) pairs)",
+            (tf, tb, p2p),
+        )
 
 
 def perturbed(rnd: random.Random, sched: list[list[tuple]]) -> tuple[list[list[tuple]], str]:
@@ -761,7 +861,9 @@ def test_simulate_flags_exactly_the_invalid_schedules(pm, rng):
         if valid:
             label = f"simulate({sched}) (still valid after: {change})"
             got, refused = call_simulate(pm, sched, (1.0, 2.0, 0.0), label)
-            assert refused is None, f"{label}: simulate raised ValueError({refused}), but every op of this schedule can run"
+            assert refused is None, (
+                f"{label}: simulate raised ValueError({refused}), but every op of this schedule can run"
+            )
             compare_sim(got, trusted_simulate(sched), label)
         else:
             with pytest.raises(ValueError):
@@ -771,31 +873,51 @@ def test_simulate_flags_exactly_the_invalid_schedules(pm, rng):
 
 
 @pytest.mark.check("simulate")
-@pytest.mark.parametrize("case", [
-    ([[("F", 0), ("B", 0), ("F", 1), ("B", 1)], [("F", 1), ("F", 0), ("B", 0), ("B", 1)]], "('F', 1)"),
-    ([[("F", 0), ("B", 0)], [("B", 0), ("F", 0)]], "('B', 0)"),
-    ([[("F", 0, 0), ("F", 0, 2), ("B", 0, 0), ("B", 0, 2)], [("F", 0, 1), ("B", 0, 1), ("F", 0, 3), ("B", 0, 3)]], "('B', 0, 1)"),
-])
+@pytest.mark.parametrize(
+    "case",
+    [
+        ([[("F", 0), ("B", 0), ("F", 1), ("B", 1)], [("F", 1), ("F", 0), ("B", 0), ("B", 1)]], "('F', 1)"),
+        ([[("F", 0), ("B", 0)], [("B", 0), ("F", 0)]], "('B', 0)"),
+        (
+            [
+                [("F", 0, 0), ("F", 0, 2), ("B", 0, 0), ("B", 0, 2)],
+                [("F", 0, 1), ("B", 0, 1), ("F", 0, 3), ("B", 0, 3)],
+            ],
+            "('B', 0, 1)",
+        ),
+    ],
+)
 def test_simulate_names_the_stuck_ops(pm, case):
     sched, stuck = case
     must_accept("simulate([[('F', 0), ('B', 0)]])", lambda: pm.simulate([[("F", 0), ("B", 0)]]))
     with pytest.raises(ValueError) as info:
         pm.simulate(sched)
         pytest.fail(f"simulate({sched}) deadlocks and should raise ValueError")
-    assert stuck in str(info.value), f"simulate({sched}) deadlocks; the ValueError should name the stuck op {stuck}, found: {info.value}"
+    assert stuck in str(info.value), (
+        f"simulate({sched}) deadlocks; the ValueError should name the stuck op {stuck}, found: {info.value}"
+    )
 
 
 @pytest.mark.check("simulate")
-@pytest.mark.parametrize("sched,why", [
-    ([], "an empty schedule"),
-    ([[("F", 0), ("B", 0)], [("F", 0)]], "stage 1 lacks ('B', 0)"),
-    ([[("F", 0), ("B", 0), ("F", 0), ("B", 0)]], "an op run twice"),
-    ([[("F", 0, 0), ("B", 0, 0), ("F", 0, 1), ("B", 0, 1)], [("F", 0, 2), ("B", 0, 2), ("F", 0, 3), ("B", 0, 3)]], "chunk 1 on stage 0 (it lives on stage 1)"),
-    ([[("F", 0, 0), ("B", 0, 0), ("F", 0, 2), ("B", 0, 2)], [("F", 0, 1), ("B", 0, 1)]], "3 chunks over 2 stages"),
-    ([[("F", 0), ("B", 0, 0)]], "plain and interleaved ops mixed"),
-    ([[("X", 0), ("B", 0)]], "an op that is neither F nor B"),
-    ([[("F", -1), ("B", -1)]], "a negative microbatch"),
-])
+@pytest.mark.parametrize(
+    "sched,why",
+    [
+        ([], "an empty schedule"),
+        ([[("F", 0), ("B", 0)], [("F", 0)]], "stage 1 lacks ('B', 0)"),
+        ([[("F", 0), ("B", 0), ("F", 0), ("B", 0)]], "an op run twice"),
+        (
+            [
+                [("F", 0, 0), ("B", 0, 0), ("F", 0, 1), ("B", 0, 1)],
+                [("F", 0, 2), ("B", 0, 2), ("F", 0, 3), ("B", 0, 3)],
+            ],
+            "chunk 1 on stage 0 (it lives on stage 1)",
+        ),
+        ([[("F", 0, 0), ("B", 0, 0), ("F", 0, 2), ("B", 0, 2)], [("F", 0, 1), ("B", 0, 1)]], "3 chunks over 2 stages"),
+        ([[("F", 0), ("B", 0, 0)]], "plain and interleaved ops mixed"),
+        ([[("X", 0), ("B", 0)]], "an op that is neither F nor B"),
+        ([[("F", -1), ("B", -1)]], "a negative microbatch"),
+    ],
+)
 def test_simulate_rejects_malformed_schedules(pm, sched, why):
     must_accept("simulate([[('F', 0), ('B', 0)]])", lambda: pm.simulate([[("F", 0), ("B", 0)]]))
     with pytest.raises(ValueError):
@@ -861,13 +983,22 @@ def break_schedule(rnd: random.Random, kind: str, sched: list[list[tuple]]) -> t
             fy = spell("F", y, c + 1)
             after.remove(fy)
             after.insert(after.index(spell("F", x, c + 1)), fy)
-            return sched, f"a cycle: {bx!r} before {spell('F', y, c)!r} on stage {c % p}, {fy!r} before {spell('F', x, c + 1)!r} on stage {(c + 1) % p}"
+            return (
+                sched,
+                f"a cycle: {bx!r} before {spell('F', y, c)!r} on stage {c % p}, {fy!r} before {spell('F', x, c + 1)!r} on stage {(c + 1) % p}",
+            )
     return break_schedule(rnd, "backward before its forward", sched)
 
 
 VALID_KINDS = ["random interleaving", "random interleaving", "gpipe", "1f1b", "interleaved"]
-BROKEN_KINDS = ["backward before its forward", "missing op", "duplicate op", "one op for another",
-                "misplaced op", "dependency cycle"]
+BROKEN_KINDS = [
+    "backward before its forward",
+    "missing op",
+    "duplicate op",
+    "one op for another",
+    "misplaced op",
+    "dependency cycle",
+]
 
 
 def generated_case(rnd: random.Random, trial: int):
@@ -888,10 +1019,15 @@ def generated_case(rnd: random.Random, trial: int):
     if kind in BROKEN_KINDS:
         base, done = break_schedule(rnd, kind, base)
         kind = f"{kind} ({done})"
-    times = (rnd.choice([1.0, rnd.uniform(0.2, 2.0)]), rnd.choice([2.0, rnd.uniform(0.2, 3.0)]),
-             rnd.choice([0.0, rnd.uniform(0.05, 0.8), rnd.uniform(0.05, 0.8)]))
-    label = (f"simulate(schedule, {times[0]:.4g}, {times[1]:.4g}, {times[2]:.4g}) on this schedule ({kind}): "
-             f"[{show_schedule(base)}]")
+    times = (
+        rnd.choice([1.0, rnd.uniform(0.2, 2.0)]),
+        rnd.choice([2.0, rnd.uniform(0.2, 3.0)]),
+        rnd.choice([0.0, rnd.uniform(0.05, 0.8), rnd.uniform(0.05, 0.8)]),
+    )
+    label = (
+        f"simulate(schedule, {times[0]:.4g}, {times[1]:.4g}, {times[2]:.4g}) on this schedule ({kind}): "
+        f"[{show_schedule(base)}]"
+    )
     return base, times, label
 
 
@@ -942,20 +1078,25 @@ def test_simulate_against_an_event_by_event_oracle(pm, rng):
     assert verdicts["valid"] >= 20 and verdicts["deadlocks"] >= 5, f"the generator drew too few of a kind: {verdicts}"
 
 
-def assert_simulate_linear(student, pm, small, large, what: str, makespan: float, advice: str,
-                           kind: str = "plain") -> None:
+def assert_simulate_linear(
+    student, pm, small, large, what: str, makespan: float, advice: str, kind: str = "plain"
+) -> None:
     """simulate runs at most 2x more lines per op on `large` (32x the ops of `small`) than on `small`; and on
     the grader's clock, 64x the ops take no more than LINEAR_CLOCK's bar."""
     n_small, n_large = sum(map(len, small)), sum(map(len, large))
+
     def makespan_of(schedule, want: float):
         def check(result) -> None:
             got = getattr(result, "makespan", None)
             assert isinstance(got, (int, float)) and close(got, want), (
-                f"simulate({what}) (a call whose lines are counted) gave makespan {show(got)}, expected {want:g}")
+                f"simulate({what}) (a call whose lines are counted) gave makespan {show(got)}, expected {want:g}"
+            )
+
         return check
 
-    _, lines_small = student.lines_executed(pm.simulate, small,
-                                            check=makespan_of(small, trusted_simulate(small)["makespan"]))
+    _, lines_small = student.lines_executed(
+        pm.simulate, small, check=makespan_of(small, trusted_simulate(small)["makespan"])
+    )
     result, lines_large = student.lines_executed(pm.simulate, large, check=makespan_of(large, makespan))
     growth, ops_growth = lines_large / lines_small, n_large / n_small
     assert growth <= 2 * ops_growth, (
@@ -978,19 +1119,27 @@ def assert_simulate_linear(student, pm, small, large, what: str, makespan: float
             f"clock), expected {want:g}"
         )
 
-    timing = clock(student.mode, lambda ops, lengths, want: student.drive(f"{SUPPORT}:simulate_packed", pm.simulate,
-                                                                          ops, lengths),
-                   make, check, LINEAR_CLOCK["simulate" if kind == "plain" else "simulate_interleaved"],
-                   work=lambda got, ops, lengths, want: len(ops),
-                   linear=lambda ops, lengths, want: student.drive(f"{SUPPORT}:simulate_baseline", pm.simulate, ops,
-                                                                   lengths))
+    timing = clock(
+        student.mode,
+        lambda ops, lengths, want: student.drive(f"{SUPPORT}:simulate_packed", pm.simulate, ops, lengths),
+        make,
+        check,
+        LINEAR_CLOCK["simulate" if kind == "plain" else "simulate_interleaved"],
+        work=lambda got, ops, lengths, want: len(ops),
+        linear=lambda ops, lengths, want: student.drive(f"{SUPPORT}:simulate_baseline", pm.simulate, ops, lengths),
+    )
     assert_flat_on_the_clock(timing, "simulate", advice, loop="more work per op when there are more stages")
 
 
 @pytest.mark.check("simulate_linear")
 def test_simulate_is_linear_in_the_number_of_ops(student, pm):
     assert_simulate_linear(
-        student, pm, expected_1f1b(4, 8), expected_1f1b(32, 32), "1F1B p=32, m=32", (32 + 31) * 3.0,
+        student,
+        pm,
+        expected_1f1b(4, 8),
+        expected_1f1b(32, 32),
+        "1F1B p=32, m=32",
+        (32 + 31) * 3.0,
         "Do not rescan every stage (or every finished op) to find what can run next: keep finish times in a "
         "dict, and wake a stage only when the op it waits for finishes.",
     )
@@ -999,7 +1148,11 @@ def test_simulate_is_linear_in_the_number_of_ops(student, pm):
 @pytest.mark.check("simulate_linear")
 def test_simulate_is_linear_for_interleaved_schedules(student, pm):
     assert_simulate_linear(
-        student, pm, expected_interleaved(4, 8, 2), expected_interleaved(16, 64, 2), "interleaved p=16, m=64, v=2",
+        student,
+        pm,
+        expected_interleaved(4, 8, 2),
+        expected_interleaved(16, 64, 2),
+        "interleaved p=16, m=64, v=2",
         (64 + 15 / 2) * 3.0,
         "Find v and each op's dependencies from the op itself (chunk c - 1 or c + 1), not by searching the schedule.",
         kind="interleaved",
@@ -1036,19 +1189,37 @@ def check_run(run, stages, xs, ys, what: str) -> None:
     assert isinstance(run.loss, float), f"{what}: loss should be a Python float, found {type(run.loss).__name__}"
     m = len(xs)
     if m > 1 and math.isclose(run.loss, want_loss * m, rel_tol=1e-4):
-        pytest.fail(f"{what}: loss is {run.loss:.6g}, m = {m} times the mean {want_loss:.6g}: divide each microbatch's loss by m")
-    assert math.isclose(run.loss, want_loss, rel_tol=1e-4, abs_tol=1e-6), f"{what}: loss {run.loss:.6g}, expected the mean {want_loss:.6g}"
+        pytest.fail(
+            f"{what}: loss is {run.loss:.6g}, m = {m} times the mean {want_loss:.6g}: divide each microbatch's loss by m"
+        )
+    assert math.isclose(run.loss, want_loss, rel_tol=1e-4, abs_tol=1e-6), (
+        f"{what}: loss {run.loss:.6g}, expected the mean {want_loss:.6g}"
+    )
     assert len(run.grads) == len(want_grads), f"{what}: grads for {len(run.grads)} pieces, expected {len(want_grads)}"
     for c, (got_c, want_c) in enumerate(zip(run.grads, want_grads)):
-        assert len(got_c) == len(want_c), f"{what}: piece {c} has {len(want_c)} parameters, found {len(got_c)} gradients"
+        assert len(got_c) == len(want_c), (
+            f"{what}: piece {c} has {len(want_c)} parameters, found {len(got_c)} gradients"
+        )
         for i, (g, w) in enumerate(zip(got_c, want_c)):
-            assert isinstance(g, torch.Tensor), f"{what}: piece {c} grad {i} should be a tensor, found {type(g).__name__} {show(g)}"
-            assert tuple(g.shape) == tuple(w.shape), f"{what}: piece {c} grad {i} has shape {tuple(g.shape)}, expected {tuple(w.shape)}"
+            assert isinstance(g, torch.Tensor), (
+                f"{what}: piece {c} grad {i} should be a tensor, found {type(g).__name__} {show(g)}"
+            )
+            assert tuple(g.shape) == tuple(w.shape), (
+                f"{what}: piece {c} grad {i} has shape {tuple(g.shape)}, expected {tuple(w.shape)}"
+            )
             if m > 1 and is_close(g, w * m, atol=1e-6, rtol=1e-4) and not is_close(g, w, atol=1e-6, rtol=1e-4):
-                pytest.fail(f"{what}: piece {c} grad {i} is m = {m} times too large: divide each microbatch's loss by m before its backward")
-            assert_close(g, w, atol=1e-5, rtol=1e-4, what=f"{what}: piece {c} parameter {i} gradient, against the full-batch one",
-                         hint="Did you zero the gradients first, send each piece the detached output of the one before, and "
-                              "backpropagate the gradient the next piece sent back?")
+                pytest.fail(
+                    f"{what}: piece {c} grad {i} is m = {m} times too large: divide each microbatch's loss by m before its backward"
+                )
+            assert_close(
+                g,
+                w,
+                atol=1e-5,
+                rtol=1e-4,
+                what=f"{what}: piece {c} parameter {i} gradient, against the full-batch one",
+                hint="Did you zero the gradients first, send each piece the detached output of the one before, and "
+                "backpropagate the gradient the next piece sent back?",
+            )
 
 
 def drive(student, pm, stages, xs, ys, sched):
@@ -1080,12 +1251,21 @@ def test_run_pipeline_random_schedules(student, pm, rng, seed):
 def test_run_pipeline_zeroes_the_gradients_first(student, pm, rng, seed):
     stages = mlp_stages(seed)
     xs, ys = batch(rng, 4)
-    run, _, _ = student.drive(DRIVER, pm.run_pipeline, stages, xs, ys, expected_1f1b(4, 4), torch.nn.MSELoss(), dirty_grads=True)
+    run, _, _ = student.drive(
+        DRIVER, pm.run_pipeline, stages, xs, ys, expected_1f1b(4, 4), torch.nn.MSELoss(), dirty_grads=True
+    )
     _, want_grads = full_batch_oracle(stages, xs, ys)
-    assert_close(run.grads[0][0], want_grads[0][0], atol=1e-5, rtol=1e-4, what="piece 0's first gradient", hint=(
-        "run_pipeline was called on pieces that already held gradients (from an earlier step): "
-        "zero the pieces' gradients first"
-    ))
+    assert_close(
+        run.grads[0][0],
+        want_grads[0][0],
+        atol=1e-5,
+        rtol=1e-4,
+        what="piece 0's first gradient",
+        hint=(
+            "run_pipeline was called on pieces that already held gradients (from an earlier step): "
+            "zero the pieces' gradients first"
+        ),
+    )
     check_run(run, stages, xs, ys, "run_pipeline on pieces with stale gradients")
 
 
@@ -1120,7 +1300,9 @@ def test_run_pipeline_refuses_a_deadlock(pm, seed):
     stages = mlp_stages(seed, widths=(6, 8, 3))
     xs, ys = [torch.ones(2, 6)] * 2, [torch.zeros(2, 3)] * 2
     valid = [[("F", 0), ("F", 1), ("B", 0), ("B", 1)], [("F", 0), ("B", 0), ("F", 1), ("B", 1)]]
-    must_accept("run_pipeline on a valid 2-stage schedule", lambda: pm.run_pipeline(stages, xs, ys, valid, torch.nn.MSELoss()))
+    must_accept(
+        "run_pipeline on a valid 2-stage schedule", lambda: pm.run_pipeline(stages, xs, ys, valid, torch.nn.MSELoss())
+    )
     sched = [[("F", 0), ("B", 0), ("F", 1), ("B", 1)], [("F", 1), ("F", 0), ("B", 0), ("B", 1)]]
     with pytest.raises(ValueError):
         pm.run_pipeline(stages, xs, ys, sched, torch.nn.MSELoss())

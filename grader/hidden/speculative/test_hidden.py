@@ -69,8 +69,14 @@ def bernstein_halfwidth(n: int, prob: float, delta: float) -> float:
     return log_term / 3 + math.sqrt((log_term / 3) ** 2 + 2 * log_term * var)
 
 
-def assert_histogram(samples: torch.Tensor, probs: torch.Tensor, what: str, hint: str, name=lambda k: f"token {k}",
-                     false_alarm: float = FALSE_ALARM) -> None:
+def assert_histogram(
+    samples: torch.Tensor,
+    probs: torch.Tensor,
+    what: str,
+    hint: str,
+    name=lambda k: f"token {k}",
+    false_alarm: float = FALSE_ALARM,
+) -> None:
     """Samples (cell ids) distributed as `probs`: no cell with probability 0, every cell in bounds.
 
     `name(k)` says what cell k is in the message (a token, a whole sequence). A correct sampler fails
@@ -81,7 +87,9 @@ def assert_histogram(samples: torch.Tensor, probs: torch.Tensor, what: str, hint
     impossible = (probs == 0) & (counts > 0)
     if impossible.any():
         k = int(impossible.nonzero()[0])
-        raise AssertionError(f"{what}: {name(k)} has probability 0 under the target but came out {int(counts[k])} times. {hint}")
+        raise AssertionError(
+            f"{what}: {name(k)} has probability 0 under the target but came out {int(counts[k])} times. {hint}"
+        )
     if n == 0:
         return
     cells = int((probs > 0).sum())
@@ -117,7 +125,9 @@ def assert_rate(successes: int, n: int, prob: float, what: str, hint: str) -> No
 # Inputs
 
 
-def random_dist(shape: tuple[int, ...], rng: torch.Generator, sharpness: float = 1.0, floor: float = 0.2) -> torch.Tensor:
+def random_dist(
+    shape: tuple[int, ...], rng: torch.Generator, sharpness: float = 1.0, floor: float = 0.2
+) -> torch.Tensor:
     """Random distributions over the last dim, every token at least floor / V (big histogram cells)."""
     z = torch.randn(shape, generator=rng) * sharpness
     return (1 - floor) * torch.softmax(z, -1) + floor / shape[-1]
@@ -134,7 +144,9 @@ def distribution_case(kind: str, rng: torch.Generator):
         z = torch.randn(GAMMA + 1, V, generator=rng)
         p = 0.8 * torch.softmax(z, -1) + 0.02
         q = 0.8 * torch.softmax(z[:GAMMA] + 0.9 * torch.randn(GAMMA, V, generator=rng), -1) + 0.02
-        hint = "Accept with probability min(1, p(x)/q(x)), stop at the first rejection, resample from norm(max(0, p - q))."
+        hint = (
+            "Accept with probability min(1, p(x)/q(x)), stop at the first rejection, resample from norm(max(0, p - q))."
+        )
     elif kind == "random_far":
         p = random_dist((GAMMA + 1, V), rng, sharpness=1.5)
         q = random_dist((GAMMA, V), rng, sharpness=1.5)
@@ -150,7 +162,9 @@ def distribution_case(kind: str, rng: torch.Generator):
             p[i, perm[: V // 2]] = random_dist((V // 2,), rng)
             if i < GAMMA:
                 q[i, perm[V // 2 :]] = random_dist((V // 2,), rng)
-        hint = "Supports do not overlap: every draft token has p = 0 and must be rejected; the residual is then p itself."
+        hint = (
+            "Supports do not overlap: every draft token has p = 0 and must be rejected; the residual is then p itself."
+        )
     elif kind == "q_on_zero_of_p":
         p, q = random_dist((GAMMA + 1, V), rng), torch.zeros(GAMMA, V)
         for i in range(GAMMA):
@@ -158,7 +172,9 @@ def distribution_case(kind: str, rng: torch.Generator):
             p[i, t] = 0.0
             q[i, t] = 1.0
         p = p / p.sum(-1, keepdim=True)
-        hint = "The draft is certain of a token the target forbids: reject it (u > 0 = p/q) and sample max(0, p - q) = p."
+        hint = (
+            "The draft is certain of a token the target forbids: reject it (u > 0 = p/q) and sample max(0, p - q) = p."
+        )
     else:
         raise ValueError(kind)
     draft = sample_rows(q, N, rng)
@@ -242,15 +258,33 @@ def test_acceptance_rate_on_random_batches(sm, rng):
     q = torch.softmax(torch.randn(3, 5, 17, generator=rng, dtype=torch.float64) * 2, -1)
     got = sm.acceptance_rate(p, q)
     assert isinstance(got, torch.Tensor) and tuple(got.shape) == (3, 5), (
-        f"expected a tensor of shape [3, 5] (one rate per distribution), found {described(got)}")
+        f"expected a tensor of shape [3, 5] (one rate per distribution), found {described(got)}"
+    )
     want = oracle_acceptance(p, q)
-    assert_close(got, want, atol=1e-6, what="acceptance_rate [batch, position]",
-                 hint="It is sum over the vocabulary of min(p(x), q(x))")
+    assert_close(
+        got,
+        want,
+        atol=1e-6,
+        what="acceptance_rate [batch, position]",
+        hint="It is sum over the vocabulary of min(p(x), q(x))",
+    )
     same = sm.acceptance_rate(p, p)
-    assert_close(same, torch.ones(3, 5, dtype=torch.float64), atol=1e-8, rtol=1e-5, what="acceptance_rate(p, p)",
-                 hint="It must be 1")
-    assert_close(sm.acceptance_rate(q, p), got, atol=1e-8, rtol=1e-5, what="acceptance_rate(q, p) against acceptance_rate(p, q)",
-                 hint="min(p, q) is symmetric")
+    assert_close(
+        same,
+        torch.ones(3, 5, dtype=torch.float64),
+        atol=1e-8,
+        rtol=1e-5,
+        what="acceptance_rate(p, p)",
+        hint="It must be 1",
+    )
+    assert_close(
+        sm.acceptance_rate(q, p),
+        got,
+        atol=1e-8,
+        rtol=1e-5,
+        what="acceptance_rate(q, p) against acceptance_rate(p, q)",
+        hint="min(p, q) is symmetric",
+    )
 
 
 @pytest.mark.check("formulas")
@@ -259,8 +293,14 @@ def test_expected_tokens_per_step_on_floats(sm, gamma):
     for alpha in [0.0, 0.25, 0.6, 0.9, 0.999]:
         got = float(sm.expected_tokens_per_step(alpha, gamma))
         want = oracle_tokens_per_step(alpha, gamma)
-        assert_close(got, want, atol=0.0, rtol=1e-9, what=f"expected_tokens_per_step({alpha}, {gamma})",
-                     hint="It is (1 - alpha^(gamma+1)) / (1 - alpha)")
+        assert_close(
+            got,
+            want,
+            atol=0.0,
+            rtol=1e-9,
+            what=f"expected_tokens_per_step({alpha}, {gamma})",
+            hint="It is (1 - alpha^(gamma+1)) / (1 - alpha)",
+        )
     at_one = sm.expected_tokens_per_step(1.0, gamma)
     assert float(at_one) == gamma + 1, (
         f"at alpha = 1 every draft is accepted: the limit is gamma + 1 = {gamma + 1}, found {float(at_one)} "
@@ -271,16 +311,31 @@ def test_expected_tokens_per_step_on_floats(sm, gamma):
 @pytest.mark.check("formulas")
 def test_expected_tokens_per_step_elementwise_and_near_one(sm, rng):
     gamma = 5
-    alpha = torch.cat([torch.rand(2, 6, generator=rng, dtype=torch.float64).flatten(),
-                       torch.tensor([0.0, 1.0, 1 - 1e-9, 1 - 1e-6], dtype=torch.float64)]).reshape(4, 4)
+    alpha = torch.cat(
+        [
+            torch.rand(2, 6, generator=rng, dtype=torch.float64).flatten(),
+            torch.tensor([0.0, 1.0, 1 - 1e-9, 1 - 1e-6], dtype=torch.float64),
+        ]
+    ).reshape(4, 4)
     got = sm.expected_tokens_per_step(alpha, gamma)
-    assert isinstance(got, torch.Tensor) and tuple(got.shape) == (4, 4), "a tensor alpha gives a tensor of the same shape"
+    assert isinstance(got, torch.Tensor) and tuple(got.shape) == (4, 4), (
+        "a tensor alpha gives a tensor of the same shape"
+    )
     assert not torch.isnan(got).any(), f"NaN in {show(got)}: alpha = 1 must give gamma + 1, not 0/0"
-    want = torch.tensor([oracle_tokens_per_step(a, gamma) for a in alpha.flatten().tolist()], dtype=torch.float64).reshape(4, 4)
-    assert_close(got, want, atol=0.0, rtol=1e-5, what="elementwise expected_tokens_per_step", hint=lambda at: (
-        f"There alpha = {float(alpha[at]):.12g}. "
-        "Just below alpha = 1 the closed form loses digits: the sum 1 + alpha + ... + alpha^gamma does not"
-    ))
+    want = torch.tensor(
+        [oracle_tokens_per_step(a, gamma) for a in alpha.flatten().tolist()], dtype=torch.float64
+    ).reshape(4, 4)
+    assert_close(
+        got,
+        want,
+        atol=0.0,
+        rtol=1e-5,
+        what="elementwise expected_tokens_per_step",
+        hint=lambda at: (
+            f"There alpha = {float(alpha[at]):.12g}. "
+            "Just below alpha = 1 the closed form loses digits: the sum 1 + alpha + ... + alpha^gamma does not"
+        ),
+    )
 
 
 @pytest.mark.check("formulas")
@@ -288,18 +343,34 @@ def test_expected_speedup(sm, rng):
     for alpha, gamma, c in [(0.8, 4, 0.05), (0.6, 3, 0.0), (0.5, 7, 0.2), (1.0, 2, 0.1), (0.0, 3, 0.01)]:
         got = float(sm.expected_speedup(alpha, gamma, c))
         want = oracle_tokens_per_step(alpha, gamma) / (gamma * c + 1)
-        assert_close(got, want, atol=0.0, rtol=1e-9, what=f"expected_speedup({alpha}, {gamma}, {c})", hint=(
-            "Tokens per step "
-            "(1 - alpha^(gamma+1)) / (1 - alpha), over the cost of a step, gamma * c + 1 target passes"
-        ))
-    alpha = torch.cat([torch.rand(7, generator=rng, dtype=torch.float64), torch.tensor([1.0, 0.0], dtype=torch.float64)])
+        assert_close(
+            got,
+            want,
+            atol=0.0,
+            rtol=1e-9,
+            what=f"expected_speedup({alpha}, {gamma}, {c})",
+            hint=(
+                "Tokens per step "
+                "(1 - alpha^(gamma+1)) / (1 - alpha), over the cost of a step, gamma * c + 1 target passes"
+            ),
+        )
+    alpha = torch.cat(
+        [torch.rand(7, generator=rng, dtype=torch.float64), torch.tensor([1.0, 0.0], dtype=torch.float64)]
+    )
     got = sm.expected_speedup(alpha, 3, 0.1)
     want = torch.tensor([oracle_tokens_per_step(a, 3) / 1.3 for a in alpha.tolist()], dtype=torch.float64)
     assert isinstance(got, torch.Tensor) and tuple(got.shape) == (9,), "a tensor alpha gives a tensor of the same shape"
-    assert not torch.isnan(got).any(), f"NaN in {show(got)} for alpha = {show(alpha)}: at alpha = 1 use the limit, gamma + 1 tokens"
-    assert_close(got, want, atol=1e-8, rtol=1e-9, what="expected_speedup(alpha, 3, 0.1)", hint=lambda at: (
-        f"There alpha = {float(alpha[at]):.12g}. Elementwise, tokens per step over gamma * c + 1"
-    ))
+    assert not torch.isnan(got).any(), (
+        f"NaN in {show(got)} for alpha = {show(alpha)}: at alpha = 1 use the limit, gamma + 1 tokens"
+    )
+    assert_close(
+        got,
+        want,
+        atol=1e-8,
+        rtol=1e-9,
+        what="expected_speedup(alpha, 3, 0.1)",
+        hint=lambda at: f"There alpha = {float(alpha[at]):.12g}. Elementwise, tokens per step over gamma * c + 1",
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -314,13 +385,19 @@ def test_each_position_is_distributed_as_the_target(sm, rng, kind):
     check_layout(tokens, num_accepted, draft, V)
     for i in range(GAMMA + 1):
         emitted = tokens[:, i] >= 0
-        assert_histogram(tokens[emitted, i], p[i], f"[{kind}] position {i} (the {'bonus' if i == GAMMA else 'emitted'} token)", hint)
+        assert_histogram(
+            tokens[emitted, i], p[i], f"[{kind}] position {i} (the {'bonus' if i == GAMMA else 'emitted'} token)", hint
+        )
     for i in range(GAMMA):
         reached = num_accepted >= i
         passed = int((num_accepted[reached] > i).sum())
-        assert_rate(passed, int(reached.sum()), float(acceptance[i]),
-                    f"[{kind}] draft token {i} accepted (among rows that reached it)",
-                    "Accept x with probability min(1, p(x)/q(x)): u <= p(x)/q(x) with u uniform on (0, 1].")
+        assert_rate(
+            passed,
+            int(reached.sum()),
+            float(acceptance[i]),
+            f"[{kind}] draft token {i} accepted (among rows that reached it)",
+            "Accept x with probability min(1, p(x)/q(x)): u <= p(x)/q(x) with u uniform on (0, 1].",
+        )
 
 
 @pytest.mark.check("distribution")
@@ -328,16 +405,23 @@ def test_an_empty_residual_falls_back_to_the_target(sm, rng):
     p, q, draft, acceptance = zero_residual_case(rng)
     tokens, num_accepted = run_accept(sm, p, q, draft, rng)
     check_layout(tokens, num_accepted, draft, V)
-    hint = ("p == q, so after the (forced) rejection of a token with q = 0 the residual max(0, p - q) is all "
-            "zeros: sample that row from p instead")
+    hint = (
+        "p == q, so after the (forced) rejection of a token with q = 0 the residual max(0, p - q) is all "
+        "zeros: sample that row from p instead"
+    )
     for i in range(GAMMA + 1):
         emitted = tokens[:, i] >= 0
         assert_histogram(tokens[emitted, i], p[i], f"position {i}", hint)
     for i in range(GAMMA):
         reached = num_accepted >= i
         passed = int((num_accepted[reached] > i).sum())
-        assert_rate(passed, int(reached.sum()), float(acceptance[i]), f"draft token {i} accepted",
-                    "A token with q(x) = 0 must be rejected; any other token with p == q accepted.")
+        assert_rate(
+            passed,
+            int(reached.sum()),
+            float(acceptance[i]),
+            f"draft token {i} accepted",
+            "A token with q(x) = 0 must be rejected; any other token with p == q accepted.",
+        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -359,7 +443,9 @@ def test_a_token_the_target_forbids_is_never_emitted(sm, rng):
         "u must be uniform on (0, 1] so that u <= p/q = 0 never holds"
     )
     hit = tokens[:, 0] == forbidden[:, 0]
-    assert not hit.any(), f"row {int(hit.nonzero()[0])} emitted its forbidden token: after a rejection sample max(0, p - q), not q"
+    assert not hit.any(), (
+        f"row {int(hit.nonzero()[0])} emitted its forbidden token: after a rejection sample max(0, p - q), not q"
+    )
 
 
 @pytest.mark.check("accept_rules")
@@ -374,7 +460,9 @@ def test_p_equal_q_never_rejects(sm, rng):
         f"{int((num_accepted < GAMMA).sum())} rows rejected a draft token although p == q: u <= p/q = 1 always holds "
         "when u is uniform on (0, 1]"
     )
-    assert bool((tokens[:, GAMMA] >= 0).all()), "all gamma accepted: the bonus token from p at position gamma must follow"
+    assert bool((tokens[:, GAMMA] >= 0).all()), (
+        "all gamma accepted: the bonus token from p at position gamma must follow"
+    )
 
 
 @pytest.mark.check("accept_rules")
@@ -519,16 +607,16 @@ def probs_with_argmax(best: list[list[int]], vocab: int = 100) -> torch.Tensor:
 
 VLLM_GREEDY_TABLES = [
     # (draft tokens, target argmax at each of the gamma + 1 positions, expected tokens)
-    ([[1, 2, 3]], [[1, 2, 3, 4]], [[1, 2, 3, 4]]),                          # all accepted, bonus 4
-    ([[1, 2, 3]], [[1, 5, 3, 4]], [[1, 5, -1, -1]]),                        # mismatch in the middle
-    ([[1, 2]], [[1, 2, 5]], [[1, 2, 5]]),                                   # one sequence of a batch
-    ([[3]], [[3, 4]], [[3, 4]]),                                            # ... and the other
-    ([[1]], [[1, 2]], [[1, 2]]),                                            # a single draft token
-    ([[]], [[5]], [[5]]),                                                   # no draft tokens: the bonus
+    ([[1, 2, 3]], [[1, 2, 3, 4]], [[1, 2, 3, 4]]),  # all accepted, bonus 4
+    ([[1, 2, 3]], [[1, 5, 3, 4]], [[1, 5, -1, -1]]),  # mismatch in the middle
+    ([[1, 2]], [[1, 2, 5]], [[1, 2, 5]]),  # one sequence of a batch
+    ([[3]], [[3, 4]], [[3, 4]]),  # ... and the other
+    ([[1]], [[1, 2]], [[1, 2]]),  # a single draft token
+    ([[]], [[5]], [[5]]),  # no draft tokens: the bonus
     ([[1, 2, 3], [4, 5, 6]], [[1, 2, 7, 6], [4, 8, 6, 9]], [[1, 2, 7, -1], [4, 8, -1, -1]]),
     ([[1, 2]], [[1, 2, 3]], [[1, 2, 3]]),
-    ([[1]], [[2, 3]], [[2, -1]]),                                           # first token wrong
-    ([[1, 2], [3, 4]], [[1, 5, 6], [3, 4, 7]], [[1, 5, -1], [3, 4, 7]]),    # mixed rows
+    ([[1]], [[2, 3]], [[2, -1]]),  # first token wrong
+    ([[1, 2], [3, 4]], [[1, 5, 6], [3, 4, 7]], [[1, 5, -1], [3, 4, 7]]),  # mixed rows
 ]
 
 
@@ -587,16 +675,16 @@ def test_greedy_random_batches_match_a_per_row_loop(sm, rng):
 # than 100 assertions at FALSE_ALARM = 1e-9) one grade fails a correct solution with probability below
 # 2e-7 < 1e-6, and a sweep of 50 seeds below 1e-5.
 
-GEN_GAMMAS = (0, 1, 2, 3, 4, 6)         # one call per gamma
+GEN_GAMMAS = (0, 1, 2, 3, 4, 6)  # one call per gamma
 GEN_VOCABS = (1, 2, 3, 5, 8, 13)
-GEN_MAX_ROW = 80                       # V * (2 gamma + 1) per row at most: a call stays under 16 MB
-GEN_CASES = 16                         # cases per call
-GEN_ROWS = 2500                        # rows per case (statistical)
-GEN_ROWS_EXACT = 200                   # rows per case (deterministic)
+GEN_MAX_ROW = 80  # V * (2 gamma + 1) per row at most: a call stays under 16 MB
+GEN_CASES = 16  # cases per call
+GEN_ROWS = 2500  # rows per case (statistical)
+GEN_ROWS_EXACT = 200  # rows per case (deterministic)
 GEN_FALSE_ALARM = 1e-7
 GEN_ASSERTIONS = 2 * GEN_CASES * len(GEN_GAMMAS)
 LATTICE = 64
-TINY = 2.0**-24                        # a residual of this mass is still a residual
+TINY = 2.0**-24  # a residual of this mass is still a residual
 
 
 def pick(rng: torch.Generator, options):
@@ -698,8 +786,16 @@ def gen_case(family: str, gamma: int, V: int, rng: torch.Generator):
     return torch.tensor(drafts, dtype=torch.long).reshape(gamma), q.float(), p.float(), family
 
 
-GEN_FAMILIES = ("lattice", "p == q", "one-hot rows", "drafted where p or q is 0", "empty residual",
-                "nearly empty residual", "certain cut", "dense random")
+GEN_FAMILIES = (
+    "lattice",
+    "p == q",
+    "one-hot rows",
+    "drafted where p or q is 0",
+    "empty residual",
+    "nearly empty residual",
+    "certain cut",
+    "dense random",
+)
 
 
 def vocab_per_call(rng: torch.Generator) -> list[int]:
@@ -733,8 +829,10 @@ def describe_case(where: str, c: int, case, rows: int) -> str:
     family, draft, q, p, _, accept = case
     drafted = draft.tolist()  # the case's own draft tokens (gamma of them)
     at = ", ".join(f"({float(p[i, t]):.4g}, {float(q[i, t]):.4g})" for i, t in enumerate(drafted))
-    return (f"{where}, case {c + 1} of {GEN_CASES} ({family}; rows {c * rows} to {(c + 1) * rows - 1}): draft tokens "
-            f"{show(draft)}, (p, q) at them [{at}], so min(1, p/q) = {[round(a, 4) for a in accept]}")
+    return (
+        f"{where}, case {c + 1} of {GEN_CASES} ({family}; rows {c * rows} to {(c + 1) * rows - 1}): draft tokens "
+        f"{show(draft)}, (p, q) at them [{at}], so min(1, p/q) = {[round(a, 4) for a in accept]}"
+    )
 
 
 def impossible_outcome(case, n: int, token: int) -> str:
@@ -744,24 +842,39 @@ def impossible_outcome(case, n: int, token: int) -> str:
     for i in range(n):
         if accept[i] == 0:
             x = int(draft[i])
-            why = ("q(x) = 0: it could not have been drafted, and the contract rejects it" if float(q[i, x]) == 0 else
-                   "p(x) = 0: the target forbids it, and u <= p/q = 0 never holds for u in (0, 1]")
+            why = (
+                "q(x) = 0: it could not have been drafted, and the contract rejects it"
+                if float(q[i, x]) == 0
+                else "p(x) = 0: the target forbids it, and u <= p/q = 0 never holds for u in (0, 1]"
+            )
             return f"it accepted the draft token {x} at position {i}, where {why}"
     if n < gamma and accept[n] == 1:
         x = int(draft[n])
-        return (f"it rejected the draft token {x} at position {n}, where p(x) = {float(p[n, x]):.6g} >= q(x) = "
-                f"{float(q[n, x]):.6g} > 0: u <= 1 <= p/q holds for every u in (0, 1], so it is always accepted")
+        return (
+            f"it rejected the draft token {x} at position {n}, where p(x) = {float(p[n, x]):.6g} >= q(x) = "
+            f"{float(q[n, x]):.6g} > 0: u <= 1 <= p/q holds for every u in (0, 1], so it is always accepted"
+        )
     if n == gamma:
-        return (f"all {gamma} drafts were accepted, then the bonus token {token}, where p_{gamma}({token}) = 0: the bonus "
-                f"comes from target_probs[:, {gamma}]")
+        return (
+            f"all {gamma} drafts were accepted, then the bonus token {token}, where p_{gamma}({token}) = 0: the bonus "
+            f"comes from target_probs[:, {gamma}]"
+        )
     residual = (p[n].double() - q[n].double()).clamp(min=0)
     if float(residual.sum()) == 0:
-        return (f"after the rejection at position {n} it emitted token {token}. There max(0, p - q) is all zeros "
-                f"(p <= q everywhere), so the contract samples from p, and p({token}) = 0")
-    return (f"after the rejection at position {n} it emitted token {token}, where max(0, p - q) = 0 (p = "
-            f"{float(p[n, token]):.6g}, q = {float(q[n, token]):.6g}): the extra token comes from norm(max(0, p - q)), "
-            f"whose support here is {show(residual.nonzero().flatten())}"
-            + (f" (its mass is only {float(residual.sum()):.3g}, but it is not 0: no tolerance)" if float(residual.sum()) < 1e-3 else ""))
+        return (
+            f"after the rejection at position {n} it emitted token {token}. There max(0, p - q) is all zeros "
+            f"(p <= q everywhere), so the contract samples from p, and p({token}) = 0"
+        )
+    return (
+        f"after the rejection at position {n} it emitted token {token}, where max(0, p - q) = 0 (p = "
+        f"{float(p[n, token]):.6g}, q = {float(q[n, token]):.6g}): the extra token comes from norm(max(0, p - q)), "
+        f"whose support here is {show(residual.nonzero().flatten())}"
+        + (
+            f" (its mass is only {float(residual.sum()):.3g}, but it is not 0: no tolerance)"
+            if float(residual.sum()) < 1e-3
+            else ""
+        )
+    )
 
 
 def outcomes(tokens: torch.Tensor, num_accepted: torch.Tensor) -> torch.Tensor:
@@ -776,7 +889,7 @@ def test_generated_outcomes_are_possible(sm, rng):
         V = p.shape[-1]
         tokens, num_accepted = sm.speculative_accept(draft, q, p, fresh_generator(rng))
         check_layout(tokens, num_accepted, draft, V)
-        tables = torch.stack([case[4] for case in cases])                         # [cases, gamma + 1, V]
+        tables = torch.stack([case[4] for case in cases])  # [cases, gamma + 1, V]
         case_of_row = torch.arange(draft.shape[0]) // rows
         extra = outcomes(tokens, num_accepted)
         possible = tables[case_of_row, num_accepted.long(), extra] > 0
@@ -804,26 +917,45 @@ def test_generated_outcomes_follow_the_rule(sm, rng):
             table = case[4]
             block = slice(c * rows, (c + 1) * rows)
             n, x = num_accepted[block].long(), extra[block]
-            n, x = n[table[n, x] > 0], x[table[n, x] > 0]  # impossible outcomes are test_generated_outcomes_are_possible's
+            n, x = (
+                n[table[n, x] > 0],
+                x[table[n, x] > 0],
+            )  # impossible outcomes are test_generated_outcomes_are_possible's
             what = describe_case(where, c, case, rows)
 
             def stop(k: int) -> str:
                 return f"'all {gamma} drafts accepted'" if k == gamma else f"'{k} drafts accepted, then a rejection'"
 
-            assert_histogram(n, table.sum(1), what, (
-                "The number of accepted drafts is off: accept x_i when u_i <= p_i(x_i) / q_i(x_i) with u_i uniform "
-                "on (0, 1] (so with probability min(1, p/q)), one fresh u per row and position, and stop at the "
-                "first rejection."), name=stop, false_alarm=alarm)
+            assert_histogram(
+                n,
+                table.sum(1),
+                what,
+                (
+                    "The number of accepted drafts is off: accept x_i when u_i <= p_i(x_i) / q_i(x_i) with u_i uniform "
+                    "on (0, 1] (so with probability min(1, p/q)), one fresh u per row and position, and stop at the "
+                    "first rejection."
+                ),
+                name=stop,
+                false_alarm=alarm,
+            )
 
             def outcome(k: int) -> str:
                 m, t = divmod(k, V)
-                return (f"'all {gamma} accepted, then bonus token {t}'" if m == gamma else
-                        f"'{m} accepted, then token {t}'")
+                return (
+                    f"'all {gamma} accepted, then bonus token {t}'" if m == gamma else f"'{m} accepted, then token {t}'"
+                )
 
-            assert_histogram(n * V + x, table.flatten(), what, (
-                "The extra token is off: after a rejection at position i it comes from norm(max(0, p_i - q_i)) "
-                "(from p_i where that residual is all zeros), after all gamma accepted from p_gamma."),
-                name=outcome, false_alarm=alarm)
+            assert_histogram(
+                n * V + x,
+                table.flatten(),
+                what,
+                (
+                    "The extra token is off: after a rejection at position i it comes from norm(max(0, p_i - q_i)) "
+                    "(from p_i where that residual is all zeros), after all gamma accepted from p_gamma."
+                ),
+                name=outcome,
+                false_alarm=alarm,
+            )
 
 
 def tied_target(B: int, gamma: int, V: int, rng: torch.Generator) -> torch.Tensor:
@@ -846,8 +978,13 @@ def test_generated_greedy_against_a_per_row_loop(sm, rng):
                 top = max(probs[b][i])
                 tied = [t for t in range(V) if probs[b][i][t] == top]
                 choice = float(torch.rand(1, generator=rng))
-                draft[b, i] = (tied[0] if choice < 0.6 else tied[-1] if choice < 0.8 else
-                               int(torch.randint(0, V, (1,), generator=rng)))
+                draft[b, i] = (
+                    tied[0]
+                    if choice < 0.6
+                    else tied[-1]
+                    if choice < 0.8
+                    else int(torch.randint(0, V, (1,), generator=rng))
+                )
         tokens, num_accepted = sm.greedy_accept(draft, target)
         assert_outputs(tokens, num_accepted, B, gamma, f"greedy_accept, gamma={gamma}, V={V}")
         want, counts = greedy_oracle(draft, target)
@@ -860,8 +997,12 @@ def test_generated_greedy_against_a_per_row_loop(sm, rng):
                     f"greedy_accept, gamma={gamma}, V={V}, row {b}: draft {show(draft[b])}, the tokens of largest "
                     f"target probability at each position {maxima}: expected {want[b]} (num_accepted {counts[b]}), "
                     f"found {got[b]} (num_accepted {int(num_accepted[b])}). "
-                    + (f"Positions {ties} have a tie for the largest probability: the argmax is the LOWEST id "
-                       "(torch.argmax's rule), and a draft token equal to another tied token is a mismatch. " if ties else "")
+                    + (
+                        f"Positions {ties} have a tie for the largest probability: the argmax is the LOWEST id "
+                        "(torch.argmax's rule), and a draft token equal to another tied token is a mismatch. "
+                        if ties
+                        else ""
+                    )
                     + "Keep drafts while they equal the argmax, then emit the argmax (the last position's if all match), "
                     "-1 after."
                 )
@@ -894,8 +1035,9 @@ def test_the_global_generator_is_not_touched(student, sm, rng):
     p = random_dist((B, GAMMA + 1, V), rng, sharpness=1.5)
     q = random_dist((B, GAMMA, V), rng, sharpness=1.5)
     draft = torch.multinomial(q.reshape(-1, V), 1, generator=rng).reshape(B, GAMMA)
-    _, untouched = student.drive("grader.support.speculative:global_rng_untouched", sm.speculative_accept,
-                                 draft, q, p, fresh_generator(rng))
+    _, untouched = student.drive(
+        "grader.support.speculative:global_rng_untouched", sm.speculative_accept, draft, q, p, fresh_generator(rng)
+    )
     assert untouched, "speculative_accept drew from torch's global generator: take every random number from `generator`"
     # `untouched` is the worker's word. What the grader sees itself: the acceptance test's coins must change with
     # the generator's seed. Coins from anywhere else (a global generator seeded or restored to the same state at
@@ -967,12 +1109,12 @@ def decided_accept_inputs(B: int, vocab: int, gamma: int, rng: torch.Generator):
     q = torch.full((B, gamma, vocab), 1.0 / vocab)
     p = torch.full((B, gamma + 1, vocab), 1.0 / vocab)
     positions = torch.arange(gamma + 1)
-    one_hot_draft = torch.nn.functional.one_hot(draft, vocab).float()             # [B, gamma, V]
-    kept_or_cut = (positions[:gamma][None, :] <= cut[:, None])[..., None]          # q one-hot at x up to the cut
+    one_hot_draft = torch.nn.functional.one_hot(draft, vocab).float()  # [B, gamma, V]
+    kept_or_cut = (positions[:gamma][None, :] <= cut[:, None])[..., None]  # q one-hot at x up to the cut
     q = torch.where(kept_or_cut, one_hot_draft, q)
     kept = (positions[:gamma][None, :] < cut[:, None])[..., None]
     p[:, :gamma] = torch.where(kept, one_hot_draft, p[:, :gamma])
-    one_hot_extra = torch.nn.functional.one_hot(extra, vocab).float()              # [B, V]
+    one_hot_extra = torch.nn.functional.one_hot(extra, vocab).float()  # [B, V]
     p[torch.arange(B), cut] = one_hot_extra
     want = torch.where(positions[None, :] < cut[:, None], torch.cat([draft, draft[:, :1]], 1), -1)
     want[torch.arange(B), cut] = extra
@@ -982,7 +1124,9 @@ def decided_accept_inputs(B: int, vocab: int, gamma: int, rng: torch.Generator):
 def check_decided(result, draft, q, p, generator, want) -> None:
     tokens, num_accepted = result
     B, V = draft.shape[0], q.shape[-1]
-    assert_outputs(tokens, num_accepted, B, draft.shape[1], f"speculative_accept (B={B}, V={V}, timed on the grader's clock)")
+    assert_outputs(
+        tokens, num_accepted, B, draft.shape[1], f"speculative_accept (B={B}, V={V}, timed on the grader's clock)"
+    )
     assert torch.equal(num_accepted, want[1]) and torch.equal(tokens, want[0]), (
         f"speculative_accept (B={B}, V={V}, timed on the grader's clock) is wrong on inputs whose outcome is certain "
         "(p = q one-hot at the kept tokens, p(x) = 0 at the first rejection)"
@@ -999,12 +1143,16 @@ def test_speculative_accept_is_vectorised(student, sm, rng, grow):
     work = {}
     for size, (B, V) in sizes.items():
         args, want = decided_accept_inputs(B, V, CLOCK_GAMMA, rng)
-        _, work[size] = student.work_executed(sm.speculative_accept, *args, fresh_generator(rng),
-                                              check=lambda out, args=args, want=want: check_decided(out, *args, None, want))
+        _, work[size] = student.work_executed(
+            sm.speculative_accept,
+            *args,
+            fresh_generator(rng),
+            check=lambda out, args=args, want=want: check_decided(out, *args, None, want),
+        )
     work_small, work_big = work["small"], work["big"]
     lines_small, lines_big = work_small.lines, work_big.lines
     big_name = f"B={n}" if grow == "batch" else f"V={n}"
-    advice = ("Do it for all rows at once: gather, cumprod, torch.where, one torch.multinomial over [B, V]")
+    advice = "Do it for all rows at once: gather, cumprod, torch.where, one torch.multinomial over [B, V]"
     assert lines_big <= lines_small + SLACK_LINES, (
         f"speculative_accept executed {lines_small} lines of your module for B=16, V=16 but {lines_big} for "
         f"{big_name}: a Python loop over the {'rows' if grow == 'batch' else 'vocabulary'} "
@@ -1017,7 +1165,9 @@ def test_speculative_accept_is_vectorised(student, sm, rng, grow):
         args, want = decided_accept_inputs(B, V, CLOCK_GAMMA, rng)
         return (*args, fresh_generator(rng), want)
 
-    timing = clock(student.mode, lambda d, q, p, g, want: sm.speculative_accept(d, q, p, g), make, check_decided, CLOCK[grow])
+    timing = clock(
+        student.mode, lambda d, q, p, g, want: sm.speculative_accept(d, q, p, g), make, check_decided, CLOCK[grow]
+    )
     assert_flat_on_the_clock(timing, "speculative_accept", advice, lines=(lines_small, lines_big))
 
 
@@ -1036,7 +1186,9 @@ def decided_greedy_inputs(B: int, vocab: int, gamma: int, rng: torch.Generator):
 
 def check_greedy_decided(result, draft, target, want) -> None:
     tokens, num_accepted = result
-    assert_outputs(tokens, num_accepted, *draft.shape, f"greedy_accept (B={draft.shape[0]}, timed on the grader's clock)")
+    assert_outputs(
+        tokens, num_accepted, *draft.shape, f"greedy_accept (B={draft.shape[0]}, timed on the grader's clock)"
+    )
     assert torch.equal(num_accepted, want[1]) and torch.equal(tokens, want[0]), (
         f"greedy_accept (B={draft.shape[0]}, timed on the grader's clock) is wrong: keep draft tokens while they "
         "equal the target's argmax, then emit the argmax"
@@ -1049,24 +1201,27 @@ def test_greedy_accept_is_vectorised(student, sm, rng):
     work = {}
     for B in (16, n):
         args, want = decided_greedy_inputs(B, 16, CLOCK_GAMMA, rng)
-        _, work[B] = student.work_executed(sm.greedy_accept, *args,
-                                           check=lambda out, args=args, want=want: check_greedy_decided(out, *args, want))
+        _, work[B] = student.work_executed(
+            sm.greedy_accept, *args, check=lambda out, args=args, want=want: check_greedy_decided(out, *args, want)
+        )
     work_small, work_big = work[16], work[n]
     lines_small, lines_big = work_small.lines, work_big.lines
     assert lines_big <= lines_small + SLACK_LINES, (
         f"greedy_accept executed {lines_small} lines for 16 rows and {lines_big} for {n}: a loop over rows; "
         "compare with the argmax for all rows at once"
     )
-    assert_no_hidden_loop("greedy_accept", ("16 rows", f"{n} rows"), work_small, work_big,
-                          "Compare with the argmax for all rows at once")
+    assert_no_hidden_loop(
+        "greedy_accept", ("16 rows", f"{n} rows"), work_small, work_big, "Compare with the argmax for all rows at once"
+    )
 
     def make(n: int):
         args, want = decided_greedy_inputs(n, CLOCK_V, CLOCK_GAMMA, rng)
         return (*args, want)
 
     timing = clock(student.mode, lambda d, t, want: sm.greedy_accept(d, t), make, check_greedy_decided, CLOCK["greedy"])
-    assert_flat_on_the_clock(timing, "greedy_accept", "Compare with the argmax for all rows at once",
-                             lines=(lines_small, lines_big))
+    assert_flat_on_the_clock(
+        timing, "greedy_accept", "Compare with the argmax for all rows at once", lines=(lines_small, lines_big)
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1075,7 +1230,9 @@ def test_greedy_accept_is_vectorised(student, sm, rng):
 
 def check_generate_result(result: dict, B: int, max_new: int, vocab: int) -> None:
     for tokens, reported, counted in zip(result["tokens"], result["reported_calls"], result["target_calls"]):
-        assert isinstance(tokens, torch.Tensor) and tokens.dtype == torch.int64 and tuple(tokens.shape) == (B, max_new), (
+        assert (
+            isinstance(tokens, torch.Tensor) and tokens.dtype == torch.int64 and tuple(tokens.shape) == (B, max_new)
+        ), (
             f"speculative_generate must return the {max_new} new tokens per row as int64 [{B}, {max_new}], "
             f"found {described(tokens)}"
         )
@@ -1106,12 +1263,16 @@ def test_whole_sequences_are_distributed_as_the_target(student, sm, rng):
         probs = sequence_probabilities(target, pre, max_new)
         table = torch.tensor([probs[s] for s in sequences], dtype=torch.float64)
         rows = codes[j * per_prefix : (j + 1) * per_prefix]
-        assert_histogram(rows, table, f"after prefix {pre}, {max_new} new tokens",
-                         "Whole sequences must follow the target's chain rule. Check that the drafts are written into "
-                         "the sequence the models read, that draft i reads the draft at position length - 1 + i of ITS "
-                         "row, that the target's gamma + 1 rows start at length - 1, and that each row advances by "
-                         "its own num_accepted + 1.",
-                         name=lambda k: f"the sequence {show(sequences[k])}")
+        assert_histogram(
+            rows,
+            table,
+            f"after prefix {pre}, {max_new} new tokens",
+            "Whole sequences must follow the target's chain rule. Check that the drafts are written into "
+            "the sequence the models read, that draft i reads the draft at position length - 1 + i of ITS "
+            "row, that the target's gamma + 1 rows start at length - 1, and that each row advances by "
+            "its own num_accepted + 1.",
+            name=lambda k: f"the sequence {show(sequences[k])}",
+        )
 
 
 @pytest.mark.check("generate")
@@ -1122,13 +1283,15 @@ def test_tokens_per_target_call_match_equation_1(student, sm, rng):
     draft = random_dist((vocab,), rng, sharpness=1.0, floor=0.2)
     alpha = float(oracle_acceptance(target, draft))
     prefix = torch.tensor([[1, 2]])
-    result = student.drive(DRIVER, sm.speculative_generate, target, draft, prefix, gamma, max_new, new_seed(rng), runs=runs)
+    result = student.drive(
+        DRIVER, sm.speculative_generate, target, draft, prefix, gamma, max_new, new_seed(rng), runs=runs
+    )
     check_generate_result(result, 1, max_new, vocab)
     total = sum(result["target_calls"])
     law = sum_distribution(calls_distribution(alpha, gamma, max_new), runs)
     cdf = np.cumsum(law)
-    lo = int(np.searchsorted(cdf, FALSE_ALARM / 2))           # P(total < lo) <= FALSE_ALARM / 2
-    hi = int(np.searchsorted(cdf, 1 - FALSE_ALARM / 2))       # P(total > hi) <= FALSE_ALARM / 2
+    lo = int(np.searchsorted(cdf, FALSE_ALARM / 2))  # P(total < lo) <= FALSE_ALARM / 2
+    hi = int(np.searchsorted(cdf, 1 - FALSE_ALARM / 2))  # P(total > hi) <= FALSE_ALARM / 2
     per_call = oracle_tokens_per_step(alpha, gamma)
     assert lo <= total <= hi, (
         f"{runs} runs of {max_new} new tokens took {total} target calls ({runs * max_new / total:.3f} tokens per call). "
@@ -1215,11 +1378,18 @@ def test_speculative_accept_bandwidth(student, sm, score):
     case = rehearsal.size(ACCEPT, ACCEPT.tiny_case())
     B, gamma, vocab = case.batch, case.gamma, case.vocab
     ceil = speed.ceilings()
-    specs = [Tokens((B, gamma), high=vocab), Probs((B, gamma, vocab)), Probs((B, gamma + 1, vocab)), SeededGenerator(())]
+    specs = [
+        Tokens((B, gamma), high=vocab),
+        Probs((B, gamma, vocab)),
+        Probs((B, gamma + 1, vocab)),
+        SeededGenerator(()),
+    ]
 
     def check(args, out):
         draft, q, p, _ = args
-        assert isinstance(out, (tuple, list)) and len(out) == 2, "speculative_accept should return (tokens, num_accepted)"
+        assert isinstance(out, (tuple, list)) and len(out) == 2, (
+            "speculative_accept should return (tokens, num_accepted)"
+        )
         tokens, num_accepted = (x.cpu() for x in out)
         check_layout(tokens, num_accepted, draft.cpu(), vocab)
         assert_accept_plausible(tokens, num_accepted, draft.cpu(), q, p)
