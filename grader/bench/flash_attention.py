@@ -2,9 +2,10 @@
 
     python -m grader.bench.flash_attention [SUBMISSION_FILE]   (default: exercises/flash_attention/flash_attention.py)
 
-On CUDA, bf16, B = 4, H = 16, N = 4096 (the shapes of the graded speed checks): for each head dim and
-causal setting, the TFLOP/s of the submission, of the reference solution (when solutions/ is present),
-of torch.nn.functional.scaled_dot_product_attention and of the naive path (matmul, softmax, matmul),
+On CUDA, bf16, B = 4, H = 16, N = 4096 (the graded speed checks' cases, grader/cases/flash_attention.py):
+for each head dim and causal setting, the TFLOP/s of the submission, of the reference solution (when
+solutions/ is present), of torch.nn.functional.scaled_dot_product_attention and of the naive path (matmul,
+softmax, matmul),
 the submission's fraction of SDPA (the graded figure) and of a large bf16 matmul's measured throughput
 (the roofline ceiling). Then the same for the backward pass at D = 128. FLOPs: 4 * B * H * Nq * Nk * D
 forward, halved when causal; 2.5x that backward.
@@ -19,16 +20,15 @@ from __future__ import annotations
 import math
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-from grader.bench import load
+from grader.bench import load, min_time
+from grader.cases import flash_attention as cases
 from grader.course import find_root
 
-B, H, N = 4, 16, 4096
-
+B, H, N = cases.BATCH, cases.HEADS, cases.SEQ_LEN
 
 
 def naive_attention(q, k, v, causal):
@@ -38,10 +38,6 @@ def naive_attention(q, k, v, causal):
         mask = torch.ones(n_q, n_k, dtype=torch.bool, device=s.device).tril(n_k - n_q)
         s = s.masked_fill(~mask, float("-inf"))
     return torch.softmax(s.float(), dim=-1).to(q.dtype) @ v
-
-
-def flops(head_dim: int, causal: bool) -> float:
-    return 4 * B * H * N * N * head_dim * (0.5 if causal else 1.0)
 
 
 def cuda_main(sub, ref) -> None:
@@ -58,41 +54,33 @@ def cuda_main(sub, ref) -> None:
     print(f"ceilings: bf16 matmul {ceil.matmul_flops_per_s / 1e12:.0f} TFLOP/s, copy {ceil.copy_bytes_per_s / 1e9:.0f} GB/s")
     print(f"forward, bf16, B={B} H={H} N={N}: TFLOP/s")
     print(f"{'D':>4} {'causal':>6} {'submission':>11} {'reference':>10} {'sdpa':>7} {'naive':>7} {'/sdpa':>6} {'/matmul':>8}")
-    for head_dim in (64, 128):
-        for causal in (False, True):
-            specs = [speed.Randn((B, H, N, head_dim), torch.bfloat16)] * 3
-            f = flops(head_dim, causal)
+    for case in cases.FORWARD:
+        head_dim, causal = case.head_dim, case.causal
+        specs = case.inputs()
+        f = case.flops()
 
-            def tflops(fn):
-                return f / speed.time_here(fn, specs, reps=20).mean_s / 1e12
+        def tflops(fn):
+            return f / speed.time_here(fn, specs, reps=20).mean_s / 1e12
 
-            mine = tflops(lambda q, k, v: sub.flash_attention_forward(q, k, v, causal))
-            theirs = tflops(lambda q, k, v: ref.flash_attention_forward(q, k, v, causal)) if ref else float("nan")
-            sdpa = tflops(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
-            naive = tflops(lambda q, k, v: naive_attention(q, k, v, causal))
-            print(f"{head_dim:>4} {causal!s:>6} {mine:>11.1f} {theirs:>10.1f} {sdpa:>7.1f} {naive:>7.1f} "
-                  f"{mine / sdpa:>6.2f} {mine * 1e12 / ceil.matmul_flops_per_s:>8.2f}")
+        mine = tflops(lambda q, k, v: sub.flash_attention_forward(q, k, v, causal))
+        theirs = tflops(lambda q, k, v: ref.flash_attention_forward(q, k, v, causal)) if ref else float("nan")
+        sdpa = tflops(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+        naive = tflops(lambda q, k, v: naive_attention(q, k, v, causal))
+        print(f"{head_dim:>4} {causal!s:>6} {mine:>11.1f} {theirs:>10.1f} {sdpa:>7.1f} {naive:>7.1f} "
+              f"{mine / sdpa:>6.2f} {mine * 1e12 / ceil.matmul_flops_per_s:>8.2f}")
 
     print(f"backward, bf16, B={B} H={H} N={N} D=128: TFLOP/s (SDPA's backward = its forward+backward - forward)")
     print(f"{'causal':>6} {'submission':>11} {'reference':>10} {'sdpa':>7} {'/sdpa':>6} {'/matmul':>8}")
-    shape = (B, H, N, 128)
-    for causal in (False, True):
-        f = 2.5 * flops(128, causal)
-        specs = [speed.Randn(shape, torch.bfloat16)] * 4 + [speed.Randn(shape[:3], torch.float32, shift=4.0),
-                                                            speed.Randn(shape, torch.bfloat16)]
+    for case in cases.BACKWARD:
+        causal = case.causal
+        f = case.flops()
+        specs = case.inputs()
 
         def bwd_tflops(module):
             return f / speed.time_here(lambda *a: module.flash_attention_backward(*a, causal=causal), specs,
                                        reps=20).mean_s / 1e12
 
-        def sdpa_step(q, k, v, do):
-            q, k, v = (x.requires_grad_(True) for x in (q, k, v))
-            F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(do)
-
-        qkvdo = [speed.Randn(shape, torch.bfloat16)] * 4
-        sdpa_s = (speed.time_here(sdpa_step, qkvdo, reps=20).mean_s
-                  - speed.time_here(lambda q, k, v, do: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-                                    qkvdo, reps=20).mean_s)
+        sdpa_s = cases.sdpa_backward_s(case, reps=20)
         mine = bwd_tflops(sub)
         theirs = bwd_tflops(ref) if ref else float("nan")
         sdpa = f / sdpa_s / 1e12
@@ -109,19 +97,11 @@ def cpu_main(sub, ref) -> None:
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 256, 64, generator=g) for _ in range(3))
 
-    def best(fn, reps=3):
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return min(times)
-
     print(f"{'pass':>9} {'submission s':>13} {'reference s':>12} {'ratio':>6}")
     for name, call in (("forward", lambda m: m.flash_attention_forward(q, k, v, True)),
                        ("fwd+bwd", lambda m: m.flash_attention(*(t.clone().requires_grad_() for t in (q, k, v)),
                                                                True).sum().backward())):
-        mine, theirs = best(lambda: call(sub)), best(lambda: call(ref))
+        mine, theirs = min_time(lambda: call(sub), reps=3), min_time(lambda: call(ref), reps=3)
         print(f"{name:>9} {mine:>13.3f} {theirs:>12.3f} {mine / theirs:>6.2f}")
 
 

@@ -8,7 +8,8 @@ rounded to it), plus a small floor relative to the output's size.
 
 Without CUDA the kernels run under TRITON_INTERPRET=1 on small shapes, in fp16 and fp32 (the
 interpreter cannot do bf16 tl.dot, triton-lang/triton#11584); bf16, realistic sizes, memory and
-speed run on CUDA only.
+speed run on CUDA only. The oracles are in oracle.py; the speed checks' shapes, FLOPs and SDPA baselines
+are grader/cases/flash_attention.py's, shared with the benchmark.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from grader import blocks, rehearsal, speed, testing
+from grader.cases import flash_attention as cases
 from grader.harness.probes import KERNELS_ONLY
+from grader.hidden.flash_attention.oracle import grads_from_lse, naive_attention, naive_grads, scores
 from grader.testing import show
 
 INF = float("inf")
@@ -50,44 +53,7 @@ def fa_timed(student):
 
 
 # --------------------------------------------------------------------------------------------------
-# Oracles and comparisons
-
-
-def scores(q, k, causal=False, sm_scale=None, dtype=torch.float64):
-    """The scaled, masked score matrix [B, Hq, Nq, Nk] (bottom-right causal mask) in `dtype`."""
-    group = q.shape[1] // k.shape[1]
-    q, k = q.to(dtype), k.repeat_interleave(group, 1).to(dtype)
-    scale = 1 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
-    s = (q @ k.transpose(-1, -2)) * scale
-    n_q, n_k = s.shape[-2:]
-    if causal:
-        i = torch.arange(n_q, device=s.device)[:, None]
-        j = torch.arange(n_k, device=s.device)[None, :]
-        s = s.masked_fill(j > i + (n_k - n_q), -INF)
-    return s
-
-
-def naive_attention(q, k, v, causal=False, sm_scale=None, dtype=torch.float64):
-    """(o, lse). In float64 this is the reference; in q's own dtype it is what a straightforward
-    implementation in that precision makes (scores and P rounded to the dtype, softmax in fp32)."""
-    group = q.shape[1] // k.shape[1]
-    s = scores(q, k, causal, sm_scale, dtype)
-    s = s if dtype == torch.float64 else s.float()
-    m = s.amax(-1, keepdim=True).detach()
-    m = torch.where(m == -INF, torch.zeros_like(m), m)  # rows that see no key: exp(-inf - 0) = 0
-    e = torch.exp(s - m)
-    l = e.sum(-1, keepdim=True)
-    p = (e / torch.where(l > 0, l, torch.ones_like(l))).to(dtype)
-    o = p @ v.repeat_interleave(group, 1).to(dtype)
-    lse = torch.where(l > 0, m + torch.log(l), torch.full_like(l, INF))[..., 0]
-    return o, lse
-
-
-def naive_grads(q, k, v, do, causal=False, sm_scale=None, dtype=torch.float64):
-    leaves = [t.detach().to(dtype).requires_grad_(True) for t in (q, k, v)]
-    o, _ = naive_attention(*leaves, causal=causal, sm_scale=sm_scale, dtype=dtype)
-    o.backward(do.to(dtype))
-    return [t.grad for t in leaves]
+# Comparisons (the oracles are in oracle.py)
 
 
 def assert_close(got, ref, low, what: str, hint: str = "") -> None:
@@ -776,14 +742,6 @@ def test_training_step_peak_memory(student, fa, rng):
 # speed (CUDA only): TFLOP/s as a fraction of scaled_dot_product_attention's on the same inputs
 
 
-SPEED_B, SPEED_H, SPEED_N = rehearsal.size((4, 16, 4096), (1, 4, 64))
-
-
-def attention_flops(head_dim: int, causal: bool) -> float:
-    """4 * B * H * Nq * Nk * D for the two matmuls of the forward pass, halved when causal."""
-    return 4 * SPEED_B * SPEED_H * SPEED_N * SPEED_N * head_dim * (0.5 if causal else 1.0)
-
-
 def assert_timed_output(out, q, k, v, causal):
     """The checked rep's o, on every head (four at a time), against the naive formula in fp32 on the
     GPU: a kernel that got only some heads right would save the work of the others."""
@@ -810,11 +768,12 @@ def check_under_the_kernel_rule(student, fa, rng, head_dim, causal):
 
 @pytest.mark.cuda
 @pytest.mark.check("forward_speed")
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_forward_speed(student, fa, fa_timed, rng, score, head_dim, causal):
-    check_under_the_kernel_rule(student, fa, rng, head_dim, causal)
-    specs = [speed.Randn((SPEED_B, SPEED_H, SPEED_N, head_dim), rehearsal.dtype(BF16))] * 3
+@pytest.mark.parametrize("case", cases.FORWARD, ids=lambda case: case.id)
+def test_forward_speed(student, fa, fa_timed, rng, score, case):
+    case = rehearsal.size(case, case.tiny())  # a CPU rehearsal: tiny
+    causal = case.causal
+    check_under_the_kernel_rule(student, fa, rng, case.head_dim, causal)
+    specs = case.inputs(rehearsal.dtype(cases.DTYPE))
     ceil = speed.ceilings()
     # At full marks a rep takes 0.1-0.5 ms: 400 reps are 50-200 ms, well above the wall-clock bound's
     # slack (5 ms + 3%, grader/speed.py).
@@ -822,7 +781,7 @@ def test_forward_speed(student, fa, fa_timed, rng, score, head_dim, causal):
                            check=lambda args, out: assert_timed_output(out, *args, causal))
     sdpa = speed.time_here(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), specs,
                            reps=400)
-    flops = attention_flops(head_dim, causal)
+    flops = case.flops()
     score.metrics(
         tflops=flops / t.mean_s / 1e12,
         sdpa_tflops=flops / sdpa.mean_s / 1e12,
@@ -834,29 +793,20 @@ def test_forward_speed(student, fa, fa_timed, rng, score, head_dim, causal):
 
 @pytest.mark.cuda
 @pytest.mark.check("backward_speed")
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_backward_speed(student, fa, fa_timed, rng, score, causal):
-    head_dim = 128
-    check_under_the_kernel_rule(student, fa, rng, head_dim, causal)
-    shape = (SPEED_B, SPEED_H, SPEED_N, head_dim)
+@pytest.mark.parametrize("case", cases.BACKWARD, ids=lambda case: case.id)
+def test_backward_speed(student, fa, fa_timed, rng, score, case):
+    case = rehearsal.size(case, case.tiny())  # a CPU rehearsal: tiny
+    causal = case.causal
+    check_under_the_kernel_rule(student, fa, rng, case.head_dim, causal)
     # Fresh q, k, v, o, dO per rep; lse about 4 above the scores keeps P = exp(s - lse) in (0, 1].
-    bf16 = rehearsal.dtype(BF16)
-    specs = [speed.Randn(shape, bf16)] * 4 + [speed.Randn(shape[:3], FP32, shift=4.0), speed.Randn(shape, bf16)]
+    bf16 = rehearsal.dtype(cases.DTYPE)
+    specs = case.inputs(bf16)
     ceil = speed.ceilings()
     # At full marks a rep takes 1.5-3 ms: 100 reps are 0.15-0.3 s against the bound's slack.
     t = speed.time_student(student, fa_timed.flash_attention_backward, specs, {"causal": causal}, reps=100,
                            check=lambda args, out: assert_timed_gradients(out, *args, causal))
-
-    def sdpa_step(q, k, v, do):
-        q, k, v = (x.requires_grad_(True) for x in (q, k, v))
-        F.scaled_dot_product_attention(q, k, v, is_causal=causal).backward(do)
-
-    def sdpa_forward(q, k, v, do):
-        F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-    qkvdo = [speed.Randn(shape, bf16)] * 4
-    sdpa_backward_s = speed.time_here(sdpa_step, qkvdo, reps=100).mean_s - speed.time_here(sdpa_forward, qkvdo, reps=100).mean_s
-    flops = 2.5 * attention_flops(head_dim, causal)  # five matmuls to the forward's two
+    sdpa_backward_s = cases.sdpa_backward_s(case, bf16, reps=100)  # its forward + backward - its forward
+    flops = case.flops()  # 2.5x the forward's: five matmuls to two
     score.metrics(
         tflops=flops / t.mean_s / 1e12,
         sdpa_tflops=flops / sdpa_backward_s / 1e12,
@@ -872,15 +822,11 @@ def assert_timed_gradients(grads, q, k, v, o, lse, do, causal):
     assert isinstance(grads, (tuple, list)) and len(grads) == 3, "flash_attention_backward should return (dq, dk, dv)"
     for name, got in zip(("dq", "dk", "dv"), grads):
         assert tuple(got.shape) == tuple(q.shape), f"{name} should have shape {tuple(q.shape)}, found {tuple(got.shape)}"
-    scale = 1 / math.sqrt(q.shape[-1])
     for b in range(q.shape[0]):
         for h in range(q.shape[1]):
             sl = (slice(b, b + 1), slice(h, h + 1))
             qh, kh, vh, oh, lseh, doh = (t[sl].float() for t in (q, k, v, o, lse, do))
-            p = torch.exp(scores(qh, kh, causal, None, FP32) - lseh[..., None])
-            dp = doh @ vh.transpose(-1, -2)
-            ds = p * (dp - (doh * oh).sum(-1, keepdim=True))
-            want = (scale * ds @ kh, scale * ds.transpose(-1, -2) @ qh, p.transpose(-1, -2) @ doh)
+            want = grads_from_lse(qh, kh, vh, oh, lseh, doh, causal, FP32)
             for name, got, w in zip(("dq", "dk", "dv"), grads, want):
                 assert bool(torch.isfinite(w).all()), f"{name}: the checked rep's o or lse holds NaN or inf"
                 testing.assert_close(got[sl], w, atol=2e-2 * float(w.abs().max()) + 1e-3,
