@@ -51,9 +51,13 @@ def cuda_main(sub, ref) -> None:
     info = device_info()
     versions = ", ".join(f"{name} {info.get(name)}" for name in ("torch", "cuda", "triton", "driver") if info.get(name))
     print(f"device {ceil.device} ({clocks}; {versions})")
-    print(f"ceilings: bf16 matmul {ceil.matmul_flops_per_s / 1e12:.0f} TFLOP/s, copy {ceil.copy_bytes_per_s / 1e9:.0f} GB/s")
+    print(
+        f"ceilings: bf16 matmul {ceil.matmul_flops_per_s / 1e12:.0f} TFLOP/s, copy {ceil.copy_bytes_per_s / 1e9:.0f} GB/s"
+    )
     print(f"forward, bf16, B={B} H={H} N={N}: TFLOP/s")
-    print(f"{'D':>4} {'causal':>6} {'submission':>11} {'reference':>10} {'sdpa':>7} {'naive':>7} {'/sdpa':>6} {'/matmul':>8}")
+    print(
+        f"{'D':>4} {'causal':>6} {'submission':>11} {'reference':>10} {'sdpa':>7} {'naive':>7} {'/sdpa':>6} {'/matmul':>8}"
+    )
     for case in cases.FORWARD:
         head_dim, causal = case.head_dim, case.causal
         specs = case.inputs()
@@ -66,8 +70,10 @@ def cuda_main(sub, ref) -> None:
         theirs = tflops(lambda q, k, v: ref.flash_attention_forward(q, k, v, causal)) if ref else float("nan")
         sdpa = tflops(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
         naive = tflops(lambda q, k, v: naive_attention(q, k, v, causal))
-        print(f"{head_dim:>4} {causal!s:>6} {mine:>11.1f} {theirs:>10.1f} {sdpa:>7.1f} {naive:>7.1f} "
-              f"{mine / sdpa:>6.2f} {mine * 1e12 / ceil.matmul_flops_per_s:>8.2f}")
+        print(
+            f"{head_dim:>4} {causal!s:>6} {mine:>11.1f} {theirs:>10.1f} {sdpa:>7.1f} {naive:>7.1f} "
+            f"{mine / sdpa:>6.2f} {mine * 1e12 / ceil.matmul_flops_per_s:>8.2f}"
+        )
 
     print(f"backward, bf16, B={B} H={H} N={N} D=128: TFLOP/s (SDPA's backward = its forward+backward - forward)")
     print(f"{'causal':>6} {'submission':>11} {'reference':>10} {'sdpa':>7} {'/sdpa':>6} {'/matmul':>8}")
@@ -77,15 +83,20 @@ def cuda_main(sub, ref) -> None:
         specs = case.inputs()
 
         def bwd_tflops(module):
-            return f / speed.time_here(lambda *a: module.flash_attention_backward(*a, causal=causal), specs,
-                                       reps=20).mean_s / 1e12
+            return (
+                f
+                / speed.time_here(lambda *a: module.flash_attention_backward(*a, causal=causal), specs, reps=20).mean_s
+                / 1e12
+            )
 
         sdpa_s = cases.sdpa_backward_s(case, reps=20)
         mine = bwd_tflops(sub)
         theirs = bwd_tflops(ref) if ref else float("nan")
         sdpa = f / sdpa_s / 1e12
-        print(f"{causal!s:>6} {mine:>11.1f} {theirs:>10.1f} {sdpa:>7.1f} {mine / sdpa:>6.2f} "
-              f"{mine * 1e12 / ceil.matmul_flops_per_s:>8.2f}")
+        print(
+            f"{causal!s:>6} {mine:>11.1f} {theirs:>10.1f} {sdpa:>7.1f} {mine / sdpa:>6.2f} "
+            f"{mine * 1e12 / ceil.matmul_flops_per_s:>8.2f}"
+        )
 
 
 def cpu_main(sub, ref) -> None:
@@ -98,9 +109,13 @@ def cpu_main(sub, ref) -> None:
     q, k, v = (torch.randn(1, 2, 256, 64, generator=g) for _ in range(3))
 
     print(f"{'pass':>9} {'submission s':>13} {'reference s':>12} {'ratio':>6}")
-    for name, call in (("forward", lambda m: m.flash_attention_forward(q, k, v, True)),
-                       ("fwd+bwd", lambda m: m.flash_attention(*(t.clone().requires_grad_() for t in (q, k, v)),
-                                                               True).sum().backward())):
+    for name, call in (
+        ("forward", lambda m: m.flash_attention_forward(q, k, v, True)),
+        (
+            "fwd+bwd",
+            lambda m: m.flash_attention(*(t.clone().requires_grad_() for t in (q, k, v)), True).sum().backward(),
+        ),
+    ):
         mine, theirs = min_time(lambda: call(sub), reps=3), min_time(lambda: call(ref), reps=3)
         print(f"{name:>9} {mine:>13.3f} {theirs:>12.3f} {mine / theirs:>6.2f}")
 
@@ -120,8 +135,10 @@ def main(argv: list[str]) -> None:
         else:
             cpu_main(sub, ref)
     except NotImplementedError as exc:
-        print(f"the submission is not written yet ({exc}): nothing to time. Benchmark another file with "
-              "python -m grader.bench.flash_attention PATH")
+        print(
+            f"the submission is not written yet ({exc}): nothing to time. Benchmark another file with "
+            "python -m grader.bench.flash_attention PATH"
+        )
         raise SystemExit(1) from None
 
 

@@ -33,8 +33,14 @@ DRIVERS = "grader.support.flash_attention"
 
 
 # Each softmax name stands for all of the softmax's math at the dispatcher (grader.harness.probes.NORMALISER).
-ATTENTION_FORBID = ["torch.nn.functional.scaled_dot_product_attention", "torch.softmax", "torch.nn.functional.softmax",
-                    "torch.Tensor.softmax", "torch.special.softmax", "torch.logsumexp"]
+ATTENTION_FORBID = [
+    "torch.nn.functional.scaled_dot_product_attention",
+    "torch.softmax",
+    "torch.nn.functional.softmax",
+    "torch.Tensor.softmax",
+    "torch.special.softmax",
+    "torch.logsumexp",
+]
 WHY = "FlashAttention computes the softmax itself, one tile at a time"
 
 
@@ -60,9 +66,13 @@ def assert_close(got, ref, low, what: str, hint: str = "") -> None:
     """|got - ref| <= 2 |low - ref| + floor, everywhere; `low` is the naive formula in got's dtype."""
     base = float((low.detach().cpu().double() - ref).abs().max())
     tol = 2 * base + FLOOR[got.dtype] * max(float(ref.abs().max()), 1.0)
-    testing.assert_close(got, ref, atol=tol, what=f"{what} [batch, head, row, col]", hint=(
-        f"The naive formula computed in {str(got.dtype)[6:]} errs by {base:.3g}. {hint}"
-    ))
+    testing.assert_close(
+        got,
+        ref,
+        atol=tol,
+        what=f"{what} [batch, head, row, col]",
+        hint=(f"The naive formula computed in {str(got.dtype)[6:]} errs by {base:.3g}. {hint}"),
+    )
 
 
 def make_qkv(rng, b, hq, hkv, n_q, n_k, d, dtype, device="cpu", scale=1.0):
@@ -97,10 +107,16 @@ def assert_lse(lse, ref_lse, what="lse"):
     )
     finite = ref_lse[~inf_rows]
     tol = 2e-5 + 1e-6 * float(finite.abs().max()) if finite.numel() else 0.0
-    testing.assert_close(lse, ref_lse, atol=tol, what=f"{what} [batch, head, row]", hint=(
-        "lse is the NATURAL-log logsumexp of the "
-        "scaled, masked scores: m + log(l) with m the row max of scale * q k^T (convert back if you used exp2)"
-    ))
+    testing.assert_close(
+        lse,
+        ref_lse,
+        atol=tol,
+        what=f"{what} [batch, head, row]",
+        hint=(
+            "lse is the NATURAL-log logsumexp of the "
+            "scaled, masked scores: m + log(l) with m the row max of scale * q k^T (convert back if you used exp2)"
+        ),
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -133,18 +149,31 @@ def case_id(case) -> str:
 def test_forward(fa, rng, device, case):
     b, hq, hkv, n_q, n_k, d, dtype = case
     q, k, v = make_qkv(rng, b, hq, hkv, n_q, n_k, d, dtype, device)
-    check_forward(fa, q, k, v, what=f"o for {case_id(case)}",
-                  hint="Are all key tiles visited (Nk may be far past one tile and not a multiple of it), and "
-                       "is the running output rescaled by exp(m_old - m_new) whenever the max grows?")
+    check_forward(
+        fa,
+        q,
+        k,
+        v,
+        what=f"o for {case_id(case)}",
+        hint="Are all key tiles visited (Nk may be far past one tile and not a multiple of it), and "
+        "is the running output rescaled by exp(m_old - m_new) whenever the max grows?",
+    )
 
 
 @pytest.mark.check("forward")
 @pytest.mark.parametrize("sm_scale", [0.0, 0.3, -0.25, 2.0])
 def test_forward_sm_scale(fa, rng, device, sm_scale):
     q, k, v = make_qkv(rng, 1, 2, 2, 33, 70, 32, FP32, device)
-    check_forward(fa, q, k, v, sm_scale=sm_scale, what=f"o with sm_scale={sm_scale}",
-                  hint="sm_scale=None means 1/sqrt(D); any other value, 0 included, is used as given "
-                       "(test `is None`, not truthiness)")
+    check_forward(
+        fa,
+        q,
+        k,
+        v,
+        sm_scale=sm_scale,
+        what=f"o with sm_scale={sm_scale}",
+        hint="sm_scale=None means 1/sqrt(D); any other value, 0 included, is used as given "
+        "(test `is None`, not truthiness)",
+    )
 
 
 @pytest.mark.check("forward")
@@ -153,8 +182,14 @@ def test_forward_strided_inputs(fa, rng, device):
     q = torch.randn(1, 40, 2, 32, generator=rng).to(device).transpose(1, 2)
     k = torch.randn(1, 70, 2, 32, generator=rng).to(device).transpose(1, 2)
     v = torch.randn(1, 70, 2, 32, generator=rng).to(device).transpose(1, 2)
-    check_forward(fa, q, k, v, what="o for transposed [B, N, H, D] inputs",
-                  hint="address q, k, v with their strides, or make them contiguous first")
+    check_forward(
+        fa,
+        q,
+        k,
+        v,
+        what="o for transposed [B, N, H, D] inputs",
+        hint="address q, k, v with their strides, or make them contiguous first",
+    )
 
 
 @pytest.mark.check("forward")
@@ -191,9 +226,16 @@ CAUSAL_CASES = [  # (B, Hq, Hkv, Nq, Nk, D, dtype)
 def test_causal(fa, rng, device, case):
     b, hq, hkv, n_q, n_k, d, dtype = case
     q, k, v = make_qkv(rng, b, hq, hkv, n_q, n_k, d, dtype, device)
-    check_forward(fa, q, k, v, causal=True, what=f"causal o for {case_id(case)}",
-                  hint="The mask is aligned bottom-right: query i sees key j iff j <= i + Nk - Nq (not j <= i, "
-                       "which is scaled_dot_product_attention's top-left convention). Rows that see no key give 0.")
+    check_forward(
+        fa,
+        q,
+        k,
+        v,
+        causal=True,
+        what=f"causal o for {case_id(case)}",
+        hint="The mask is aligned bottom-right: query i sees key j iff j <= i + Nk - Nq (not j <= i, "
+        "which is scaled_dot_product_attention's top-left convention). Rows that see no key give 0.",
+    )
 
 
 @pytest.mark.check("causal")
@@ -202,10 +244,16 @@ def test_causal_decode_row_sees_every_key(fa, rng, device, n_k):
     q, k, v = make_qkv(rng, 1, 2, 2, 1, n_k, 64, FP32, device)
     o_causal, _ = fa.flash_attention_forward(q, k, v, causal=True)
     ref, _ = naive_attention(q.cpu(), k.cpu(), v.cpu(), causal=False)
-    testing.assert_close(o_causal, ref, atol=1e-5, what=f"causal o with Nq = 1 and Nk = {n_k}", hint=(
-        f"With Nq = 1 (decoding one token against a KV cache of {n_k}), the causal output must equal the "
-        "non-causal one: the query sits at the last position and sees every key"
-    ))
+    testing.assert_close(
+        o_causal,
+        ref,
+        atol=1e-5,
+        what=f"causal o with Nq = 1 and Nk = {n_k}",
+        hint=(
+            f"With Nq = 1 (decoding one token against a KV cache of {n_k}), the causal output must equal the "
+            "non-causal one: the query sits at the last position and sees every key"
+        ),
+    )
 
 
 @pytest.mark.check("causal")
@@ -231,9 +279,16 @@ def test_causal_rows_before_the_first_key_are_zero(fa, rng, device):
 @pytest.mark.parametrize("hkv,causal,dtype", [(2, False, FP32), (1, True, FP16), (2, True, FP16), (1, False, FP32)])
 def test_gqa_forward(fa, rng, device, hkv, causal, dtype):
     q, k, v = make_qkv(rng, 2, 6, hkv, 33, 77, 32, dtype, device)
-    check_forward(fa, q, k, v, causal=causal, what=f"o with Hq = 6, Hkv = {hkv}",
-                  hint=f"query head h must read KV head h // (Hq // Hkv) = h // {6 // hkv} (heads 0..2 share KV head "
-                       "0 when Hkv = 2), in every batch element")
+    check_forward(
+        fa,
+        q,
+        k,
+        v,
+        causal=causal,
+        what=f"o with Hq = 6, Hkv = {hkv}",
+        hint=f"query head h must read KV head h // (Hq // Hkv) = h // {6 // hkv} (heads 0..2 share KV head "
+        "0 when Hkv = 2), in every batch element",
+    )
 
 
 @pytest.mark.check("gqa")
@@ -241,8 +296,18 @@ def test_gqa_forward(fa, rng, device, hkv, causal, dtype):
 def test_gqa_backward(student, fa, rng, device, hkv, causal, dtype):
     q, k, v = make_qkv(rng, 1, 6, hkv, 40, 70, 16, dtype, device)
     do = torch.randn(q.shape, generator=rng).to(device=device, dtype=dtype)
-    check_training_step(student, fa, q, k, v, do, causal, None, f"Hq = 6, Hkv = {hkv}",
-                        hint=f"dk and dv of a KV head are the SUMS over the {6 // hkv} query heads that read it")
+    check_training_step(
+        student,
+        fa,
+        q,
+        k,
+        v,
+        do,
+        causal,
+        None,
+        f"Hq = 6, Hkv = {hkv}",
+        hint=f"dk and dv of a KV head are the SUMS over the {6 // hkv} query heads that read it",
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -280,7 +345,9 @@ def test_lse_is_plus_inf_for_rows_that_see_no_key(fa, rng, device):
         "with Nq = 40 and Nk = 7 (causal), rows 0..32 see no key: their lse must be +inf (not -inf, not NaN), so "
         f"that a backward pass computing exp(s - lse) gets exactly 0. Found {show(lse[0, 0, :33].unique())}"
     )
-    assert torch.isfinite(lse[0, 0, 33:]).all(), f"rows 33..39 see keys: their lse must be finite, found {show(lse[0, 0, 33:])}"
+    assert torch.isfinite(lse[0, 0, 33:]).all(), (
+        f"rows 33..39 see keys: their lse must be finite, found {show(lse[0, 0, 33:])}"
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -314,10 +381,16 @@ def test_scores_shifted_by_minus_1e4(fa, rng, device, dtype):
     assert bool(torch.isfinite(o_twin).all()), "o has inf or NaN for ordinary scores (this test's unshifted twin)"
     err_twin = float((o_twin.cpu().double() - ref_twin).abs().max())
     tol = err_twin + 5e-3 * float(v.abs().max())
-    testing.assert_close(o, ref, atol=tol, what="o with every score shifted by -1e4", hint=(
-        f"Without the shift o is off by {err_twin:.3g}. "
-        "Subtract the running max before exp, start it at -inf, and keep scores in fp32"
-    ))
+    testing.assert_close(
+        o,
+        ref,
+        atol=tol,
+        what="o with every score shifted by -1e4",
+        hint=(
+            f"Without the shift o is off by {err_twin:.3g}. "
+            "Subtract the running max before exp, start it at -inf, and keep scores in fp32"
+        ),
+    )
 
 
 @pytest.mark.check("stability")
@@ -329,9 +402,14 @@ def test_late_tile_with_much_larger_logits(fa, rng, device, dtype):
     k[..., 0] = 0.0
     k[..., 256:, 0] = 40.0  # 4 * 40 / sqrt(64) = +20
     q, k, v = (t.to(device=device, dtype=dtype) for t in (q, k, v))
-    check_forward(fa, q, k, v, what="o when the last key tile has far larger scores",
-                  hint="when the max grows, multiply BOTH the running sum l and the output accumulator by "
-                       "exp(m_old - m_new)")
+    check_forward(
+        fa,
+        q,
+        k,
+        v,
+        what="o when the last key tile has far larger scores",
+        hint="when the max grows, multiply BOTH the running sum l and the output accumulator by exp(m_old - m_new)",
+    )
 
 
 @pytest.mark.check("stability")
@@ -342,8 +420,14 @@ def test_long_fp16_rows_need_an_fp32_accumulator(fa, rng, device):
     k = torch.randn(1, 2, 300, 32, generator=rng)
     v = 250 + torch.randn(1, 2, 300, 32, generator=rng)
     q, k, v = (t.to(device=device, dtype=FP16) for t in (q, k, v))
-    check_forward(fa, q, k, v, what="fp16 o averaging 300 values near 250",
-                  hint="keep the output accumulator (and m, l) in float32: the unnormalised sum overflows fp16")
+    check_forward(
+        fa,
+        q,
+        k,
+        v,
+        what="fp16 o averaging 300 values near 250",
+        hint="keep the output accumulator (and m, l) in float32: the unnormalised sum overflows fp16",
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -401,9 +485,19 @@ def test_backward(student, fa, rng, device, case):
 def test_backward_sm_scale(student, fa, rng, device, sm_scale):
     q, k, v = make_qkv(rng, 1, 2, 2, 33, 70, 32, FP32, device)
     do = torch.randn(q.shape, generator=rng).to(device)
-    check_training_step(student, fa, q, k, v, do, True, sm_scale, f"sm_scale={sm_scale}",
-                        hint="use the given sm_scale (0 included) in the backward pass too: dq and dk carry a "
-                             "factor sm_scale, and P = exp(sm_scale * q k^T - lse)")
+    check_training_step(
+        student,
+        fa,
+        q,
+        k,
+        v,
+        do,
+        True,
+        sm_scale,
+        f"sm_scale={sm_scale}",
+        hint="use the given sm_scale (0 included) in the backward pass too: dq and dk carry a "
+        "factor sm_scale, and P = exp(sm_scale * q k^T - lse)",
+    )
 
 
 @pytest.mark.check("backward")
@@ -414,8 +508,9 @@ def test_backward_function_with_exact_o_and_lse(fa, rng, device, causal, dtype):
     qc, kc, vc = q.cpu(), k.cpu(), v.cpu()
     o, lse = naive_attention(qc, kc, vc, causal)
     do = torch.randn(1, 50, 2, 64, generator=rng).to(dtype).transpose(1, 2)
-    dq, dk, dv = fa.flash_attention_backward(q, k, v, o.to(device=device, dtype=dtype), lse.float().to(device),
-                                             do.to(device), causal=causal)
+    dq, dk, dv = fa.flash_attention_backward(
+        q, k, v, o.to(device=device, dtype=dtype), lse.float().to(device), do.to(device), causal=causal
+    )
     ref = naive_grads(qc, kc, vc, do, causal)
     low = naive_grads(qc, kc, vc, do, causal, dtype=dtype)
     for name, got, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, low):
@@ -445,8 +540,7 @@ def test_forward_never_builds_the_score_matrix(student, fa, rng, device, causal)
 def test_backward_never_builds_the_score_matrix(student, fa, rng, device, causal):
     q, k, v = make_qkv(rng, 1, 2, 1, 96, 160, 32, FP32, device)
     do = torch.randn(q.shape, generator=rng).to(device)
-    _, dq, dk, dv = student.drive(f"{DRIVERS}:training_step", fa.flash_attention, q, k, v, do, causal, None,
-                                  guard=True)
+    _, dq, dk, dv = student.drive(f"{DRIVERS}:training_step", fa.flash_attention, q, k, v, do, causal, None, guard=True)
     student.assert_untampered(fa.flash_attention, "the memory guard's verdict")
     ref = naive_grads(q.cpu(), k.cpu(), v.cpu(), do.cpu(), causal)
     for name, got, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
@@ -459,8 +553,9 @@ def test_forward_tile_loop_runs_inside_the_kernel(student, fa, rng, device):
     for n_q, n_k in [(80, 96), (208, 336)]:
         q, k, v = make_qkv(rng, 1, 2, 2, n_q, n_k, 32, FP16, device)
         fa.flash_attention_forward(q, k, v, True)  # warm-up: compiling or autotuning may allocate once
-        counts[(n_q, n_k)] = student.drive(f"{DRIVERS}:guarded", fa.flash_attention_forward, q, k, v, True,
-                                           n_q=n_q, n_k=n_k)["ops"]
+        counts[(n_q, n_k)] = student.drive(
+            f"{DRIVERS}:guarded", fa.flash_attention_forward, q, k, v, True, n_q=n_q, n_k=n_k
+        )["ops"]
     (small, few), (large, many) = counts.items()
     student.assert_untampered(fa.flash_attention_forward, "the count of torch operations the guard saw")
     assert many <= few + 2, (
@@ -481,8 +576,10 @@ def test_kernels_write_every_output(student, fa, rng, device):
     do = torch.randn(q.shape, generator=rng).to(device)
     backward = student.drive("grader.support.kernels:launches", fa.flash_attention_backward, q, k, v, o, lse, do, True)
     student.assert_untampered(fa.flash_attention_forward, "the record of your Triton launches")
-    for what, got, names in (("flash_attention_forward", forward, ("o", "lse")),
-                             ("flash_attention_backward", backward, ("dq", "dk", "dv"))):
+    for what, got, names in (
+        ("flash_attention_forward", forward, ("o", "lse")),
+        ("flash_attention_backward", backward, ("dq", "dk", "dv")),
+    ):
         assert got["launches"], (
             f"{what} returned without launching a Triton kernel: the host code allocates the outputs and "
             "launches kernel[grid](...), the kernels compute"
@@ -513,8 +610,9 @@ def test_kernels_write_every_output(student, fa, rng, device):
 ALIGN_MAX_N = 300
 
 
-def causal_alignment(rng: torch.Generator, residue: int | None, more_queries: bool,
-                     max_n: int = ALIGN_MAX_N) -> tuple[int, int]:
+def causal_alignment(
+    rng: torch.Generator, residue: int | None, more_queries: bool, max_n: int = ALIGN_MAX_N
+) -> tuple[int, int]:
     """(Nq, Nk), both in [1, max_n]: Nk - Nq = 128 j + residue (any offset when residue is None),
     j < 0 when `more_queries`; Nq on a multiple of a tile width or beside it where the range allows."""
     pick = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=rng))  # noqa: E731
@@ -538,21 +636,28 @@ def causal_place(n_q: int, n_k: int, name: str):
         i = index[2]
         if name in ("dk", "dv"):
             first = max(i - shift, 0)
-            return (f"Key {i} is seen by queries {first}-{n_q - 1} (Nk - Nq = {shift}; query r sees key j iff "
-                    f"j <= r + Nk - Nq). Key {i} is {blocks.against_tiles(i, 'key', 'BLOCK_N')}; query {first}, the "
-                    f"first that sees it, is {blocks.against_tiles(first, 'row', 'BLOCK_M')}. The loop over query "
-                    "tiles of a key tile must start at the query tile that holds its first row, (first key of the "
-                    "tile) - (Nk - Nq): an off-by-one there skips a whole query tile. (If o or lse of those queries "
-                    "is wrong too, fix the forward pass first: dk and dv are built on its lse)")
+            return (
+                f"Key {i} is seen by queries {first}-{n_q - 1} (Nk - Nq = {shift}; query r sees key j iff "
+                f"j <= r + Nk - Nq). Key {i} is {blocks.against_tiles(i, 'key', 'BLOCK_N')}; query {first}, the "
+                f"first that sees it, is {blocks.against_tiles(first, 'row', 'BLOCK_M')}. The loop over query "
+                "tiles of a key tile must start at the query tile that holds its first row, (first key of the "
+                "tile) - (Nk - Nq): an off-by-one there skips a whole query tile. (If o or lse of those queries "
+                "is wrong too, fix the forward pass first: dk and dv are built on its lse)"
+            )
         last = i + shift
         if last < 0:
-            return (f"Query {i} sees no key (Nk - Nq = {shift}: the first {-shift} queries come before key 0): "
-                    "its o and dq are exactly 0 and its lse is +inf, whether or not its whole query tile sees nothing")
-        return (f"Query {i} sees keys 0-{min(last, n_k - 1)} (Nk - Nq = {shift}). Query {i} is "
-                f"{blocks.against_tiles(i, 'row', 'BLOCK_M')}; its last key, {last}, is "
-                f"{blocks.against_tiles(last, 'key', 'BLOCK_N')}. The loop over key tiles must reach the tile "
-                "that holds the last key the query tile's last row sees, (last row) + Nk - Nq: an off-by-one there "
-                "skips a whole key tile")
+            return (
+                f"Query {i} sees no key (Nk - Nq = {shift}: the first {-shift} queries come before key 0): "
+                "its o and dq are exactly 0 and its lse is +inf, whether or not its whole query tile sees nothing"
+            )
+        return (
+            f"Query {i} sees keys 0-{min(last, n_k - 1)} (Nk - Nq = {shift}). Query {i} is "
+            f"{blocks.against_tiles(i, 'row', 'BLOCK_M')}; its last key, {last}, is "
+            f"{blocks.against_tiles(last, 'key', 'BLOCK_N')}. The loop over key tiles must reach the tile "
+            "that holds the last key the query tile's last row sees, (last row) + Nk - Nq: an off-by-one there "
+            "skips a whole key tile"
+        )
+
     return hint
 
 
@@ -599,13 +704,22 @@ def test_generated_causal_alignments(fa, rng, device, alignment):
     low_o, _ = naive_attention(qc, kc, vc, True, dtype=q.dtype)
     assert_close_placed(o, ref_o, low_o, f"o for {what}", causal_place(n_q, n_k, "o"))
     empty = max(0, n_q - n_k)  # rows that see no key; exactly 0, and lse exactly +inf
-    testing.assert_equal(o[:, :, :empty].cpu(), torch.zeros_like(ref_o[:, :, :empty]),
-                         what=f"o of the rows that see no key, {what}", hint=causal_place(n_q, n_k, "o"))
+    testing.assert_equal(
+        o[:, :, :empty].cpu(),
+        torch.zeros_like(ref_o[:, :, :empty]),
+        what=f"o of the rows that see no key, {what}",
+        hint=causal_place(n_q, n_k, "o"),
+    )
     finite = torch.isfinite(ref_lse)
     tol = (2e-5 + 1e-6 * float(ref_lse[finite].abs().max())) if bool(finite.any()) else 0.0
     lse_hint = causal_place(n_q, n_k, "lse")
-    testing.assert_close(lse, ref_lse, atol=tol, what=f"lse for {what} [batch, head, row]",
-                         hint=lambda index: lse_hint((*index, 0)) + ". lse is +inf exactly where a row sees no key")
+    testing.assert_close(
+        lse,
+        ref_lse,
+        atol=tol,
+        what=f"lse for {what} [batch, head, row]",
+        hint=lambda index: lse_hint((*index, 0)) + ". lse is +inf exactly where a row sees no key",
+    )
 
 
 LSE_ALIGNMENTS = [(1, False), (1, True), (-1, False), (0, True)]
@@ -627,8 +741,13 @@ def test_generated_causal_alignments_lse(fa, rng, device, alignment):
     finite = torch.isfinite(want)
     tol = (2e-5 + 1e-6 * float(want[finite].abs().max())) if bool(finite.any()) else 0.0
     lse_hint = causal_place(n_q, n_k, "lse")
-    testing.assert_close(lse, want, atol=tol, what=f"lse for {what} [batch, head, row]",
-                         hint=lambda index: lse_hint((*index, 0)) + ". lse is +inf exactly where a row sees no key")
+    testing.assert_close(
+        lse,
+        want,
+        atol=tol,
+        what=f"lse for {what} [batch, head, row]",
+        hint=lambda index: lse_hint((*index, 0)) + ". lse is +inf exactly where a row sees no key",
+    )
 
 
 BACKWARD_ALIGNMENTS = [(-1, False), (-1, True), (1, False), (1, True), (None, None)]  # side None: either
@@ -655,8 +774,12 @@ def test_generated_causal_alignments_backward(student, fa, rng, device, alignmen
         )
         assert_close_placed(got, r, lo, f"{name} for {what}", causal_place(n_q, n_k, name), floors=2)
     empty = max(0, n_q - n_k)
-    testing.assert_equal(dq[:, :, :empty].cpu(), torch.zeros_like(ref[0][:, :, :empty]),
-                         what=f"dq of the rows that see no key, {what}", hint=causal_place(n_q, n_k, "dq"))
+    testing.assert_equal(
+        dq[:, :, :empty].cpu(),
+        torch.zeros_like(ref[0][:, :, :empty]),
+        what=f"dq of the rows that see no key, {what}",
+        hint=causal_place(n_q, n_k, "dq"),
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -665,7 +788,9 @@ def test_generated_causal_alignments_backward(student, fa, rng, device, alignmen
 
 @pytest.mark.cuda
 @pytest.mark.check("cuda_bf16")
-@pytest.mark.parametrize("hq,hkv,n_q,n_k,causal", [(2, 2, 127, 129, False), (6, 2, 129, 300, True), (4, 1, 300, 17, True)])
+@pytest.mark.parametrize(
+    "hq,hkv,n_q,n_k,causal", [(2, 2, 127, 129, False), (6, 2, 129, 300, True), (4, 1, 300, 17, True)]
+)
 def test_bf16(student, fa, rng, device, hq, hkv, n_q, n_k, causal):
     bf16 = rehearsal.dtype(BF16)  # fp16 in a CPU rehearsal: the interpreter's bf16 tl.dot is not bf16
     q, k, v = make_qkv(rng, 1, hq, hkv, n_q, n_k, 64, bf16, device)
@@ -701,9 +826,17 @@ def test_realistic_sizes(student, fa, rng, dtype, head_dim):
     ref = naive_grads(q, k, v, do, True, None, ref_dtype)
     low = naive_grads(q, k, v, do, True, None, dtype)
     for name, got, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), ref, low):
-        assert_close_on_device(got, r, lo, f"{dtype} {name}, D = {head_dim}" + (
-            " (fp32 inputs need input_precision='ieee' in every tl.dot: TF32 keeps only 10 mantissa bits)"
-            if dtype == FP32 else ""))
+        assert_close_on_device(
+            got,
+            r,
+            lo,
+            f"{dtype} {name}, D = {head_dim}"
+            + (
+                " (fp32 inputs need input_precision='ieee' in every tl.dot: TF32 keeps only 10 mantissa bits)"
+                if dtype == FP32
+                else ""
+            ),
+        )
 
 
 MEMORY_N = rehearsal.size(8192, 64)
@@ -777,10 +910,15 @@ def test_forward_speed(student, fa, fa_timed, rng, score, case):
     ceil = speed.ceilings()
     # At full marks a rep takes 0.1-0.5 ms: 400 reps are 50-200 ms, well above the wall-clock bound's
     # slack (5 ms + 3%, grader/speed.py).
-    t = speed.time_student(student, fa_timed.flash_attention_forward, specs, {"causal": causal}, reps=400,
-                           check=lambda args, out: assert_timed_output(out, *args, causal))
-    sdpa = speed.time_here(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), specs,
-                           reps=400)
+    t = speed.time_student(
+        student,
+        fa_timed.flash_attention_forward,
+        specs,
+        {"causal": causal},
+        reps=400,
+        check=lambda args, out: assert_timed_output(out, *args, causal),
+    )
+    sdpa = speed.time_here(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), specs, reps=400)
     flops = case.flops()
     score.metrics(
         tflops=flops / t.mean_s / 1e12,
@@ -803,8 +941,14 @@ def test_backward_speed(student, fa, fa_timed, rng, score, case):
     specs = case.inputs(bf16)
     ceil = speed.ceilings()
     # At full marks a rep takes 1.5-3 ms: 100 reps are 0.15-0.3 s against the bound's slack.
-    t = speed.time_student(student, fa_timed.flash_attention_backward, specs, {"causal": causal}, reps=100,
-                           check=lambda args, out: assert_timed_gradients(out, *args, causal))
+    t = speed.time_student(
+        student,
+        fa_timed.flash_attention_backward,
+        specs,
+        {"causal": causal},
+        reps=100,
+        check=lambda args, out: assert_timed_gradients(out, *args, causal),
+    )
     sdpa_backward_s = cases.sdpa_backward_s(case, bf16, reps=100)  # its forward + backward - its forward
     flops = case.flops()  # 2.5x the forward's: five matmuls to two
     score.metrics(
@@ -821,7 +965,9 @@ def assert_timed_gradients(grads, q, k, v, o, lse, do, causal):
     kernel that got only some heads right would save the work of the others)."""
     assert isinstance(grads, (tuple, list)) and len(grads) == 3, "flash_attention_backward should return (dq, dk, dv)"
     for name, got in zip(("dq", "dk", "dv"), grads):
-        assert tuple(got.shape) == tuple(q.shape), f"{name} should have shape {tuple(q.shape)}, found {tuple(got.shape)}"
+        assert tuple(got.shape) == tuple(q.shape), (
+            f"{name} should have shape {tuple(q.shape)}, found {tuple(got.shape)}"
+        )
     for b in range(q.shape[0]):
         for h in range(q.shape[1]):
             sl = (slice(b, b + 1), slice(h, h + 1))
@@ -829,5 +975,6 @@ def assert_timed_gradients(grads, q, k, v, o, lse, do, causal):
             want = grads_from_lse(qh, kh, vh, oh, lseh, doh, causal, FP32)
             for name, got, w in zip(("dq", "dk", "dv"), grads, want):
                 assert bool(torch.isfinite(w).all()), f"{name}: the checked rep's o or lse holds NaN or inf"
-                testing.assert_close(got[sl], w, atol=2e-2 * float(w.abs().max()) + 1e-3,
-                                     what=f"{name} of batch {b}, head {h}")
+                testing.assert_close(
+                    got[sl], w, atol=2e-2 * float(w.abs().max()) + 1e-3, what=f"{name} of batch {b}, head {h}"
+                )
