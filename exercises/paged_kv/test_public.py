@@ -199,6 +199,16 @@ def identity_tables(n: int):
     return tables, positions
 
 
+def check_slots(got, tables, positions, block_size) -> None:
+    """The answer, computed here the slow, obvious way: a counted call must be right too, or its counts say
+    nothing about the work."""
+    want = [[-1 if p < 0 else int(tables[b, p // block_size]) * block_size + p % block_size for p in row]
+            for b, row in enumerate(positions.tolist())]
+    assert isinstance(got, torch.Tensor) and got.tolist() == want, (
+        f"slot_mapping is wrong for {tables.shape[0]} sequences: slot = table[p // block_size] * block_size + "
+        "p % block_size, -1 for padding")
+
+
 def check_identity_slots(got, tables, positions) -> None:
     want = torch.where(positions >= 0, tables.long() * 4 + positions, -1)
     assert torch.equal(got, want), f"slot_mapping is wrong for {tables.shape[0]} sequences of one block each"
@@ -208,8 +218,8 @@ def check_identity_slots(got, tables, positions) -> None:
 def test_slot_mapping_has_no_loop_over_tokens(pk, student):
     small = (table_tensor([[1], [0]], 2), torch.tensor([[0, 1], [1, -1]]), 4)
     big = (table_tensor([[i, i + 8] for i in range(8)], 2), torch.arange(64).remainder(8).repeat(8, 1), 4)
-    _, work_small = student.work_executed(pk.slot_mapping, *small)
-    _, work_big = student.work_executed(pk.slot_mapping, *big)
+    _, work_small = student.work_executed(pk.slot_mapping, *small, check=lambda got: check_slots(got, *small))
+    _, work_big = student.work_executed(pk.slot_mapping, *big, check=lambda got: check_slots(got, *big))
     lines_small, lines_big = work_small.lines, work_big.lines
     advice = "Compute every slot at once with tensor ops (torch.gather, //, %, torch.where)."
     assert lines_big <= lines_small + 2, (

@@ -160,14 +160,20 @@ class StudentSession:
             self._local[exercise_id] = import_file(path)
         return self._local[exercise_id]
 
-    def lines_executed(self, fn: Any, *args, **kwargs) -> tuple[Any, int]:
+    def lines_executed(self, fn: Any, *args, check: Callable[[Any], None], **kwargs) -> tuple[Any, int]:
         """Call `fn` and count the lines of the student's module it executed (`work_executed`'s lines)."""
-        value, work = self.work_executed(fn, *args, **kwargs)
+        value, work = self.work_executed(fn, *args, check=check, **kwargs)
         return value, work.lines
 
-    def work_executed(self, fn: Any, *args, **kwargs) -> tuple[Any, "Work"]:
+    def work_executed(self, fn: Any, *args, check: Callable[[Any], None], **kwargs) -> tuple[Any, "Work"]:
         """Call `fn` and count its work: the lines of the student's module it executed, the torch operators
         it dispatched and the tensor elements it read back into Python (probes.WorkCounter).
+
+        `check(value)` must fail (AssertionError) unless the call returned the right answer, and it is not
+        optional: a count says nothing about a call that did not do the work. A submission can tell a counted
+        call from the others (by its inputs, or by the counters' frames in a traceback) and return a
+        placeholder there, looping everywhere else (red team round 15: speculative and paged_kv kept their
+        "vectorised" points that way, whose counted results were thrown away).
 
         The structural test for vectorisation: a loop over tokens grows one of the three with the number of
         tokens, a Python loop the lines, a loop run by C (``map``) the operators or the elements read back;
@@ -179,6 +185,7 @@ class StudentSession:
         target = self._callable(fn)
         self.assert_untampered(target, "the count of lines your code executed")
         value, counts = target._invoke(args, kwargs, count_lines=True)
+        check(value)
         work = Work.from_reply(counts)
         if work is None:
             raise AssertionError(
