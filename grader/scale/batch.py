@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import os
 import queue
+import signal
 import sys
 import tempfile
 import threading
@@ -251,6 +252,12 @@ def run_batch(course: Course, root: Path, opts: BatchOptions, backend: Backend |
     interrupted = False
     columns = [TextColumn("[bold]grading"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[tally]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
+    # Ctrl-C only sets a flag, and the loop below raises it where it stands: a KeyboardInterrupt raised inside
+    # a queue's lock (done.get) could leave the lock held, and the lanes, putting their results, waited on it
+    # for good (the batch then outlived its interruption by minutes).
+    interrupt = threading.Event()
+    previous = (signal.signal(signal.SIGINT, lambda *_: interrupt.set())
+                if threading.current_thread() is threading.main_thread() else None)
     try:
         with Progress(*columns, console=console, transient=False, disable=not todo) as progress:
             task = progress.add_task("grading", total=len(todo), tally="")
@@ -258,6 +265,8 @@ def run_batch(course: Course, root: Path, opts: BatchOptions, backend: Backend |
                 t.start()
             finished = 0
             while finished < len(todo):
+                if interrupt.is_set():
+                    raise KeyboardInterrupt
                 try:
                     item = done.get(timeout=0.5)
                 except queue.Empty:
@@ -297,8 +306,11 @@ def run_batch(course: Course, root: Path, opts: BatchOptions, backend: Backend |
                       "rerun the same command to finish the batch[/]")
     finally:
         stop.set()
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+        deadline = time.monotonic() + 60
         for t in threads:
-            t.join(timeout=60)
+            t.join(timeout=max(0.0, deadline - time.monotonic()))  # one minute for all lanes, not one each
     summary = summarize(course, out_dir, ids, exercise_ids)
     summary["run"] = {"graded": graded, "kept": skipped, "why": why, "internal_errors": internal,
                       "interrupted": interrupted, "wall_s": round(time.monotonic() - started, 2),
