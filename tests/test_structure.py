@@ -425,3 +425,21 @@ def test_a_linear_baseline_measured_in_the_same_runs_takes_the_machines_own_grow
     assert not quadratic.flat, quadratic.describe()
     text = quadratic.describe()
     assert "linear work of the same sizes took" in text and "grows" in text and "the bar is 3x" in text, text
+
+
+def test_a_counted_call_is_never_taken_without_a_check_of_its_result():
+    """The counts of a call say nothing of the work when its result is not checked: a submission that can tell a
+    counted call from the others returns a placeholder there (red team round 15). So `work_executed` and
+    `lines_executed` take no call without `check` (a call without one is a TypeError, which the references'
+    full-marks tests would meet)."""
+    import inspect
+    import re
+
+    from grader.harness.session import StudentSession
+
+    for name in ("work_executed", "lines_executed"):
+        check = inspect.signature(getattr(StudentSession, name)).parameters["check"]
+        assert check.kind is inspect.Parameter.KEYWORD_ONLY and check.default is inspect.Parameter.empty, name
+    files = [*ROOT.glob("grader/hidden/*/test_hidden.py"), *ROOT.glob("exercises/*/test_public.py")]
+    calls = [(path.name, m) for path in files for m in re.findall(r"\.(?:work|lines)_executed\(", path.read_text())]
+    assert len(calls) >= 10, "the structural tests must still count their calls"
