@@ -214,3 +214,57 @@ def test_moe_layer_matches_a_loop(sm):
         "y[t] = sum over its 2 experts of renormalised weight * expert(x[t]); "
         "check dispatch and combine use the same slot for each assignment"
     ))
+
+
+# --------------------------------------------------------------------------------------------------
+# No Python loop over tokens (the hidden `vectorised` check does this for every function, with the clock)
+
+
+@pytest.mark.check("vectorised_public")
+def test_route_runs_the_same_lines_for_16_and_160_tokens(sm, student):
+    from grader.structure import assert_no_hidden_loop
+
+    work = {}
+    for T in (16, 160):
+        E = 4
+        logits = torch.randn(T, E, generator=testing.generator(T))
+        expert = logits.argmax(-1).tolist()
+        # k = 1 and room for every token (capacity_factor = E): token t's slot is how many earlier tokens chose
+        # its expert, the plain loop below.
+        slots = [sum(1 for u in range(t) if expert[u] == expert[t]) for t in range(T)]
+
+        def check(out, expert=expert, slots=slots, T=T):
+            r = as_routing(out)
+            index, slot = r.expert_index, r.slot
+            assert isinstance(index, torch.Tensor) and index.shape == (T, 1) and index[:, 0].tolist() == expert, (
+                f"route(T={T}, k=1): expert_index must be each token's argmax expert, found {show(index)}")
+            assert isinstance(slot, torch.Tensor) and slot.shape == (T, 1) and slot[:, 0].tolist() == slots, (
+                f"route(T={T}, k=1, capacity for every token): a token's slot counts the earlier tokens that chose "
+                f"its expert; expected {show(torch.tensor(slots))}, found {show(slot)}")
+
+        _, work[T] = student.work_executed(sm.route, logits, 1, float(E), check=check)
+    advice = "Count every expert's earlier assignments at once (one-hot rows and a cumulative sum), not token by token."
+    assert work[160].lines <= work[16].lines + 10, (
+        f"route ran {work[16].lines} lines of your file for 16 tokens and {work[160].lines} for 160: a Python loop "
+        f"over tokens. {advice}")
+    assert_no_hidden_loop("route", ("16 tokens", "160 tokens"), work[16], work[160], advice)
+
+
+@pytest.mark.check("dispatch_public")
+def test_combine_reads_nothing_from_a_dropped_slot(sm):
+    # Token 0 keeps choice 0 (expert 1, slot 0) and drops choice 1; token 1 keeps nothing. The buffer rows no
+    # kept assignment points at hold inf and NaN: a combine that multiplies them by a zero weight gives NaN
+    # (0 * inf), one that masks them (torch.where) gives exactly weight * row.
+    E, cap, d = 2, 2, 3
+    expert_out = torch.full((E, cap, d), float("inf"))
+    expert_out[0, 1] = float("nan")
+    expert_out[1, 0] = torch.tensor([1.0, 2.0, 3.0])
+    index = torch.tensor([[1, 0], [0, 1]])
+    slot = torch.tensor([[0, -1], [-1, -1]])
+    weight = torch.tensor([[0.75, 0.0], [0.0, 0.0]])
+    routing = Routing(index, weight, slot, torch.tensor([0, 1]), torch.tensor(0.0), torch.tensor(0.0))
+    y = sm.combine(expert_out, routing)
+    want = torch.tensor([[0.75, 1.5, 2.25], [0.0, 0.0, 0.0]])
+    assert isinstance(y, torch.Tensor) and y.shape == want.shape and torch.equal(y, want), (
+        f"combine with unused buffer rows full of inf and NaN: expected {show(want)}, found {show(y)}. A dropped "
+        "choice (slot -1) reads nothing: mask with torch.where, since 0 * inf is NaN")

@@ -221,3 +221,61 @@ def test_generate_shapes_and_calls_when_draft_equals_target(student, sm):
         f"draft == target, so every step keeps all 3 drafts plus the bonus: 4 tokens per call, 3 calls for 10 "
         f"tokens; found {result['target_calls'][0]}. Advance each row by num_accepted + 1"
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# No Python loop over rows (the hidden `vectorised` check does this at more sizes, with the clock)
+
+
+def certain_case(B: int, gamma: int, vocab: int, rng: torch.Generator):
+    """Rows whose outcome is certain: p = q one-hot at the draft tokens (every draft token is accepted)
+    and a one-hot last target row (the bonus token), so the answer is known without sampling."""
+    draft = torch.randint(0, vocab, (B, gamma), generator=rng)
+    bonus = torch.randint(0, vocab, (B,), generator=rng)
+    q = torch.nn.functional.one_hot(draft, vocab).float()
+    p = torch.cat([q, torch.nn.functional.one_hot(bonus, vocab).float()[:, None]], 1)
+    return draft, q, p, torch.cat([draft, bonus[:, None]], 1)
+
+
+@pytest.mark.check("vectorised_public")
+def test_accept_runs_the_same_lines_for_16_and_160_rows(sm, student):
+    from grader.structure import assert_no_hidden_loop
+
+    rng, work = gen(11), {}
+    for B in (16, 160):
+        draft, q, p, want = certain_case(B, 3, 8, rng)
+
+        def check(out, want=want, B=B):
+            tokens = out[0] if isinstance(out, (tuple, list)) and len(out) == 2 else None
+            assert isinstance(tokens, torch.Tensor) and tokens.shape == want.shape and torch.equal(tokens, want), (
+                f"speculative_accept with p = q one-hot at the draft tokens ({B} rows): every draft token is accepted "
+                f"and the bonus token is the last target row's only token; expected {show(want)}, found {show(tokens)}")
+
+        _, work[B] = student.work_executed(sm.speculative_accept, draft, q, p, gen(B), check=check)
+    advice = "Decide every row at once: gather the probabilities, compare, cumprod, torch.where."
+    assert work[160].lines <= work[16].lines + 8, (
+        f"speculative_accept ran {work[16].lines} lines of your file for 16 rows and {work[160].lines} for 160: "
+        f"a Python loop over rows. {advice}")
+    assert_no_hidden_loop("speculative_accept", ("16 rows", "160 rows"), work[16], work[160], advice)
+
+
+@pytest.mark.check("vectorised_public")
+def test_greedy_runs_the_same_lines_for_16_and_160_rows(sm, student):
+    from grader.structure import assert_no_hidden_loop
+
+    rng, work = gen(12), {}
+    for B in (16, 160):
+        draft, _, p, want = certain_case(B, 3, 8, rng)
+
+        def check(out, want=want, B=B):
+            tokens = out[0] if isinstance(out, (tuple, list)) and len(out) == 2 else None
+            assert isinstance(tokens, torch.Tensor) and tokens.shape == want.shape and torch.equal(tokens, want), (
+                f"greedy_accept where every draft token is the target's argmax ({B} rows): expected {show(want)}, "
+                f"found {show(tokens)}")
+
+        _, work[B] = student.work_executed(sm.greedy_accept, draft, p, check=check)
+    advice = "Compare every row with its argmax in one tensor operation."
+    assert work[160].lines <= work[16].lines + 8, (
+        f"greedy_accept ran {work[16].lines} lines of your file for 16 rows and {work[160].lines} for 160: a "
+        f"Python loop over rows. {advice}")
+    assert_no_hidden_loop("greedy_accept", ("16 rows", "160 rows"), work[16], work[160], advice)

@@ -71,7 +71,7 @@ MUTANTS = [
              "    grouped, by_expert = torch.sort(sequence, stable=True)\n"
              "    ids = torch.arange(num_experts, device=sequence.device)\n"),
         ],
-        loses=["vectorised"],
+        loses=["vectorised_public", "vectorised"],
     ),
     Mutant(
         name="bf16_softmax",

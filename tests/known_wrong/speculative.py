@@ -90,7 +90,7 @@ MUTANTS = [
             "extra = torch.multinomial(residual, 1, generator=generator).squeeze(1)  # normalises internally",
             "extra = torch.stack([torch.multinomial(residual[b], 1, generator=generator)[0] for b in range(B)])",
         )],
-        loses=["vectorised"],
+        loses=["vectorised_public", "vectorised"],
     ),
     Mutant(
         name="loop_over_rejected_rows",
@@ -115,7 +115,7 @@ MUTANTS = [
              "draw = functools.partial(torch.multinomial, num_samples=1, generator=generator)\n"
              "    extra = torch.cat(list(map(draw, residual.unbind(0))))"),
         ],
-        loses=["vectorised"],
+        loses=["vectorised_public", "vectorised"],
     ),
     Mutant(
         name="leading_accepts_counted_by_map",
