@@ -43,13 +43,18 @@ def selected_exercises(course: Course, opts: GradeOptions) -> list[Exercise]:
 
 
 def suite_sha256(root: Path, exercises: list[Exercise]) -> str:
-    """A hash of everything that decides a grade: course.yaml and each exercise's tests."""
+    """A hash of everything of the course that decides a grade: course.yaml, and for each exercise its tests,
+    its oracles, its speed cases (grader/cases/<id>.py: the graded shapes) and its drivers
+    (grader/support/<id>.py). A batch regrades a result whose hash differs."""
     digest = hashlib.sha256((root / "course.yaml").read_bytes())
     for ex in exercises:
-        for folder in (root / "exercises" / ex.id, root / "grader" / "hidden" / ex.id):
-            for path in sorted(folder.rglob("*.py")) if folder.is_dir() else []:
-                if path.name.startswith("test") or folder.parts[-2] == "hidden":
-                    digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+        paths = [p for p in sorted((root / "exercises" / ex.id).glob("test*.py"))]
+        hidden = root / "grader" / "hidden" / ex.id
+        paths += sorted(hidden.rglob("*.py")) if hidden.is_dir() else []
+        paths += [p for p in (root / "grader" / "cases" / f"{ex.id}.py", root / "grader" / "support" / f"{ex.id}.py")
+                  if p.is_file()]
+        for path in paths:
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 

@@ -37,7 +37,8 @@ import torch
 from grader.testing import assert_close, assert_equal, is_close, mismatches
 
 ROOT = Path(__file__).resolve().parents[1]
-TEST_FILES = sorted([*ROOT.glob("exercises/*/test_public.py"), *ROOT.glob("grader/hidden/*/test_hidden.py")])
+TEST_FILES = sorted([*ROOT.glob("exercises/*/test_public.py"), *ROOT.glob("grader/hidden/*/test_hidden.py"),
+                     *ROOT.glob("grader/hidden/*/oracle.py")])
 OPT_OUT = "# compare: not a tolerance"
 MAX_OPT_OUTS = 4
 NAN, INF = float("nan"), float("inf")
@@ -189,8 +190,8 @@ def test_no_hand_rolled_tensor_comparisons(path: Path):
 
 def test_the_scan_covers_every_exercise():
     exercises = {p.name for p in (ROOT / "exercises").iterdir() if (p / "test_public.py").exists()}
-    assert len(TEST_FILES) == 2 * len(exercises) and exercises, (
-        f"expected a public and a hidden test file for each of {sorted(exercises)}, found "
+    assert len(TEST_FILES) == 3 * len(exercises) and exercises, (
+        f"expected a public and a hidden test file and an oracle for each of {sorted(exercises)}, found "
         f"{[str(p.relative_to(ROOT)) for p in TEST_FILES]}"
     )
 

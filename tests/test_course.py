@@ -1,11 +1,12 @@
 """course.yaml: the shipped file is valid, and mistakes produce errors that name the path."""
 
 import copy
+from pathlib import Path
 
 import pytest
 import yaml
 
-from grader.course import CourseError, json_schema, parse_course
+from grader.course import CourseError, json_schema, load_course, parse_course
 
 
 @pytest.fixture
@@ -64,3 +65,33 @@ def test_shipped_json_schema_is_current(root):
 
     shipped = json.loads((root / "grader" / "schemas" / "course.schema.json").read_text())
     assert shipped == json_schema(), "regenerate grader/schemas/course.schema.json with `grader schema course`"
+
+
+def test_the_suite_hash_covers_what_decides_a_grade(tmp_path):
+    """A batch keeps a result whose suite hash is current: the hash must change with every file of the course
+    that decides a grade (the tests, the oracles, the speed cases, the drivers), and not with a stub."""
+    import shutil
+
+    from grader.runner import suite_sha256
+
+    root = Path(__file__).resolve().parents[1]
+    course = load_course(root)
+    exercise = course.exercise("online_softmax")
+    copy = tmp_path / "course"
+    for rel in ("course.yaml", "exercises/online_softmax", "grader/hidden/online_softmax",
+                "grader/cases/online_softmax.py", "grader/support/timing.py"):
+        src, dst = root / rel, copy / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(src, dst) if src.is_dir() else shutil.copy(src, dst)
+    (copy / "grader/support/online_softmax.py").write_text("# a driver\n")
+    base = suite_sha256(copy, [exercise])
+    for rel in ("grader/cases/online_softmax.py", "grader/support/online_softmax.py",
+                "grader/hidden/online_softmax/oracle.py", "exercises/online_softmax/test_public.py"):
+        path = copy / rel
+        original = path.read_text()
+        path.write_text(original + "\n# changed\n")
+        assert suite_sha256(copy, [exercise]) != base, f"the suite hash must change with {rel}"
+        path.write_text(original)
+    stub = copy / "exercises/online_softmax" / exercise.file
+    stub.write_text(stub.read_text() + "\n# the student's own\n")
+    assert suite_sha256(copy, [exercise]) == base, "the stub is not part of the suite"
