@@ -806,10 +806,13 @@ def test_the_work_counter_sees_a_loop_that_runs_in_c(tmp_path, form):
     path.write_text(f"import torch\ndef loop(x):\n    return {body}\ndef vectorised(x):\n    return x.abs().sum(-1)\n")
     student = StudentSession("local", lambda _id: path)
     mod = student.load("loops")
-    small, big = (student.work_executed(mod.loop, torch.randn(n, 2))[1] for n in (8, 80))
+    def returned_a_tensor(value):
+        assert isinstance(value, torch.Tensor), value
+
+    small, big = (student.work_executed(mod.loop, torch.randn(n, 2), check=returned_a_tensor)[1] for n in (8, 80))
     assert small.lines == big.lines, "the loop runs in C: the line count stays flat"
     assert getattr(big, grows) >= getattr(small, grows) + 72, f"{form}: {small} -> {big}"
-    flat = [student.work_executed(mod.vectorised, torch.randn(n, 2))[1] for n in (8, 80)]
+    flat = [student.work_executed(mod.vectorised, torch.randn(n, 2), check=returned_a_tensor)[1] for n in (8, 80)]
     assert flat[0] == flat[1] and flat[0].reads == 0, f"vectorised code keeps every count: {flat}"
 
 

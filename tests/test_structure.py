@@ -274,7 +274,7 @@ def test_lines_executed_fails_a_tampering_file_in_process(tmp_path):
     session = StudentSession("local", lambda _id: path)
     module = session.load("sneaky")
     with pytest.raises(tamper.Tampered, match="the count of lines your code executed"):
-        session.lines_executed(module.f, 3)
+        session.lines_executed(module.f, 3, check=lambda value: None)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -389,7 +389,7 @@ ATTACKS = [
 ]
 EXTRA_SOURCE = {"free_list_behind_a_flat_clock": FLAT_CLOCK, "free_list_behind_a_patched_driver": PATCHED_DRIVER}
 MESSAGES = {"tampered": "your file reaches for", "clock": "on the grader's own clock",
-            "ops": "torch operators for B=16, V=16 and",
+            "ops": "torch operators for",
             "disagree": "disagree with the grader's own clock", "padded": "round trips only",
             "lines": "whatever the size"}
 
