@@ -2,8 +2,9 @@
 
 The mapping (so that nbgrader's formgrader and ``nbgrader export`` show the course as instructors expect):
 
-* each exercise is an nbgrader **assignment** named by its id (``online_softmax``), holding one
-  **notebook** of the same name;
+* each exercise the results graded is an nbgrader **assignment** named by its id (``online_softmax``),
+  holding one **notebook** of the same name (an exercise no result graded gets none: it would read 0.0
+  for every student);
 * each check is a **grade cell** of that notebook, named by the check's id, ``cell_type`` "code",
   ``max_score`` its points in course.yaml;
 * each result file is a **student** (the file's name without ``.json``) with one **submission** per
@@ -92,11 +93,15 @@ def to_nbgrader(loaded: list[Loaded], db_url: str, course: Any = None, course_id
 
 
 def _grade_cells(loaded: list[Loaded], course: Any) -> dict[str, dict[str, float]]:
-    """exercise id -> check id -> max score: course.yaml's rubric first, then anything else the results hold."""
+    """exercise id -> check id -> max score, for the exercises the results graded (an assignment nobody was
+    graded on would read 0 for everyone in nbgrader's exports): course.yaml's rubric first, then anything
+    else the results hold."""
+    graded = {ex["id"] for item in loaded for ex in item.result["exercises"]}
     cells: dict[str, dict[str, float]] = {}
     if course is not None:
         for ex in course.exercises:
-            cells[ex.id] = {c.id: float(c.points) for c in ex.checks}
+            if ex.id in graded:
+                cells[ex.id] = {c.id: float(c.points) for c in ex.checks}
     for item in loaded:
         for ex in item.result["exercises"]:
             for check in ex["checks"]:
