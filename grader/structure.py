@@ -382,6 +382,14 @@ class SupportsWork(Protocol):
     reads: int
 
 
+# The tensor elements a call may read back into Python at the big size, whatever it read at the small one:
+# vectorised code reads none, or a few scalars (a capacity, a shape's bound). A growth test alone let a loop
+# over .tolist() values pad its reads at the small size to what it reads at the big one (red team round 16:
+# moe_router and speculative kept their vectorised points). Values packed several to an element (int8 ids
+# viewed as int64) would still pass: the count is in elements, not bytes.
+READ_ALLOWANCE = 64
+
+
 def assert_no_hidden_loop(what: str, sizes: tuple[str, str], small: SupportsWork, big: SupportsWork,
                           advice: str, slack: int = 10) -> None:
     """Fail when the torch operators a call dispatched, or the tensor elements it read back into Python,
@@ -395,6 +403,12 @@ def assert_no_hidden_loop(what: str, sizes: tuple[str, str], small: SupportsWork
             f"{what} dispatched {small.ops} torch operators for {sizes[0]} and {big.ops} for {sizes[1]}: the count "
             "grows with the input, so something runs operators once per element (a loop, perhaps run by map() or "
             f"a comprehension, over rows, tokens or their values). {advice}".strip()
+        )
+    if big.reads > READ_ALLOWANCE:
+        raise AssertionError(
+            f"{what} read {big.reads} tensor elements back into Python for {sizes[1]} (.tolist(), .item(), .numpy(), "
+            f"iterating or printing a tensor): vectorised code reads back at most a few scalars ({READ_ALLOWANCE} "
+            f"here) whatever the size; the work is being done on Python values. {advice}".strip()
         )
     if big.reads > small.reads + slack:
         raise AssertionError(
