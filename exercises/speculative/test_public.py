@@ -237,45 +237,37 @@ def certain_case(B: int, gamma: int, vocab: int, rng: torch.Generator):
     return draft, q, p, torch.cat([draft, bonus[:, None]], 1)
 
 
-@pytest.mark.check("vectorised_public")
-def test_accept_runs_the_same_lines_for_16_and_160_rows(sm, student):
+def assert_rows_counted_flat(student, fn, name: str, inputs, what: str, advice: str) -> None:
+    """Call fn at 16 and at 160 rows on certain cases (`inputs(draft, q, p)` makes its arguments): the right
+    tokens both times, and the same lines, operators and read-backs."""
     from grader.structure import assert_no_hidden_loop
 
-    rng, work = gen(11), {}
+    rng, work = gen(len(name)), {}
     for B in (16, 160):
         draft, q, p, want = certain_case(B, 3, 8, rng)
 
         def check(out, want=want, B=B):
             tokens = out[0] if isinstance(out, (tuple, list)) and len(out) == 2 else None
             assert isinstance(tokens, torch.Tensor) and tokens.shape == want.shape and torch.equal(tokens, want), (
-                f"speculative_accept with p = q one-hot at the draft tokens ({B} rows): every draft token is accepted "
-                f"and the bonus token is the last target row's only token; expected {show(want)}, found {show(tokens)}")
+                f"{name} {what} ({B} rows): expected {show(want)}, found {show(tokens)}")
 
-        _, work[B] = student.work_executed(sm.speculative_accept, draft, q, p, gen(B), check=check)
-    advice = "Decide every row at once: gather the probabilities, compare, cumprod, torch.where."
+        _, work[B] = student.work_executed(fn, *inputs(draft, q, p, B), check=check)
     assert work[160].lines <= work[16].lines + 8, (
-        f"speculative_accept ran {work[16].lines} lines of your file for 16 rows and {work[160].lines} for 160: "
-        f"a Python loop over rows. {advice}")
-    assert_no_hidden_loop("speculative_accept", ("16 rows", "160 rows"), work[16], work[160], advice)
+        f"{name} ran {work[16].lines} lines of your file for 16 rows and {work[160].lines} for 160: a Python loop "
+        f"over rows. {advice}")
+    assert_no_hidden_loop(name, ("16 rows", "160 rows"), work[16], work[160], advice)
+
+
+@pytest.mark.check("vectorised_public")
+def test_accept_runs_the_same_lines_for_16_and_160_rows(sm, student):
+    assert_rows_counted_flat(
+        student, sm.speculative_accept, "speculative_accept", lambda draft, q, p, B: (draft, q, p, gen(B)),
+        "with p = q one-hot at the draft tokens: every draft token is accepted and the bonus token is the last "
+        "target row's only token", "Decide every row at once: gather the probabilities, compare, cumprod, torch.where.")
 
 
 @pytest.mark.check("vectorised_public")
 def test_greedy_runs_the_same_lines_for_16_and_160_rows(sm, student):
-    from grader.structure import assert_no_hidden_loop
-
-    rng, work = gen(12), {}
-    for B in (16, 160):
-        draft, _, p, want = certain_case(B, 3, 8, rng)
-
-        def check(out, want=want, B=B):
-            tokens = out[0] if isinstance(out, (tuple, list)) and len(out) == 2 else None
-            assert isinstance(tokens, torch.Tensor) and tokens.shape == want.shape and torch.equal(tokens, want), (
-                f"greedy_accept where every draft token is the target's argmax ({B} rows): expected {show(want)}, "
-                f"found {show(tokens)}")
-
-        _, work[B] = student.work_executed(sm.greedy_accept, draft, p, check=check)
-    advice = "Compare every row with its argmax in one tensor operation."
-    assert work[160].lines <= work[16].lines + 8, (
-        f"greedy_accept ran {work[16].lines} lines of your file for 16 rows and {work[160].lines} for 160: a "
-        f"Python loop over rows. {advice}")
-    assert_no_hidden_loop("greedy_accept", ("16 rows", "160 rows"), work[16], work[160], advice)
+    assert_rows_counted_flat(
+        student, sm.greedy_accept, "greedy_accept", lambda draft, q, p, B: (draft, p),
+        "where every draft token is the target's argmax", "Compare every row with its argmax in one tensor operation.")
