@@ -1313,3 +1313,18 @@ def test_a_watched_route_takes_none_of_its_settings_from_the_caller():
         with pytest.raises(TypeError):
             view.numpy(_whole=False)
     assert counter.reads >= 64, counter.reads
+
+
+def test_reads_are_counted_in_bytes_too_so_packing_hides_nothing():
+    """Values packed several to an element read few elements but all their bytes: the read-back allowance of a
+    counted call is in bytes (grader.structure.READ_ALLOWANCE), so eight int8 ids viewed as one int64 and read
+    back with .tolist() count what they carry."""
+    probes.install_host_read_watch()
+    ids = torch.randint(0, 8, (960,), dtype=torch.int8)
+    with probes.reads_counted() as counter:
+        packed = ids.view(torch.int64).tolist()
+    assert len(packed) == 120
+    assert (counter.reads, counter.read_bytes) == (120, 960), (counter.reads, counter.read_bytes)
+    with probes.reads_counted() as counter:
+        ids[:1].numpy()  # a one-element view exposes its whole storage
+    assert counter.read_bytes >= 960, counter.read_bytes

@@ -443,3 +443,21 @@ def test_a_counted_call_is_never_taken_without_a_check_of_its_result():
     files = [*ROOT.glob("grader/hidden/*/test_hidden.py"), *ROOT.glob("exercises/*/test_public.py")]
     calls = [(path.name, m) for path in files for m in re.findall(r"\.(?:work|lines)_executed\(", path.read_text())]
     assert len(calls) >= 10, "the structural tests must still count their calls"
+
+
+def test_reads_padded_at_the_small_size_still_fail_at_the_big_one():
+    """A loop over .tolist() values that pads its small call's reads to what the big call reads keeps the growth
+    flat (red team round 16); the big call's bytes are bounded whatever the small one read."""
+    from types import SimpleNamespace
+
+    from grader.structure import READ_ALLOWANCE, assert_no_hidden_loop
+
+    padded = SimpleNamespace(lines=20, ops=30, reads=2048, read_bytes=2048 * 8)
+    with pytest.raises(AssertionError, match="bytes here"):
+        assert_no_hidden_loop("route", ("T=48", "T=480"), padded, padded, "")
+    packed = SimpleNamespace(lines=20, ops=30, reads=45, read_bytes=360)  # 960 expert ids of 3 bits, packed
+    with pytest.raises(AssertionError, match="bytes here"):
+        assert_no_hidden_loop("route", ("T=48", "T=480"), packed, packed, "")
+    assert READ_ALLOWANCE >= 16 * 8, "the allowance must stay above what a few honest scalars need"
+    honest = SimpleNamespace(lines=20, ops=30, reads=2, read_bytes=16)
+    assert_no_hidden_loop("route", ("T=48", "T=480"), honest, honest, "")

@@ -1039,25 +1039,42 @@ _ALIASING = frozenset({
 })
 
 
-def _elements(value: Any, whole_storage: bool, depth: int = 0) -> int:
-    """The elements a read of `value` reaches: its own, or (`whole_storage`) every element of its storage; a
-    storage's bytes; what a container holds (torch.save of a list, two levels deep)."""
+def _extent(value: Any, whole_storage: bool, depth: int = 0) -> tuple[int, int]:
+    """(elements, bytes) a read of `value` reaches: its own, or (`whole_storage`) every element of its storage;
+    a storage's bytes; what a container holds (torch.save of a list, two levels deep). Bytes beside elements:
+    values packed several to an element (int8 ids viewed as int64) read few elements but all their bytes."""
     if isinstance(value, torch.UntypedStorage):
-        return int(_STORAGE_NBYTES(value))
+        n = int(_STORAGE_NBYTES(value))
+        return n, n
     if isinstance(value, torch.TypedStorage):
-        return int(_STORAGE_NBYTES(value._untyped_storage))
+        n = int(_STORAGE_NBYTES(value._untyped_storage))
+        return n, n
     if isinstance(value, (list, tuple, dict)) and depth < 2:
         items = value.values() if isinstance(value, dict) else value
-        return sum(_elements(v, whole_storage, depth + 1) for v in list(items)[:10_000])
+        parts = [_extent(v, whole_storage, depth + 1) for v in list(items)[:10_000]]
+        return sum(p[0] for p in parts), sum(p[1] for p in parts)
     if not isinstance(value, torch.Tensor):
-        return 0
+        return 0, 0
     try:
+        size = max(int(torch._C.TensorBase.element_size(value)), 1)
         if whole_storage:
-            size = max(int(torch._C.TensorBase.element_size(value)), 1)
-            return -(-int(_TENSOR_STORAGE(value).nbytes()) // size)
-        return int(torch._C.TensorBase.numel(value))
+            nbytes = int(_TENSOR_STORAGE(value).nbytes())
+            return -(-nbytes // size), nbytes
+        n = int(torch._C.TensorBase.numel(value))
+        return n, n * size
     except RuntimeError:
-        return 0
+        return 0, 0
+
+
+def _elements(value: Any, whole_storage: bool, depth: int = 0) -> int:
+    """The elements a read of `value` reaches (`_extent`'s first figure)."""
+    return _extent(value, whole_storage, depth)[0]
+
+
+def _count_read(elements: int, nbytes: int) -> None:
+    for counter in _READS["counters"]:
+        counter.reads += elements
+        counter.read_bytes = getattr(counter, "read_bytes", 0) + nbytes
 
 
 class _ReadState(threading.local):
@@ -1085,9 +1102,8 @@ def _watched_read(fn: Any, what: str, args: tuple, kwargs: dict, whole_storage: 
         if _READS["refuse"]:
             raise host_read_refused(what, _READS["why"])
         if _READS["counters"] and (target is None or target not in _READ_STATE.reading):
-            n = sum(_elements(a, whole_storage) for a in args)  # Tensor.map_(other, f) reads both
-            for counter in _READS["counters"]:
-                counter.reads += n
+            extents = [_extent(a, whole_storage) for a in args]  # Tensor.map_(other, f) reads both
+            _count_read(sum(e[0] for e in extents), sum(e[1] for e in extents))
     outer = _READ_STATE.reading
     _READ_STATE.reading = outer + (target,)
     try:
@@ -1105,9 +1121,7 @@ def _watched_create(fn: Any, what: str, args: tuple, kwargs: dict) -> Any:
     out = fn(*args, **kwargs)
     _note_aliased(out)  # a tensor over numpy's or a buffer's memory: remembered, in a call or not (not in a launch)
     if _READS["counters"]:
-        n = _elements(out, whole_storage=True)
-        for counter in _READS["counters"]:
-            counter.reads += n
+        _count_read(*_extent(out, whole_storage=True))
     return out
 
 
@@ -1160,9 +1174,11 @@ def install_host_read_watch() -> None:
 
 
 class ReadCounter:
-    """Tensor elements read back into Python or numpy (`HOST_READS`) while `reads_counted` is active."""
+    """Tensor elements, and their bytes, read back into Python or numpy (`HOST_READS`) while `reads_counted`
+    is active."""
 
     reads = 0
+    read_bytes = 0
 
 
 # Storages whose memory Python can read or write without torch: made from numpy or a buffer (from_numpy, frombuffer,
@@ -1222,19 +1238,23 @@ def _note_aliased(value: Any) -> None:
     _ALIASED_BYTES["kept"] += size
 
 
-def _aliased_elements(values: Iterable[Any]) -> int:
-    """Elements of the tensors among `values` (one level of lists) whose storage is in `_ALIASED`, each storage once."""
-    seen: dict[int, int] = {}
+def _aliased_elements(values: Iterable[Any]) -> tuple[int, int]:
+    """(elements, bytes) of the tensors among `values` (one level of lists) whose storage is in `_ALIASED`, each
+    storage once."""
+    seen: dict[int, tuple[int, int]] = {}
     for value in values:
         for t in (value if isinstance(value, (list, tuple)) else (value,)):
             if isinstance(t, torch.Tensor):
                 try:
                     key = storage_of(t)
                     if key in _ALIASED:
-                        seen[key] = max(seen.get(key, 0), int(torch._C.TensorBase.numel(t)), 1)
+                        n = max(int(torch._C.TensorBase.numel(t)), 1)
+                        size = max(int(torch._C.TensorBase.element_size(t)), 1)
+                        old = seen.get(key, (0, 0))
+                        seen[key] = (max(old[0], n), max(old[1], n * size))
                 except RuntimeError:
                     pass
-    return sum(seen.values())
+    return sum(v[0] for v in seen.values()), sum(v[1] for v in seen.values())
 
 
 class _AliasedWatch(TorchDispatchMode):
@@ -1253,15 +1273,14 @@ class _AliasedWatch(TorchDispatchMode):
         return out
 
 
-def _aliased_read(elements: int, what: Any) -> None:
-    """`elements` of memory shared with numpy were touched: refused under the kernel rule, else counted as read
-    (`what()` names the route, built only when it is refused)."""
-    if not elements:
+def _aliased_read(extent: tuple[int, int], what: Any) -> None:
+    """(elements, bytes) of memory shared with numpy were touched: refused under the kernel rule, else counted
+    as read (`what()` names the route, built only when it is refused)."""
+    if not extent[0]:
         return
     if _READS["refuse"]:
         raise host_read_refused(what(), _READS["why"])
-    for counter in _READS["counters"]:
-        counter.reads += elements
+    _count_read(*extent)
 
 
 @contextlib.contextmanager
@@ -1432,6 +1451,7 @@ class _OperatorCounter(TorchDispatchMode):
         self.counter.ops += 1
         if operator_name(func) in _SCALAR_READS:
             self.counter.reads += 1
+            self.counter.read_bytes += 8
         return func(*args, **(kwargs or {}))
 
 
@@ -1450,6 +1470,7 @@ class WorkCounter(LineCounter):
         super().__init__(filename)
         self.ops = 0
         self.reads = 0
+        self.read_bytes = 0
         self._mode = _OperatorCounter(self)
 
     def __enter__(self) -> "WorkCounter":

@@ -74,7 +74,8 @@ class LocalCallable:
             value = fn(*args, **kwargs)
         if snapshots:  # the same contract on arguments as the sandboxed worker's calls
             allowed_mutations(self._qualname, changed_tensors(snapshots), self._options)
-        work = None if counter is None else {"lines": counter.count, "ops": counter.ops, "reads": counter.reads}
+        work = None if counter is None else {"lines": counter.count, "ops": counter.ops, "reads": counter.reads,
+                                             "read_bytes": counter.read_bytes}
         return value, work
 
     def __call__(self, *args, **kwargs):
@@ -88,13 +89,14 @@ class Work:
     lines: int  # lines of the student's file executed
     ops: int  # torch operators dispatched
     reads: int  # tensor elements read back into Python
+    read_bytes: int  # their bytes (values packed several to an element read few elements, all their bytes)
 
     @classmethod
     def from_reply(cls, counts: Any) -> "Work | None":
         """The counts of a reply, or None when they are missing, not plain integers, or show no line run."""
         if not isinstance(counts, dict):
             return None
-        values = [counts.get(k) for k in ("lines", "ops", "reads")]
+        values = [counts.get(k) for k in ("lines", "ops", "reads", "read_bytes")]
         if not all(type(v) is int and v >= 0 for v in values) or values[0] <= 0:
             return None
         return cls(*values)

@@ -134,7 +134,8 @@ class Worker:
         self.pinned.append(value)
         reply = {"value": value, "mutated": changed_tensors(snapshots)}
         if counter is not None:
-            reply["work"] = {"lines": counter.count, "ops": counter.ops, "reads": counter.reads}
+            reply["work"] = {"lines": counter.count, "ops": counter.ops, "reads": counter.reads,
+                             "read_bytes": counter.read_bytes}
         return reply
 
     def handle(self, request: dict) -> dict:
