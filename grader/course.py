@@ -179,7 +179,7 @@ class WorkerLimits(_Model):
     cpu_s: int = Field(900, gt=0)
     file_size_mb: int = Field(256, gt=0)
     processes: int = Field(256, gt=0)
-    max_result_mb: int = Field(128, gt=0, description="the largest reply one call may send back; the grader holds at most "
+    max_result_mb: int = Field(256, gt=0, description="the largest reply one call may send back; the grader holds at most "
                                "twice this for a reply (its bytes, then its tensors)")
     scratch_mb: int = Field(1024, gt=0, description="the worker's private tmpfs (its /tmp and the view's root)")
     uid_first: int = Field(1_900_000_000, gt=0, description="first uid of the range leased one per grade (as root)")

@@ -5,10 +5,8 @@ that finishes. Graded on the public tests with short time limits, to keep the su
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -72,21 +70,19 @@ def test_os_exit_in_a_call_fails_that_test_and_the_grade_goes_on(tmp_path):
     assert "exited with code 0" in messages(result)
 
 
-def orphaned_worker_groups() -> list[str]:
-    """Worker cgroups of grades that are over (no private folder of their tag is left)."""
-    live = {n[len(runner.PRIVATE_PREFIX):] for n in os.listdir(tempfile.gettempdir()) if n.startswith(runner.PRIVATE_PREFIX)}
-    found = []
-    for parent in cgroup._parents():
-        for group in parent.iterdir():
-            match = re.fullmatch(rf"{cgroup.PREFIX}([a-z0-9_]+)-[0-9a-f]{{12}}", group.name)
-            if match and match.group(1) not in live:
-                found.append(str(group))
-    return found
+def worker_groups_of(tag: str) -> list[str]:
+    """The worker cgroups left with this grade's tag (its private folder's suffix)."""
+    return [str(g) for parent in cgroup._parents() for g in parent.iterdir() if g.name.startswith(f"{cgroup.PREFIX}{tag}-")]
 
 
-def test_infinite_loop_times_out_per_call(tmp_path):
+def test_infinite_loop_times_out_per_call(tmp_path, monkeypatch):
+    folders = []
+    make_folder = runner.private_folder
+    monkeypatch.setattr(runner, "private_folder", lambda: folders.append(make_folder()) or folders[-1])
     result = grade_hostile(hand_in(tmp_path, "infinite_loop"), call_timeout_s=1.5, time_limit_s=12)
-    assert orphaned_worker_groups() == [], (
+    tags = [runner.grade_tag(f) for f in folders]
+    assert tags and all(tags), f"the grade's private folders carry its tag: {folders}"
+    assert [g for tag in tags for g in worker_groups_of(tag)] == [], (
         "the exercise's time limit killed the grade's pytest, which removes its workers' cgroups itself: the runner "
         "must remove what it left (red team round 15: three empty groups per stalled grade, for good)")
     statuses = {t["status"] for c in checks_of(result, EXERCISE).values() for t in c["tests"]}

@@ -109,7 +109,7 @@ class Sandbox:
     cpu_s: int = 900
     file_size_mb: int = 256
     processes: int = 256
-    max_result_mb: int = 128
+    max_result_mb: int = 256
     scratch_mb: int = 1024
     shm_mb: int = 256
     uid_first: int = identity.DEFAULT_UID_FIRST
