@@ -274,7 +274,7 @@ FAILURE_BY = ("submission", "grader")
 
 def mark_ungradable(result: dict, reason: str, *, by: str = "submission", retry: str | None = None,
                     exercise_id: str | None = None, exercise_message: str | None = None,
-                    state: str | None = None) -> None:
+                    state: str | None = None, replace: bool = False) -> None:
     """The one way a result says it earns no score.
 
     `by="submission"`: the submission cannot be graded (it cannot be read, two entries claim its id, it is
@@ -285,8 +285,13 @@ def mark_ungradable(result: dict, reason: str, *, by: str = "submission", retry:
 
     With `exercise_id`, only that exercise becomes ungradable, with `exercise_message` or the message;
     otherwise every exercise not yet graded does and is closed with the reason. `state`, when given, is
-    the result's new state ("error": failed and finished; "running": to be graded again).
+    the result's new state ("error": failed and finished; "running": to be graded again). With `replace`,
+    this failure is the result's only one: the latest word on the whole grade (a Slurm task's own account of
+    its end replaces what the batch code under it wrote when the signal reached it).
     """
+    if replace:
+        result.pop("failure", None)
+        result["format_errors"] = []
     message = record_failure(result, reason, by=by, retry=retry)
     if exercise_id is not None:
         ex = find_exercise(result, exercise_id)

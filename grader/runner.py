@@ -48,7 +48,7 @@ def suite_sha256(root: Path, exercises: list[Exercise]) -> str:
     (grader/support/<id>.py). A batch regrades a result whose hash differs."""
     digest = hashlib.sha256((root / "course.yaml").read_bytes())
     for ex in exercises:
-        paths = [p for p in sorted((root / "exercises" / ex.id).glob("test*.py"))]
+        paths = sorted((root / "exercises" / ex.id).glob("test*.py"))
         hidden = root / "grader" / "hidden" / ex.id
         paths += sorted(hidden.rglob("*.py")) if hidden.is_dir() else []
         paths += [p for p in (root / "grader" / "cases" / f"{ex.id}.py", root / "grader" / "support" / f"{ex.id}.py")

@@ -1074,7 +1074,7 @@ def _elements(value: Any, whole_storage: bool, depth: int = 0) -> int:
 def _count_read(elements: int, nbytes: int) -> None:
     for counter in _READS["counters"]:
         counter.reads += elements
-        counter.read_bytes = getattr(counter, "read_bytes", 0) + nbytes
+        counter.read_bytes += nbytes
 
 
 class _ReadState(threading.local):

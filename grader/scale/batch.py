@@ -127,11 +127,7 @@ def internal_error_result(course: Course, exercises: list[Exercise], job: Job, s
     if result is None or result.get("submission", {}).get("id") != job.id or result.get("state") == "complete":
         seed = job.options.seed if job.options.seed is not None else 0
         result = results.new_result(course, job.id, sha or "", suite, seed, job.options.mode, exercises)
-    # The latest word on the whole grade: a Slurm task's own account of its end replaces what the batch code
-    # under it wrote when the signal reached it (which knew no better retry than a batch rerun).
-    result.pop("failure", None)
-    result["format_errors"] = []
-    results.mark_ungradable(result, reason, by="grader", retry=retry, state="running")
+    results.mark_ungradable(result, reason, by="grader", retry=retry, state="running", replace=True)
     return result
 
 

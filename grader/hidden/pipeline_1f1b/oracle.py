@@ -67,6 +67,18 @@ def expected_interleaved(p: int, m: int, v: int) -> list[list[tuple]]:
     return schedule
 
 
+def peaks_in_flight(schedule) -> list[int]:
+    """Per stage, the most microbatches whose forward has run and whose backward has not, walking its ops."""
+    peaks = []
+    for row in schedule:
+        live = peak = 0
+        for op in row:
+            live += 1 if op[0] == "F" else -1
+            peak = max(peak, live)
+        peaks.append(peak)
+    return peaks
+
+
 class Invalid(Exception):
     """The trusted simulator's verdict that a schedule is not runnable."""
 
@@ -136,13 +148,7 @@ def trusted_simulate(schedule, tf: float = 1.0, tb: float = 2.0, p2p: float = 0.
         raise Invalid(f"deadlock at {stuck}", stuck)
     makespan = max(free)
     busy = sum(e - b for row in timeline for b, e, _ in row)
-    peaks = []
-    for row in schedule:
-        live = peak = 0
-        for op in row:
-            live += 1 if op[0] == "F" else -1
-            peak = max(peak, live)
-        peaks.append(peak)
+    peaks = peaks_in_flight(schedule)
     return {
         "makespan": makespan,
         "bubble": (p * makespan - busy) / (p * makespan),
@@ -280,13 +286,7 @@ def event_oracle(schedule, tf: float, tb: float, p2p: float) -> Verdict:
         return Verdict(why="deadlocks", stuck=stuck)
     makespan = max(free)
     busy = sum(end - start for row in timeline for start, end, _ in row)
-    peaks = []
-    for row in schedule:
-        live = peak = 0
-        for op in row:
-            live += 1 if op[0] == "F" else -1
-            peak = max(peak, live)
-        peaks.append(peak)
+    peaks = peaks_in_flight(schedule)
     return Verdict(
         makespan=makespan,
         bubble=(p * makespan - busy) / (p * makespan),
