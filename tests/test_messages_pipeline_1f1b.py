@@ -44,6 +44,14 @@ CASES = [
         ("simulate", "test_simulate_against_an_event_by_event_oracle", ["first divergence at time", "p2p_time",
                                                                        "this same stage"]),
     ]),
+    # the clock's probes of the same ops over 2 stages and over many (work per op done by C, which no line shows)
+    (("next_stage_by_index", "interleaved_filters_in_c"), [
+        ("simulate_linear", "test_simulate_is_linear_in_the_number_of_ops", ["the same 8192 ops over 4096 stages",
+                                                                            "with the stages", "park a stage"]),
+        ("simulate_linear", "test_simulate_is_linear_for_interleaved_schedules", ["over 4096 stages"]),
+        ("interleaved", "test_interleaved_work_is_linear", ["the same 65536 ops over 128 stages",
+                                                            "work per op that grows with the stages"]),
+    ]),
     (("chunk_cost_not_split",), [
         ("simulate", "test_simulate_against_an_event_by_event_oracle", ["first divergence at time", "1/v"]),
     ]),

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from grader import structure
 from grader.harness import probes, tamper
 from grader.structure import Scaling, Timing, assert_flat_on_the_clock, assert_untampered, assert_worker_agrees, clock
 from tests.conftest import COURSE, ROOT, checks_of, grade_folder
@@ -74,7 +75,8 @@ def test_a_flat_cost_passes_after_the_first_runs_and_every_result_is_checked():
 
 def test_a_growing_cost_fails_only_after_max_runs_and_says_what_the_clock_saw():
     scaling = Scaling(1, 100, bar=3.0, unit="rows", runs=2, max_runs=4)
-    timing = clock(SANDBOX, sleeping_call(0.0005), lambda n: (n,), lambda got, n: None, scaling)
+    # about 6x (2.1 ms against 12 ms): above the bar, not so far above it that more runs could not help
+    timing = clock(SANDBOX, sleeping_call(0.0001), lambda n: (n,), lambda got, n: None, scaling)
     assert not timing.flat and len(timing.large_s) == 4, f"a ratio above the bar takes max_runs runs: {timing.large_s}"
     with pytest.raises(AssertionError) as info:
         assert_flat_on_the_clock(timing, "f", "Do it at once.", lines=(12, 12))
@@ -82,6 +84,14 @@ def test_a_growing_cost_fails_only_after_max_runs_and_says_what_the_clock_saw():
     for part in ("the worker counted 12 and 12 lines", "100x the rows", "grader's own clock", "a loop over rows",
                  "Do it at once."):
         assert part in message, f"expected {part!r} in the message, found: {message}"
+
+
+def test_a_ratio_far_above_the_bar_fails_without_the_remaining_runs():
+    # 2.5 ms against 52 ms: 20x the size's cost, over GIVE_UP times the bar after `runs` runs. Retrying is for a
+    # busy machine near the bar; a call this superlinear can take seconds each, paid from the exercise's time.
+    scaling = Scaling(1, 100, bar=3.0, runs=2, max_runs=10)
+    timing = clock(SANDBOX, sleeping_call(0.0005), lambda n: (n,), lambda got, n: None, scaling)
+    assert timing.ratio > structure.GIVE_UP * 3.0 and len(timing.large_s) == 2, (timing.ratio, timing.large_s)
 
 
 def test_a_wrong_result_under_the_clock_fails_the_check():
@@ -425,6 +435,44 @@ def test_a_linear_baseline_measured_in_the_same_runs_takes_the_machines_own_grow
     assert not quadratic.flat, quadratic.describe()
     text = quadratic.describe()
     assert "linear work of the same sizes took" in text and "grows" in text and "the bar is 3x" in text, text
+
+
+def shaped_call(per_stage_s: float, per_op_s: float = 0.00001, ops: int = 1200):
+    """The same ops over n stages: honest code costs ops * per_op_s at any n; per_stage_s adds a cost per op
+    that grows with the stages (a rescan of them for each op)."""
+    def call(n: int):
+        time.sleep(0.001 + ops * (per_op_s + per_stage_s * n))
+        return n
+    return call
+
+
+# honest: 13 ms at both shapes; a rescan of 0.5 us per stage visited adds 60 ms at 100 stages (ratio ~5.6)
+SHAPES = Scaling(2, 100, bar=3.0, unit="stages", same="1200 ops", small_cap=float("inf"), linear_cap=1.5, runs=2,
+                 max_runs=3)
+
+
+def test_the_same_work_over_more_stages_passes_when_honest_and_fails_when_it_rescans():
+    baseline = shaped_call(0.0)
+    honest = clock(SANDBOX, shaped_call(0.0), lambda n: (n,), lambda got, n: None, SHAPES, linear=baseline)
+    assert honest.flat and not honest.padded, honest.describe()
+    # a small call of several ms is real work here, not padding: small_cap (round trips) does not apply
+    assert honest.best_small > 5 * honest.best_base, (honest.best_small, honest.best_base)
+    rescans = clock(SANDBOX, shaped_call(0.0000005), lambda n: (n,), lambda got, n: None, SHAPES, linear=baseline)
+    assert not rescans.flat, rescans.describe()
+    text = rescans.describe()
+    for part in ("the same 1200 ops over 100 stages took", "as long as over 2", "grows", "with the stages",
+                 "the bar is 3x"):
+        assert part in text, f"expected {part!r} in: {text}"
+
+
+def test_padding_the_few_stages_with_work_counts_for_linear_cap_baselines_only():
+    """A rescan padded to a fixed length (100 stages visited per op at any p) costs the same at both shapes;
+    the small one is over `linear_cap` times the trusted baseline of its shape, so it counts for that only."""
+    padded = lambda n: shaped_call(0.0000005)(max(n, 100))  # noqa: E731 - 73 ms at any n <= 100, 1.5 x 13 counted
+    timing = clock(SANDBOX, padded, lambda n: (n,), lambda got, n: None, SHAPES, linear=shaped_call(0.0))
+    assert timing.best_large / timing.best_small < 3.0, "the plain ratio is flat: that is the attack"
+    assert timing.padded and not timing.flat, timing.describe()
+    assert "counts for that much only" in timing.describe(), timing.describe()
 
 
 def test_a_counted_call_is_never_taken_without_a_check_of_its_result():

@@ -56,6 +56,13 @@ MUTANTS = [
                  'for k in range(total)] if op[2] % p == s]'))],
         loses=["interleaved"],
     ),
+    Mutant(
+        name="interleaved_filters_in_c",
+        why="builds every stage's forwards once and filters each stage's own out of them with itertools and "
+            "operator functions: p times the work per op, none of it in lines of Python",
+        edits=[('    schedule = []\n    for s in range(p):\n        forwards = [("F", microbatch(k), local_chunk(k) * p + s) for k in range(total)]\n', '    from itertools import compress, repeat, chain\n    from operator import eq, mod, itemgetter, add\n    mbs = [microbatch(k) for k in range(total)]\n    lcs = [local_chunk(k) * p for k in range(total)]\n    every = list(zip(repeat("F"), chain.from_iterable(repeat(mbs, p)),\n                     map(add, chain.from_iterable(repeat(lcs, p)), chain.from_iterable(map(repeat, range(p), repeat(total))))))\n    schedule = []\n    for s in range(p):\n        forwards = list(compress(every, map(eq, map(mod, map(itemgetter(2), every), repeat(p)), repeat(s))))\n')],
+        loses=["interleaved"],
+    ),
     # ---- simulator ----
     Mutant(
         name="p2p_on_same_stage",
@@ -149,6 +156,20 @@ MUTANTS = [
                     progress = True
                     break
 """)],
+        loses=["simulate_linear"],
+    ),
+    Mutant(
+        name="next_stage_by_index",
+        why="keeps a flag per stage that may run and finds the next one with flags.index(True): one line per op, "
+            "but a scan of the stages from stage 0 for every op, done by C",
+        edits=[('    done: set[tuple[str, int, int]] = set()\n    parked: dict[tuple[str, int, int], list[int]] = {}\n    ready = deque(range(p))\n    while ready:\n        s = ready.popleft()\n        row = plan.ops[s]\n        while next_op[s] < len(row):\n            op = row[next_op[s]]\n            missing = next((d for d in _dependencies(op, total_chunks) if d not in done), None)\n            if missing is not None:\n                parked.setdefault(missing, []).append(s)\n                break\n            yield s, op\n            done.add(op)\n            next_op[s] += 1\n            ready.extend(parked.pop(op, ()))\n', '    done = set()\n    flag = [True] * p + [True]\n    while True:\n        s = flag.index(True)\n        if s == p:\n            break\n        row = plan.ops[s]\n        if next_op[s] >= len(row):\n            flag[s] = False\n            continue\n        op = row[next_op[s]]\n        missing = next((d for d in _dependencies(op, total_chunks) if d not in done), None)\n        if missing is not None:\n            flag[s] = False\n            continue\n        yield s, op\n        done.add(op)\n        next_op[s] += 1\n        if s > 0:\n            flag[s - 1] = True\n        if s + 1 < p:\n            flag[s + 1] = True\n        flag[(op[2] - 1) % p] = True\n        flag[(op[2] + 1) % p] = True\n')],
+        loses=["simulate_linear"],
+    ),
+    Mutant(
+        name="walk_rescans_in_c",
+        why="rescans the stages from stage 0 after every op as walk_rescans_from_stage_0 does, with the scan run by "
+            "itertools (compress over map(done.__contains__, ...)), so that no line runs per stage",
+        edits=[('    done: set[tuple[str, int, int]] = set()\n    parked: dict[tuple[str, int, int], list[int]] = {}\n    ready = deque(range(p))\n    while ready:\n        s = ready.popleft()\n        row = plan.ops[s]\n        while next_op[s] < len(row):\n            op = row[next_op[s]]\n            missing = next((d for d in _dependencies(op, total_chunks) if d not in done), None)\n            if missing is not None:\n                parked.setdefault(missing, []).append(s)\n                break\n            yield s, op\n            done.add(op)\n            next_op[s] += 1\n            ready.extend(parked.pop(op, ()))\n', '    done = {None}\n    need = [None] * p  # None: head may run; FIN: stage finished; else the dep it waits on\n    from itertools import compress, count, filterfalse\n    FIN = ("fin",)\n    while True:\n        s = next(compress(count(), map(done.__contains__, need)), None)\n        if s is None:\n            break\n        row = plan.ops[s]\n        op = row[next_op[s]]\n        missing = next(filterfalse(done.__contains__, _dependencies(op, total_chunks)), None)\n        if missing is not None:\n            need[s] = missing\n            continue\n        yield s, op\n        done.add(op)\n        next_op[s] += 1\n        need[s] = None if next_op[s] < len(row) else FIN\n')],
         loses=["simulate_linear"],
     ),
     # ---- executor ----
