@@ -349,7 +349,19 @@ def sizes_per_run(kind: str):
 
 
 def assert_linear_on_the_clock(student, fn, oracle, kind: str, what: str) -> None:
-    """The grader's clock around fn at about 1024 and 8192 ops; each result's digest checked against the oracle's."""
+    """The grader's clock around fn at about 128 and 8192 ops, and for the same ops over 2 stages and over many
+    (STAGES_CLOCK); each result's digest checked against the oracle's."""
+    timing = schedule_timing(student, fn, oracle, what, sizes_per_run(kind), LINEAR_CLOCK[kind],
+                             work=lambda got, *args: got["ops"])
+    assert_flat_on_the_clock(timing, what, LINEAR_ADVICE, loop="more work per op when there are more stages")
+    timing = schedule_timing(student, fn, oracle, what, shapes_per_run(kind), STAGES_CLOCK[kind],
+                             work=lambda got, *args: shape_of(args[0], kind) * got["ops"] / STAGES_OPS[kind])
+    assert_flat_on_the_clock(timing, what, LINEAR_ADVICE, loop="work per op that grows with the stages")
+
+
+def schedule_timing(student, fn, oracle, what: str, make, scaling: Scaling, work):
+    """`clock` around the schedule generator fn, its result's digest checked against the oracle's, beside the
+    trusted linear baseline of the same sizes."""
 
     def check(got, *args) -> None:
         want = oracle(*args)
@@ -358,17 +370,15 @@ def assert_linear_on_the_clock(student, fn, oracle, kind: str, what: str) -> Non
             f"is sent back, or a wrong one: expected {sum(map(len, want))} ops"
         )
 
-    timing = clock(
+    return clock(
         student.mode,
         lambda *args: student.drive(f"{SUPPORT}:schedule_digest", fn, *args),
-        sizes_per_run(kind),
+        make,
         check,
-        LINEAR_CLOCK[kind],
-        work=lambda got, *args: got["ops"],
+        scaling,
+        work=work,
         linear=lambda *args: student.drive(f"{SUPPORT}:schedule_baseline", fn, *args),
     )
-    assert_flat_on_the_clock(timing, what, LINEAR_ADVICE, loop="more work per op when there are more stages")
-    assert_stages_on_the_clock(student, fn, oracle, kind, what)
 
 
 # The same work over few stages and over many: the probes above grow the ops and the stages together, so a
@@ -416,28 +426,6 @@ def shapes_per_run(kind: str):
 def shape_of(p: int, kind: str) -> int:
     """Which of the probe's two shapes a call of p stages is (its Scaling size): `clock` scales each time to it."""
     return 2 if p == 2 else STAGES_CLOCK[kind].large
-
-
-def assert_stages_on_the_clock(student, fn, oracle, kind: str, what: str) -> None:
-    """The grader's clock around fn for the same ops over 2 stages and over many; digests checked."""
-
-    def check(got, *args) -> None:
-        want = oracle(*args)
-        assert isinstance(got, dict) and got.get("digest") == support.digest(want), (
-            f"{what}{args} (timed on the grader's clock) did not return the schedule it returns when its result "
-            f"is sent back, or a wrong one: expected {sum(map(len, want))} ops"
-        )
-
-    timing = clock(
-        student.mode,
-        lambda *args: student.drive(f"{SUPPORT}:schedule_digest", fn, *args),
-        shapes_per_run(kind),
-        check,
-        STAGES_CLOCK[kind],
-        work=lambda got, *args: shape_of(args[0], kind) * got["ops"] / STAGES_OPS[kind],
-        linear=lambda *args: student.drive(f"{SUPPORT}:schedule_baseline", fn, *args),
-    )
-    assert_flat_on_the_clock(timing, what, LINEAR_ADVICE, loop="work per op that grows with the stages")
 
 
 @pytest.mark.check("gpipe")
@@ -1174,33 +1162,40 @@ def assert_simulate_linear(
         f"{what} ({growth:.1f}x for {ops_growth:.0f}x the ops): the work should grow linearly. {advice}"
     )
     sizes = sizes_per_run(kind)
+    timing = simulate_timing(student, pm, lambda n: packed_schedule(*sizes(n)),
+                             LINEAR_CLOCK["simulate" if kind == "plain" else "simulate_interleaved"],
+                             work=lambda got, ops, lengths, want: len(ops))
+    assert_flat_on_the_clock(timing, "simulate", advice, loop="more work per op when there are more stages")
+    assert_flat_on_the_clock(simulate_stages_timing(student, pm), "simulate", STAGES_ADVICE,
+                             loop="work per op that grows with the stages")
 
-    def make(n: int) -> tuple:
-        args = sizes(n)
-        if kind == "plain":
-            p, m = args
-            return (*support.pack(expected_1f1b(p, m)), (m + p - 1) * 3.0)
-        p, m, v = args
-        return (*support.pack(expected_interleaved(p, m, v)), (m + (p - 1) / v) * 3.0)
+
+def packed_schedule(p: int, m: int, v: int | None = None) -> tuple:
+    """The arguments of a timed simulate: 1F1B (or interleaved, with v) packed for travel, and its makespan."""
+    if v is None:
+        return (*support.pack(expected_1f1b(p, m)), (m + p - 1) * 3.0)
+    return (*support.pack(expected_interleaved(p, m, v)), (m + (p - 1) / v) * 3.0)
+
+
+def simulate_timing(student, pm, make, scaling: Scaling, work):
+    """`clock` around the student's simulate on packed schedules (`packed_schedule`), each makespan checked,
+    beside the trusted linear baseline (the same unpacking, one dependency lookup per op)."""
 
     def check(got, ops, lengths, want: float) -> None:
         assert close(got["makespan"], want), (
-            f"simulate gave makespan {got['makespan']:g} for a schedule of {len(ops)} ops (timed on the grader's "
-            f"clock), expected {want:g}"
+            f"simulate gave makespan {got['makespan']:g} for a schedule of {len(ops)} ops over {len(lengths)} stages "
+            f"(timed on the grader's clock), expected {want:g}"
         )
 
-    timing = clock(
+    return clock(
         student.mode,
         lambda ops, lengths, want: student.drive(f"{SUPPORT}:simulate_packed", pm.simulate, ops, lengths),
         make,
         check,
-        LINEAR_CLOCK["simulate" if kind == "plain" else "simulate_interleaved"],
-        work=lambda got, ops, lengths, want: len(ops),
+        scaling,
+        work=work,
         linear=lambda ops, lengths, want: student.drive(f"{SUPPORT}:simulate_baseline", pm.simulate, ops, lengths),
     )
-    assert_flat_on_the_clock(timing, "simulate", advice, loop="more work per op when there are more stages")
-    assert_flat_on_the_clock(simulate_stages_timing(student, pm), "simulate", STAGES_ADVICE,
-                             loop="work per op that grows with the stages")
 
 
 STAGES_ADVICE = (
@@ -1215,31 +1210,13 @@ def simulate_stages_timing(student, pm):
     clock. One simulate serves both schedule kinds, and an interleaved schedule cannot spread its ops over
     thousands of stages (m is a multiple of p), so both simulate_linear tests assert this one timing, taken
     once per grade."""
-    if id(pm) in _stages_timings:
-        return _stages_timings[id(pm)]
-    shapes = shapes_per_run("simulate")
-
-    def make(p: int) -> tuple:
-        p, m = shapes(p)
-        return (*support.pack(expected_1f1b(p, m)), (m + p - 1) * 3.0)
-
-    def check(got, ops, lengths, want: float) -> None:
-        assert close(got["makespan"], want), (
-            f"simulate gave makespan {got['makespan']:g} for a 1F1B schedule of {len(ops)} ops over {len(lengths)} "
-            f"stages (timed on the grader's clock), expected {want:g}"
+    if id(pm) not in _stages_timings:
+        shapes = shapes_per_run("simulate")
+        _stages_timings[id(pm)] = simulate_timing(
+            student, pm, lambda p: packed_schedule(*shapes(p)), STAGES_CLOCK["simulate"],
+            work=lambda got, ops, lengths, want: shape_of(len(lengths), "simulate") * len(ops) / STAGES_OPS["simulate"],
         )
-
-    timing = clock(
-        student.mode,
-        lambda ops, lengths, want: student.drive(f"{SUPPORT}:simulate_packed", pm.simulate, ops, lengths),
-        make,
-        check,
-        STAGES_CLOCK["simulate"],
-        work=lambda got, ops, lengths, want: shape_of(len(lengths), "simulate") * len(ops) / STAGES_OPS["simulate"],
-        linear=lambda ops, lengths, want: student.drive(f"{SUPPORT}:simulate_baseline", pm.simulate, ops, lengths),
-    )
-    _stages_timings[id(pm)] = timing
-    return timing
+    return _stages_timings[id(pm)]
 
 
 @pytest.mark.check("simulate_linear")
