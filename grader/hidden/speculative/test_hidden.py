@@ -383,21 +383,27 @@ def test_each_position_is_distributed_as_the_target(sm, rng, kind):
     p, q, draft, acceptance, hint = distribution_case(kind, rng)
     tokens, num_accepted = run_accept(sm, p, q, draft, rng)
     check_layout(tokens, num_accepted, draft, V)
+    assert_distributed_as_the_target(
+        tokens, num_accepted, p, acceptance,
+        position=lambda i: f"[{kind}] position {i} (the {'bonus' if i == GAMMA else 'emitted'} token)",
+        draft=lambda i: f"[{kind}] draft token {i} accepted (among rows that reached it)",
+        hint=hint,
+        rate_hint="Accept x with probability min(1, p(x)/q(x)): u <= p(x)/q(x) with u uniform on (0, 1].",
+    )
+
+
+def assert_distributed_as_the_target(tokens, num_accepted, p, acceptance, position, draft, hint: str,
+                                     rate_hint: str) -> None:
+    """Each emitted position's tokens follow the target p (a histogram test), and each draft token is accepted,
+    among the rows that reached it, at the rate the contract gives (`acceptance`); `position(i)` and
+    `draft(i)` name them in a failure."""
     for i in range(GAMMA + 1):
         emitted = tokens[:, i] >= 0
-        assert_histogram(
-            tokens[emitted, i], p[i], f"[{kind}] position {i} (the {'bonus' if i == GAMMA else 'emitted'} token)", hint
-        )
+        assert_histogram(tokens[emitted, i], p[i], position(i), hint)
     for i in range(GAMMA):
         reached = num_accepted >= i
         passed = int((num_accepted[reached] > i).sum())
-        assert_rate(
-            passed,
-            int(reached.sum()),
-            float(acceptance[i]),
-            f"[{kind}] draft token {i} accepted (among rows that reached it)",
-            "Accept x with probability min(1, p(x)/q(x)): u <= p(x)/q(x) with u uniform on (0, 1].",
-        )
+        assert_rate(passed, int(reached.sum()), float(acceptance[i]), draft(i), rate_hint)
 
 
 @pytest.mark.check("distribution")
@@ -409,19 +415,11 @@ def test_an_empty_residual_falls_back_to_the_target(sm, rng):
         "p == q, so after the (forced) rejection of a token with q = 0 the residual max(0, p - q) is all "
         "zeros: sample that row from p instead"
     )
-    for i in range(GAMMA + 1):
-        emitted = tokens[:, i] >= 0
-        assert_histogram(tokens[emitted, i], p[i], f"position {i}", hint)
-    for i in range(GAMMA):
-        reached = num_accepted >= i
-        passed = int((num_accepted[reached] > i).sum())
-        assert_rate(
-            passed,
-            int(reached.sum()),
-            float(acceptance[i]),
-            f"draft token {i} accepted",
-            "A token with q(x) = 0 must be rejected; any other token with p == q accepted.",
-        )
+    assert_distributed_as_the_target(
+        tokens, num_accepted, p, acceptance, position=lambda i: f"position {i}",
+        draft=lambda i: f"draft token {i} accepted", hint=hint,
+        rate_hint="A token with q(x) = 0 must be rejected; any other token with p == q accepted.",
+    )
 
 
 # --------------------------------------------------------------------------------------------------
