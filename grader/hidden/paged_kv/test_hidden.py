@@ -96,17 +96,8 @@ def random_script(r: random.Random, model: Model, steps: int) -> tuple[list, lis
             next_id += 1
         elif roll < 0.95:
             op, args = "free", (r.choice(live),)
-        else:  # a mistake the manager must reject without changing anything
-            op, args = r.choice(
-                [
-                    ("append", (10_000 + next_id, 1)),
-                    ("free", (10_000 + next_id,)),
-                    ("fork", (10_000 + next_id, next_id)),
-                    ("add", (r.choice(live), [1, 2, 3])),
-                    ("add", (next_id, [])),
-                    ("fork", (live[0], r.choice(live))),
-                ]
-            )
+        else:
+            op, args = mistake(r, live, next_id, lambda: [1, 2, 3])
         outcome = model.apply(op, args)
         after = sorted(model.tables)
         script.append((op, args, after))
@@ -117,6 +108,22 @@ def random_script(r: random.Random, model: Model, steps: int) -> tuple[list, lis
         script.append(("free", (seq,), after))
         expected.append((outcome, model.state(after)))
     return script, expected
+
+
+def mistake(r: random.Random, live: list, next_id: int, tokens) -> tuple[str, tuple]:
+    """A call the manager must reject without changing anything: an unknown sequence, a sequence id already
+    live (adding `tokens()`, drawn after the live id, as the scripts always drew them), an empty prompt, a fork
+    onto a live id."""
+    return r.choice(
+        [
+            ("append", (10_000 + next_id, 1)),
+            ("free", (10_000 + next_id,)),
+            ("fork", (10_000 + next_id, next_id)),
+            ("add", (r.choice(live), tokens())),
+            ("add", (next_id, [])),
+            ("fork", (live[0], r.choice(live))),
+        ]
+    )
 
 
 def check_records(script: list, expected: list, records: list, num_blocks: int) -> None:
@@ -768,17 +775,8 @@ def serving_script(r: random.Random, model: TracingModel, steps: int, fork_weigh
             plans[next_id], last_fork, next_id = plans.get(parent, []), (parent, next_id), next_id + 1
         elif roll < 0.95:
             op, args = "free", (r.choice(live),)
-        else:  # a mistake the manager must reject without changing anything
-            op, args = r.choice(
-                [
-                    ("append", (10_000 + next_id, 1)),
-                    ("free", (10_000 + next_id,)),
-                    ("fork", (10_000 + next_id, next_id)),
-                    ("add", (r.choice(live), r.choice(stems)[:bs])),
-                    ("add", (next_id, [])),
-                    ("fork", (live[0], r.choice(live))),
-                ]
-            )
+        else:
+            op, args = mistake(r, live, next_id, lambda: r.choice(stems)[:bs])
         model.step, model.op, model.seq = step, op, args[0]
         contexts.append(step_context(model, op, args))
         outcome = model.apply(op, args)
