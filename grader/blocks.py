@@ -260,6 +260,7 @@ def explain_row(x: torch.Tensor, got: torch.Tensor, want: torch.Tensor, bad: tor
                "(load masked columns as -inf, not 0) and every column must be written from its own input")
     elif _same_factor(got, want, masked) is not None and len(cols) == int((~masked).sum()):
         factor = _same_factor(got, want, masked)
+        assert factor is not None  # the condition above
         too = ("too large: something extra went into the sum (a column read twice or from outside the row, a masked "
                "column counted as exp(0), a sum not rescaled by exp(m_old - m_new) when the max grew)"
                if factor < 1 else

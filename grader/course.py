@@ -10,6 +10,7 @@ expected, for example::
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -175,28 +176,29 @@ class Exercise(_Model):
 class WorkerLimits(_Model):
     """Resource limits for the sandboxed worker that runs student code."""
 
-    memory_mb: int = Field(8192, gt=0)
-    cpu_s: int = Field(900, gt=0)
-    file_size_mb: int = Field(256, gt=0)
-    processes: int = Field(256, gt=0)
-    max_result_mb: int = Field(256, gt=0, description="the largest reply one call may send back; the grader holds at most "
-                               "twice this for a reply (its bytes, then its tensors)")
-    scratch_mb: int = Field(1024, gt=0, description="the worker's private tmpfs (its /tmp and the view's root)")
-    uid_first: int = Field(1_900_000_000, gt=0, description="first uid of the range leased one per grade (as root)")
-    uid_count: int = Field(1000, gt=0, description="how many uids the range holds: grades that can run at once")
+    memory_mb: int = Field(default=8192, gt=0)
+    cpu_s: int = Field(default=900, gt=0)
+    file_size_mb: int = Field(default=256, gt=0)
+    processes: int = Field(default=256, gt=0)
+    max_result_mb: int = Field(default=256, gt=0, description="the largest reply one call may send back; the grader "
+                               "holds at most twice this for a reply (its bytes, then its tensors)")
+    scratch_mb: int = Field(default=1024, gt=0, description="the worker's private tmpfs (its /tmp and the view's root)")
+    uid_first: int = Field(default=1_900_000_000, gt=0,
+                           description="first uid of the range leased one per grade (as root)")
+    uid_count: int = Field(default=1000, gt=0, description="how many uids the range holds: grades that can run at once")
 
 
 class ContainerLimits(_Model):
     """The per-submission container of `--backend docker|apptainer` (grader/scale/container.py); the
     command line's --image, --memory, --cpus, ... override each one."""
 
-    image: str = Field("llm-efficiency-lab-grader:latest", min_length=1)
-    memory_mb: int = Field(16384, gt=0)  # --memory, with --memory-swap equal to it: no swap
-    cpus: float = Field(4.0, gt=0)
-    pids: int = Field(1024, gt=0)  # --pids-limit: every process and thread in the container
-    tmpfs_mb: int = Field(4096, gt=0)  # /tmp, the only writable place besides /results
-    shm_mb: int = Field(1024, gt=0)  # /dev/shm (torch.multiprocessing, gloo)
-    budget_s: float | None = Field(None, gt=0)  # wall clock per submission; default: time limits + slack
+    image: str = Field(default="llm-efficiency-lab-grader:latest", min_length=1)
+    memory_mb: int = Field(default=16384, gt=0)  # --memory, with --memory-swap equal to it: no swap
+    cpus: float = Field(default=4.0, gt=0)
+    pids: int = Field(default=1024, gt=0)  # --pids-limit: every process and thread in the container
+    tmpfs_mb: int = Field(default=4096, gt=0)  # /tmp, the only writable place besides /results
+    shm_mb: int = Field(default=1024, gt=0)  # /dev/shm (torch.multiprocessing, gloo)
+    budget_s: float | None = Field(default=None, gt=0)  # wall clock per submission; default: time limits + slack
 
 
 GradescopeVisibility = Literal["hidden", "after_due_date", "after_published", "visible"]
@@ -264,7 +266,7 @@ def _describe(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _format_error(err: dict, source: str) -> str:
+def _format_error(err: Mapping[str, Any], source: str) -> str:
     path = ""
     for part in err["loc"]:
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))

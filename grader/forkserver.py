@@ -45,7 +45,8 @@ class ForkedProcess:
     """The parts of subprocess.Popen that runner.py uses, for a child of the fork server."""
 
     def __init__(self, pid: int, status: socket.socket):
-        self.pid, self._status, self.returncode = pid, status, None
+        self.pid, self._status = pid, status
+        self.returncode: int | None = None
 
     def poll(self) -> int | None:
         if self.returncode is None and select.select([self._status], [], [], 0)[0]:
@@ -58,8 +59,10 @@ class ForkedProcess:
             if not ready:
                 import subprocess
 
+                assert timeout is not None  # without one, select waits until the status is there
                 raise subprocess.TimeoutExpired(f"pytest (pid {self.pid})", timeout)
             self._read_status()
+        assert self.returncode is not None  # _read_status sets it
         return self.returncode
 
     def _read_status(self) -> None:
@@ -191,8 +194,9 @@ def serve(control: socket.socket) -> None:
     signal.signal(signal.SIGCHLD, lambda *_: None)
     control.sendall(b"ready")
     waiting: dict[int, int] = {}  # child pid -> its status socket's descriptor
+    watched: list[socket.socket | int] = [control, wake_r]
     while True:
-        ready = select.select([control, wake_r], [], [])[0]
+        ready = select.select(watched, [], [])[0]
         if wake_r in ready:
             os.read(wake_r, 4096)
             while waiting:

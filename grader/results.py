@@ -14,7 +14,7 @@ import os
 import platform
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from grader import __version__
 from grader.course import Course, Exercise
@@ -339,9 +339,11 @@ def ungradable(course: Course, exercises: list[Exercise], submission_id: str, re
     return result
 
 
-def failed_by_grader(result: dict | None) -> bool:
+def failed_by_grader(result: dict | None) -> TypeGuard[dict]:
     """Whether `result` records a failure of the grading machine (a regrade, never the student's score)."""
-    return bool(result) and (result.get("failure") or {}).get("by") == "grader"
+    if not result:
+        return False
+    return (result.get("failure") or {}).get("by") == "grader"
 
 
 def grader_failure(result: dict, exercise_id: str, reason: str) -> None:

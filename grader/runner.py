@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
 from grader import forkserver, results
 from grader.course import Course, Exercise
@@ -108,6 +108,7 @@ def run_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed: i
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "wb") if log_path else open(os.devnull, "wb")
+    proc: subprocess.Popen | forkserver.ForkedProcess | None
     try:
         server = warm_server(env)
         proc = server.spawn(cmd, env, str(root), log.fileno(), [write_fd]) if server else None
@@ -251,7 +252,7 @@ def warm_server(env: dict[str, str]) -> "forkserver.ForkServer | None":
     cold start: GRADER_COLD_START=1, no fork on this platform, or the server could not start (warned once)."""
     if os.environ.get("GRADER_COLD_START") == "1" or not hasattr(os, "fork") or sys.platform != "linux":
         return None
-    server = _warm.get(os.getpid(), False)
+    server: forkserver.ForkServer | None | Literal[False] = _warm.get(os.getpid(), False)  # False: none yet
     if server is None:
         return None  # it failed before
     if server and not server.usable_for(env):
@@ -325,7 +326,7 @@ def _follow(proc: "subprocess.Popen | forkserver.ForkedProcess", read_fd: int, e
     return reason
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: "subprocess.Popen | forkserver.ForkedProcess") -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -422,7 +423,7 @@ def _grade(course: Course, root: Path, source: Path, out: Path | None, opts: Gra
            save: Callable[[dict], None], exercises: list[Exercise], seed: int, suite: str,
            submission_id: str | None, private: str) -> dict:
     try:
-        sub: Submission | None = locate(course, Path(source), [e.id for e in exercises], submission_id, private)
+        sub: Submission = locate(course, Path(source), [e.id for e in exercises], submission_id, private)
     except SubmissionError as exc:
         result = results.ungradable(course, exercises, submission_id or Path(source).name, str(exc), suite_sha=suite,
                                     seed=seed, mode=opts.mode, exercise_message=f"the submission could not be read: {exc}")

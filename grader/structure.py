@@ -231,8 +231,10 @@ class Timing:
                      f"{s.linear_cap:g} times linear work of that shape ({min(self.linear_small_s) * 1e3:.2f} ms), so it "
                      "counts for that much only: making the small shape slow does not hide the growth")
         elif self.padded:
+            base = self.best_base
+            assert base is not None  # padded by small_cap round trips: linear_cap comes with `same` (Scaling)
             text += (f". The call at {self.small} {s.unit} itself took {self.best_small * 1e3:.2f} ms where the same "
-                     f"arguments make the round trip to the worker in {self.best_base * 1e3:.2f} ms, so it counts for "
+                     f"arguments make the round trip to the worker in {base * 1e3:.2f} ms, so it counts for "
                      f"{s.small_cap:g} round trips only: slowing the small call (a sleep, a busy wait, a loop padded to a fixed length) "
                      "does not hide the growth")
         return text

@@ -43,7 +43,7 @@ import zipfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Callable
+from typing import IO, BinaryIO, Callable
 
 from grader.course import Course
 
@@ -277,7 +277,7 @@ class _Unpacker:
             return
         self._claim(rel, name, is_dir=True)
 
-    def file(self, name: str, size: int, open_member: Callable[[], BinaryIO | None]) -> None:
+    def file(self, name: str, size: int, open_member: Callable[[], IO[bytes] | None]) -> None:
         """One file member of `size` bytes, as the archive declares it; `open_member()` gives its bytes."""
         rel = _member_path(name)
         if not rel.parts:
@@ -435,7 +435,7 @@ class _BoundedTarInfo(tarfile.TarInfo):
 
 def _unpack_tar(raw: BinaryIO, size: int, out: _Unpacker) -> None:
     stream = _TarStream(raw, size)
-    with tarfile.open(fileobj=stream, mode="r|", tarinfo=_BoundedTarInfo) as tf:
+    with tarfile.open(fileobj=stream, mode="r|", tarinfo=_BoundedTarInfo) as tf:  # type: ignore[call-overload]  # "r|" only calls read()
         while True:
             m = tf.next()
             if m is None:

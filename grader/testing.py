@@ -325,7 +325,9 @@ def _outside_tolerance(got: torch.Tensor, want: torch.Tensor, atol: torch.Tensor
         verbs = (f"is off by more than {allowed}", f"are off by more than {allowed}")
     else:
         verbs = ("is off by more than its tolerance", "are off by more than their tolerance")
-    message, first = _differences(got, want, verbs, bad)
+    found = _differences(got, want, verbs, bad)
+    assert found is not None  # bad.any(), above
+    message, first = found
     if not uniform:
         message += f" (tolerance there {float(atol.flatten()[first]):.3g}" + (f" + {rtol:.3g} * |expected|)" if rtol else ")")
     if got.numel() > 1:
@@ -438,7 +440,7 @@ def show(value: Any, limit: int = 16, _depth: int = 0) -> str:
 
 
 def _take(items: Any, n: int) -> list:
-    out = []
+    out: list = []
     for item in items:
         if len(out) == n:
             break

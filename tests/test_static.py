@@ -22,6 +22,15 @@ def test_pyflakes_rules_pass_everywhere():
         f"redefinitions:\n{run.stdout}{run.stderr}")
 
 
+def test_mypy_passes_on_the_grader():
+    """mypy at its default strictness over grader/ ([tool.mypy] in pyproject.toml): a wrong annotation, a value
+    that may be None where it is used, a call with the wrong arguments."""
+    if importlib.util.find_spec("mypy") is None:
+        pytest.fail("mypy is a dev dependency (pyproject.toml): install the project with its `dev` extra")
+    run = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, f"mypy ([tool.mypy] in pyproject.toml) found type errors:\n{run.stdout}{run.stderr}"
+
+
 @pytest.mark.parametrize("exercise_id", [e.id for e in COURSE.exercises])
 def test_hidden_tests_import_without_warnings(exercise_id):
     """Each hidden test module imports with every warning an error (a deprecated call, an invalid escape)."""

@@ -51,9 +51,10 @@ def measure(root: Path, subs: Path, out: Path, jobs: int, opts: GradeOptions, ba
     report = run_batch(course, root, BatchOptions(subs, out, jobs=jobs, grade=opts), backend=backend,
                        console=Console(file=io.StringIO()))
     wall = time.perf_counter() - t0
-    graded = [read_result(out / f"{i}.json") for i in report.graded]
-    if report.internal_errors or any(r is None or r.get("state") != "complete" for r in graded):
+    results = [read_result(out / f"{i}.json") for i in report.graded]
+    if report.internal_errors or any(r is None or r.get("state") != "complete" for r in results):
         raise RuntimeError(f"jobs={jobs}: expected every copy graded completely, found problems: {report.internal_errors}")
+    graded = [r for r in results if r is not None]  # all of them, after the check above
     checks = [sum(t["duration_s"] for e in r["exercises"] for c in e["checks"] for t in c["tests"]) for r in graded]
     in_runner = [sum(e["duration_s"] for e in r["exercises"]) for r in graded]
     slot = wall * report.summary["run"]["lanes"] / len(graded)
@@ -74,15 +75,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--image", help="the course image for --backend docker (default: course.yaml's)")
     args = p.parse_args(argv)
     root = find_root()
-    opts = GradeOptions(exercises=args.exercise or ["online_softmax"], seed=1, tests=args.tests)
+    exercises: list[str] = args.exercise or ["online_softmax"]
+    opts = GradeOptions(exercises=exercises, seed=1, tests=args.tests)
     console = Console()
     rows = []
     with tempfile.TemporaryDirectory(prefix="grader-bench-batch-") as tmp:
         subs = make_copies(root, Path(tmp), args.copies)
         for jobs in args.jobs:
-            console.print(f"grading {args.copies} copies of solutions/ ({', '.join(opts.exercises)}) with --jobs {jobs} ...")
+            console.print(f"grading {args.copies} copies of solutions/ ({', '.join(exercises)}) with --jobs {jobs} ...")
             rows.append(measure(root, subs, Path(tmp) / f"results-jobs{jobs}", jobs, opts, args.backend, args.image))
-    table = Table(title=f"batch throughput, {args.copies} copies of the reference ({', '.join(opts.exercises)}, "
+    table = Table(title=f"batch throughput, {args.copies} copies of the reference ({', '.join(exercises)}, "
                         f"tests: {args.tests}, backend: {args.backend})", title_justify="left")
     for col in ("jobs", "wall s", "submissions/min", "lane s per submission", "in checks", "pytest", "batch",
                 "overhead", "overhead share"):

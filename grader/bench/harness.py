@@ -30,7 +30,9 @@ def worker_costs(reps: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         module = Path(tmp) / "probe.py"
         module.write_text(PROBE)
-        starts, tiny, big = [], [], []
+        starts: list[float] = []
+        tiny: list[float] = []
+        big: list[float] = []
         for _ in range(reps):
             worker = WorkerProcess(module, Sandbox(), call_timeout=60)
             t0 = time.perf_counter()

@@ -24,6 +24,7 @@ import argparse
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -74,7 +75,7 @@ def timed(world: int, sizes_mb: list[float], reps: int, backend: str, impls: dic
             x = torch.randn(numel, generator=gen).to(device)
             want = x.clone()
             dist.all_reduce(want)
-            row = {"mb": mb, "numel": numel}
+            row: dict[str, Any] = {"mb": mb, "numel": numel}
             for name, fn in {"all_reduce": None, **impls}.items():
                 def op(t: torch.Tensor, fn=fn) -> None:
                     if fn is None:

@@ -98,13 +98,13 @@ def cmd_export(args: argparse.Namespace) -> int:
             _say(f"CSV gradebook of {len(loaded)} student(s) written to {args.out}")
     elif args.format in ("gradescope", "prairielearn"):
         if args.format == "gradescope":
-            from grader.export.gradescope import to_gradescope as convert
+            from grader.export.gradescope import to_gradescope
 
-            render = lambda r: convert(r, settings, course)
+            render = lambda r: to_gradescope(r, settings, course)
         else:
-            from grader.export.prairielearn import to_prairielearn as convert
+            from grader.export.prairielearn import to_prairielearn
 
-            render = lambda r: convert(r, settings)
+            render = lambda r: to_prairielearn(r, settings)
         out = Path(args.out) if args.out else results_dir / args.format
         for item in loaded:
             results.write_atomic(out / item.student / "results.json", render(item.result))
@@ -155,7 +155,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     from grader.export.bundle import build_bundle
 
     root, course = _course()
-    if course is None:
+    if root is None or course is None:  # both or neither
         raise ExportError("expected to run inside the course (a folder with course.yaml), found none")
     names = build_bundle(root, Path(args.out), course, args.exercise, args.tests, args.user)
     what = ", ".join(args.exercise) if args.exercise else "every exercise"

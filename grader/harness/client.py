@@ -34,7 +34,7 @@ import time
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from grader.harness import cgroup, identity, wire
 from grader.text import inert
@@ -152,7 +152,7 @@ class WorkerProcess:
         self.generation = 0
         self.proc: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
-        self.log = None  # the worker's stdout and stderr: an unlinked temporary file
+        self.log: IO[bytes] | None = None  # the worker's stdout and stderr: an unlinked temporary file
         self.status_fd: int | None = None
         self.scratch_parent: str | None = None
         self.lease: identity.UidLease | None = None

@@ -171,9 +171,9 @@ class KernelRule:
             if name in rebound:
                 self.flag(kernel, f"def {name}", f"{KERNEL} (the kernel's name is bound again in the file)")
             _Body(self, kernel, set(kernels) - rebound, constants).run()
-        for kernel in nested:  # flagged already; its body is read too, so the message names what it holds
-            if isinstance(kernel, ast.FunctionDef):
-                _Body(self, kernel, set(kernels) - rebound, constants).run()
+        for inner in nested:  # flagged already; its body is read too, so the message names what it holds
+            if isinstance(inner, ast.FunctionDef):
+                _Body(self, inner, set(kernels) - rebound, constants).run()
 
     def chained(self, node: ast.AST) -> bool:
         """Is `node` the value of an attribute (``tl`` in ``tl.load``), so that the whole chain is judged?"""
@@ -183,7 +183,7 @@ class KernelRule:
     def launched(self, node: ast.Name) -> bool:
         subscript = self.parent_of(node)
         return isinstance(subscript, ast.Subscript) and subscript.value is node \
-            and isinstance(self.parent_of(subscript), ast.Call) and self.parent_of(subscript).func is subscript
+            and isinstance(call := self.parent_of(subscript), ast.Call) and call.func is subscript
 
     def parent_of(self, node: ast.AST) -> ast.AST | None:
         return self.parents.get(id(node))

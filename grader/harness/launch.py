@@ -159,6 +159,7 @@ def scratch_folder(parent: str, module_fd: int, module_name: str, uid: int | Non
         os.close(fd)
         os.close(module_fd)
     if uid is not None:
+        assert gid is not None  # the worker's identity is both or neither
         os.chmod(parent, 0o711)  # the worker may pass through to its own folder, list nothing
         dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
@@ -219,7 +220,7 @@ def start(config: dict, status) -> None:
     if isolated:
         from grader.harness import view
 
-        warnings += view.build(uid=uid if drop else os.getuid(), gid=gid if drop else os.getgid(),
+        warnings += view.build(uid=uid if drop else os.getuid(), gid=gid if drop else os.getgid(),  # type: ignore[arg-type]  # drop: both set
                                course_root=config["course_root"], masks=config["masks"],
                                module_fd=config["module_fd"], module_name=module_name,
                                scratch_mb=config["scratch_mb"], shm_mb=config["shm_mb"], cuda=config["cuda"])
@@ -231,6 +232,7 @@ def start(config: dict, status) -> None:
                                  uid if drop else None, gid if drop else None)
         module_path = os.path.join(workdir, module_name)
     if drop:
+        assert uid is not None and gid is not None  # the worker's identity is both or neither
         blocked = python_usable_by(uid, gid)
         if blocked:
             raise OSError(f"the worker's user {uid} cannot reach {blocked} (make the virtual environment "
@@ -240,6 +242,7 @@ def start(config: dict, status) -> None:
         limits["processes"] = 0  # RLIMIT_NPROC counts per uid across containers: --pids-limit bounds it there
     set_limits(limits)
     if drop:
+        assert uid is not None and gid is not None
         drop_privileges(uid, gid)
     no_new_privileges()
     if config["isolate"]:

@@ -372,7 +372,7 @@ _CREATING = frozenset({"torch.frombuffer", "torch.from_dlpack", "torch.utils.dlp
                        "torch.as_tensor", "torch.asarray"})
 
 _TENSOR_STORAGE = torch._C.TensorBase.untyped_storage  # taken before any student code, never patched
-_STORAGE_DATA_PTR = torch._C.StorageBase.data_ptr  # likewise
+_STORAGE_DATA_PTR = torch._C.StorageBase.data_ptr  # type: ignore[attr-defined]  # likewise (not in torch's stubs)
 _NAN = float("nan")
 
 
@@ -490,7 +490,7 @@ class OperatorGuard(TorchDispatchMode):
     `host_only` (the kernel rule), also every operator outside `HOST_OPS` that runs outside a kernel launch,
     and it fills the floating-point tensors the host allocates uninitialised with NaN."""
 
-    def __init__(self, banned: dict[str, tuple[str, OpFamily]], why: str = "", host_only: bool = False):
+    def __init__(self, banned: Mapping[str, tuple[str, OpFamily]], why: str = "", host_only: bool = False):
         super().__init__()
         self.banned, self.why, self.host_only = banned, why, host_only
 
@@ -561,7 +561,7 @@ def _own_classes() -> list[type]:
     return [v for v in dict.values(globals()) if isinstance(v, type) and v.__module__ == __name__]
 
 
-def _digest() -> list[tuple[Any, Any, int]]:
+def _digest() -> list[tuple[Mapping[str, Any], int, list[tuple[str, Any]]]]:
     """(namespace, how many names it holds, every (name, object) in it) for this module and its classes."""
     spaces = [globals(), *(vars(c) for c in _own_classes())]
     return [(space, len(space), list(space.items())) for space in spaces]
@@ -666,7 +666,7 @@ def operator_guard(names: Iterable[str], why: str = "") -> Iterator[OperatorGuar
         guard = OperatorGuard(banned, why, host_only)
         previous_start = threading.Thread.start
         _enter(guard)
-        threading.Thread.start = start  # type: ignore[method-assign]
+        threading.Thread.start = start  # type: ignore[method-assign, assignment]  # patched while the guard is on
         try:
             yield guard
         finally:
@@ -974,7 +974,7 @@ def watching_launches() -> Iterator[None]:
                 cls = _triton_class(module, cls_name)
                 if cls is not None and "run" in vars(cls):
                     original = vars(cls)["run"]
-                    cls.run = _wrap_run(cls, original)
+                    cls.run = _wrap_run(cls, original)  # type: ignore[attr-defined]  # Triton's launcher, found by name
                     restore.append((cls, original))
             _WATCH["restore"] = restore
         _WATCH["depth"] += 1
@@ -1026,7 +1026,8 @@ _EXPOSING = frozenset({
 })
 
 
-_STORAGE_NBYTES = torch._C.StorageBase.nbytes  # taken before any student code, never patched
+# Taken before any student code, never patched.
+_STORAGE_NBYTES = torch._C.StorageBase.nbytes  # type: ignore[attr-defined]  # not in torch's stubs
 # Of the exposing routes, those that leave memory shared with numpy or a buffer behind (not a one-off copy out).
 _ALIASING = frozenset({
     "torch.Tensor.numpy", "torch.Tensor.__array__", "torch.Tensor.__dlpack__", "torch.Tensor.__cuda_array_interface__",
@@ -1426,7 +1427,7 @@ class LineCounter:
     def __exit__(self, *exc) -> None:
         intact = sys.gettrace() is self._tracer
         sys.settrace(self._old)
-        threading.settrace(None)  # type: ignore[arg-type]
+        threading.settrace(None)
         if not intact:
             self.count = self.TAMPERED
 

@@ -96,7 +96,7 @@ class Work:
         """The counts of a reply, or None when they are missing, not plain integers, or show no line run."""
         if not isinstance(counts, dict):
             return None
-        values = [counts.get(k) for k in ("lines", "ops", "reads", "read_bytes")]
+        values: list[Any] = [counts.get(k) for k in ("lines", "ops", "reads", "read_bytes")]  # checked next
         if not all(type(v) is int and v >= 0 for v in values) or values[0] <= 0:
             return None
         return cls(*values)

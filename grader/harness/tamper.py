@@ -848,7 +848,7 @@ class _Folder:
             if isinstance(node.op, ast.Add):
                 right = self(node.right)
                 if isinstance(left, str) and isinstance(right, str) or isinstance(left, bytes) and isinstance(right, bytes):
-                    return _bounded(left + right)
+                    return _bounded(left + right)  # type: ignore[operator]  # both str or both bytes
             elif isinstance(node.op, ast.Mult):
                 count = _small_int(node.right)
                 if left is not None and count is not None and len(left) * max(count, 0) <= _FOLD_LIMIT:
@@ -868,11 +868,11 @@ class _Folder:
                 return None
             if isinstance(node.slice, ast.Slice):
                 bounds = []
-                for part in (node.slice.lower, node.slice.upper, node.slice.step):
-                    value = None if part is None else _small_int(part)
-                    if part is not None and value is None:
+                for end in (node.slice.lower, node.slice.upper, node.slice.step):
+                    bound = None if end is None else _small_int(end)
+                    if end is not None and bound is None:
                         return None
-                    bounds.append(value)
+                    bounds.append(bound)
                 return base[slice(*bounds)]
             index = _small_int(node.slice)
             return None if index is None or isinstance(base, bytes) else base[index]
@@ -918,7 +918,7 @@ class _Folder:
         if func.attr == "replace" and len(args) == 2:
             old, new = self(args[0]), self(args[1])
             if type(old) is type(base) and type(new) is type(base):
-                return _bounded(base.replace(old, new))
+                return _bounded(base.replace(old, new))  # type: ignore[arg-type]  # all three str or all bytes
             return None
         if func.attr == "format" and isinstance(base, str) and "{" in base and "." not in base and "[" not in base:
             items = [self(a) for a in args]
@@ -1124,7 +1124,8 @@ class _Scanner(ast.NodeVisitor):
             elif not own and _dunder(node.attr):
                 self.flag(node, f"...{node.attr} = ...", PATCHES)
             elif own and node.attr in _watched_names():
-                self.flag(node, f"{node.value.id}.{node.attr} = ...", f"{PATCHES} (a method the grader watches; "
+                self.flag(node, f"{node.value.id}.{node.attr} = ...",  # type: ignore[attr-defined]  # own: a Name
+                          f"{PATCHES} (a method the grader watches; "
                           "anything can be passed as `self`)")
             elif not own and node.attr in _torch_attribute_names() and node.attr not in _TENSOR_STORES_OK:
                 self.flag(node, f"...{node.attr} = ...", f"{PATCHES} (torch has an attribute of that name)")
@@ -1246,7 +1247,8 @@ class _Scanner(ast.NodeVisitor):
         if not isinstance(literal, str):
             self.flag(node, f"....{func.attr}() of a format string built at run time", BY_NAME)
             return
-        fields, pending = [], [literal]
+        fields: list[str] = []
+        pending = [literal]
         while pending and len(fields) < 1000:  # a format spec holds fields of its own: "{0:{1.x}}"
             try:
                 for _, field, spec, _ in string.Formatter().parse(pending.pop()):
@@ -1331,7 +1333,7 @@ class _Scanner(ast.NodeVisitor):
         self.scan_annotations([node.annotation])
         self.generic_visit(node)
 
-    def scan_annotations(self, annotations: list[ast.AST | None]) -> None:
+    def scan_annotations(self, annotations: Sequence[ast.AST | None]) -> None:
         """Rule 6: the strings inside an annotation are expressions that typing may evaluate."""
         for annotation in annotations:
             if annotation is None:

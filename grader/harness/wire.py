@@ -174,7 +174,7 @@ class _MappedFile(io.RawIOBase):
         return len(chunk)
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        self._mapping.seek(offset, whence)
+        self._mapping.seek(offset, whence)  # type: ignore[arg-type]  # an io.SEEK_* constant, as mmap takes
         return self._mapping.tell()
 
     def tell(self) -> int:
@@ -196,7 +196,7 @@ def encode_request(request: dict) -> bytes:
     return pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def decode_request(data: bytes) -> dict:
+def decode_request(data: bytes | mmap.mmap) -> dict:
     return pickle.loads(data)
 
 
@@ -332,7 +332,7 @@ def _namedtuple(name: str, fields: list[str]) -> type:
         raise MalformedReply("named tuple field names must be strings")
     key = (name[:100], tuple(fields))
     if key not in _namedtuple_types:
-        made = collections.namedtuple(name[:100], fields, rename=True)
+        made = collections.namedtuple(name[:100], fields, rename=True)  # type: ignore[misc]  # named by the reply
         if len(_namedtuple_types) >= 256:  # reply data chooses the names: a bounded cache, not one class per reply
             return made
         _namedtuple_types[key] = made
@@ -351,7 +351,7 @@ MAX_REDUCE_ARGS = 64  # a tensor's rebuild takes a storage, an offset, its size 
 _ZIP_END = b"PK\x05\x06"  # end of central directory record (22 bytes, then a comment of up to 64 KiB)
 
 
-def check_archive(data: bytes, max_bytes: int) -> None:
+def check_archive(data: bytes | mmap.mmap, max_bytes: int) -> None:
     """Refuse a reply archive (torch.save's zip) that would cost more to load than any honest reply: too
     many entries, a pickle over `MAX_PICKLE_BYTES`, compressed entries, or entries whose sizes add up to
     more than `max_bytes`. Reads the central directory only after its own size and count are checked."""
@@ -477,6 +477,7 @@ def check_pickle(data: bytes) -> None:
     stack: list[_Node] = []
     marks: list[int] = []
     memo: dict[int, _Node] = {}
+    arg: Any  # its type follows from the opcode (an int, a str, ...)
     try:
         for op, arg, _pos in pickletools.genops(data):
             name = op.name
@@ -524,9 +525,9 @@ def check_pickle(data: bytes) -> None:
             elif name == "DUP":
                 stack.append(stack[-1])
             elif name in ("POP", "BINPERSID"):
-                popped = stack.pop()
+                top = stack.pop()
                 if name == "BINPERSID":  # ('storage', <type>, <key>, <location>, <numel>)
-                    numel = popped.items[-1] if popped.kind == "tuple" and len(popped.items) == 5 else None
+                    numel = top.items[-1] if top.kind == "tuple" and len(top.items) == 5 else None
                     stack.append(_Node("storage", numel.size) if numel is not None and numel.kind == "int"
                                  else _Node())
             elif name in ("BININT", "BININT1", "BININT2", "LONG1"):
@@ -672,7 +673,7 @@ def from_wire(tree: Any, make_handle: Callable[[int, str], Any], budget: _Budget
     raise MalformedReply(f"unexpected {type(tree).__name__} in reply")
 
 
-def decode_reply(data: bytes, make_handle: Callable[[int, str], Any], max_bytes: int = 1 << 30,
+def decode_reply(data: bytes | mmap.mmap, make_handle: Callable[[int, str], Any], max_bytes: int = 1 << 30,
                  deadline: float | None = None) -> Any:
     """Decode untrusted reply bytes. Raises MalformedReply for anything but a well-formed tree, for one
     whose tensors stand for more than `max_bytes` once rebuilt, for one larger than any honest reply in

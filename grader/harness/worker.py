@@ -165,6 +165,8 @@ class Worker:
         max_bytes = 1 << 40
         gc.disable()
         identity = _socket_identity(self.sock)
+        request: dict | None  # None once the reply is sent (see below)
+        reply: dict | None
         while True:
             try:
                 request = wire.decode_request(wire.recv_frame(self.sock, max_bytes))

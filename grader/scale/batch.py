@@ -201,6 +201,7 @@ def run_batch(course: Course, root: Path, opts: BatchOptions, backend: Backend |
             continue
         sha, content = content_fingerprint(course, entry, exercise_ids)
         key = state_key(content, grade_opts, backend) if content is not None else None
+        reason: str | None  # None: the result is current
         if opts.regrade or opts.only:
             reason = "--regrade" if opts.regrade else "--only"
         else:

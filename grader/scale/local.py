@@ -18,6 +18,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from typing import IO
 
 from grader.course import find_root, load_course
 from grader.options import GradeOptions
@@ -37,7 +38,7 @@ class LocalSlot:
         self.backend = backend
         self.gpu = gpu
         self.proc: subprocess.Popen | None = None
-        self.log: tempfile._TemporaryFileWrapper | None = None
+        self.log: IO[bytes] | None = None
         self.served = 0
         self._buffer = b""
 
@@ -66,6 +67,7 @@ class LocalSlot:
             kill_tree(self.proc.pid)
         self.proc.wait()
         for stream in (self.proc.stdin, self.proc.stdout):
+            assert stream is not None  # both are pipes (_start)
             try:
                 stream.close()
             except OSError:
@@ -82,6 +84,7 @@ class LocalSlot:
 
     def _read_reply(self, deadline: float) -> bytes | str:
         """One reply line from the grading process, or "eof" (it died) or "late" (the deadline passed)."""
+        assert self.proc is not None and self.proc.stdout is not None  # grade started it, with pipes
         fd = self.proc.stdout.fileno()
         while b"\n" not in self._buffer:
             left = deadline - time.monotonic()
@@ -102,6 +105,7 @@ class LocalSlot:
             self._kill()
             self._start()
         request = {"id": job.id, "source": str(job.source), "out": str(job.out), "options": job.options.to_json()}
+        assert self.proc is not None and self.proc.stdin is not None  # _start made it, with pipes
         try:
             self.proc.stdin.write((json.dumps(request) + "\n").encode())
             self.proc.stdin.flush()
@@ -116,6 +120,7 @@ class LocalSlot:
             return JobRun(f"grading did not finish within the submission's budget of {job.timeout_s:g} s "
                           f"and was stopped", duration)
         if line == "eof":
+            code: int | str  # the exit code, or why there is none
             try:
                 code = self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -133,6 +138,7 @@ class LocalSlot:
 
     def close(self) -> None:
         if self.proc is not None:
+            assert self.proc.stdin is not None  # a pipe (_start)
             try:
                 self.proc.stdin.close()  # end of requests: the grading process exits by itself
                 self.proc.wait(timeout=10)
@@ -188,7 +194,7 @@ def serve() -> int:
             request = json.loads(line)
             grade(course, root, Path(request["source"]), Path(request["out"]), GradeOptions.from_json(request["options"]),
                   submission_id=request["id"])
-            reply = {"ok": True}
+            reply: dict[str, object] = {"ok": True}
         except Exception:  # the batch writes the failure into the result and goes on
             reply = {"ok": False, "error": traceback.format_exc(limit=8)[-3000:]}
         replies.write(json.dumps(reply) + "\n")

@@ -35,8 +35,10 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -237,7 +239,7 @@ def submit_array(manifest: dict, indices: list[int], opts: SlurmOptions, console
     script = out_dir / MANIFEST_DIR / f"array-{number}.sbatch"
     script.parent.mkdir(parents=True, exist_ok=True)
     script.write_text(render_script(manifest, indices, opts))
-    record = {"job_id": None, "indices": sorted(indices), "script": str(script), "submitted_at": results.now(),
+    record: dict[str, Any] = {"job_id": None, "indices": sorted(indices), "script": str(script), "submitted_at": results.now(),
               "slurm": _slurm_opts_json(opts)}
     manifest["jobs"].append(record)
     results.write_atomic(manifest_path(out_dir), manifest)  # before sbatch: a task may start at once
@@ -332,7 +334,7 @@ def failure_result(course: Course, root: Path, manifest: dict, task: dict, reaso
     return batch.internal_error_result(course, exercises, job, suite_sha256(root, exercises), sha, reason, retry=retry)
 
 
-def task_gpu(runtime: str, env: dict | None = None) -> str | None:
+def task_gpu(runtime: str, env: Mapping[str, str] | None = None) -> str | None:
     """The GPU(s) Slurm gave this task, as the runtime names them: Docker's `--gpus device=` wants
     the node's own numbers (SLURM_STEP_GPUS / SLURM_JOB_GPUS); Apptainer and the local runtime see
     the task's devices through CUDA_VISIBLE_DEVICES, which the local runtime inherits anyway."""
@@ -383,7 +385,7 @@ def run_task(manifest_file: Path, index: int | None = None) -> int:
     complete = done is not None and done.get("state") == "complete" and done.get("submission", {}).get("id") == task["id"]
     if not complete and (stopped or error):
         reason = (f"Slurm task {where} received {stopped[0]} (cancelled, past its time limit or preempted) and "
-                  f"stopped" if stopped else f"Slurm task {where}: {error.strip().splitlines()[-1][:500]}")
+                  f"stopped" if stopped else f"Slurm task {where}: {error.strip().splitlines()[-1][:500]}")  # type: ignore[union-attr]  # set if not stopped
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             signal.signal(sig, signal.SIG_IGN)  # let nothing interrupt the last write
         results.write_atomic(out, failure_result(course, root, manifest, task, reason))
@@ -493,6 +495,7 @@ def task_rows(course: Course, manifest: dict) -> list[Row]:
         elif state in RUNNING_STATES and not current:
             rows.append(Row(i, sub_id, "running", slurm, "grading", result))
         elif current:
+            assert result is not None  # current: a complete result
             detail = (f"{result['score']:g}/{result['gradable_max_score']:g}" if kind == "graded"
                       else f"{kind.replace('_', ' ')}: {reason}")
             rows.append(Row(i, sub_id, "done", slurm, detail, result))

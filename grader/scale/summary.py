@@ -31,6 +31,7 @@ def one_line(job_id: str, result: dict | None, error: str | None) -> str:
     kind, reason = classify(result)
     if kind != "graded":
         return f"{job_id}: {kind.replace('_', ' ')}: " + inert(reason)[:200].replace("\n", " ")
+    assert result is not None  # classify: graded
     return f"{job_id}: {result['score']:g}/{result['gradable_max_score']:g}"
 
 
@@ -86,6 +87,7 @@ def summarize(course: Course, out_dir: Path, ids: list[str], exercise_ids: list[
         result = read_result(out_dir / f"{sub_id}.json")
         kind, reason = classify(result)
         if kind == "graded":
+            assert result is not None  # classify: graded
             graded.append(result)
         else:
             by_kind[kind].append({"id": sub_id, "reason": reason})

@@ -27,6 +27,7 @@ def forward_backward(
         raise RuntimeError("the output does not require grad: is it computed from the inputs with torch ops?")
     torch.autograd.backward([o for o, _ in pairs], [g.to(o.dtype) for o, g in pairs])
     detached = [o.detach() if isinstance(o, torch.Tensor) else o for o in outputs]
+    value: Any
     if isinstance(out, tuple) and hasattr(out, "_fields"):
         value = type(out)(*detached)  # a named tuple keeps its fields
     elif isinstance(out, (tuple, list)):

@@ -91,7 +91,8 @@ def _autograd_function(fn: Callable) -> Callable:
 
 def training_step(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
                   causal: bool = False, sm_scale: float | None = None, via_function: bool = True,
-                  guard: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                  guard: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None,
+                                                torch.Tensor | None]:
     """o = attention(q, k, v), then o.backward(do): returns (o, dq, dk, dv).
 
     With `via_function`, attention is the student's ``FlashAttention.apply(q, k, v, causal, sm_scale)``

@@ -60,7 +60,7 @@ def _requires_grad(t: Any, what: str) -> torch.Tensor:
 
 def route_backward(
     route: Callable, logits: torch.Tensor, args: Sequence[Any], kwargs: dict | None,
-    grad_combine_weight: torch.Tensor, grad_aux: float, grad_z: float,
+    grad_combine_weight: torch.Tensor | None, grad_aux: float, grad_z: float,
 ) -> tuple[Routing, torch.Tensor]:
     """``r = route(logits, *args, **kwargs)``; backpropagate ``sum(g * r.combine_weight) +
     grad_aux * r.aux_loss + grad_z * r.z_loss`` and return ``(r, d loss / d logits)``."""
@@ -74,7 +74,7 @@ def route_backward(
         terms.append(grad_aux * _requires_grad(r.aux_loss, "aux_loss"))
     if grad_z:
         terms.append(grad_z * _requires_grad(r.z_loss, "z_loss"))
-    sum(terms).backward()
+    sum(terms).backward()  # type: ignore[union-attr]  # every caller asks for a term: a tensor, not 0
     grad = logits.grad if logits.grad is not None else torch.zeros_like(logits)
     return _plain(r), grad
 

@@ -231,9 +231,9 @@ def message_digest(elements: torch.Tensor) -> str:
             negative_zero = words == np.iinfo(words.dtype).min
             if negative_zero.any():
                 words = np.where(negative_zero, 0, words).astype(words.dtype)
-            h.update(words.view(np.uint8))
+            h.update(words.view(np.uint8))  # type: ignore[arg-type]  # an ndarray is a buffer (stubs: 3.12+ only)
         else:
-            h.update(bits.view(torch.uint8).numpy())
+            h.update(bits.view(torch.uint8).numpy())  # type: ignore[arg-type]  # likewise
     return h.hexdigest()[:32]
 
 
@@ -282,7 +282,7 @@ class RankView:
         raise AttributeError(f"the communicator is read-only (tried to delete {name!r})")
 
     def __repr__(self) -> str:
-        return f"Communicator(rank={self.rank}, world_size={self.world_size})"
+        return f"Communicator(rank={self.rank}, world_size={self.world_size})"  # type: ignore[attr-defined]  # slots set in __init__
 
 
 # --------------------------------------------------------------------------------------------------
@@ -306,7 +306,7 @@ class _Ring:
         if any(s == "running" for s in self.state):
             return None
         waiting = [r for r, s in enumerate(self.state) if s == "waiting"]
-        if not waiting or any(self.boxes[(self.waiting_for[r], r)] for r in waiting):
+        if not waiting or any(self.boxes[(self.waiting_for[r], r)] for r in waiting):  # type: ignore[index]  # set while waiting
             return None
         failed = [r for r, s in enumerate(self.state) if s == "failed"]
         if failed:

@@ -132,6 +132,6 @@ class Tokens(Randn):
 class SeededGenerator(Randn):
     """A fresh torch.Generator on the device, seeded from the loop's own generator."""
 
-    def make(self, device: str, generator: torch.Generator) -> torch.Generator:
+    def make(self, device: str, generator: torch.Generator) -> torch.Generator:  # type: ignore[override]  # an input, not a tensor
         seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=device).item())
         return torch.Generator(device=device).manual_seed(seed)

@@ -192,8 +192,9 @@ def fingerprint_values(fp: tuple[torch.Tensor | None, list[float]]) -> list[floa
 
 def _all_fingerprint_values(fps: list[tuple[torch.Tensor | None, list[float]]]) -> list[list[float]]:
     norms = [n for n, _ in fps]
-    if norms and all(n is not None for n in norms) and len({(n.shape, n.device) for n in norms}) == 1:
-        table = torch.stack(norms).tolist()  # one copy to the host for the whole loop
+    present = [n for n in norms if n is not None]
+    if norms and len(present) == len(norms) and len({(n.shape, n.device) for n in present}) == 1:
+        table = torch.stack(present).tolist()  # one copy to the host for the whole loop
         return [[float(v) for v in row] + list(nums) for row, (_, nums) in zip(table, fps)]
     return [fingerprint_values(fp) for fp in fps]
 
@@ -265,6 +266,7 @@ def timed_loop(fn: Callable, specs: Sequence[Any], kwargs: dict | None = None, r
     try:
         for rep in range(reps):
             args = upcoming
+            assert args is not None  # made for every rep < reps
             upcoming = rep_inputs(specs, device, nonce, rep + 1, shared, generator) if rep + 1 < reps else None
             if cuda:
                 start, end = events[rep]

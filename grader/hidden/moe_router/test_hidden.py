@@ -185,7 +185,7 @@ def assert_fields(r, T: int, k: int, E: int, where: str) -> None:
 def assert_same_experts(r, o: dict, where: str) -> None:
     """The routing's fields as tensors of the right shapes, and the chosen experts against the oracle's."""
     p32 = o["p32"]
-    assert_fields(r, *o["slot"].shape, o["tokens_per_expert"].shape[0], where)
+    assert_fields(r, *o["slot"].shape, o["tokens_per_expert"].shape[0], where)  # type: ignore[call-arg]  # *(T, k)
     assert r.expert_index.dtype == torch.long and r.slot.dtype == torch.long, (
         f"{where}: expert_index and slot must be int64, found {r.expert_index.dtype} and {r.slot.dtype}"
     )
@@ -1007,7 +1007,7 @@ def layer_decisions(sm, r, logits: torch.Tensor, k: int, cf: float, where: str) 
     assert_fields(r, T, k, E, where)  # before any value is read: the comparisons below copy them
     same = lambda a, b: all(isinstance(getattr(a, f), torch.Tensor) and getattr(a, f).shape == getattr(b, f).shape
                             and torch.equal(getattr(a, f).long(), getattr(b, f).long()) for f in ("expert_index", "slot"))
-    if same(r, Routing(o["expert_index"], None, o["slot"], None, None, None)):
+    if same(r, Routing(o["expert_index"], None, o["slot"], None, None, None)):  # type: ignore[arg-type]  # `same` reads two
         return o
     own = as_routing(sm.route(logits, k, cf))
     if not same(r, own):

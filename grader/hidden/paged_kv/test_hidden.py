@@ -79,6 +79,7 @@ def random_script(r: random.Random, model: Model, steps: int) -> tuple[list, lis
     bs = model.bs
     prefixes = [[r.randrange(40) for _ in range(r.randint(bs, 3 * bs + 1))] for _ in range(3)]
     script, expected, next_id = [], [], 0
+    args: tuple  # each operation's own arguments
     for _ in range(steps):
         live = sorted(model.tables)
         roll = r.random()
@@ -728,6 +729,7 @@ def serving_script(r: random.Random, model: TracingModel, steps: int, fork_weigh
     plans: dict = {}  # sequence -> the stem its appends follow
     script, expected, contexts, next_id, unique = [], [], [], 0, 1000
     last_fork: tuple = ()
+    args: tuple  # each operation's own arguments
     for step in range(steps):
         live = sorted(model.tables)
         roll = r.random()
@@ -866,8 +868,8 @@ def why_reused(ctx: dict, i: int, reused, bs: int) -> str | None:
                 + (FORKED_KEY if "forked child" in by else CHAIN_RULE),
             )
         )
-    reasons = [why for _, why in sorted(reasons, key=lambda sr: -sr[0])[:2]]
-    return ("either " if len(reasons) > 1 else "") + "; or ".join(reasons) if reasons else None
+    whys = [why for _, why in sorted(reasons, key=lambda sr: -sr[0])[:2]]
+    return ("either " if len(whys) > 1 else "") + "; or ".join(whys) if whys else None
 
 
 def why_hits_differ(ctx: dict, want: int, got: int, n: int, bs: int, reused=None) -> str:

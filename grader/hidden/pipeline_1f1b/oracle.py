@@ -106,7 +106,7 @@ def trusted_simulate(schedule, tf: float = 1.0, tb: float = 2.0, p2p: float = 0.
         return op[2] if interleaved else s
 
     for s, row in enumerate(schedule):
-        want = Counter()
+        want: Counter = Counter()
         for c in range(s, n_chunks, p):
             for mb in range(m):
                 for kind in "FB":
@@ -117,7 +117,7 @@ def trusted_simulate(schedule, tf: float = 1.0, tb: float = 2.0, p2p: float = 0.
     finish: dict[tuple, float] = {}
     free = [0.0] * p
     pos = [0] * p
-    timeline = [[] for _ in range(p)]
+    timeline: list[list] = [[] for _ in range(p)]
     moved = True
     while moved:
         moved = False

@@ -201,7 +201,7 @@ def random_valid_schedule(rnd: random.Random, p: int, m: int, v: int = 1) -> lis
                 ready.append(("B", mb, c))
         elif c > 0:
             ready.append(("B", mb, c - 1))
-    schedule = [[] for _ in range(p)]
+    schedule: list[list[tuple]] = [[] for _ in range(p)]
     for kind, mb, c in order:
         schedule[c % p].append((kind, mb, c) if v > 1 else (kind, mb))
     return schedule
@@ -331,7 +331,8 @@ LINEAR_CLOCK = {
     "simulate": Scaling(128, 8192, bar=12.0, bar_in_process=24.0, unit="ops"),
     "simulate_interleaved": Scaling(128, 8192, bar=12.0, bar_in_process=24.0, unit="ops"),
 }
-LINEAR_SIZES = {"plain": {128: (2, 32), 8192: (128, 32)}, "interleaved": {128: (2, 16, 2), 8192: (32, 64, 2)}}
+LINEAR_SIZES: dict[str, dict[int, tuple[int, ...]]] = {
+    "plain": {128: (2, 32), 8192: (128, 32)}, "interleaved": {128: (2, 16, 2), 8192: (32, 64, 2)}}
 SUPPORT = "grader.support.pipeline_1f1b"
 
 
@@ -1253,7 +1254,7 @@ def test_simulate_is_linear_for_interleaved_schedules(student, pm):
 
 def mlp_stages(seed: int, widths=(6, 12, 12, 10, 3)) -> list[torch.nn.Module]:
     torch.manual_seed(seed)
-    pieces = []
+    pieces: list[torch.nn.Module] = []
     acts = [torch.nn.Tanh, torch.nn.ReLU, torch.nn.GELU, torch.nn.Tanh]
     for i in range(len(widths) - 1):
         lin = torch.nn.Linear(widths[i], widths[i + 1])

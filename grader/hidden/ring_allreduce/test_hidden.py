@@ -624,7 +624,9 @@ def factors(n: int, count: int, rnd: random.Random) -> tuple[int, ...] | None:
     if not ways:
         return None
     d = rnd.choice(ways)
-    return (d, *factors(n // d, count - 1, rnd))
+    rest = factors(n // d, count - 1, rnd)
+    assert rest is not None  # d is one of the ways that have one
+    return (d, *rest)
 
 
 def laid_out(flat: torch.Tensor, layout: str, rnd: random.Random) -> tuple[torch.Tensor, str]:
@@ -652,8 +654,8 @@ def laid_out(flat: torch.Tensor, layout: str, rnd: random.Random) -> tuple[torch
         layout, step = "strided slice", rnd.randint(2, 3)
         x = torch.zeros(step * n + 1, dtype=flat.dtype)[1::step][:n]
         x.copy_(flat)
-    shape = "0-d" if x.dim() == 0 else str(tuple(x.shape))
-    return x, f"{layout} {shape}, strides {x.stride()}, storage offset {x.storage_offset()}"
+    shown = "0-d" if x.dim() == 0 else str(tuple(x.shape))
+    return x, f"{layout} {shown}, strides {x.stride()}, storage offset {x.storage_offset()}"
 
 
 def exact_values(world: int, n: int, offset: int) -> list[torch.Tensor]:
@@ -821,7 +823,8 @@ def trace_divergence(run: dict, flats: list[torch.Tensor], kind: str, shift: int
                         else [x[lo:hi] for x in flats]
                     )
                     exact = sum(t.double() for t in terms)
-                cause = message_cause(got, elems, state, before_gather, finals, phase, step, c, partials, exact)
+                cause = message_cause(got, elems, state, before_gather, finals, phase, step, c, partials,
+                                      exact)  # type: ignore[arg-type]  # a sum of one tensor or more: a tensor
                 return (
                     f"{where}: its message differs first at position {lo + j} (element {j} of chunk {c}): found "
                     f"{got[j].item()!r}, the ring order gives {elems[j].item()!r}: {cause}"

@@ -93,7 +93,8 @@ def assert_histogram(
     if n == 0:
         return
     cells = int((probs > 0).sum())
-    worst, worst_ratio = None, 0.0
+    worst: tuple[int, float, float] | None = None
+    worst_ratio = 0.0
     for k in range(probs.numel()):
         p = float(probs[k])
         if p == 0:
@@ -103,6 +104,7 @@ def assert_histogram(
         if ratio > worst_ratio:
             worst, worst_ratio = (k, p, half), ratio
     if worst_ratio > 1:
+        assert worst is not None  # set with worst_ratio
         k, p, half = worst
         raise AssertionError(
             f"{what}: {name(k)} came out {float(counts[k]) / n:.4f} of the time over {n} samples, but the "
@@ -1187,7 +1189,7 @@ def decided_greedy_inputs(B: int, vocab: int, gamma: int, rng: torch.Generator):
 
 def check_greedy_decided(result, draft, target, want) -> None:
     tokens, num_accepted = result
-    assert_outputs(
+    assert_outputs(  # type: ignore[call-arg]  # mypy gives *draft.shape every parameter left (it is B, gamma)
         tokens, num_accepted, *draft.shape, f"greedy_accept (B={draft.shape[0]}, timed on the grader's clock)"
     )
     assert torch.equal(num_accepted, want[1]) and torch.equal(tokens, want[0]), (
