@@ -51,6 +51,13 @@ MUTANTS = [
         loses=["slots_vectorised", "slots_public"],
     ),
     Mutant(
+        "slot_mapping_maps_over_sequences",
+        "my slot_mapping gathers each sequence's slots on its own, with map() over the rows, so no line runs per row",
+        [("    blocks = torch.gather(block_tables.long(), 1, pos // block_size)\n",
+          "    blocks = torch.stack(list(map(torch.take, block_tables.long().unbind(0), (pos // block_size).unbind(0))))\n")],
+        loses=["slots_vectorised"],
+    ),
+    Mutant(
         "hashes_not_chained",
         "my block hash covers only the block's own tokens, not the prefix before it",
         [
