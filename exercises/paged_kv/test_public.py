@@ -128,6 +128,19 @@ def test_running_out_of_blocks_changes_nothing(pk):
         bm.block_table("b")
 
 
+@pytest.mark.check("manager_public")
+def test_the_manager_runs_the_same_lines_whatever_the_pool_size(pk, student):
+    """The hidden `manager_speed` check, in small: the same serving loop (adds, appends, forks, frees) on a pool
+    of 512 blocks and one of 131,072 must run the same lines of your file."""
+    scaling = student.drive("grader.support.paged_kv:manager_scaling", pk.slot_mapping, reps=1)
+    (small, large), (n_small, n_large) = scaling["lines"], scaling["sizes"]
+    assert large <= small * 1.02 + 10, (
+        f"the same {scaling['ops']} operations ran {small} lines of your code with {n_small} blocks but {large} with "
+        f"{n_large}: something scans the pool (list.pop(0), list.remove, `in` on a list, min() over the free "
+        "blocks). Every operation should cost O(1), amortised: a deque or an OrderedDict"
+    )
+
+
 # --------------------------------------------------------------------------------------------------
 # Prefix caching
 
@@ -191,11 +204,12 @@ SLOTS_CLOCK = Scaling(16, 8192, bar=8.0, large_in_process=2048, unit="tokens")
 
 
 def identity_tables(n: int):
-    """n // 4 sequences of 4 tokens, sequence b in block b (block size 4): slot b * 4 + position."""
-    B = max(1, n // 4)
+    """n // 2 sequences of 2 tokens, sequence b in block b (block size 4): slot b * 4 + position. Many short
+    rows, so that a loop over the rows costs as much as one over the tokens."""
+    B = max(1, n // 2)
     tables = torch.arange(B, dtype=torch.int32)[:, None]
-    positions = torch.arange(4).repeat(B, 1)
-    positions[::3, 3] = -1  # some padding
+    positions = torch.arange(2).repeat(B, 1)
+    positions[::3, 1] = -1  # some padding
     return tables, positions
 
 
@@ -217,7 +231,7 @@ def check_identity_slots(got, tables, positions) -> None:
 @pytest.mark.check("slots_public")
 def test_slot_mapping_has_no_loop_over_tokens(pk, student):
     small = (table_tensor([[1], [0]], 2), torch.tensor([[0, 1], [1, -1]]), 4)
-    big = (table_tensor([[i, i + 8] for i in range(8)], 2), torch.arange(64).remainder(8).repeat(8, 1), 4)
+    big = (table_tensor([[i, i + 32] for i in range(32)], 2), torch.arange(16).remainder(8).repeat(32, 1), 4)
     _, work_small = student.work_executed(pk.slot_mapping, *small, check=lambda got: check_slots(got, *small))
     _, work_big = student.work_executed(pk.slot_mapping, *big, check=lambda got: check_slots(got, *big))
     lines_small, lines_big = work_small.lines, work_big.lines
@@ -269,6 +283,45 @@ def test_paged_attention_scale(pk):
     want = attention_by_loop(q * math.sqrt(8), k, v, tables, seq_lens)  # scale 1/sqrt(D) undone
     assert_close(out, want, atol=1e-4, what="paged_attention with sm_scale=1.0",
                  hint="sm_scale multiplies q.k; the default is 1/sqrt(D)")
+
+
+def ragged_batch(B: int, blocks: int, seed: int):
+    """B sequences of 1 to 4 * blocks tokens (one of them the longest) in a 4-token-block cache, each sequence
+    in its own blocks, in reverse order."""
+    g = testing.generator(seed)
+    Hq, Hkv, D, block_size = 4, 2, 8, 4
+    lengths = torch.randint(1, 4 * blocks + 1, (B,), generator=g)
+    lengths[0] = 4 * blocks
+    tables = [[blocks * b + i for i in reversed(range(blocks))] for b in range(B)]
+    q = torch.randn(B, Hq, D, generator=g)
+    k = torch.randn(blocks * B, block_size, Hkv, D, generator=g)
+    v = torch.randn(blocks * B, block_size, Hkv, D, generator=g)
+    return q, k, v, tables, lengths
+
+
+@pytest.mark.check("attention_public")
+def test_paged_attention_has_no_loop_over_sequences(pk, student):
+    """The hidden `attention_vectorised` check, in small: the lines of your file that paged_attention runs, and
+    the torch operators it dispatches, must not grow from 2 sequences of up to 8 tokens to 24 of up to 40."""
+    counted = []
+    for B, blocks, seed in ((2, 2, 1), (24, 10, 2)):
+        q, k, v, tables, lengths = ragged_batch(B, blocks, seed)
+        want = attention_by_loop(q, k, v, tables, lengths)
+
+        def check(out, want=want, B=B):
+            assert_close(out, want, atol=1e-5, what=f"paged_attention on {B} sequences (a counted call)")
+
+        counted.append(student.work_executed(pk.paged_attention, q, k, v, table_tensor(tables, blocks), lengths,
+                                             check=check)[1])
+    small, big = counted
+    advice = ("Gather K and V for every position of every sequence at once through the table, and mask positions "
+              ">= seq_len.")
+    sizes = ("2 sequences of up to 8 tokens", "24 of up to 40")
+    assert big.lines <= small.lines + 2, (
+        f"paged_attention ran {small.lines} lines of your code for {sizes[0]} and {big.lines} for {sizes[1]}: a "
+        f"Python loop over sequences, blocks or tokens. {advice}"
+    )
+    assert_no_hidden_loop("paged_attention", sizes, small, big, advice)
 
 
 @pytest.mark.check("triton_public")

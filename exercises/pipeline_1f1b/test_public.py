@@ -107,6 +107,58 @@ def test_interleaved_needs_whole_groups(pm):
         pytest.fail("interleaved_schedule(4, 6, 2) should raise ValueError: m = 6 is not a multiple of p = 4")
 
 
+def each_op_once(fn, args: tuple, stage_ops):
+    """check= for a counted call of a schedule: every stage holds its ops (stage_ops(s)), each once; the order is
+    what the tests above check."""
+    what = f"{fn}{args}"
+
+    def check(got) -> None:
+        rows = ops(got)
+        assert len(rows) == args[0], f"{what} (a call whose lines are counted) has {len(rows)} stages, expected {args[0]}"
+        for s, row in enumerate(rows):
+            assert sorted(row) == sorted(stage_ops(s)), (
+                f"{what} (a call whose lines are counted), stage {s}: expected each of its ops once, found\n"
+                f"{show([row])}")
+
+    return check
+
+
+def assert_lines_grow_with_the_ops(student, fn, what: str, small: tuple, large: tuple, stage_ops, n_ops) -> None:
+    """The hidden checks' "work linear in the ops", in small: the lines of your file fn runs grow at most twice
+    as fast as the ops it returns, from `small` to `large` (8 to 32 stages)."""
+    _, lines_small = student.lines_executed(fn, *small, check=each_op_once(what, small, lambda s: stage_ops(small, s)))
+    _, lines_large = student.lines_executed(fn, *large, check=each_op_once(what, large, lambda s: stage_ops(large, s)))
+    growth, ops_growth = lines_large / max(lines_small, 1), n_ops(large) / n_ops(small)
+    assert growth <= 2 * ops_growth, (
+        f"{what}{small} ran {lines_small} lines of your code for {n_ops(small)} ops and {what}{large} ran "
+        f"{lines_large} for {n_ops(large)} ({growth:.1f}x the lines for {ops_growth:.0f}x the ops): a schedule "
+        "costs a constant amount of work per op. Build each stage's list from the formulas; do not build every "
+        "stage's ops and filter them per stage, or search a list for each op"
+    )
+
+
+def plain_ops(args: tuple, s: int) -> list:
+    return [(kind, i) for kind in "FB" for i in range(args[1])]
+
+
+def chunk_ops(args: tuple, s: int) -> list:
+    p, m, v = args
+    return [(kind, i, s + k * p) for kind in "FB" for i in range(m) for k in range(v)]
+
+
+@pytest.mark.check("schedules_public")
+@pytest.mark.parametrize("name", ["gpipe_schedule", "one_f_one_b_schedule"])
+def test_plain_schedules_do_linear_work(student, pm, name):
+    assert_lines_grow_with_the_ops(student, getattr(pm, name), name, (8, 8), (32, 32), plain_ops,
+                                   lambda a: 2 * a[0] * a[1])
+
+
+@pytest.mark.check("schedules_public")
+def test_interleaved_schedule_does_linear_work(student, pm):
+    assert_lines_grow_with_the_ops(student, pm.interleaved_schedule, "interleaved_schedule", (8, 8, 2), (32, 32, 2),
+                                   chunk_ops, lambda a: 2 * a[0] * a[1] * a[2])
+
+
 # --------------------------------------------------------------------------------------------------
 # Simulator
 
@@ -164,6 +216,30 @@ def test_simulate_interleaved_costs_and_peaks(pm):
     assert abs(r.makespan - 6.0) < 1e-9, f"makespan {r.makespan}, expected 6 (each chunk op costs its time / v, v = 2)"
     got_peaks = peaks(r.peak_activations, 2)
     assert got_peaks == [2, 2], f"peak_activations {got_peaks}, expected [2, 2]: count (mb, chunk) pairs"
+
+
+@pytest.mark.check("simulate_public")
+def test_simulate_does_linear_work(student, pm):
+    """The hidden `simulate_linear` check, in small: on GPipe schedules of 8 stages by 8 micro-batches and of
+    32 by 32 (16x the ops), the lines of your file simulate runs grow at most twice as fast as the ops."""
+    counted = []
+    for p, m in ((8, 8), (32, 32)):
+        sched = [[("F", i) for i in range(m)] + [("B", i) for i in range(m)] for _ in range(p)]
+
+        def check(r, p=p, m=m) -> None:
+            want = (m + p - 1) * 3.0
+            got = getattr(r, "makespan", None)
+            assert isinstance(got, (int, float)) and abs(got - want) < 1e-6, (
+                f"simulate on GPipe p={p}, m={m} (a call whose lines are counted) gave makespan {got!r}, "
+                f"expected (m + p - 1)(t_f + t_b) = {want:g}")
+
+        counted.append(student.lines_executed(pm.simulate, sched, 1.0, 2.0, check=check)[1])
+    (small, large), ops_growth = counted, 16
+    assert large / max(small, 1) <= 2 * ops_growth, (
+        f"simulate ran {small} lines of your code for 128 ops and {large} for 2048 ({large / max(small, 1):.1f}x "
+        f"for {ops_growth}x the ops): do not rescan every stage (or every finished op) to find what can run next; "
+        "keep finish times in a dict, and wake a stage only when the op it waits for finishes"
+    )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -55,7 +55,7 @@ MUTANTS = [
         "my slot_mapping gathers each sequence's slots on its own, with map() over the rows, so no line runs per row",
         [("    blocks = torch.gather(block_tables.long(), 1, pos // block_size)\n",
           "    blocks = torch.stack(list(map(torch.take, block_tables.long().unbind(0), (pos // block_size).unbind(0))))\n")],
-        loses=["slots_vectorised"],
+        loses=["slots_vectorised", "slots_public"],
     ),
     Mutant(
         "hashes_not_chained",
@@ -175,7 +175,7 @@ MUTANTS = [
         "num_free_blocks_scans_the_pool",
         "num_free_blocks counts the blocks with ref count 0, one by one",
         [("        return len(self._free)\n", "        return sum(1 for r in self._refs if r == 0)\n")],
-        loses=["manager_speed"],
+        loses=["manager_speed", "manager_public"],
     ),
     Mutant(
         "gqa_heads_interleaved",
@@ -206,7 +206,7 @@ MUTANTS = [
         [('''    # Gather every logical position of every sequence through its table: [B, L] slots.
 ''', ATTENTION_LOOP + '''    # Gather every logical position of every sequence through its table: [B, L] slots.
 ''')],
-        loses=["attention_vectorised"],
+        loses=["attention_vectorised", "attention_public"],
     ),
     Mutant(
         "attention_loops_over_tokens",
@@ -219,7 +219,7 @@ MUTANTS = [
         k[:, p] = k_cache.reshape(-1, Hkv, D)[slots[:, p]].float()
         v[:, p] = v_cache.reshape(-1, Hkv, D)[slots[:, p]].float()
 ''')],
-        loses=["attention_vectorised"],
+        loses=["attention_vectorised", "attention_public"],
     ),
     Mutant(
         "copy_on_write_drops_the_reference_first",

@@ -54,7 +54,7 @@ MUTANTS = [
         edits=[('forwards = [("F", microbatch(k), local_chunk(k) * p + s) for k in range(total)]',
                 ('forwards = [op for t in range(p) for op in [("F", microbatch(k), local_chunk(k) * p + t) '
                  'for k in range(total)] if op[2] % p == s]'))],
-        loses=["interleaved"],
+        loses=["interleaved", "schedules_public"],
     ),
     Mutant(
         name="interleaved_filters_in_c",
@@ -156,7 +156,7 @@ MUTANTS = [
                     progress = True
                     break
 """)],
-        loses=["simulate_linear"],
+        loses=["simulate_linear", "simulate_public"],
     ),
     Mutant(
         name="next_stage_by_index",
