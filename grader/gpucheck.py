@@ -6,7 +6,8 @@ A GPU may be lent for minutes at a time. This command spends them in order of wh
 1. ``doctor``: the GPU, driver, CUDA, torch and Triton it grades with.
 2. The reference solutions with every check, the CUDA ones included: each speed test's achieved fraction
    against its bar and floor (course.yaml), the margin, and a suggested bar where the margin is thin or wide;
-   each CUDA correctness test's outcome; the figures the tests record (GB/s, TFLOP/s, the ceilings, clocks).
+   each CUDA correctness test's outcome; the figures the tests record (GB/s, TFLOP/s, the ceilings, clocks);
+   the peak GPU memory in use while each exercise grades (nvidia-smi, sampled every 0.1 s).
 3. The stubs, on the CUDA checks only: they must score nothing there.
 4. The known-wrong submissions whose expected losses include a CUDA check (tests/known_wrong, in the course
    repository): each must lose them.
@@ -74,12 +75,71 @@ def _copy_exercises(root: Path, source: str, ids: list[str], dest: Path) -> Path
 
 
 def _grade(course: Course, root: Path, folder: Path, ids: list[str], time_limit_s: float,
-           checks: list[str] | None = None) -> dict:
+           checks: list[str] | None = None, on_update: Callable[[dict], None] | None = None) -> dict:
     from grader.options import GradeOptions
     from grader.runner import grade
 
     opts = GradeOptions(exercises=ids, seed=20261201, time_limit_s=max(30.0, time_limit_s), checks=checks)
-    return grade(course, root, folder, None, opts)
+    return grade(course, root, folder, None, opts, on_update=on_update)
+
+
+def device_memory_used_mib() -> float | None:
+    """Memory in use on the GPU the grade runs on, every process's (nvidia-smi), in MiB; None where it cannot
+    be read. The grade's workers are other processes, so the grader's own torch counters would see none of it."""
+    index = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
+    try:
+        run = subprocess.run(["nvidia-smi", f"--id={index}", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10)
+        return float(run.stdout.split()[0]) if run.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+
+
+def host_memory_used_mib() -> float | None:
+    """The rehearsal's stand-in for `device_memory_used_mib`: the host's memory in use (/proc/meminfo)."""
+    try:
+        info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
+        return (int(info["MemTotal"].split()[0]) - int(info["MemAvailable"].split()[0])) / 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+class PeakMemory:
+    """The peak memory in use while each exercise grades, above what was in use before the grade started,
+    sampled every `interval_s` from `read` in a thread; `on_update` (the grade's callback) says which exercise
+    is running. A peak is a sample's, so a spike shorter than the interval can be missed."""
+
+    def __init__(self, read: Callable[[], float | None], interval_s: float = 0.1):
+        import threading
+
+        self.read, self.interval_s = read, interval_s
+        self.current: str | None = None
+        self.baseline: float | None = None
+        self.peaks: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="gpu-check peak memory", daemon=True)
+
+    def on_update(self, result: dict) -> None:
+        self.current = next((e["id"] for e in result.get("exercises", []) if e.get("status") == "running"), None)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            used, current = self.read(), self.current
+            if used is not None and current is not None:
+                self.peaks[current] = max(self.peaks.get(current, used), used)
+
+    def __enter__(self) -> "PeakMemory":
+        self.baseline = self.read()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def above_baseline_mib(self) -> dict[str, float]:
+        base = self.baseline or 0.0
+        return {ex: round(max(peak - base, 0.0), 1) for ex, peak in self.peaks.items()}
 
 
 def _tests(result: dict, course: Course) -> list[dict]:
@@ -125,8 +185,9 @@ def step_doctor(report: Report) -> None:
 
 def step_reference(report: Report, course: Course, root: Path, work: Path) -> None:
     ids = cuda_exercises(course) if report.dry_run else [e.id for e in course.exercises]
-    result = _grade(course, root, _copy_exercises(root, "solutions", ids, work / "reference"), ids,
-                    report.left() / 2)
+    with PeakMemory(host_memory_used_mib if report.dry_run else device_memory_used_mib) as memory:
+        result = _grade(course, root, _copy_exercises(root, "solutions", ids, work / "reference"), ids,
+                        report.left() / 2, on_update=memory.on_update)
     report.results["reference"] = result
     rows = _tests(result, course)
     cuda_rows = [r for r in rows if r["cuda"] or r["message"].startswith("rehearsed on the CPU")]
@@ -142,6 +203,10 @@ def step_reference(report: Report, course: Course, root: Path, work: Path) -> No
         "speed": [_speed_row(r) for r in cuda_rows if r["speed"]],
         "cuda_correctness": [r for r in cuda_rows if not r["speed"]],
         "device": result.get("device"),
+        # the rehearsal's stand-in is the host's memory, beside whatever else runs there: not a GPU figure
+        "peak_memory_mib": {"what": "host memory in use (the rehearsal's stand-in)" if report.dry_run
+                            else "GPU memory in use (nvidia-smi), above what was in use before the grade",
+                            "per_exercise": memory.above_baseline_mib()},
     }
 
 
@@ -158,7 +223,8 @@ def step_stubs(report: Report, course: Course, root: Path, work: Path) -> None:
     report.steps["stubs"] = {"cuda_points": sum(p for _, _, p in earned), "score": result.get("score")}
 
 
-def step_known_wrong(report: Report, course: Course, root: Path, work: Path) -> None:
+def step_known_wrong(report: Report, course: Course, root: Path, work: Path,
+                     exercises: list[str] | None = None) -> None:
     try:
         sys.path.insert(0, str(root))
         from tests.known_wrong import load_mutants, write_mutant
@@ -171,6 +237,8 @@ def step_known_wrong(report: Report, course: Course, root: Path, work: Path) -> 
     rows = []
     for exercise in course.exercises:
         cuda = {c.id for c in exercise.checks if c.cuda}
+        if exercises is not None and exercise.id not in exercises:
+            continue
         for mutant in load_mutants(exercise.id) if cuda else []:
             expected = sorted(set(mutant.loses) & cuda)
             if not expected:
@@ -318,6 +386,10 @@ def print_report(report: Report, console: Any) -> None:
     for row in reference.get("cuda_correctness", []):
         table.add_row(inert(row["exercise"]), inert(row["test"]), row["outcome"], "", "", "", "", "")
     console.print(table)
+    memory = reference.get("peak_memory_mib")
+    if memory:
+        console.print(f"peak memory per exercise, MiB ({memory['what']}): "
+                      + ", ".join(f"{inert(ex)} {mib:g}" for ex, mib in memory["per_exercise"].items()))
     stubs = data["steps"].get("stubs")
     if stubs is not None:
         console.print(f"stubs on the CUDA checks: {stubs['cuda_points']} points (must be 0)")

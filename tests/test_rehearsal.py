@@ -48,6 +48,42 @@ def test_the_dry_run_reports_every_cuda_test_and_no_problem(dry_run):
     assert written["steps"]["stubs"]["cuda_points"] == 0
 
 
+def test_the_dry_run_reports_each_exercise_s_peak_memory(dry_run):
+    """Sampled while each exercise grades (the rehearsal samples the host's memory in place of the GPU's)."""
+    memory = dry_run[1]["steps"]["reference"]["peak_memory_mib"]
+    assert "stand-in" in memory["what"] and set(memory["per_exercise"]) == set(CUDA_EXERCISES), memory
+    assert all(isinstance(mib, float) and mib >= 0 for mib in memory["per_exercise"].values()), memory
+
+
+def test_peak_memory_is_kept_per_running_exercise():
+    from grader.gpucheck import PeakMemory
+
+    import itertools
+    import time
+
+    readings = itertools.chain([100.0], itertools.cycle([150.0, 400.0, 120.0]))
+    memory = PeakMemory(lambda: next(readings), interval_s=0.001)
+    with memory:
+        memory.on_update({"exercises": [{"id": "a", "status": "running"}, {"id": "b", "status": "pending"}]})
+        deadline = time.monotonic() + 30
+        while memory.peaks.get("a") != 400.0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        memory.on_update({"exercises": [{"id": "a", "status": "complete"}, {"id": "b", "status": "complete"}]})
+    assert memory.baseline == 100.0 and memory.above_baseline_mib() == {"a": 300.0}, memory.peaks
+
+
+def test_the_known_wrong_step_grades_the_cuda_mutants(tmp_path):
+    """Each known-wrong submission that loses a CUDA check is graded on those checks (rehearsed here, so a kept
+    check is no problem: only a GPU can tell)."""
+    from grader import gpucheck
+
+    report = gpucheck.Report(dry_run=True, budget_s=600)
+    gpucheck.step_known_wrong(report, COURSE, ROOT, tmp_path, exercises=["online_softmax"])
+    rows = {row["mutant"]: row for row in report.steps["known_wrong"]}
+    assert rows["softmax_triton_tiny_tiles"]["expected_losses"] == ["triton_speed"], rows
+    assert not report.problems, report.problems
+
+
 def test_the_dry_run_names_a_broken_cuda_test(monkeypatch, tmp_path):
     """A reference whose CUDA test does not run through is a problem the command exits 1 on."""
     from grader import gpucheck

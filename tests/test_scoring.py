@@ -4,6 +4,7 @@ the checks they should. Every exercise in course.yaml is covered automatically."
 from __future__ import annotations
 
 import pytest
+import torch
 
 from grader import results
 from tests.conftest import COURSE, ROOT, checks_of, grade_folder
@@ -66,7 +67,14 @@ def test_known_wrong_submission_loses_its_checks(tmp_path, exercise, mutant):
     # Only the checks it must lose, each stopped at its first loss (first_failure): all this test needs to know.
     result = grade_folder(folder, [exercise.id], checks=mutant.loses, first_failure=True)
     checks = checks_of(result, exercise.id)
-    for check_id in mutant.loses:
+    cuda_only = {c.id for c in exercise.checks if c.cuda} if not torch.cuda.is_available() else set()
+    for check_id in sorted(cuda_only & set(mutant.loses)):
+        # A CUDA check here is not graded, for any submission: `grader gpu-check` proves this loss on a GPU.
+        assert checks[check_id]["status"] == "not_graded", (
+            f"{mutant.name}: {check_id} is a CUDA check, which a host without CUDA must leave not graded, found "
+            f"{checks[check_id]['status']}: {checks[check_id]['message']}"
+        )
+    for check_id in [c for c in mutant.loses if c not in cuda_only]:
         check = checks[check_id]
         assert check["points"] < check["max_points"], (
             f"{mutant.name} ({mutant.why}) should lose points on {check_id} but kept "

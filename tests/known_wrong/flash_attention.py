@@ -299,3 +299,22 @@ MUTANTS += [
         loses=["backward_public", "backward", "gqa", "structure"],
     ),
 ]
+
+# Mistakes that only a GPU can see (see tests/known_wrong/online_softmax.py): right answers under the CPU's
+# interpreter, losses on CUDA, which `grader gpu-check` proves.
+MUTANTS += [
+    Mutant(
+        "tf32_for_float32",
+        "I let tl.dot use TF32 for float32 inputs too: much faster, and the CPU tests pass",
+        [('    return "ieee" if dtype == torch.float32 else "tf32"\n', '    return "tf32"\n')],
+        loses=["cuda_bf16"],
+    ),
+    Mutant(
+        "forward_tiny_tiles",
+        "I use 16 x 16 tiles in the forward kernel, the smallest tl.dot takes, so that nothing spills",
+        [("    if head_dim <= 64:\n        return dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3)\n"
+          "    return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)\n",
+          "    return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)\n")],
+        loses=["forward_speed"],
+    ),
+]

@@ -301,3 +301,15 @@ MUTANTS += [
         loses=["triton", "triton_public"],
     ),
 ]
+
+# Mistakes that only a GPU can see: the answer is right, the speed is not. The project's tests prove only
+# that these checks are not graded on a host without CUDA; `grader gpu-check` grades them on one and fails
+# when a mutant keeps full marks (grader/gpucheck.py, step_known_wrong).
+MUTANTS += [
+    Mutant(
+        "softmax_triton_tiny_tiles",
+        "I stream every row in 32-wide tiles whatever its length, so that a tile is one warp's worth",
+        [("    block = min(4096, triton.next_power_of_2(n_cols))\n", "    block = 32\n")],
+        loses=["triton_speed"],
+    ),
+]

@@ -296,3 +296,14 @@ MUTANTS = [
         loses=["triton", "triton_public"],
     ),
 ]
+
+# A mistake that only a GPU can see (see tests/known_wrong/online_softmax.py): `grader gpu-check` proves it.
+MUTANTS += [
+    Mutant(
+        "triton_tiles_of_16_tokens_one_warp",
+        "my kernel walks a sequence 16 tokens at a time with one warp, to keep its registers small",
+        [("TILE=64,", "TILE=16,"), ('PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32", num_warps=4,',
+                                    'PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32", num_warps=1,')],
+        loses=["triton_speed"],
+    ),
+]
