@@ -458,7 +458,7 @@ def test_nbgrader_gradebook_holds_the_scores_and_a_regrade_replaces_them(tmp_pat
     summary = to_nbgrader(loaded, db, COURSE)
     graded = sorted({ex["id"] for item in loaded for ex in item.result["exercises"]})
     assert len(graded) < len(COURSE.exercises), "the test needs a course exercise that no result graded"
-    assert (summary.students, summary.assignments, summary.needs_manual_grade) == (2, len(graded), 1)
+    assert (summary.students, summary.assignments, summary.not_graded) == (2, len(graded), 1)
     with api.Gradebook(db) as gb:
         assert sorted(a.name for a in gb.assignments) == graded, "an assignment nobody was graded on reads 0.0"
         sub = gb.find_submission("online_softmax", "alice")
@@ -466,7 +466,7 @@ def test_nbgrader_gradebook_holds_the_scores_and_a_regrade_replaces_them(tmp_pat
         grade = gb.find_grade("merge_public", "online_softmax", "online_softmax", "alice")
         assert (grade.auto_score, grade.max_score, grade.needs_manual_grade) == (2.5, 5.0, False)
         cuda = gb.find_grade("triton_speed", "online_softmax", "online_softmax", "alice")
-        assert cuda.auto_score is None and cuda.needs_manual_grade
+        assert cuda.auto_score is None and not cuda.needs_manual_grade  # formgrader could not open it (tests/test_export_nbgrader.py)
         assert gb.find_submission("paged_kv", "carol").score == 0
         with pytest.raises(api.MissingEntry):
             gb.find_submission("flash_attention", "alice")  # never graded: no submission, not a zero
@@ -822,201 +822,7 @@ def test_prairielearn_keeps_results_json_when_the_grader_itself_fails(tmp_path):
     assert out["gradable"] is False and "the autograder itself failed" in out["format_errors"][0], out
 
 
-# --------------------------------------------------------------------------------------------------
-# snapshots: every export of one small, fixed result, in full
-
-
-def tiny_course_and_result():
-    """A two-exercise course (rubric fields made up here, the rest copied from course.yaml's first exercise,
-    so these snapshots do not move when the real rubric does) and one graded result: a public check
-    passed, a hidden one half passed with a traceback, a CUDA speed check not graded, an exercise missing."""
-    from grader.course import parse_course
-
-    base = {k: v for k, v in COURSE.exercises[0].model_dump(mode="json", exclude_none=True).items() if k not in ("hints", "parts")}
-    course = parse_course({**COURSE.model_dump(mode="json", exclude_none=True), "course": "tiny-course", "version": "1.0",
-                           "exercises": [
-        {**base, "id": "scan", "title": "Scan", "file": "scan.py", "points": 10, "checks": [
-            {"id": "basic_public", "title": "scan on small inputs", "points": 4, "visibility": "public"},
-            {"id": "edge", "title": "scan: empty and long inputs", "points": 4},
-            {"id": "scan_speed", "title": "scan bandwidth on CUDA", "points": 2, "cuda": True,
-             "speed": {"metric": "fraction_of_copy_bandwidth", "bar": 0.5, "floor": 0.1}}]},
-        {**base, "id": "sort", "title": "Sort", "file": "sort.py", "points": 5, "checks": [
-            {"id": "sort_public", "title": "sort on small inputs", "points": 5, "visibility": "public"}]}]}, "tiny.yaml")
-    r = R.new_result(course, "zoe", "ab" * 32, "cd" * 32, 99, "sandbox", course.exercises)
-    r["gradable"] = True
-
-    def test(check, name, status, **extra):
-        R.record_test(r, {"event": "test", "exercise": "scan", "check": check, "test": name, "status": status,
-                          "duration": 0.5, **extra})
-
-    test("basic_public", "test_basic[0]", "passed", fraction=1.0)
-    test("basic_public", "test_basic[1]", "passed", fraction=1.0)
-    test("edge", "test_empty", "passed", fraction=1.0)
-    test("edge", "test_long", "failed", message="row 7: expected 3.0, got 2.5",
-         traceback='  File "/s/scan.py", line 4, in scan\n    return x[:-1]\nAssertionError')
-    test("scan_speed", "test_bandwidth", "not_graded", message="not graded: no CUDA device")
-    R.close_exercise(r, "scan")
-    R.find_exercise(r, "sort")["status"] = "missing"
-    R.close_exercise(r, "sort", "not submitted: expected a file named sort.py")
-    R.finish(r)
-    r["started_at"], r["finished_at"], r["grader_version"] = "2026-11-29T11:59:30+00:00", FINISHED, "9.9.9"
-    r["device"] = {"platform": "Linux", "cpu": "test CPU", "python": "3.11", "torch": "2.5.0", "cuda": None,
-                   "gpu": None, "triton": "3.1.0"}
-    R.validate(r)
-    return course, r
-
-
-def test_snapshot_csv():
-    course, r = tiny_course_and_result()
-    assert to_csv([Loaded("zoe", Path("zoe.json"), r)], course) == (
-        "student,submission,scan,sort,total,max_score,gradable_max_score,ungradable,incomplete,late,seed,graded_at\n"
-        f"zoe,zoe,6,0,6,15,13,no,no,,99,{FINISHED}\n")
-
-
-def test_snapshot_gradescope():
-    course, r = tiny_course_and_result()
-    out = to_gradescope(r, parse_settings({"gradescope": {"leaderboard": True}}), course)
-    jsonschema.validate(out, schema("gradescope_results"))
-    assert out == GRADESCOPE_SNAPSHOT
-
-
-def test_snapshot_prairielearn():
-    _, r = tiny_course_and_result()
-    out = to_prairielearn(r)
-    jsonschema.validate(out, schema("prairielearn_results"))
-    assert out == PRAIRIELEARN_SNAPSHOT
-
-
-def test_snapshot_feedback_page():
-    course, r = tiny_course_and_result()
-    page = render_feedback(r, course, plots=False)
-    assert page[page.index("<body>"):] == FEEDBACK_BODY_SNAPSHOT
-
-
-GRADESCOPE_SNAPSHOT = {'score': 6.0,
-                       'execution_time': 30.0,
-                       'output': 'tiny-course 1.0 · submission zoe · grader 9.9.9\n'
-                                 '2 points need a CUDA device and were not graded on Gradescope; they do not count here.\n'
-                                 'Seed: 99 (an instructor reproduces this run with `grader grade --seed 99`).\n'
-                                 'Not graded here (needs a CUDA device): scan: scan bandwidth on CUDA.',
-                       'output_format': 'text',
-                       'test_output_format': 'text',
-                       'stdout_visibility': 'hidden',
-                       'extra_data': {'seed': 99,
-                                      'submission_sha256': 'abababababababababababababababababababababababababababababababab',
-                                      'suite_sha256': 'cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd',
-                                      'grader_version': '9.9.9',
-                                      'course_version': '1.0',
-                                      'gradable': True,
-                                      'warnings': []},
-                       'tests': [{'name': 'scan: scan on small inputs',
-                                  'number': '1.1',
-                                  'score': 4.0,
-                                  'max_score': 4.0,
-                                  'output': 'passed: 4/4 points\ntests: 2 passed',
-                                  'tags': ['scan', 'basic_public', 'public'],
-                                  'visibility': 'visible',
-                                  'status': 'passed'},
-                                 {'name': 'scan: scan: empty and long inputs',
-                                  'number': '1.2',
-                                  'score': 2.0,
-                                  'max_score': 4.0,
-                                  'output': 'failed: 2/4 points\n'
-                                            'test_long: row 7: expected 3.0, got 2.5\n'
-                                            'tests: 1 failed, 1 passed\n'
-                                            '- test_long [failed]: row 7: expected 3.0, got 2.5\n'
-                                            '      File "/s/scan.py", line 4, in scan\n'
-                                            '        return x[:-1]\n'
-                                            '    AssertionError',
-                                  'tags': ['scan', 'edge', 'hidden'],
-                                  'visibility': 'after_published',
-                                  'status': 'failed'},
-                                 {'name': 'sort: sort on small inputs',
-                                  'number': '2.1',
-                                  'score': 0.0,
-                                  'max_score': 5.0,
-                                  'output': 'error: 0/5 points\nnot submitted: expected a file named sort.py',
-                                  'tags': ['sort', 'sort_public', 'public'],
-                                  'visibility': 'visible',
-                                  'status': 'failed'}],
-                       'leaderboard': []}
-
-PRAIRIELEARN_SNAPSHOT = {'gradable': True,
-                         'score': 0.461538,
-                         'message': 'tiny-course 1.0 · submission zoe · grader 9.9.9\n'
-                                    'Score: 6/13\n'
-                                    '2 points need a CUDA device and were not graded by this grader; they do not count here.\n'
-                                    'Seed: 99 (an instructor reproduces this run with `grader grade --seed 99`).',
-                         'output': 'scan                      6/10     graded\n'
-                                   'sort                      0/5      missing: not submitted: expected a file named sort.py',
-                         'tests': [{'name': 'scan: basic_public',
-                                    'description': 'scan on small inputs',
-                                    'points': 4.0,
-                                    'max_points': 4.0,
-                                    'message': 'passed',
-                                    'output': 'passed: 4/4 points\ntests: 2 passed'},
-                                   {'name': 'scan: edge',
-                                    'description': 'scan: empty and long inputs',
-                                    'points': 2.0,
-                                    'max_points': 4.0,
-                                    'message': 'test_long: row 7: expected 3.0, got 2.5',
-                                    'output': 'failed: 2/4 points\n'
-                                              'test_long: row 7: expected 3.0, got 2.5\n'
-                                              'tests: 1 failed, 1 passed\n'
-                                              '- test_long [failed]: row 7: expected 3.0, got 2.5\n'
-                                              '      File "/s/scan.py", line 4, in scan\n'
-                                              '        return x[:-1]\n'
-                                              '    AssertionError'},
-                                   {'name': 'scan: scan_speed',
-                                    'description': 'scan bandwidth on CUDA',
-                                    'points': 0.0,
-                                    'max_points': 0.0,
-                                    'message': 'test_bandwidth: not graded: no CUDA device',
-                                    'output': 'not_graded: 0/2 points\n'
-                                              'test_bandwidth: not graded: no CUDA device\n'
-                                              'tests: 1 not_graded'},
-                                   {'name': 'sort: sort_public',
-                                    'description': 'sort on small inputs',
-                                    'points': 0.0,
-                                    'max_points': 5.0,
-                                    'message': 'not submitted: expected a file named sort.py',
-                                    'output': 'error: 0/5 points\nnot submitted: expected a file named sort.py'}]}
-
-FEEDBACK_BODY_SNAPSHOT = """\
-<body>
-<h1 id="title">Feedback for <span id="submission">zoe</span></h1>
-<section id="summary">
-<p id="total" class="score" data-score="6" data-max="15">Score: <strong>6</strong> of 15 points (2 of them need a CUDA device and were not graded in this run)</p>
-<dl id="run-info"><dt>seed</dt><dd id="seed">99</dd><dt>course</dt><dd id="course">tiny-course 1.0</dd><dt>grader</dt><dd id="grader-version">9.9.9</dd><dt>device</dt><dd id="device">test CPU</dd><dt>torch / triton</dt><dd id="versions">2.5.0 / 3.1.0</dd><dt>graded</dt><dd id="graded-at">2026-11-29T12:00:00+00:00</dd><dt>submission hash</dt><dd id="submission-sha">abababababababab</dd></dl>
-<p class="reproduce">To reproduce the hidden inputs of this run: <code>grader grade SUBMISSION --seed 99</code>.</p>
-</section>
-<section class="exercise" id="ex-scan" data-exercise="scan" data-status="graded">
-<h2>Scan <small>(scan)</small> · <span class="points exercise-score">6/10</span></h2>
-<table class="checks"><thead><tr><th>check</th><th>status</th><th>points</th><th>message</th></tr></thead><tbody>
-<tr class="check" id="check-scan-basic_public" data-check="basic_public" data-status="passed" data-visibility="public"><td><code>basic_public</code><br>scan on small inputs</td><td><span class="status status-passed">passed</span></td><td class="points">4/4</td><td class="message"></td></tr>
-<tr class="check" id="check-scan-edge" data-check="edge" data-status="failed" data-visibility="hidden"><td><code>edge</code><br>scan: empty and long inputs</td><td><span class="status status-failed">failed</span></td><td class="points">2/4</td><td class="message">test_long: row 7: expected 3.0, got 2.5</td></tr>
-<tr class="check" id="check-scan-scan_speed" data-check="scan_speed" data-status="not_graded" data-visibility="hidden"><td><code>scan_speed</code><br>scan bandwidth on CUDA</td><td><span class="status status-not_graded">not graded</span></td><td class="points">0/2</td><td class="message">test_bandwidth: not graded: no CUDA device</td></tr>
-</tbody></table>
-<details class="check-detail" id="detail-scan-edge" open>
-<summary><code>edge</code>: 1 failed, 1 passed</summary>
-<ul class="tests">
-<li class="test" data-status="failed"><code class="test-name">test_long</code> <span class="status status-failed">failed</span><div class="test-message">row 7: expected 3.0, got 2.5</div>
-<pre class="traceback">File &quot;/s/scan.py&quot;, line 4, in scan
-    return x[:-1]
-AssertionError</pre>
-</li>
-</ul>
-</details>
-</section>
-<section class="exercise" id="ex-sort" data-exercise="sort" data-status="missing">
-<h2>Sort <small>(sort)</small> · <span class="points exercise-score">0/5</span></h2>
-<p class="exercise-message message">not submitted: expected a file named sort.py</p>
-<table class="checks"><thead><tr><th>check</th><th>status</th><th>points</th><th>message</th></tr></thead><tbody>
-<tr class="check" id="check-sort-sort_public" data-check="sort_public" data-status="error" data-visibility="public"><td><code>sort_public</code><br>sort on small inputs</td><td><span class="status status-error">error</span></td><td class="points">0/5</td><td class="message">not submitted: expected a file named sort.py</td></tr>
-</tbody></table>
-</section>
-</body></html>
-"""
+# Snapshots of every export, pinned to stored files: tests/test_export_snapshots.py
 
 
 def test_a_student_id_with_control_characters_is_skipped_with_the_reason(tmp_path):

@@ -1,7 +1,7 @@
 """The export subcommands; grader/cli.py registers them with `add_commands(subparsers)`.
 
   grader export RESULTS_DIR --format csv|gradescope|prairielearn|nbgrader [--out PATH]
-  grader feedback RESULT.json|RESULTS_DIR [--out feedback.html|FOLDER]
+  grader feedback RESULT.json|RESULTS_DIR [--out feedback.html|FOLDER | --nbgrader COURSE_DIR]
   grader gradescope-bundle [--out autograder.zip] [--exercise ID]... [--tests all|public]
 
 Every command returns 0 when it wrote its output (files it had to skip are listed on stderr), 2 for bad
@@ -79,7 +79,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     course = _matching(course, loaded)
     submitted = None
     if args.submitted_times:
-        from grader.export.csv_gradebook import read_submission_times
+        from grader.export.times import read_submission_times
 
         submitted = read_submission_times(Path(args.submitted_times))
     results_dir = Path(args.results_dir)
@@ -114,9 +114,19 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         target = args.out or str(results_dir / "gradebook.db")
         url = target if "://" in target else f"sqlite:///{Path(target).resolve()}"
-        summary = to_nbgrader(loaded, url, course, args.course_id, submitted)
+        notes: list[str] = []
+        summary = to_nbgrader(loaded, url, course, args.course_id, submitted, _due(args.due, settings), notes)
+        for note in notes:
+            _say(f"warning: {note}")
         _say(f"nbgrader gradebook {url}: {summary.students} student(s), {summary.assignments} assignment(s), "
-             f"{summary.grades} grade(s), {summary.needs_manual_grade} left for manual grading (need CUDA)")
+             f"{summary.grades} score(s) written")
+        if summary.kept or summary.not_graded:
+            _say(f"  checks these results did not grade (need CUDA, or not selected): {summary.kept} kept the score "
+                 f"an earlier export wrote, {summary.not_graded} have none yet (nbgrader counts them as 0 until the "
+                 "results of a grade that ran them are exported)")
+        if summary.skipped:
+            _say(f"  {summary.skipped} exercise(s) not written (the grading machine failed on them, or their grade did "
+                 "not finish): regrade them")
     return 0
 
 
@@ -125,6 +135,8 @@ def cmd_feedback(args: argparse.Namespace) -> int:
 
     _, course = _course()
     source = Path(args.result)
+    if args.nbgrader:
+        return _nbgrader_feedback(args, source, course)
     if source.is_dir():
         loaded, skipped = load_results(source)
         _report_skipped(skipped)
@@ -148,6 +160,29 @@ def cmd_feedback(args: argparse.Namespace) -> int:
     page = render_feedback(result, _matching(course, [Loaded(source.stem, source, result)]), plots=not args.no_plot)
     out.write_text(page, encoding="utf-8")
     _say(f"feedback page written to {out}")
+    return 0
+
+
+def _nbgrader_feedback(args: argparse.Namespace, source: Path, course: Any) -> int:
+    from grader.export.nbgrader_feedback import write_nbgrader_feedback
+
+    if args.out:
+        raise ExportError("--nbgrader writes COURSE_DIR/feedback/<student>/<exercise>/<exercise>.html: expected no --out")
+    if source.is_dir():
+        loaded, skipped = load_results(source)
+        _report_skipped(skipped)
+    else:
+        try:
+            loaded = [Loaded(source.stem, source, read_result(source))]
+        except ExportError as exc:
+            raise ExportError(f"{source}: {exc}") from None
+    if not loaded:
+        raise ExportError(f"expected at least one valid result in {source}, found none")
+    report = write_nbgrader_feedback(loaded, Path(args.nbgrader), _matching(course, loaded), plots=not args.no_plot)
+    for warning in report.warnings:
+        _say(f"warning: {warning}")
+    _say(f"{len(report.written)} nbgrader feedback page(s) written under {Path(args.nbgrader) / 'feedback'}/; "
+         f"deliver them with `nbgrader release_feedback ASSIGNMENT`")
     return 0
 
 
@@ -182,8 +217,9 @@ def add_commands(subparsers: Any) -> None:
     e.add_argument("--out", "-o", help="csv: a file (default: stdout); gradescope/prairielearn: a folder "
                    "(default: RESULTS_DIR/<format>/), one <student>/results.json each; nbgrader: a database "
                    "file or SQLAlchemy URL (default: RESULTS_DIR/gradebook.db)")
-    e.add_argument("--due", help="csv: due date and time (ISO 8601) for the late flag; default: course.yaml export.due")
-    e.add_argument("--submitted-times", help="csv/nbgrader: a CSV with columns student,submitted_at")
+    e.add_argument("--due", help="csv/nbgrader: due date and time (ISO 8601) for the late flag; default: course.yaml export.due")
+    e.add_argument("--submitted-times", help="csv/nbgrader: a CSV with columns student,submitted_at, or nbgrader's "
+                   "submitted/ folder (each <student>/<assignment>/timestamp.txt)")
     e.add_argument("--checks", action="store_true", help="csv: also one column per check (<exercise>/<check>)")
     e.add_argument("--course-id", default="default_course", help="nbgrader: the gradebook's course id")
     e.set_defaults(fn=_guard(cmd_export))
@@ -191,6 +227,9 @@ def add_commands(subparsers: Any) -> None:
     f = subparsers.add_parser("feedback", help="render a student's result as a self-contained HTML page")
     f.add_argument("result", metavar="RESULT", help="a result .json (or a folder of them: one page each)")
     f.add_argument("--out", "-o", help="the page (default: RESULT with .html) or, for a folder, the output folder")
+    f.add_argument("--nbgrader", metavar="COURSE_DIR", help="write each exercise's page where nbgrader's "
+                   "release_feedback takes it: COURSE_DIR/feedback/<student>/<exercise>/<exercise>.html, beside the "
+                   "timestamp.txt and submission_secret.txt of COURSE_DIR/submitted/<student>/<exercise>/")
     f.add_argument("--no-plot", action="store_true", help="leave out the speed checks' plots (no matplotlib needed)")
     f.set_defaults(fn=_guard(cmd_feedback))
 

@@ -6,7 +6,8 @@ course's points: every check, the CUDA and speed checks included), ``gradable_ma
 machine that graded it could give: a CPU grade cannot give the CUDA checks' points, so a perfect CPU grade
 reads total = gradable_max_score < max_score), ``ungradable`` (yes when the submission could not be read at
 all), ``incomplete`` (yes when the grade stopped half-way), ``late`` (yes/no when a due date and the
-student's submission time are known, else empty, with a warning naming each student whose time is
+student's submission time are known (grader/export/times.py: an LMS's CSV, or nbgrader's timestamp.txt files,
+the latest of the row's exercises), else empty, with a warning naming each student whose time is
 missing), ``seed`` and ``graded_at``; with ``checks=True`` (``--checks``), then one column per check,
 ``<exercise>/<check>``, for regrade requests. Rows are sorted by student.
 
@@ -25,12 +26,12 @@ import csv
 import datetime as dt
 import io
 import math
-from collections.abc import Iterable
-from pathlib import Path
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from grader.export.checks import pts
-from grader.export.load import ExportError, Loaded
+from grader.export.load import Loaded
+from grader.export.times import SubmissionTimes, as_times, aware
 from grader.text import inert
 
 FIXED_BEFORE = ["student", "submission"]
@@ -47,24 +48,6 @@ def exercise_columns(loaded: Iterable[Loaded], course: Any = None) -> list[str]:
     return order
 
 
-def read_submission_times(path: Path) -> dict[str, dt.datetime]:
-    """A CSV with columns ``student`` and ``submitted_at`` (ISO 8601), as an LMS export gives them."""
-    try:
-        rows = list(csv.DictReader(Path(path).read_text(encoding="utf-8").splitlines()))
-    except OSError as exc:
-        raise ExportError(f"cannot read the submission times at {path}: {exc.strerror}") from None
-    if rows and not {"student", "submitted_at"} <= set(rows[0]):
-        raise ExportError(f"{path}: expected columns 'student' and 'submitted_at', found {list(rows[0])}")
-    times = {}
-    for n, row in enumerate(rows, 2):
-        try:
-            times[row["student"]] = _aware(dt.datetime.fromisoformat(row["submitted_at"].strip()))
-        except (TypeError, ValueError):
-            raise ExportError(f"{path}, line {n}: expected an ISO 8601 time in submitted_at, "
-                              f"found {row['submitted_at']!r}") from None
-    return times
-
-
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
@@ -73,10 +56,6 @@ def _text(value: Any) -> str:
     even after leading blanks."""
     value = inert(value).replace("\n", " ")
     return "'" + value if value.lstrip(" ").startswith(FORMULA_STARTS) else value
-
-
-def _aware(moment: dt.datetime) -> dt.datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=dt.timezone.utc)
 
 
 def cents_that_add_up(values: list[float]) -> list[int]:
@@ -106,10 +85,12 @@ def check_columns(loaded: Iterable[Loaded], course: Any = None) -> list[str]:
 
 
 def to_csv(loaded: list[Loaded], course: Any = None, due: dt.datetime | None = None,
-           submitted: dict[str, dt.datetime] | None = None, checks: bool = False,
+           submitted: SubmissionTimes | Mapping[str, dt.datetime] | None = None, checks: bool = False,
            warnings: list[str] | None = None) -> str:
     """The gradebook as CSV text; `warnings` (when given) collects what an instructor should know (a student
-    with no submission time while a due date is set)."""
+    with no submission time while a due date is set). `submitted`: {student: time}, or the times of
+    grader/export/times.py (nbgrader's timestamp.txt: a row's time is the latest of its exercises')."""
+    times = as_times(submitted)
     exercises = exercise_columns(loaded, course)
     per_check = check_columns(loaded, course) if checks else []
     buffer = io.StringIO()
@@ -120,10 +101,10 @@ def to_csv(loaded: list[Loaded], course: Any = None, due: dt.datetime | None = N
         graded = [ex for ex in r["exercises"] if ex["id"] in exercises]
         cents = cents_that_add_up([float(ex["score"]) for ex in graded])
         scores = {ex["id"]: _cents(c) for ex, c in zip(graded, cents)}
-        when = (submitted or {}).get(item.student)
-        if due is not None and when is None and submitted is not None and warnings is not None:
+        when = times.when(item.student, [ex["id"] for ex in r["exercises"]]) if times is not None else None
+        if due is not None and when is None and times is not None and warnings is not None:
             warnings.append(f"no submission time for {inert(item.student)!r} in the submission times: its 'late' is empty")
-        late = "" if due is None or when is None else ("yes" if when > _aware(due) else "no")
+        late = "" if due is None or when is None else ("yes" if when > aware(due) else "no")
         check_points = {f"{ex['id']}/{c['id']}": pts(c["points"]) for ex in r["exercises"] for c in ex["checks"]}
         writer.writerow([_text(item.student), _text(r["submission"]["id"]), *(scores.get(e, "") for e in exercises),
                          _cents(sum(cents)), pts(r["max_score"]), pts(r["gradable_max_score"]),

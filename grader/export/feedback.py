@@ -60,6 +60,14 @@ def _status(status: str) -> str:
     return f'<span class="status status-{_e(status)}">{_e(status.replace("_", " "))}</span>'
 
 
+def exercise_result(result: dict, exercise_id: str) -> dict:
+    """`result` as if it had graded only `exercise_id` (its score and maxima that exercise's): the page of one
+    nbgrader assignment."""
+    ex = next(e for e in result["exercises"] if e["id"] == exercise_id)
+    return {**result, "exercises": [ex], "score": ex["score"], "max_score": ex["max_score"],
+            "gradable_max_score": sum(c["max_points"] for c in ex["checks"] if c["status"] != "not_graded")}
+
+
 def render_feedback(result: dict, course: Any = None, plots: bool = True) -> str:
     """The page as a string; `course` (optional) names the metric each speed check is scored on."""
     sub = result["submission"]["id"]
