@@ -37,9 +37,11 @@ from grader import __version__, report, results, selfstudy
 from grader.options import GradeOptions, OptionsError, add_grade_options
 from grader.course import CourseError, find_root, load_course
 from grader.runner import grade, grade_exercise
-from grader.scale.backend import BackendError
-from grader.scale.backends import add_backend_options, backend_from_args
 from grader.text import inert
+
+# The instructor's commands (grade, batch, slurm, export, gpu-check, release, ...) import their modules
+# (grader/scale/, grader/export/, ...) when they run: a student's copy of the course (grader release) holds
+# only what the student's commands import, so nothing at the top of this module may need the others.
 
 console = Console(stderr=False)
 err = Console(stderr=True)
@@ -61,6 +63,8 @@ def cmd_grade(args: argparse.Namespace) -> int:
     source = Path(args.submission)
     if not source.exists():
         raise UsageError(f"expected a submission folder or archive at {source}, found nothing there")
+    from grader.scale.backends import backend_from_args
+
     opts = GradeOptions.from_args(args)
     if opts.log_dir:
         opts.log_dir.mkdir(parents=True, exist_ok=True)
@@ -103,7 +107,7 @@ def grade_in_container(course, root: Path, source: Path, out: Path | None, opts:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from grader.scale.container import doctor, print_doctor
+    from grader.doctor import doctor, print_doctor
 
     report = doctor()
     if args.json:
@@ -285,7 +289,7 @@ def cmd_interview(args: argparse.Namespace) -> int:
             if contract:
                 console.print(inert(contract), markup=False, highlight=False)
             console.print(f"the whole task: {folder}/README.md; write your code in {folder}/{round_.exercise.file} "
-                          f"(a fresh stub; `pytest {folder}` runs its public tests on it)")
+                          f"(a fresh stub; `.venv/bin/pytest {folder}` runs its public tests on it)")
             if round_.part:
                 console.print(f"this round is one part of {round_.exercise.id}: only the public checks "
                               f"{', '.join(round_.checks)} count")
@@ -378,7 +382,10 @@ def parser(student_only: bool | None = None) -> argparse.ArgumentParser:
     g.add_argument("--format", choices=("table", "json"), default="table")
     g.add_argument("--summary", action="store_true", help="one line per exercise")
     add_grade_options(g)
-    add_backend_options(g)
+    if not sub.student_only:  # the backends (grader/scale/) are not in a student's copy
+        from grader.scale.backends import add_backend_options
+
+        add_backend_options(g)
     g.set_defaults(fn=cmd_grade)
 
     dr = sub.add_parser("doctor", help="print the GPU, driver, CUDA, torch and triton this machine grades with")
@@ -427,13 +434,14 @@ def parser(student_only: bool | None = None) -> argparse.ArgumentParser:
     r.add_argument("--with-solutions", action="store_true", help="a teaching-assistant copy, clearly marked")
     r.set_defaults(fn=cmd_release)
 
-    from grader.scale.batch import add_commands as add_batch_commands
-    from grader.export.cli import add_commands as add_export_commands
-    from grader.scale.slurm import add_commands as add_slurm_commands
+    if not sub.student_only:  # grader/scale/ and grader/export/ are not in a student's copy
+        from grader.scale.batch import add_commands as add_batch_commands
+        from grader.export.cli import add_commands as add_export_commands
+        from grader.scale.slurm import add_commands as add_slurm_commands
 
-    add_batch_commands(sub)
-    add_slurm_commands(sub)
-    add_export_commands(sub)
+        add_batch_commands(sub)
+        add_slurm_commands(sub)
+        add_export_commands(sub)
 
     v = sub.add_parser("validate", help="check course.yaml and the exercises' files")
     v.set_defaults(fn=cmd_validate)
@@ -444,11 +452,18 @@ def parser(student_only: bool | None = None) -> argparse.ArgumentParser:
     return p
 
 
+def _input_errors() -> tuple[type[BaseException], ...]:
+    """The errors that mean bad input (exit status 2). A BackendError only where a command loaded the backends
+    (grader/scale/backend.py): no other command raises one, and a student's copy does not hold them."""
+    backend = sys.modules.get("grader.scale.backend")
+    return (UsageError, CourseError, KeyError, OptionsError) + ((backend.BackendError,) if backend else ())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (UsageError, CourseError, KeyError, BackendError, OptionsError) as exc:
+    except _input_errors() as exc:
         err.print(Text.assemble(("error:", "red"), " ", inert(str(exc).strip(chr(39)).strip(chr(34)))))
         return 2
 

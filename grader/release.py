@@ -1,9 +1,10 @@
 """`grader release OUT_DIR`: write the student repository, and prove it leaks nothing.
 
 The release holds what a student needs to work and to run `make check`: the exercises (stubs,
-READMEs, public tests), course.yaml without its instructor-only sections, the grader package without
-its hidden tests, a student README and Makefile, and pyproject.toml. It never holds solutions/, grader/hidden/, the project's tests or
-the known-wrong submissions.
+READMEs, public tests), course.yaml without its instructor-only sections, the part of the grader package
+that the student's commands use (INSTRUCTOR_GRADER lists what it leaves out), a student README and
+Makefile, and pyproject.toml. It never holds solutions/, grader/hidden/, the project's tests or the
+known-wrong submissions.
 
 The leak check runs on the finished tree before it is moved into place (a failed check writes
 nothing) and again in the project's tests:
@@ -276,8 +277,17 @@ def _given_complete(rel: str, course_root: Path) -> set[str]:
 # Writing the release
 
 
-# Instructor material that a student's copy does not hold: the authoring guide, the cluster and export guides.
-INSTRUCTOR_DOCS = ("AUTHORING.md", "SLURM.md", "export/README.md")
+# The parts of grader/ that a student's copy does not hold, as paths under grader/: the hidden tests; what only
+# they and `make bench` read (the benchmarks, the speed cases); grading at scale (batch, Slurm, the local and
+# container backends, their process-tree helpers) and the exports to gradebooks, with their schemas; the GPU
+# check; the release itself; the authoring and cluster guides. A student's copy runs check, hint, progress,
+# interview and doctor (grader/cli.py, STUDENT_COMMANDS), which import none of these: the instructor's commands
+# import them when they run. tests/test_release.py imports every module a release holds, in the release.
+INSTRUCTOR_GRADER = (
+    "hidden", "bench", "cases", "scale", "export", "gpucheck.py", "release.py", "proctree.py",
+    "schemas/gradescope_results.schema.json", "schemas/prairielearn_results.schema.json",
+    "AUTHORING.md", "SLURM.md",
+)
 # In an exercise README, the paragraphs between these markers are for the instructor (seed sweeps, benchmarks
 # against the reference solution): the release leaves them out.
 INSTRUCTOR_BLOCK = re.compile(r"\n?<!-- instructor[^>]*-->.*?<!-- /instructor -->\n?", re.S)
@@ -289,9 +299,12 @@ def student_readme(text: str) -> str:
 
 
 def _copy_tree(src: Path, dst: Path, skip: tuple[str, ...] = ()) -> None:
+    """Copy src to dst, but for caches and the paths in `skip` (relative to src: a file, or a folder and all below it)."""
+    skipped = [Path(s).parts for s in skip]
     for path in sorted(src.rglob("*")):
         rel = path.relative_to(src)
-        if any(part in ("__pycache__", ".pytest_cache") for part in rel.parts) or str(rel).startswith(skip):
+        if any(part in ("__pycache__", ".pytest_cache") for part in rel.parts) or any(
+                rel.parts[:len(s)] == s for s in skipped):
             continue
         target = dst / rel
         if path.is_dir():
@@ -311,8 +324,8 @@ def practice_plan(course) -> str:
     return "\n".join(rows) + (
         "\n\n`make interview LEVEL=easy|medium|hard MINUTES=45` picks a round that fits (or name one: "
         "`EX=gptq/quantizer`), copies the stub as handed out (from `.pristine/`, even after you solved the exercise) "
-        "into `practice/<id>/`, prints the contract and starts the clock; `pytest practice/<id>` tests that copy; "
-        "`make interview-check` runs the round's public tests on it, says which fail and shows the time used; "
+        "into `practice/<id>/`, prints the contract and starts the clock; `.venv/bin/pytest practice/<id>` tests that "
+        "copy; `make interview-check` runs the round's public tests on it, says which fail and shows the time used; "
         "`make interview-done` records the round in `.progress.json`."
     )
 
@@ -335,7 +348,7 @@ def build_release(course_root: Path, out: Path, with_solutions: bool = False) ->
             kept = staging / PRISTINE / exercise.id / exercise.file
             kept.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(course_root / "exercises" / exercise.id / exercise.file, kept)
-        _copy_tree(course_root / "grader", staging / "grader", skip=("hidden", "bench", *INSTRUCTOR_DOCS))
+        _copy_tree(course_root / "grader", staging / "grader", skip=INSTRUCTOR_GRADER)
         (staging / "grader" / "RELEASE").write_text("A student's copy of the course: grader offers the student's "
                                                     "commands only (grader/cli.py, STUDENT_COMMANDS).\n")
         (staging / "course.yaml").write_text(student_course_yaml(course_root))
@@ -343,7 +356,8 @@ def build_release(course_root: Path, out: Path, with_solutions: bool = False) ->
         (staging / "Makefile").write_text(STUDENT_MAKEFILE)
         marker = " (teaching-assistant copy: contains the solutions)" if with_solutions else ""
         (staging / "README.md").write_text(STUDENT_README.format(marker=marker, plan=practice_plan(course)))
-        (staging / ".gitignore").write_text(".venv/\n__pycache__/\n*.egg-info/\n.hints.json\n.progress.json\npractice/\n")
+        (staging / ".gitignore").write_text(".venv/\n__pycache__/\n*.egg-info/\n.pytest_cache/\n.hints.json\n.progress.json\n"
+                                            "practice/\n")
         leaks = [] if with_solutions else leak_check(staging, course_root)
         if leaks:
             raise LeakError(leaks)

@@ -1,15 +1,18 @@
 """The student release: complete enough to work on its own, and leaking nothing."""
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from grader.course import load_course
-from grader.release import LeakError, build_release, leak_check
+from grader.release import INSTRUCTOR_GRADER, LeakError, build_release, leak_check
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +130,58 @@ def test_every_command_the_release_names_is_in_the_release(release):
     assert "<!-- instructor" not in "".join(p.read_text() for p in release.glob("exercises/*/README.md"))
 
 
+def _in_release(release: Path) -> dict[str, str]:
+    """The environment a command runs in to use the release's own grader package (PYTHONPATH wins over the
+    project's editable install), outside any virtual environment, pytest worker or make of the caller, with the
+    system's programs only on PATH (as on a student's fresh machine: no pytest or python of some other environment)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("VIRTUAL_ENV", "PYTHONPATH", "MAKEFLAGS", "MAKELEVEL", "MFLAGS")
+           and not k.startswith("PYTEST_")}
+    return {**env, "PYTHONPATH": str(release), "COLUMNS": "160", "PATH": "/usr/bin:/bin"}
+
+
+IMPORT_EVERY_MODULE = """
+import importlib, pathlib, sys
+root = pathlib.Path.cwd()
+failed = []
+for path in sorted((root / "grader").rglob("*.py")):
+    parts = path.relative_to(root).with_suffix("").parts
+    if parts[-1] == "__main__":
+        continue  # runs the command line: `python -m grader --help` below
+    name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    try:
+        module = importlib.import_module(name)
+        assert pathlib.Path(module.__file__).is_relative_to(root), f"imported from {module.__file__}"
+    except BaseException as exc:
+        failed.append(f"{name}: {type(exc).__name__}: {exc}")
+print("\\n".join(failed))
+sys.exit(1 if failed else 0)
+"""
+
+
+def test_the_release_holds_no_instructor_module_and_every_module_it_holds_imports(release, tmp_path):
+    """The grader's instructor-only parts (batch, Slurm, the container backends, the exports, gpu-check, the release
+    itself, the benchmarks) are not in a student's copy, and nothing it holds needs them: every module imports
+    there, and the student's commands run."""
+    for rel in INSTRUCTOR_GRADER:
+        assert not (release / "grader" / rel).exists(), f"grader/{rel} is instructor-only"
+    for kept in ("harness/worker.py", "support/timing.py", "structure.py", "testing.py", "plugin.py", "doctor.py",
+                 "schemas/result.schema.json"):
+        assert (release / "grader" / kept).is_file(), f"grader/{kept} is what the student's make check runs"
+    lab = tmp_path / "lab"
+    shutil.copytree(release, lab, ignore=shutil.ignore_patterns(".venv"))
+    env = _in_release(lab)
+    run = subprocess.run([sys.executable, "-c", IMPORT_EVERY_MODULE], cwd=lab, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, f"modules of the release that do not import there:\n{run.stdout}{run.stderr[-3000:]}"
+    for args, shows in ((["--help"], "{doctor,check,hint,progress,interview}"), (["check", "--help"], "--verbose"),
+                        (["hint", "online_softmax"], "hint 1/"), (["progress"], "hints seen"),
+                        (["progress", "gptq"], "hidden tests"), (["doctor"], "torch")):
+        done = subprocess.run([sys.executable, "-m", "grader", *args], cwd=lab, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0 and shows in done.stdout, f"grader {' '.join(args)}: {done.stdout}{done.stderr}"
+
+
 def test_the_release_offers_the_students_commands_only(release):
     run = subprocess.run([sys.executable, "-m", "grader", "--help"], cwd=release, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(release)}, timeout=120)
@@ -188,3 +243,99 @@ def test_interview_round(root, tmp_path):
     assert "gptq/quantizer: 0/3 public tests pass" in check.stdout, check.stdout + check.stderr
     unknown = grader("interview", "start", "--exercise", "gptq/nope")
     assert unknown.returncode == 2 and "has no part 'nope'" in unknown.stderr, unknown.stdout + unknown.stderr
+
+
+# In the docs, a command is a line of a ```bash (sh, shell, console) block, or a code span that begins like one.
+SHELL_BLOCK = re.compile(r"```(bash|sh|shell|console)?[^\n]*\n(.*?)```", re.S)
+COMMAND_START = re.compile(r"^(?:(?:make|pytest)(?:\s|$)|python3? -m \S|\.venv/bin/\S)")
+# Commands the test does not run: they make .venv from the network, and the test's .venv is the project's own.
+SETS_UP_THE_VENV = re.compile(r"-m venv\b|pip install")
+# A make variable that only the setting up of .venv reads: with .venv made, `make check TORCH=...` is `make check`.
+SETUP_ONLY = re.compile(r" TORCH=\S+")
+
+
+def _commands_in(text: str) -> list[str]:
+    """The shell commands a README names, in order: each line of a shell code block, and each code span (it may
+    wrap onto the next line) that starts like a command. HTML comments, which a reader does not see, are left out."""
+    parts = SHELL_BLOCK.split(re.sub(r"<!--.*?-->", "", text, flags=re.S))  # prose, language, block, prose, ...
+    commands = []
+    for i in range(0, len(parts), 3):
+        spans = (" ".join(s.split()) for s in re.findall(r"`([^`]+)`", parts[i]) if "\n\n" not in s)
+        commands += [s for s in spans if COMMAND_START.match(s)]
+        if i + 2 < len(parts) and parts[i + 1]:
+            lines = (line.strip() for line in parts[i + 2].splitlines())
+            commands += [line for line in lines if line and not line.startswith("#")]
+    return commands
+
+
+def _makefile_commands(text: str) -> list[str]:
+    """What the Makefile's comments tell the reader to type: code spans, and `make TARGET VAR=value [VAR=value]`."""
+    comments = "\n".join(line.split("#", 1)[1] for line in text.splitlines() if "#" in line)
+    named = [s for s in re.findall(r"`([^`]+)`", comments) if COMMAND_START.match(s)]
+    return named + re.findall(r"(?<!`)\bmake [a-z][\w-]*(?: (?:[A-Z]+=[^\s;)\]]+|\[[^\]]*\]))*", comments)
+
+
+def _as_typed(command: str, lab: Path) -> str:
+    """A command as a student types it: `# comment` dropped, `<id>` filled in (online_softmax; in practice/<id>,
+    the running interview round's folder), the first of `a|b|c`, an optional `[...]` included."""
+    command = re.sub(r"\s+#.*$", "", command)
+    if "practice/<id>" in command:
+        progress = lab / ".progress.json"
+        state = json.loads(progress.read_text()).get("interview") if progress.exists() else None
+        assert state, f"{command!r} is named before any `make interview` started a round"
+        command = command.replace("practice/<id>", state["folder"])
+    command = re.sub(r"<(?:id|exercise id)>", "online_softmax", command)
+    command = re.sub(r"(?<==)([\w.-]+)(?:\|[\w.-]+)+", r"\1", command)
+    return re.sub(r"\[([^\]]*)\]", r"\1", command)
+
+
+BROKEN = re.compile(r"No such file|not found|No module named|No rule to make target|Traceback \(most recent")
+
+
+@pytest.mark.slow  # about 1-2 minutes: every command of the release's docs, each a process that imports torch
+def test_every_command_the_release_names_works_as_written(release, tmp_path):
+    """Each command the release's README.md, exercises/*/README.md and Makefile name, run in a copy of the release,
+    in the order a student reads them (README.md, the exercises in course order, the Makefile): none may fail for a
+    missing file, module, target or program, nor with a usage error. Failing tests are fine: the stubs are unsolved,
+    so pytest's exit status 1 (and make's `Error 1` from it) counts as a working command.
+
+    For speed the copy does not install its own .venv (`make check` would, from the network): .venv is a symlink to
+    the project's, and PYTHONPATH points at the copy, so the commands run the release's grader package (the sandboxed
+    worker, started with `python -I`, imports the project's identical grader/harness instead). pyproject.toml is
+    dated back so that make takes .venv as up to date and never reinstalls the shared one; the commands that would
+    make a venv (`python3 -m venv`, `pip install`) are not run, and `TORCH=` (read only by that setup) is not run
+    again beside the same command without it."""
+    if not (Path(sys.prefix) / "bin" / "grader").is_file():
+        pytest.fail(f"expected the project's tests to run in its virtual environment (make test), found {sys.prefix}")
+    lab = tmp_path / "lab"
+    shutil.copytree(release, lab, ignore=shutil.ignore_patterns(".venv", ".progress.json", ".hints.json", "practice"))
+    (lab / ".venv").symlink_to(Path(sys.prefix))
+    os.utime(lab / "pyproject.toml", (0, 0))
+    env = _in_release(lab)
+    assert subprocess.run(["make", "-q", "setup"], cwd=lab, env=env, capture_output=True).returncode == 0, (
+        "make would reinstall .venv (the project's own): the test must not run")
+
+    docs = [lab / "README.md", *(lab / "exercises" / e.id / "README.md" for e in load_course(lab).exercises)]
+    named = [(doc.relative_to(lab), c) for doc in docs for c in _commands_in(doc.read_text())]
+    named += [(Path("Makefile"), c) for c in _makefile_commands((lab / "Makefile").read_text())]
+    assert any(c.startswith(".venv/bin/pytest") for _, c in named) and any("interview" in c for _, c in named), named
+    ran, broken, took = set(), [], {}
+    for doc, command in named:
+        if SETS_UP_THE_VENV.search(command):
+            continue
+        typed = _as_typed(command, lab)
+        if SETUP_ONLY.sub("", typed) in ran:
+            continue
+        ran.add(SETUP_ONLY.sub("", typed))
+        start = time.monotonic()
+        done = subprocess.run(["bash", "-c", typed], cwd=lab, env=env, capture_output=True, text=True, timeout=300)
+        took[typed] = time.monotonic() - start
+        out = done.stdout + done.stderr
+        recipe = re.findall(r"^make: \*\*\* \[[^\]]*\] Error (\d+)$", out, re.M)
+        status = int(recipe[-1]) if done.returncode == 2 and recipe else done.returncode
+        if status not in (0, 1) or BROKEN.search(out):
+            broken.append(f"{doc}: {command!r} ran as {typed!r}: exit {done.returncode} (status {status})\n"
+                          + out[-1500:])
+    print("\n".join(f"{t:6.1f} s  {c}" for c, t in took.items()))
+    assert not broken, "commands the release names that do not work there:\n\n" + "\n\n".join(broken)
+    assert len(ran) >= 10, f"expected the docs to name at least 10 commands, found {sorted(ran)}"
