@@ -426,14 +426,37 @@ class SupportsWork(Protocol):
 READ_ALLOWANCE = 128
 
 
+# The operators a counted call may dispatch at either size, whatever its size: the references dispatch 10-52
+# (paged_kv's slot_mapping 10, speculative 19-39, moe_router 12-48, paged_attention 52), so six times the
+# largest leaves room for honest code that loops over a few heads or experts. The big counted sizes hold more
+# elements than this to loop over (moe_router 480 tokens, speculative about 500 rows or vocabulary entries,
+# paged_kv 320 sequences or more), so a loop padded to a constant above its big size's count fails here.
+OPS_ALLOWANCE = 300
+
+
 def assert_no_hidden_loop(what: str, sizes: tuple[str, str], small: SupportsWork, big: SupportsWork,
-                          advice: str, slack: int = 10) -> None:
+                          advice: str, slack: int = 10, max_ops: int | None = OPS_ALLOWANCE) -> None:
     """Fail when the torch operators a call dispatched, or the tensor elements it read back into Python,
     grow from the small size to the big one (`sizes` names them, "T=48" and "T=480"): a loop over the data
     that runs in C (``map``, ``sorted`` with a key, a comprehension over ``.tolist()``) executes no line per
     element, but it dispatches an operator per element or reads every element back. Vectorised code keeps
-    both counts whatever the size. Worker figures: call `assert_untampered` first (the session's
-    `work_executed` does)."""
+    both counts whatever the size. `max_ops` bounds the count at either size outright (`OPS_ALLOWANCE`): a
+    growth test alone let a loop pad the small call's operators up to the big one's (red team round 18: one
+    tensor_split(k) dispatches k slices), so the big size must hold more elements to loop over than
+    `max_ops`; a test whose big size is smaller passes None (the public tests' quick sizes). Worker
+    figures: call `assert_untampered` first (the session's `work_executed` does)."""
+    path = os.environ.get("GRADER_WORK_LOG")
+    if path:
+        with open(path, "a") as out:
+            out.write(json.dumps({"what": what, "sizes": list(sizes), "ops": [small.ops, big.ops],
+                                  "reads": [small.reads, big.reads], "read_bytes": [small.read_bytes, big.read_bytes],
+                                  "max_ops": max_ops}) + "\n")
+    if max_ops is not None and max(small.ops, big.ops) > max_ops:
+        raise AssertionError(
+            f"{what} dispatched {small.ops} torch operators for {sizes[0]} and {big.ops} for {sizes[1]}: vectorised "
+            f"code dispatches a few dozen whatever the size (the bar is {max_ops} at either size), so something runs "
+            f"operators once per element, or pads the count. {advice}".strip()
+        )
     if big.ops > small.ops + slack:
         raise AssertionError(
             f"{what} dispatched {small.ops} torch operators for {sizes[0]} and {big.ops} for {sizes[1]}: the count "

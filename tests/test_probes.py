@@ -477,6 +477,7 @@ def _host_numpy(x):
     return out
 
 
+SPLITS = torch.tensor([2, 7])  # made before the rule: a split by a tensor reads it on the host
 HOST_WORK = {  # what a Triton-contract function's host code may not do, each with words its message holds
     "an exp on the host": (lambda: torch.exp(X), "aten::exp outside any kernel launch"),
     "a matmul on the host": (lambda: X @ X.t(), "aten::mm"),
@@ -503,6 +504,8 @@ HOST_WORK = {  # what a Triton-contract function's host code may not do, each wi
     "data_ptr": (lambda: X.data_ptr(), "data_ptr"),
     "apply_ with a builtin": (lambda: X.clone().apply_(abs), "Tensor.apply_"),
     "torch.frombuffer": (lambda: torch.frombuffer(bytearray(8), dtype=torch.float32), "frombuffer"),
+    "tensor_split by a tensor": (lambda: X.flatten().tensor_split(SPLITS), "tensor of indices"),
+    "torch.tensor_split by a tensor": (lambda: torch.tensor_split(X, SPLITS[:1], dim=1), "tensor of indices"),
 }
 
 
@@ -873,6 +876,25 @@ def test_a_read_through_a_view_counts_what_it_exposes():
         with probes.reads_counted() as counter:
             read()
         assert counter.reads == exposed, f"expected {exposed} elements counted, found {counter.reads}"
+
+
+def test_tensor_split_by_a_tensor_counts_its_indices_as_read():
+    """tensor_split reads a 1-D tensor of indices in C++ and dispatches only the slices it makes; each piece's
+    storage_offset() then hands one index to Python (red team round 18: x's values read through
+    x.tensor_split(x.long()...) behind a copy kernel took online_softmax's Triton checks 27/27, and padded
+    operator counts kept moe_router's and speculative's vectorised points). With ints it is a view."""
+    x, idx = torch.arange(100.0), torch.arange(1, 41)
+    for split in (lambda: x.tensor_split(idx), lambda: torch.tensor_split(x, idx),
+                  lambda: torch.tensor_split(x, tensor_indices_or_sections=idx)):
+        with probes.reads_counted() as counter:
+            pieces = split()
+        assert len(pieces) == 41 and counter.reads == 40 and counter.read_bytes == 320, (counter.reads,
+                                                                                        counter.read_bytes)
+    with probes.reads_counted() as counter:
+        x.tensor_split(4), x.tensor_split([3, 9]), torch.tensor_split(x, 5)
+    assert counter.reads == 0, f"a split by ints reads nothing back, counted {counter.reads}"
+    with probes.forbidden(KERNEL_RULE):
+        x.tensor_split([3, 9])  # a view, allowed under the kernel rule
 
 
 def test_a_copy_into_numpys_memory_counts_as_a_read_and_breaks_the_kernel_rule():

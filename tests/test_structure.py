@@ -385,7 +385,7 @@ ATTACKS = [
     ("speculative", SETTRACE_LOOP, "tampered"),
     ("speculative", SETTRACE_BY_NAME, "tampered"),
     ("speculative", next(m for m in SPECULATIVE_MUTANTS if m.name == "one_draw_per_row_through_map"), "ops"),
-    ("speculative", MAP_PADDED, "padded"),
+    ("speculative", MAP_PADDED, "allowance"),  # padded operators: caught by the count's bar before the clock
     ("speculative", MAP_SLEEPING, "tampered"),
     ("speculative", LOOP_PADDED, "lines"),
     ("paged_kv", Mutant("free_list_behind_a_flat_clock", "a list as the free queue, and time.perf_counter replaced so "
@@ -399,7 +399,7 @@ ATTACKS = [
 ]
 EXTRA_SOURCE = {"free_list_behind_a_flat_clock": FLAT_CLOCK, "free_list_behind_a_patched_driver": PATCHED_DRIVER}
 MESSAGES = {"tampered": "your file reaches for", "clock": "on the grader's own clock",
-            "ops": "torch operators for",
+            "ops": "torch operators for", "allowance": "at either size",
             "disagree": "disagree with the grader's own clock", "padded": "round trips only",
             "lines": "whatever the size"}
 

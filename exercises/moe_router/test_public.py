@@ -247,7 +247,7 @@ def test_route_runs_the_same_lines_for_16_and_160_tokens(sm, student):
     assert work[160].lines <= work[16].lines + 10, (
         f"route ran {work[16].lines} lines of your file for 16 tokens and {work[160].lines} for 160: a Python loop "
         f"over tokens. {advice}")
-    assert_no_hidden_loop("route", ("16 tokens", "160 tokens"), work[16], work[160], advice)
+    assert_no_hidden_loop("route", ("16 tokens", "160 tokens"), work[16], work[160], advice, max_ops=None)
 
 
 @pytest.mark.check("dispatch_public")

@@ -241,7 +241,7 @@ def test_slot_mapping_has_no_loop_over_tokens(pk, student):
         f"loop over tokens. {advice}"
     )
     # map() over .tolist() values runs no line of yours per token; the values it reads back still grow
-    assert_no_hidden_loop("slot_mapping", ("4 positions", "512 positions"), work_small, work_big, advice)
+    assert_no_hidden_loop("slot_mapping", ("4 positions", "512 positions"), work_small, work_big, advice, max_ops=None)
     timing = clock(student.mode, lambda t, p: pk.slot_mapping(t, p, 4), identity_tables, check_identity_slots,
                    SLOTS_CLOCK)
     assert_flat_on_the_clock(timing, "slot_mapping", advice, lines=(lines_small, lines_big), loop="a loop over tokens")
@@ -321,7 +321,7 @@ def test_paged_attention_has_no_loop_over_sequences(pk, student):
         f"paged_attention ran {small.lines} lines of your code for {sizes[0]} and {big.lines} for {sizes[1]}: a "
         f"Python loop over sequences, blocks or tokens. {advice}"
     )
-    assert_no_hidden_loop("paged_attention", sizes, small, big, advice)
+    assert_no_hidden_loop("paged_attention", sizes, small, big, advice, max_ops=None)
 
 
 @pytest.mark.check("triton_public")

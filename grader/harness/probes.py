@@ -357,6 +357,12 @@ HOST_READS: dict[str, str] = {
     "torch.from_file": "torch.from_file (a tensor over a file Python reads without torch)",
     "torch.save": "torch.save (pickling tensors' and storages' bytes where Python reads them)",
     "torch.serialization.save": "torch.save (pickling tensors' and storages' bytes where Python reads them)",
+    # tensor_split with a 1-D tensor of indices reads them in C++, with no operator of its own: the guard and the
+    # counter saw only the slices it made, and each piece's storage_offset() handed one value to Python (red
+    # team round 18: a host softmax behind a copy kernel took online_softmax's Triton checks, 27/27). Watched
+    # only when handed a tensor (`_VALUE_ARGUMENTS`); with ints it is a view like any other.
+    "torch.tensor_split": "torch.tensor_split with a tensor of indices (it reads them on the host)",
+    "torch.Tensor.tensor_split": "Tensor.tensor_split with a tensor of indices (it reads them on the host)",
     # A storage the student holds (made at import: torch.UntypedStorage(n), then a tensor over it with set_) has
     # byte routes of its own that dispatch no operator: the red team copied a result into one and read it with
     # torch.save or _write_file (flash_attention 76/76 from host numpy), and wrote one with _set_from_file.
@@ -370,6 +376,13 @@ HOST_READS: dict[str, str] = {
 # tensor's storage, and pass through when handed a tensor or plain Python data (a list, a number: a copy).
 _CREATING = frozenset({"torch.frombuffer", "torch.from_dlpack", "torch.utils.dlpack.from_dlpack", "torch.from_numpy",
                        "torch.as_tensor", "torch.asarray"})
+
+# Of those, the routes that read the values of one argument only when it is a tensor (its position, its names):
+# they count that tensor's elements, and pass through otherwise.
+_VALUE_ARGUMENTS: dict[str, tuple[int, tuple[str, ...]]] = {
+    "torch.tensor_split": (1, ("indices_or_sections", "tensor_indices_or_sections", "indices", "sections")),
+    "torch.Tensor.tensor_split": (1, ("indices_or_sections", "tensor_indices_or_sections", "indices", "sections")),
+}
 
 _TENSOR_STORAGE = torch._C.TensorBase.untyped_storage  # taken before any student code, never patched
 _STORAGE_DATA_PTR = torch._C.StorageBase.data_ptr  # type: ignore[attr-defined]  # likewise (not in torch's stubs)
@@ -1126,6 +1139,16 @@ def _watched_create(fn: Any, what: str, args: tuple, kwargs: dict) -> Any:
     return out
 
 
+def _watched_values(fn: Any, what: str, args: tuple, kwargs: dict, position: int, names: tuple[str, ...]) -> Any:
+    value = args[position] if len(args) > position else next((kwargs[n] for n in names if n in kwargs), None)
+    if isinstance(value, torch.Tensor) and not in_launch():
+        if _READS["refuse"]:
+            raise host_read_refused(what, _READS["why"])
+        if _READS["counters"]:
+            _count_read(*_extent(value, whole_storage=False))
+    return fn(*args, **kwargs)
+
+
 def _watching(current: Any, original: Any, what: str, dotted: str) -> Any:
     """The wrapper that watches the route `dotted`. Its settings are bound in a closure, never as keyword
     defaults: a call can pass any keyword, and ``t.numpy(_whole=False)`` would have counted one element of
@@ -1143,6 +1166,13 @@ def _watching(current: Any, original: Any, what: str, dotted: str) -> Any:
             return _watched_create(current, what, args, kwargs)
 
         return functools.wraps(current)(creating)
+    if dotted in _VALUE_ARGUMENTS:
+        position, names = _VALUE_ARGUMENTS[dotted]
+
+        def splitting(*args, **kwargs):
+            return _watched_values(current, what, args, kwargs, position, names)
+
+        return functools.wraps(current)(splitting)
 
     def reading(*args, **kwargs):
         return _watched_read(current, what, args, kwargs, whole, aliasing, calls_back)

@@ -182,6 +182,8 @@ class Finding:
 TRACING = "your code changes the tracing the grader's probes use"
 DISPATCH = "your code reaches torch's dispatch-mode machinery, which the forbidden-call guard is built on"
 TORCH_PRIVATE = "your code uses torch's private internals, which can switch off the grader's probes"
+SAVED_TENSORS = ("your code hooks autograd's saved tensors or every module's calls, which hides from the grader what "
+                 "the backward pass keeps alive")
 PRIVATE = "your code uses a module's private internals, which can reach past the grader's checks"
 KERNELS = "your code registers operator kernels, which run where the forbidden-call guard cannot see"
 HARNESS = "your code reaches the grader's own code"
@@ -253,6 +255,20 @@ MODULES: dict[str, str] = {
     "torch.utils._python_dispatch": DISPATCH, "torch.overrides": DISPATCH, "torch.utils._mode_utils": DISPATCH,
     "torch.library": KERNELS, "torch._library": KERNELS, "torch.ops.load_library": KERNELS,
     "torch.ops.import_module": KERNELS,
+    # the census of saved activations (pipeline_1f1b) hooks autograd's packing of saved tensors; a hook of the
+    # student's own, innermost, hid every real activation from it (red team round 18: 10/10 from an executor
+    # that ignored the schedule)
+    **{f"torch.autograd.graph.{name}": SAVED_TENSORS for name in (
+        "saved_tensors_hooks", "disable_saved_tensors_hooks", "save_on_cpu", "register_multi_grad_hook",
+        "allow_mutation_on_saved_tensors")},
+    **{f"{module}.{name}": SAVED_TENSORS for module in ("torch.nn.modules.module", "torch.nn.modules")
+       for name in ("register_module_forward_pre_hook", "register_module_forward_hook",
+                    "register_module_full_backward_pre_hook", "register_module_full_backward_hook",
+                    "register_module_backward_hook")},
+    # reads its tensor of indices in C++, where neither the guard nor the counters see it (torch.tensor_split and
+    # Tensor.tensor_split are watched: grader/harness/probes.py, HOST_READS)
+    "torch.ops.aten.tensor_split": "your code calls tensor_split through torch.ops, which reads a tensor's values on "
+                                   "the host out of the grader's sight: call torch.tensor_split or Tensor.tensor_split",
     "sys.settrace": TRACING, "sys.setprofile": TRACING, "sys.gettrace": TRACING, "sys.getprofile": TRACING,
     "sys.monitoring": TRACING, "sys.call_tracing": TRACING, "sys.breakpointhook": TRACING,
     "pdb": TRACING, "bdb": TRACING, "trace": TRACING, "cProfile": TRACING, "profile": TRACING,

@@ -207,3 +207,32 @@ MUTANTS = [
         loses=["run_pipeline_memory", "run_pipeline", "run_pipeline_public"],
     ),
 ]
+
+# Work per op that grows with the micro-batches: caught by MICROBATCH_CLOCK (m from 64 to 4096 at p = 2), which the
+# ops probe (m = 32) and the stage probe (m = 2048 at p = 2, where a slow many-micro-batch shape only lowers the
+# ratio) both missed (red team round 18: 15/15 and 5/5).
+MUTANTS += [
+    Mutant(
+        "1f1b_checks_each_op_against_the_row",
+        "to be sure no op is scheduled twice, I check each new op against the stage's row so far (`op in ops`)",
+        [("            ops += [(\"F\", warmup + i), (\"B\", i)]\n",
+          "            for op in ((\"F\", warmup + i), (\"B\", i)):\n"
+          "                if op in ops:\n"
+          "                    raise RuntimeError(f\"{op} scheduled twice\")\n"
+          "                ops.append(op)\n")],
+        loses=["one_f_one_b"],
+    ),
+    Mutant(
+        "simulate_searches_the_finished_ops",
+        "simulate keeps each stage's finished ops in a list and finds a dependency's finish time with list.index",
+        [("    finish: dict[tuple[str, int, int], float] = {}\n",
+          "    done: list[list] = [[] for _ in range(p)]  # per stage: (op, finish time), in order\n"),
+         ("            arrival = finish[dep] + (p2p_time if dep[2] % p != s else 0.0)\n",
+          "            ops_done = [o for o, _ in done[dep[2] % p]]\n"
+          "            arrival = done[dep[2] % p][ops_done.index(dep)][1] + (p2p_time if dep[2] % p != s else 0.0)\n"),
+         ("        finish[op] = stage_free[s] = end\n",
+          "        stage_free[s] = end\n        done[s].append((op, end))\n")],
+        loses=["simulate_linear"],
+    ),
+]
+

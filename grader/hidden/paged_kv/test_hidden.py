@@ -1236,8 +1236,9 @@ def test_slot_mapping_lines_do_not_grow(student, pk, rng):
     small, tables_small = random_tables(r, [3, 6], 4, 0)
     # Drawn from the seed, so the counted call has no shape to spot. Many short rows: a loop over the rows that
     # map() runs dispatches an operator or more a row, which must clear the slack of 10 on every seed (at 10-14
-    # rows, torch.take mapped over the rows kept its points on some: red team round 17).
-    B, width = r.randint(40, 56), r.randint(9, 12)
+    # rows, torch.take mapped over the rows kept its points on some: red team round 17), and more rows than
+    # OPS_ALLOWANCE, so that padding the small call's count up to the big one's fails too (round 18).
+    B, width = r.randint(320, 400), r.randint(5, 8)
     large, tables_large = random_tables(r, [width] * B, 4, 1)
     pos_small = torch.tensor([[2, -1], [4, 5]])
     pos_large = torch.arange(width).repeat(B, 1)
@@ -1388,10 +1389,11 @@ def check_clocked_attention(out, q, k, v, tables_t, seq_lens, tables, lengths, r
 def test_paged_attention_lines_do_not_grow(student, pk, rng):
     r = rand(rng)
     small = attention_case(r, 2, 4, 2, 8, 4, torch.float32, 0, lengths=[3, 6])
-    # Drawn from the seed, so the counted call has no shape to spot; at least 16 sequences, so that a loop over
-    # them that map() runs, even one operator a sequence, clears the operator count's slack of 10.
-    B = r.randint(16, 22)
-    lengths = [0, 64, *(r.randint(1, 48) for _ in range(B - 2))]
+    # Drawn from the seed, so the counted call has no shape to spot; more sequences than OPS_ALLOWANCE, so that
+    # a loop over them that map() runs, even one operator a sequence, fails whether or not it pads the small
+    # call's count (red team round 18: P.V by torch.einsum mapped over the sequences, padded, kept 3/3).
+    B = r.randint(320, 400)
+    lengths = [0, 64, *(r.randint(1, 12) for _ in range(B - 2))]
     large = attention_case(r, B, 4, 2, 8, 4, torch.float32, 0, lengths=lengths)
 
     def checked(case):

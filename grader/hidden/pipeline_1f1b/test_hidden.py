@@ -358,6 +358,9 @@ def assert_linear_on_the_clock(student, fn, oracle, kind: str, what: str) -> Non
     timing = schedule_timing(student, fn, oracle, what, shapes_per_run(kind), STAGES_CLOCK[kind],
                              work=lambda got, *args: shape_of(args[0], kind) * got["ops"] / STAGES_OPS[kind])
     assert_flat_on_the_clock(timing, what, LINEAR_ADVICE, loop="work per op that grows with the stages")
+    timing = schedule_timing(student, fn, oracle, what, microbatches_per_run(kind), MICROBATCH_CLOCK[kind],
+                             work=lambda got, p, m, *rest: m)
+    assert_flat_on_the_clock(timing, what, LINEAR_ADVICE, loop="work per op that grows with the micro-batches")
 
 
 def schedule_timing(student, fn, oracle, what: str, make, scaling: Scaling, work):
@@ -408,6 +411,29 @@ STAGES_CLOCK = {
                         linear_cap=15.0),
 }
 STAGES_OPS = {"plain": 8192, "interleaved": 65536, "simulate": 8192}
+
+# More micro-batches over the same 2 stages: the probes above hold m at 32 or sweep it down as p grows, so work
+# per op that grows with m (a check of each op against a list of those seen, `op in seen`; a dependency found by
+# list.index) went unseen, and at STAGES_CLOCK's small shape (p = 2, m = 2048) it only lowered the ratio (red
+# team round 18: 1F1B and simulate quadratic in m kept 15/15 and 5/5, ratios 0.13-0.32). Here m grows 64-fold
+# (32x for interleaved, v = 2) at p = 2, against the trusted baseline of the same sizes.
+MICROBATCH_CLOCK = {
+    "plain": Scaling(64, 4096, bar=3.0, bar_in_process=4.0, unit="micro-batches"),
+    "interleaved": Scaling(64, 2048, bar=3.0, bar_in_process=4.0, unit="micro-batches"),
+    "simulate": Scaling(64, 4096, bar=8.0, bar_in_process=16.0, unit="micro-batches"),
+}
+
+
+def microbatches_per_run(kind: str):
+    """make(m) for the micro-batch probes: p = 2 and m micro-batches (v = 2 interleaved), m a little larger at
+    every call of that size (by p where m must be a multiple of it), so that no call repeats an earlier one."""
+    calls: Counter = Counter()
+
+    def make(m: int) -> tuple:
+        k, calls[m] = calls[m], calls[m] + 1
+        return (2, m + 2 * k, 2) if kind == "interleaved" else (2, m + k)
+
+    return make
 
 
 def shapes_per_run(kind: str):
@@ -1169,6 +1195,11 @@ def assert_simulate_linear(
     assert_flat_on_the_clock(timing, "simulate", advice, loop="more work per op when there are more stages")
     assert_flat_on_the_clock(simulate_stages_timing(student, pm), "simulate", STAGES_ADVICE,
                              loop="work per op that grows with the stages")
+    if kind == "plain":  # one simulate serves both kinds: timed once, on 1F1B schedules
+        more = microbatches_per_run("simulate")
+        timing = simulate_timing(student, pm, lambda m: packed_schedule(*more(m)), MICROBATCH_CLOCK["simulate"],
+                                 work=lambda got, ops, lengths, want: len(ops) / (2 * len(lengths)))
+        assert_flat_on_the_clock(timing, "simulate", advice, loop="work per op that grows with the micro-batches")
 
 
 def packed_schedule(p: int, m: int, v: int | None = None) -> tuple:
