@@ -178,7 +178,7 @@ def _outcome(row: dict, dry_run: bool) -> str:
 
 
 def step_doctor(report: Report) -> None:
-    from grader.scale.container import doctor
+    from grader.doctor import doctor
 
     report.steps["doctor"] = doctor()
 

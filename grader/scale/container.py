@@ -44,6 +44,7 @@ import uuid
 from pathlib import Path
 
 from grader import results
+from grader.doctor import doctor, print_doctor
 from grader.options import GradeOptions
 from grader.proctree import descendants
 from grader.results import read_result
@@ -326,31 +327,6 @@ def _end_when_stdin_closes() -> None:
                 pass
     finally:
         os._exit(3)
-
-
-def doctor() -> dict:
-    """What this machine grades with: GPU, driver, CUDA, torch, triton, and whether the sandbox works."""
-    info = results.device_info()
-    report = {"python": info["python"], "torch": info["torch"], "triton": info["triton"], "cuda": info["cuda"],
-              "gpu": info["gpu"], "driver": None, "in_container": os.environ.get("GRADER_IN_CONTAINER") == "1"}
-    if shutil.which("nvidia-smi"):
-        proc = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=30)
-        report["driver"] = proc.stdout.strip().splitlines()[0] if proc.returncode == 0 and proc.stdout.strip() else None
-    try:
-        import pwd
-
-        pwd.getpwnam(STUDENT_USER)
-        report["student_user"] = True
-    except KeyError:
-        report["student_user"] = False
-    return report
-
-
-def print_doctor(report: dict) -> None:
-    width = max(map(len, report))
-    for key, value in report.items():
-        print(f"{key:<{width}}  {'-' if value is None else value}")
 
 
 def main(argv: list[str] | None = None) -> int:
