@@ -189,6 +189,15 @@ def test_the_release_offers_the_students_commands_only(release):
     assert offered == {"check", "hint", "progress", "interview", "doctor"}, run.stdout
 
 
+def test_the_student_setup_says_what_it_costs_and_shows_its_progress(release):
+    """A first `make check` installs torch: the README says how long it takes and how to pick a CPU build
+    (TORCH=), and the install shows pip's progress instead of minutes of silence."""
+    readme, makefile = (release / "README.md").read_text(), (release / "Makefile").read_text()
+    assert "TORCH=" in readme and "two minutes" in readme and "CPU build" in readme, readme[:1500]
+    install = next(line for line in makefile.splitlines() if '"$(TORCH)"' in line)
+    assert "--quiet" not in install and "--progress-bar on" in install, install
+
+
 def test_release_make_check_works_in_a_fresh_virtual_environment(release):
     """The real thing: `make check` in the release creates its own venv and reports the stubs at zero."""
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}

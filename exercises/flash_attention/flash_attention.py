@@ -2,7 +2,7 @@
 
 Write `flash_attention_forward`, `flash_attention_backward` and the two methods of `FlashAttention`;
 each raises NotImplementedError until you do. `check_inputs` and `flash_attention` are given.
-Run the public tests with `make check EX=flash_attention` (or `pytest exercises/flash_attention`).
+Run the public tests with `make check EX=flash_attention` (or `.venv/bin/pytest exercises/flash_attention`).
 Without a GPU your kernels run under Triton's interpreter (TRITON_INTERPRET=1, which `make check`
 sets for you): slow, so the tests use small shapes, and bf16 is checked on CUDA only.
 

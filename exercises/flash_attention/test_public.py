@@ -1,6 +1,6 @@
 """Public tests for FlashAttention: small, fast, and each failure says what to look at.
 
-Run: make check EX=flash_attention   (or: pytest exercises/flash_attention)
+Run: make check EX=flash_attention   (or: .venv/bin/pytest exercises/flash_attention)
 The oracle is the textbook formula in float64: softmax(q k^T * scale) v, with the mask built as a full
 matrix. Fine for a test on 100 tokens; exactly what your kernel must never do.
 """

@@ -1,7 +1,7 @@
 """GPTQ: the exercise. Read README.md in this folder first.
 
 Fill in the four functions that raise NotImplementedError. `QuantResult` and `quantize` are given.
-Run the public tests with `make check EX=gptq` (or `pytest exercises/gptq`).
+Run the public tests with `make check EX=gptq` (or `.venv/bin/pytest exercises/gptq`).
 
 Conventions shared by every function here:
 - W is a weight matrix [rows, cols] = [out_features, in_features], as in torch.nn.Linear: the layer

@@ -1,6 +1,6 @@
 """Public tests for GPTQ: small, fast, and each failure says what to look at.
 
-Run: make check EX=gptq   (or: pytest exercises/gptq)
+Run: make check EX=gptq   (or: .venv/bin/pytest exercises/gptq)
 Every expected value here is worked out by hand (see the comments) or by the textbook formula in
 float64, never by a clever implementation.
 """

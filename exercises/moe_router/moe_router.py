@@ -1,7 +1,7 @@
 """Top-k mixture-of-experts router with expert capacity: the exercise. Read README.md in this folder first.
 
 Fill in the six functions below; each raises NotImplementedError until you do. `Routing` is given.
-Run the public tests with `make check EX=moe_router` (or `pytest exercises/moe_router`).
+Run the public tests with `make check EX=moe_router` (or `.venv/bin/pytest exercises/moe_router`).
 
 Conventions shared by every function here (README.md, "The contract", says why):
 - T tokens, E experts, k choices per token, d features; router probabilities are fp32.

@@ -1,6 +1,6 @@
 """Public tests for the MoE router: small, hand-checkable cases whose failures say what to look at.
 
-Run: make check EX=moe_router   (or: pytest exercises/moe_router)
+Run: make check EX=moe_router   (or: .venv/bin/pytest exercises/moe_router)
 Every expected value below is worked out by hand in the comments, or by a plain loop over tokens.
 """
 

@@ -1,7 +1,7 @@
 """Online softmax: the exercise. Read README.md in this folder first.
 
 Fill in the four functions below; each raises NotImplementedError until you do. Run the public
-tests with `make check EX=online_softmax` (or `pytest exercises/online_softmax`).
+tests with `make check EX=online_softmax` (or `.venv/bin/pytest exercises/online_softmax`).
 
 Conventions shared by every function here:
 - accumulate in fp32 whatever the input dtype;

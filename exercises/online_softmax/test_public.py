@@ -1,6 +1,6 @@
 """Public tests for online softmax: small, fast, and each failure says what to look at.
 
-Run: make check EX=online_softmax   (or: pytest exercises/online_softmax)
+Run: make check EX=online_softmax   (or: .venv/bin/pytest exercises/online_softmax)
 The oracle everywhere is the textbook formula in float64, never a clever implementation.
 """
 

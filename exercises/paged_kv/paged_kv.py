@@ -2,7 +2,7 @@
 
 Fill in BlockManager, slot_mapping, paged_attention and paged_attention_triton; each raises
 NotImplementedError until you do. Run the public tests with `make check EX=paged_kv` (or
-`pytest exercises/paged_kv`).
+`.venv/bin/pytest exercises/paged_kv`).
 
 Two halves:
 * BlockManager is plain Python bookkeeping (no tensors): which physical blocks each sequence uses,

@@ -1,6 +1,6 @@
 """Public tests for the paged KV cache: small, fast, and each failure says what to look at.
 
-Run: make check EX=paged_kv   (or: pytest exercises/paged_kv)
+Run: make check EX=paged_kv   (or: .venv/bin/pytest exercises/paged_kv)
 The oracles are the slow obvious versions: a loop over every token, attention in float64.
 """
 

@@ -1,7 +1,7 @@
 """Pipeline parallelism: GPipe, 1F1B, interleaved 1F1B, a simulator, and a real executor. The exercise.
 
 Read README.md in this folder first. Fill in the six functions below; each raises NotImplementedError
-until you do. Run the public tests with `make check EX=pipeline_1f1b` (or `pytest exercises/pipeline_1f1b`).
+until you do. Run the public tests with `make check EX=pipeline_1f1b` (or `.venv/bin/pytest exercises/pipeline_1f1b`).
 
 Vocabulary shared by every function here:
 - p stages (one per device), m microbatches, and for interleaved schedules v model chunks per stage.

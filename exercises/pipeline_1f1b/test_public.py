@@ -1,6 +1,6 @@
 """Public tests for pipeline_1f1b: small, fast, and each failure says what to look at.
 
-Run: make check EX=pipeline_1f1b   (or: pytest exercises/pipeline_1f1b)
+Run: make check EX=pipeline_1f1b   (or: .venv/bin/pytest exercises/pipeline_1f1b)
 The expected schedules below are written out by hand from the README's pictures; the gradients are
 checked against the whole batch pushed through the unsplit model in float64.
 """

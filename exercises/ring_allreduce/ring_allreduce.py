@@ -1,7 +1,7 @@
 """Ring all-reduce: the exercise. Read README.md in this folder first.
 
 Fill in the three functions below; each raises NotImplementedError until you do. Run the public
-tests with `make check EX=ring_allreduce` (or `pytest exercises/ring_allreduce`), and your own
+tests with `make check EX=ring_allreduce` (or `.venv/bin/pytest exercises/ring_allreduce`), and your own
 experiments with the course's communicators (README.md, "Running your code"):
 
     from grader.support.ring_allreduce import run_simulated, run_distributed

@@ -1,6 +1,6 @@
 """Public tests for ring all-reduce: small rings, and each failure says what to look at.
 
-Run: make check EX=ring_allreduce   (or: pytest exercises/ring_allreduce)
+Run: make check EX=ring_allreduce   (or: .venv/bin/pytest exercises/ring_allreduce)
 
 Your functions run on the course's simulated ring (N threads, one per rank) through
 `student.drive`, which calls grader.support.ring_allreduce.run_simulated(fn, tensors, ...): rank r

@@ -1,7 +1,7 @@
 """Speculative decoding: the exercise. Read README.md in this folder first.
 
 Fill in the six functions below; each raises NotImplementedError until you do. Run the public tests
-with `make check EX=speculative` (or `pytest exercises/speculative`).
+with `make check EX=speculative` (or `.venv/bin/pytest exercises/speculative`).
 
 Letters, as in Leviathan et al. (2022): p is the TARGET (the big model whose samples we want), q is
 the DRAFT (the small model that guesses). Some codebases swap them; this file does not.

@@ -1,6 +1,6 @@
 """Public tests for speculative decoding: small, fast, and each failure says what to look at.
 
-Run: make check EX=speculative   (or: pytest exercises/speculative)
+Run: make check EX=speculative   (or: .venv/bin/pytest exercises/speculative)
 Oracles are the textbook formulas and hand-made cases. The one statistical test uses a bound that a
 correct solution breaks with probability below 1e-6 (see `bernstein_halfwidth`), with a fixed seed.
 """
