@@ -11,7 +11,7 @@ BIN    := $(VENV)/bin
 EX     ?=
 SUB    ?= solutions
 
-.PHONY: setup demo check hint progress interview interview-check interview-done grade test bench gpu-check validate release image clean
+.PHONY: setup demo check hint progress notebook interview interview-check interview-done grade test bench gpu-check validate release image clean
 
 $(BIN)/grader: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ hint: setup                       ## the next hint: make hint EX=online_softmax
 
 progress: setup                   ## attempts, first passes and hints (.progress.json); EX=<id>: every check
 	$(BIN)/grader progress $(EX)
+
+notebook: setup                   ## a starter notebook to hand in: make notebook EX=online_softmax [FORCE=1]
+	@test -n "$(EX)" || (echo "usage: make notebook EX=<exercise id> [FORCE=1]" && exit 2)
+	@$(BIN)/python -c "import nbformat" 2>/dev/null || $(BIN)/python -m pip install --quiet "nbformat>=5.7"
+	$(BIN)/grader notebook $(EX) $(if $(FORCE),--force)
 
 interview: setup                  ## timed practice: make interview LEVEL=medium MINUTES=45 [EX=gptq/quantizer]
 	$(BIN)/grader interview start $(if $(LEVEL),--level $(LEVEL)) $(if $(MINUTES),--minutes $(MINUTES)) $(if $(EX),--exercise $(EX))

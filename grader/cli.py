@@ -10,6 +10,7 @@
   grader hint EXERCISE        show the next hint for an exercise (remembers how many you have seen)
   grader progress             attempts, first passes and hints, from .progress.json
   grader interview start|check|done   timed practice on a fresh stub in practice/<id>/
+  grader notebook EXERCISE [--force]   write exercises/<id>/<id>.ipynb, a starter notebook (needs nbformat)
   grader release OUT_DIR      write the student repository; refuses if anything would leak
   grader doctor               the GPU, driver, CUDA, torch and triton this machine grades with
   grader validate             check course.yaml and that every exercise has its files and tests
@@ -315,6 +316,23 @@ def cmd_interview(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_notebook(args: argparse.Namespace) -> int:
+    """A starter notebook from the stub and the README's contract; a notebook is handed in like the file."""
+    from grader.notebook import NotebookError, write_starter
+
+    root, course = _course()
+    ex = course.exercise(args.exercise)
+    try:
+        path = write_starter(root, ex.id, ex.title, ex.file, force=args.force)
+    except (NotebookError, FileExistsError) as exc:
+        raise UsageError(str(exc)) from None
+    console.print(f"wrote {path.relative_to(root)}: the contract, then the stub of {ex.file} as code cells. Hand in "
+                  f"{path.name} instead of {ex.file} (a .py beside it is graded first); cells tagged 'scratch' or "
+                  f"starting '# scratch' are not graded, and no cell may hold a shell or magic line",
+                  markup=False, highlight=False)
+    return 0
+
+
 def cmd_release(args: argparse.Namespace) -> int:
     from grader.release import LeakError, build_release
 
@@ -354,7 +372,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 # What a student's copy of the course (grader release) offers: the instructor's commands (grade, batch, export,
 # release, ...) need the hidden tests or the solutions, which it does not hold.
-STUDENT_COMMANDS = frozenset({"check", "hint", "progress", "interview", "doctor"})
+STUDENT_COMMANDS = frozenset({"check", "hint", "progress", "interview", "doctor", "notebook"})
 RELEASE_MARKER = Path(__file__).with_name("RELEASE")  # written by grader release
 
 
@@ -428,6 +446,11 @@ def parser(student_only: bool | None = None) -> argparse.ArgumentParser:
     iv.add_argument("--exercise", help="this round instead of a random pick: <exercise> or <exercise>/<part>")
     iv.add_argument("--seed", type=int, help="fix the random pick")
     iv.set_defaults(fn=cmd_interview)
+
+    nb = sub.add_parser("notebook", help="write exercises/<id>/<id>.ipynb, a starter notebook to hand in instead of the file")
+    nb.add_argument("exercise")
+    nb.add_argument("--force", action="store_true", help="overwrite the notebook if it exists")
+    nb.set_defaults(fn=cmd_notebook)
 
     r = sub.add_parser("release", help="write the student repository (no solutions, no hidden tests)")
     r.add_argument("out")

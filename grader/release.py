@@ -40,7 +40,7 @@ EX     ?=
 LEVEL  ?=
 MINUTES ?=
 
-.PHONY: setup check hint progress interview interview-check interview-done
+.PHONY: setup check hint progress notebook interview interview-check interview-done
 
 $(BIN)/grader: pyproject.toml
 \t@echo "setting up $(VENV): torch, triton and the grader (once; about two minutes on a fast connection)"
@@ -60,6 +60,11 @@ hint: setup             ## the next hint: make hint EX=online_softmax
 
 progress: setup         ## what you have passed, tried and been hinted (EX=<id>: every check it is graded on)
 \t$(BIN)/grader progress $(EX)
+
+notebook: setup         ## a starter notebook to hand in: make notebook EX=online_softmax [FORCE=1]
+\t@test -n "$(EX)" || (echo "usage: make notebook EX=<exercise id> [FORCE=1]" && exit 2)
+\t@$(BIN)/python -c "import nbformat" 2>/dev/null || $(BIN)/python -m pip install --quiet "nbformat>=5.7"
+\t$(BIN)/grader notebook $(EX) $(if $(FORCE),--force)
 
 interview: setup        ## a timed practice round: make interview LEVEL=medium MINUTES=45 [EX=gptq/quantizer]
 \t$(BIN)/grader interview start $(if $(LEVEL),--level $(LEVEL)) $(if $(MINUTES),--minutes $(MINUTES)) $(if $(EX),--exercise $(EX))
@@ -84,7 +89,11 @@ make hint EX=online_softmax   # the next hint, gentle to explicit
 make progress                 # what you have passed, tried and been hinted
 make progress EX=moe_router   # every check an exercise is graded on, hidden ones included, with points
 make interview LEVEL=medium   # a timed practice round from a fresh stub (see below)
+make notebook EX=online_softmax  # exercises/<id>/<id>.ipynb: work in Jupyter or Colab, hand in the notebook
 ```
+
+A notebook `<id>.ipynb` is graded like `<id>.py` (a `.py` beside it wins): its code cells in order,
+except cells tagged `scratch` or starting `# scratch`; no `!` or `%` lines outside those.
 
 The first `make check` sets up `.venv` (torch, triton and the grader; about two minutes, once).
 `TORCH=` picks the torch requirement (`make check TORCH=torch==2.13.0`); on a machine without a GPU,

@@ -423,7 +423,7 @@ def _grade(course: Course, root: Path, source: Path, out: Path | None, opts: Gra
            save: Callable[[dict], None], exercises: list[Exercise], seed: int, suite: str,
            submission_id: str | None, private: str) -> dict:
     try:
-        sub: Submission = locate(course, Path(source), [e.id for e in exercises], submission_id, private)
+        sub: Submission = locate(course, Path(source), [e.id for e in exercises], submission_id, private, root=root)
     except SubmissionError as exc:
         result = results.ungradable(course, exercises, submission_id or Path(source).name, str(exc), suite_sha=suite,
                                     seed=seed, mode=opts.mode, exercise_message=f"the submission could not be read: {exc}")
@@ -435,7 +435,7 @@ def _grade(course: Course, root: Path, source: Path, out: Path | None, opts: Gra
     result["gradable"] = True
     if not sub.files:
         results.record_failure(result, f"no file to grade: expected one of {sorted(e.file for e in exercises)} "
-                                       "(flat, in <id>/ or in exercises/<id>/)")
+                                       "or its notebook <id>.ipynb (flat, in <id>/ or in exercises/<id>/)")
     save(result)
     try:
         for ex in exercises:

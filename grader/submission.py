@@ -26,6 +26,12 @@ ungradable, never graded from something else):
 
 Members are unpacked into a fresh private folder, and the graded files are then staged from it by the
 same code that reads a folder.
+
+A Jupyter notebook ``<id>.ipynb`` (or ``<file stem>.ipynb``) stands for ``<file>`` in any of these layouts
+when no ``<file>`` is found for the exercise (``<file>`` wins, with a warning naming the notebook): its code
+cells become the module staged, scratch cells left out, nothing executed (grader/notebook.py). A notebook
+that cannot become a module (not a notebook, a syntax error, a shell or magic line, none of the contract's
+names) is refused like any other unreadable file, with the cell named.
 """
 
 from __future__ import annotations
@@ -45,7 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, BinaryIO, Callable
 
-from grader.course import Course
+from grader.course import Course, Exercise
+from grader.notebook import NotebookError, build_module, contract_names, notebook_names
 
 MAX_MEMBERS = 2000  # entries of an archive, folders included
 MAX_TOTAL_BYTES = 64 << 20  # the files of an archive, unpacked
@@ -575,10 +582,46 @@ def _candidates(exercise_id: str, filename: str) -> list[tuple[str, ...]]:
     return [("exercises", exercise_id, filename), (exercise_id, filename), (filename,)]
 
 
+def _notebook_candidates(exercise: Exercise) -> list[tuple[str, ...]]:
+    """Where a notebook for the exercise may lie, layout by layout as for its file, each name in turn."""
+    per_name = [_candidates(exercise.id, name) for name in notebook_names(exercise.id, exercise.file)]
+    return [paths[layout] for layout in range(len(per_name[0])) for paths in per_name]
+
+
+def _contract(root: Path | None, exercise: Exercise) -> list[str] | None:
+    """The names the exercise's stub (``exercises/<id>/<file>`` of the course) defines; None when it is not there."""
+    if root is None:
+        here = Path(__file__).resolve().parent.parent
+        root = here if (here / "course.yaml").is_file() else None
+    if root is None:
+        return None
+    try:
+        return contract_names((root / "exercises" / exercise.id / exercise.file).read_text()) or None
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def _from_notebook(root: Path | None, exercise: Exercise, parts: tuple[str, ...], data: bytes) -> tuple[bytes, list[str]]:
+    """The module a notebook of the submission stands for, as bytes, and notes; SubmissionError if it cannot be built."""
+    shown = "/".join(parts)
+    try:
+        source, notes = build_module(data, parts[-1], _contract(root, exercise))
+        built = source.encode("utf-8")
+    except NotebookError as exc:
+        raise SubmissionError(f"{shown!r} in the submission (the notebook for {exercise.id}): {exc}; refused") from None
+    except UnicodeEncodeError:
+        raise SubmissionError(f"{shown!r} in the submission (the notebook for {exercise.id}): expected text, found "
+                              f"a cell with characters that are not valid Unicode (lone surrogates); refused") from None
+    return built, [f"{exercise.id}: graded the code cells of {shown} as {exercise.file} (a line number in a message "
+                   f"counts in that file, where each cell follows a '# cell N' line)"] + [
+        f"{exercise.id}: {note}" for note in notes]
+
+
 def locate(course: Course, source: Path, only: list[str] | None = None, submission_id: str | None = None,
-           tmp_dir: str | Path | None = None) -> Submission:
+           tmp_dir: str | Path | None = None, root: Path | None = None) -> Submission:
     """Stage a submission: copy each exercise's file into a private flat folder (inside `tmp_dir`,
-    the grade's own folder, when given)."""
+    the grade's own folder, when given). `root`: the course's folder, whose stubs name each exercise's
+    contract for a notebook (None: the course this grader package lies in)."""
     source = Path(source)
     fd, st = _open_source(source)
     folder = Path(tempfile.mkdtemp(prefix="grader-submission-", dir=tmp_dir))
@@ -587,7 +630,8 @@ def locate(course: Course, source: Path, only: list[str] | None = None, submissi
         if stat.S_ISREG(st.st_mode):
             os.close(fd)
             unpacked = Path(tempfile.mkdtemp(prefix="unpacked-", dir=folder))
-            wanted = {e.file for e in course.exercises if not only or e.id in only}
+            wanted = {name for e in course.exercises if not only or e.id in only
+                      for name in (e.file, *notebook_names(e.id, e.file))}
             fd = os.open(unpack(source, unpacked, wanted), _DIR_FLAGS)
         files: dict[str, Path] = {}
         notes: list[str] = []
@@ -598,12 +642,19 @@ def locate(course: Course, source: Path, only: list[str] | None = None, submissi
                     continue
                 found = [(parts, data) for parts in _candidates(exercise.id, exercise.file)
                          if (data := read_candidate(fd, parts)) is not None]
-                if not found:
+                notebooks = [(parts, data) for parts in _notebook_candidates(exercise)
+                             if (data := read_candidate(fd, parts)) is not None]
+                if not found and not notebooks:
                     continue
-                parts, data = found[0]
-                if len(found) > 1:  # say which one was graded: the instructor may be reading another
+                parts, data = found[0] if found else notebooks[0]
+                others = found[1:] + notebooks if found else notebooks[1:]
+                if others:  # say which one was graded: the instructor may be reading another
                     notes.append(f"{exercise.id}: graded {'/'.join(parts)}; also found "
-                                 + ", ".join("/".join(p) for p, _ in found[1:]) + " (not graded)")
+                                 + ", ".join("/".join(p) for p, _ in others) + " (not graded"
+                                 + ("; a .py is graded before a notebook" if found and notebooks else "") + ")")
+                if not found:
+                    data, built_notes = _from_notebook(root, exercise, parts, data)
+                    notes.extend(built_notes)
                 staged = folder / "files" / exercise.file
                 staged.parent.mkdir(parents=True, exist_ok=True)
                 staged.write_bytes(data)

@@ -174,7 +174,7 @@ def test_the_release_holds_no_instructor_module_and_every_module_it_holds_import
     run = subprocess.run([sys.executable, "-c", IMPORT_EVERY_MODULE], cwd=lab, env=env, capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0, f"modules of the release that do not import there:\n{run.stdout}{run.stderr[-3000:]}"
-    for args, shows in ((["--help"], "{doctor,check,hint,progress,interview}"), (["check", "--help"], "--verbose"),
+    for args, shows in ((["--help"], "{doctor,check,hint,progress,interview,notebook}"), (["check", "--help"], "--verbose"),
                         (["hint", "online_softmax"], "hint 1/"), (["progress"], "hints seen"),
                         (["progress", "gptq"], "hidden tests"), (["doctor"], "torch")):
         done = subprocess.run([sys.executable, "-m", "grader", *args], cwd=lab, env=env, capture_output=True,
@@ -186,7 +186,7 @@ def test_the_release_offers_the_students_commands_only(release):
     run = subprocess.run([sys.executable, "-m", "grader", "--help"], cwd=release, capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(release)}, timeout=120)
     offered = set(re.search(r"\{([\w,-]+)\}", run.stdout).group(1).split(","))
-    assert offered == {"check", "hint", "progress", "interview", "doctor"}, run.stdout
+    assert offered == {"check", "hint", "progress", "interview", "doctor", "notebook"}, run.stdout
 
 
 def test_the_student_setup_says_what_it_costs_and_shows_its_progress(release):
