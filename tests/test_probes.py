@@ -819,6 +819,19 @@ def test_the_work_counter_sees_a_loop_that_runs_in_c(tmp_path, form):
     assert flat[0] == flat[1] and flat[0].reads == 0, f"vectorised code keeps every count: {flat}"
 
 
+def test_a_nested_tensor_counts_the_values_its_shapes_come_from():
+    """A nested tensor's pieces take their shapes from a sizes tensor read in C++: `unbind()` then handed Python
+    the values (8 a piece through `.size()`) with one operator and no read-back route (red team round 19:
+    moe_router's and speculative's vectorised checks, 9/9). The scan flags the constructors; the counter counts
+    the tensors any nested operator is handed, whatever route reached it."""
+    ids = torch.randint(0, 8, (480, 8))
+    with probes.WorkCounter(__file__) as counter:
+        nt = torch._nested_view_from_buffer(torch.zeros(1), ids, torch.zeros_like(ids), torch.zeros(480, dtype=torch.long))
+        sizes = [piece.size() for piece in nt.unbind()]
+    assert [tuple(s) for s in sizes[:2]] == [tuple(r) for r in ids[:2].tolist()], "the channel itself works"
+    assert counter.reads >= ids.numel() and counter.read_bytes >= 8 * ids.numel(), (counter.reads, counter.read_bytes)
+
+
 class _DuckTensor:
     """Not a tensor: an object with the methods a launcher calls, which runs host code inside the launch."""
 

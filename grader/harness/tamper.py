@@ -182,6 +182,8 @@ class Finding:
 TRACING = "your code changes the tracing the grader's probes use"
 DISPATCH = "your code reaches torch's dispatch-mode machinery, which the forbidden-call guard is built on"
 TORCH_PRIVATE = "your code uses torch's private internals, which can switch off the grader's probes"
+NESTED = ("your code makes nested tensors, whose pieces' shapes carry a tensor's values to Python where the grader "
+          "does not count them; no exercise needs them")
 SAVED_TENSORS = ("your code hooks autograd's saved tensors or every module's calls, which hides from the grader what "
                  "the backward pass keeps alive")
 PRIVATE = "your code uses a module's private internals, which can reach past the grader's checks"
@@ -255,6 +257,9 @@ MODULES: dict[str, str] = {
     "torch.utils._python_dispatch": DISPATCH, "torch.overrides": DISPATCH, "torch.utils._mode_utils": DISPATCH,
     "torch.library": KERNELS, "torch._library": KERNELS, "torch.ops.load_library": KERNELS,
     "torch.ops.import_module": KERNELS,
+    # nested tensors: the pieces' shapes come from a tensor of sizes or offsets read in C++, a channel from tensor
+    # values to Python numbers that no read-back route sees (red team round 19); no exercise needs them
+    "torch.nested": NESTED, "torch.jagged": NESTED,
     # the census of saved activations (pipeline_1f1b) hooks autograd's packing of saved tensors; a hook of the
     # student's own, innermost, hid every real activation from it (red team round 18: 10/10 from an executor
     # that ignored the schedule)
@@ -628,7 +633,11 @@ def _module_rule(path: str, clocks: bool, structural: bool = False) -> str | Non
         return PROCESSES
     if parts[0] == "torch":
         # torch.ops.<namespace>.<operator> names an operator (the guard sees those); after it, and
-        # everywhere else under torch, a private segment is internals.
+        # everywhere else under torch, a private segment is internals. The nested and jagged operators are not
+        # the guard's: they build tensors whose pieces' shapes are another tensor's values, read in C++
+        # (torch.ops.aten._nested_view_from_buffer: red team round 19, moe_router and speculative 9/9).
+        if parts[1:2] == ["ops"] and len(parts) > 3 and ("nested" in parts[3] or "jagged" in parts[3]):
+            return NESTED
         first_free = 4 if parts[1:2] == ["ops"] else 1
         if any(_private(p) for p in parts[first_free:]):
             return TORCH_PRIVATE
