@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grader.report import markdown_section
+
 SUFFIX = ".ipynb"
 SCRATCH_TAG = "scratch"
 _SCRATCH_LINE = re.compile(r"#\s*scratch\b", re.I)
@@ -294,19 +296,6 @@ NBFORMAT_MISSING = ("writing a notebook needs nbformat, which this environment l
 _INSTRUCTOR_BLOCK = re.compile(r"\n?<!-- instructor[^>]*-->.*?<!-- /instructor -->\n?", re.S)
 
 
-def _section(readme: str, title: str) -> str:
-    out: list[str] = []
-    inside = False
-    for line in readme.splitlines():
-        if line.startswith("## "):
-            if inside:
-                break
-            inside = line[3:].strip().lower() == title.lower()
-        if inside:
-            out.append(line)
-    return "\n".join(out).strip()
-
-
 def stub_cells(stub: str) -> list[str]:
     """The stub cut into code cells: what comes before its first top-level function or class (the docstring,
     the imports), then one cell per top-level function or class, each with the comments and decorators just
@@ -353,7 +342,7 @@ def starter_notebook(exercise_id: str, title: str, file: str, stub: str, readme:
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata["language_info"] = {"name": "python"}
     nb.cells.append(v4.new_markdown_cell(intro))
-    contract = _section(readme, "The contract")
+    contract = markdown_section(readme, "The contract")
     if contract:
         nb.cells.append(v4.new_markdown_cell(contract))
     for code in stub_cells(stub):

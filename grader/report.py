@@ -54,12 +54,16 @@ def failures(result: dict, checks: set[str] | None = None) -> list[Failure]:
 def readme_section(path: Path, title: str) -> str:
     """The text of a README's `## <title>` section (up to the next `## `), or "" when there is none."""
     try:
-        lines = path.read_text().splitlines()
+        return markdown_section(path.read_text(), title)
     except OSError:
         return ""
+
+
+def markdown_section(text: str, title: str) -> str:
+    """The text of a markdown `## <title>` section (up to the next `## `), or "" when there is none."""
     out: list[str] = []
     inside = False
-    for line in lines:
+    for line in text.splitlines():
         if line.startswith("## "):
             if inside:
                 break

@@ -58,7 +58,8 @@ What this does not cover (grader/AUTHORING.md, "What each structural check can a
 
 `Scaling` holds one check's sizes and bar as data; the tests keep a table of them beside themselves.
 Set ``GRADER_CLOCK_LOG`` to a file name to append one JSON line per clock (sizes, best times, the
-round trip, the ratio), to measure a table's figures.
+round trip, the ratio), to measure a table's figures; ``GRADER_WORK_LOG`` likewise appends the operators
+and reads of each pair of counted calls that `assert_no_hidden_loop` compares (to set `OPS_ALLOWANCE`).
 """
 
 from __future__ import annotations

@@ -107,10 +107,10 @@ def test_interleaved_needs_whole_groups(pm):
         pytest.fail("interleaved_schedule(4, 6, 2) should raise ValueError: m = 6 is not a multiple of p = 4")
 
 
-def each_op_once(fn, args: tuple, stage_ops):
+def each_op_once(name: str, args: tuple, stage_ops):
     """check= for a counted call of a schedule: every stage holds its ops (stage_ops(s)), each once; the order is
     what the tests above check."""
-    what = f"{fn}{args}"
+    what = f"{name}{args}"
 
     def check(got) -> None:
         rows = ops(got)
