@@ -64,8 +64,9 @@ def test_every_exercise_has_known_wrong_submissions(exercise_id):
 def test_known_wrong_submission_loses_its_checks(tmp_path, exercise, mutant):
     folder = write_mutant(ROOT, exercise, mutant, tmp_path / mutant.name)
     assert mutant.loses, f"mutant {mutant.name} must name the checks it loses"
-    # Only the checks it must lose, each stopped at its first loss (first_failure): all this test needs to know.
-    result = grade_folder(folder, [exercise.id], checks=mutant.loses, first_failure=True)
+    assert not set(mutant.loses) & set(mutant.keeps), f"mutant {mutant.name} both loses and keeps a check"
+    # Only the checks it must lose or keep, each stopped at its first loss (first_failure): all this test needs.
+    result = grade_folder(folder, [exercise.id], checks=[*mutant.loses, *mutant.keeps], first_failure=True)
     checks = checks_of(result, exercise.id)
     cuda_only = {c.id for c in exercise.checks if c.cuda} if not torch.cuda.is_available() else set()
     for check_id in sorted(cuda_only & set(mutant.loses)):
@@ -79,6 +80,12 @@ def test_known_wrong_submission_loses_its_checks(tmp_path, exercise, mutant):
         assert check["points"] < check["max_points"], (
             f"{mutant.name} ({mutant.why}) should lose points on {check_id} but kept "
             f"{check['points']}/{check['max_points']}"
+        )
+    for check_id in [c for c in mutant.keeps if c not in cuda_only]:
+        check = checks[check_id]
+        assert check["points"] == check["max_points"], (
+            f"{mutant.name} ({mutant.why}) computes the right numbers, so it should keep {check_id}, but scored "
+            f"{check['points']}/{check['max_points']}: {check['message']}"
         )
     assert_no_hidden_source(result, exercise.id)
 

@@ -15,6 +15,9 @@ class Mutant:
     why: str  # the mistake, in a student's words
     edits: list[tuple[str, str]]  # (old, new) replacements on the reference; each old occurs once
     loses: list[str] = field(default_factory=list)  # checks that must come out below full marks
+    # Checks that must keep full marks: a "textbook" submission (right numbers, technique skipped) keeps
+    # the correctness checks and loses only the signature's, which proves the signature check is what sees it.
+    keeps: list[str] = field(default_factory=list)
 
     def apply(self, source: str) -> str:
         for old, new in self.edits:
