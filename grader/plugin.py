@@ -356,8 +356,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 def classify(exc: BaseException | None, visibility: str, test_name: str, report: Any = None) -> dict:
     """Map a failed test's exception to a graded status and a message fit for the student."""
-    from grader.harness.client import SandboxError, StudentCrash, StudentError, StudentTimeout
+    from grader.harness.client import SandboxError, StudentCrash, StudentError, StudentLoadError, StudentTimeout
 
+    if isinstance(exc, StudentLoadError):  # no call ran: the runner scores the whole exercise zero
+        return {"status": "error", "message": str(exc), "traceback": exc.student_traceback, "load_failed": True}
     if isinstance(exc, SandboxError):  # the grading machine's failure, not the student's
         return {"status": "error", "message": str(exc), "grader_error": True}
     if isinstance(exc, StudentTimeout):
@@ -390,15 +392,21 @@ def _cap(text: str) -> str:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    from grader.harness.ledger import LEDGER
+
     start = time.perf_counter()
+    LEDGER.begin()
     yield
-    events = item.config.stash[_STATE]["events"]
+    state = item.config.stash[_STATE]
+    events = state["events"]
     if events is None:
         return
     exercise_id, visibility = exercise_of(Path(str(item.path)))
     if exercise_id is None:
         return
     outcome = item.stash.get(_OUTCOME, {"status": "error", "message": "the test did not run"})
+    if outcome.get("load_failed"):
+        state.setdefault("load_failed", {}).setdefault(exercise_id, outcome["message"])
     score = item.stash.get(_SCORE, None)
     fraction = 1.0 if outcome["status"] == "passed" else 0.0
     if score is not None and outcome["status"] == "passed" and score.fraction is not None:
@@ -433,13 +441,38 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         "duration": round(time.perf_counter() - start, 4),
         "metrics": figures,
     }
+    raised = LEDGER.raised_in_test() if event["status"] == "passed" else []
+    if LEDGER.unanswered(raised):
+        # It passed on an error the test expected, from code that has returned nothing yet: judged at the end
+        # of the session, when every test has had its chance to show that code answering (error_is_an_answer).
+        state.setdefault("held", []).append((event, raised))
+        return
     events.write(json.dumps(event) + "\n")
+
+
+def error_is_an_answer(event: dict, raised: list[str]) -> dict:
+    """A passing test whose expected errors came from callables that never returned a value in this grade
+    scores zero: an exception is the contract's answer only from code that also answers valid calls."""
+    from grader.harness.ledger import LEDGER
+
+    silent = LEDGER.unanswered(raised)
+    if not silent:
+        return event
+    names = ", ".join(silent[:4])
+    return {**event, "status": "failed", "fraction": 0.0, "metrics": {},
+            "message": f"{names} raised the error this test expects, but never returned a value in any test of this "
+                       "grade: an error counts as the contract's answer only from code that also answers the calls "
+                       "that must succeed (a function that raises on every input rejects the bad input by accident)"}
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     state = session.config.stash[_STATE]
     events = state.get("events")
     if events is not None:
+        for event, raised in state.pop("held", []):
+            events.write(json.dumps(error_is_an_answer(event, raised)) + "\n")
+        for exercise_id, message in state.get("load_failed", {}).items():
+            events.write(json.dumps({"event": "load_failed", "exercise": exercise_id, "message": message}) + "\n")
         events.write(json.dumps({
             "event": "session",
             "warnings": state.get("warnings", []),

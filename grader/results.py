@@ -252,6 +252,23 @@ def close_exercise(result: dict, exercise_id: str, reason: str | None = None, st
     update_totals(result)
 
 
+def did_not_load(result: dict, exercise_id: str, reason: str) -> None:
+    """The student's file raised while it was imported, in some test: no call of it ever ran, so every check of
+    the exercise scores zero with the reason, whatever a test made of the error (one that expected an exception
+    would otherwise have passed on the import's). The exercise is "ungradable", as a file that does not compile."""
+    ex = find_exercise(result, exercise_id)
+    for check in ex["checks"]:
+        for test in check["tests"]:
+            if test["status"] == "not_graded":
+                continue
+            test.update(status="error", fraction=0.0, message=inert(reason, MAX_MESSAGE_CHARS), metrics={})
+        if check["tests"]:
+            rescore_check(check)
+    ex["status"] = "ungradable"
+    ex["message"] = inert(reason, MAX_MESSAGE_CHARS)
+    update_totals(result)
+
+
 def update_totals(result: dict) -> None:
     result["score"] = round(sum(c["points"] for e in result["exercises"] for c in e["checks"]), 4)
     result["gradable_max_score"] = sum(

@@ -144,6 +144,7 @@ def make_log_inert(path: Path) -> None:
 
 
 SYNTAX_CHECK_BYTES = 256 << 10  # parsing costs ~500 bytes a byte: a larger file is left to the worker's import
+DECODE_CHECK_BYTES = 16 << 20  # decoding is cheap: a file up to this size is checked to be text in its encoding
 
 
 def syntax_error(path: Path) -> str | None:
@@ -152,20 +153,32 @@ def syntax_error(path: Path) -> str | None:
     student gets one message that points at the line instead of one failure per test."""
     try:
         with open(path, "rb") as f:
-            source = f.read(SYNTAX_CHECK_BYTES + 1)
+            source = f.read(DECODE_CHECK_BYTES + 1)
     except OSError:
-        return None
-    if len(source) > SYNTAX_CHECK_BYTES:
         return None
     import io
     import tokenize
 
     from grader.harness.tamper import standard_encoding
 
-    try:  # an exotic coding cookie (punycode decodes in quadratic time) is left to the worker, like a large file
-        if not standard_encoding(tokenize.detect_encoding(io.BytesIO(source).readline)[0]):
+    not_source = f"{path.name} is not Python source: {{}} (save it as UTF-8 text; a notebook is handed in as .ipynb)"
+    try:  # an exotic coding cookie (punycode decodes in quadratic time) is left to the worker
+        encoding = tokenize.detect_encoding(io.BytesIO(source).readline)[0]
+        if not standard_encoding(encoding):
             return None
-    except (SyntaxError, LookupError):
+    except SyntaxError as exc:  # undecodable first lines, a BOM that contradicts the cookie, an unknown codec
+        return inert(not_source.format(exc.msg), 1000)
+    except LookupError as exc:
+        return inert(not_source.format(f"its coding line names an unknown encoding ({exc})"), 1000)
+    if len(source) <= DECODE_CHECK_BYTES:  # decoding is linear: a file too large to parse is still read through
+        try:
+            source[3 if source.startswith(b"\xef\xbb\xbf") else 0:].decode(encoding)
+        except UnicodeDecodeError as exc:
+            return inert(not_source.format(f"byte {exc.start} is not valid {encoding}"), 1000)
+        null = source.find(bytes(1))
+        if null >= 0:
+            return inert(not_source.format(f"it holds a null byte at byte {null}"), 1000)
+    if len(source) > SYNTAX_CHECK_BYTES:  # parsing costs ~500 bytes a byte: a larger file is left to the worker
         return None
     try:
         compile(source, path.name, "exec", flags=ast.PyCF_ONLY_AST, dont_inherit=True)
@@ -196,11 +209,14 @@ def grade_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed:
         results.grader_failure(result, exercise.id, short)
         return
     collected: dict = {}
+    not_loaded: list[str] = []  # why the student's file raised at import, when a test saw it (the plugin's event)
     started = time.perf_counter()
 
     def record(event: dict) -> None:
         if event.get("exercise") == exercise.id and event.get("event") == "collected":
             collected.update(event)
+        elif event.get("exercise") == exercise.id and event.get("event") == "load_failed":
+            not_loaded.append(str(event.get("message", "")))
         elif event.get("exercise") == exercise.id and event.get("event") == "test":
             results.record_test(result, event)
             results.update_totals(result)
@@ -219,6 +235,8 @@ def grade_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed:
                 check.update(status="not_graded", message="not run: only some checks were selected")
     results.close_exercise(result, exercise.id, reason, status="timeout" if reason and "time limit" in reason else None,
                            collected=collected)
+    if not_loaded:
+        results.did_not_load(result, exercise.id, not_loaded[0])
     if grader_faults:  # the grading machine failed, not the student: an error of the grade, never a score
         results.grader_failure(result, exercise.id, grader_faults[0])
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from grader.harness import cgroup, identity, wire
+from grader.harness.ledger import LEDGER
 from grader.text import inert
 
 
@@ -49,6 +50,17 @@ class StudentError(Exception):
     def __str__(self) -> str:
         text = super().__str__()
         return f"{self.type_name}: {text}" if text else self.type_name
+
+
+class StudentLoadError(StudentError):
+    """The student's file did not load (it raised, or is not Python source). Deliberately a subclass of no
+    builtin exception: whatever the file raised, ``pytest.raises(ValueError)`` around a call does not match it,
+    since the call never ran. The runner scores every check of the exercise zero when any test saw it."""
+
+    type_name = "the file did not load"
+
+    def __str__(self) -> str:
+        return f"your file did not load, so none of its functions could be called: {Exception.__str__(self)}"
 
 
 class StudentCrash(Exception):
@@ -434,6 +446,10 @@ class WorkerProcess:
             value = error.get(key, default)
             return value[:limit] if isinstance(value, str) else default
 
+        if error.get("load_failed") is True:
+            failed = StudentLoadError(inert(f"{text('type', 'Exception', 100)}: {text('message', '', wire.MAX_TEXT)}"))
+            failed.student_traceback = inert(text("traceback", "", wire.MAX_TEXT))
+            return failed
         mro = error.get("mro", [])
         cls = remote_exception_class(text("type", "Exception", 100),
                                      [n[:100] for n in (mro[:32] if isinstance(mro, list) else []) if isinstance(n, str)])
@@ -630,7 +646,14 @@ class RemoteCallable:
                 "driver": driver,
             },
         }
-        reply = worker.request(request)
+        try:
+            reply = worker.request(request)
+        except StudentLoadError:
+            raise
+        except StudentError:
+            LEDGER.record(self._qualname, raised=True)
+            raise
+        LEDGER.record(self._qualname, raised=False)
         mutated = reply.get("mutated", [])
         if not driver and isinstance(mutated, list) and mutated:
             # This process's own tensors were never touched: only changes the contract allows are

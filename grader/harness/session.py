@@ -28,11 +28,13 @@ from grader.harness.client import (
     RemoteCallable,
     RemoteModule,
     Sandbox,
+    StudentLoadError,
     WorkerProcess,
 )
 from grader.harness.client import allowed_mutations
 from grader.harness.worker import _import_driver as import_driver
-from grader.harness.worker import changed_tensors, import_file, snapshot_tensors
+from grader.harness.ledger import LEDGER
+from grader.harness.worker import changed_tensors, import_file, snapshot_tensors, student_traceback
 from grader.text import inert
 
 
@@ -70,8 +72,13 @@ class LocalCallable:
         if driver:
             fn, args = import_driver(driver), (fn, *args)
         snapshots = [] if driver else snapshot_tensors((args, kwargs))
-        with probes.around_call(self._path, self._options.forbid, self._options.forbid_why, count_lines) as counter:
-            value = fn(*args, **kwargs)
+        try:
+            with probes.around_call(self._path, self._options.forbid, self._options.forbid_why, count_lines) as counter:
+                value = fn(*args, **kwargs)
+        except Exception:
+            LEDGER.record(self._qualname, raised=True)
+            raise
+        LEDGER.record(self._qualname, raised=False)
         if snapshots:  # the same contract on arguments as the sandboxed worker's calls
             allowed_mutations(self._qualname, changed_tensors(snapshots), self._options)
         work = None if counter is None else {"lines": counter.count, "ops": counter.ops, "reads": counter.reads,
@@ -159,7 +166,12 @@ class StudentSession:
             probes.install_host_read_watch()
             probes.arm_aliasing()
             probes.bound_interpreter_memory()
-            self._local[exercise_id] = import_file(path)
+            try:
+                self._local[exercise_id] = import_file(path)
+            except BaseException as exc:  # noqa: BLE001 - whatever the file raised, it did not load
+                failed = StudentLoadError(inert(f"{type(exc).__name__}: {exc}", wire.MAX_TEXT))
+                failed.student_traceback = student_traceback(exc, str(path))
+                raise failed from exc
         return self._local[exercise_id]
 
     def lines_executed(self, fn: Any, *args, check: Callable[[Any], None], **kwargs) -> tuple[Any, int]:

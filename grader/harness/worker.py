@@ -41,6 +41,16 @@ def import_file(path: str | Path, name: str | None = None) -> Any:
     return module
 
 
+class LoadFailed(Exception):
+    """The student's file raised while it was imported: every request that needs the module fails with this,
+    never with the file's own exception, so that an import-time ``raise ValueError`` answers no test that expects
+    a ValueError from a call."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 class Worker:
     def __init__(self, sock: socket.socket, module_path: str):
         self.pinned: list[Any] = []  # a request's objects, kept until its reply is sent (`release`)
@@ -80,7 +90,10 @@ class Worker:
 
     def load(self) -> Any:
         if self.module is None:
-            self.module = import_file(self.module_path)
+            try:
+                self.module = import_file(self.module_path)
+            except BaseException as exc:  # noqa: BLE001 - whatever the file raised, it did not load
+                raise LoadFailed(exc) from exc
         return self.module
 
     def op_getattr(self, target: Any, name: str, options: dict | None = None) -> dict:
@@ -208,6 +221,8 @@ class Worker:
             finally:
                 gc.disable()
     def describe(self, exc: BaseException, prefix: str = "") -> dict:
+        if isinstance(exc, LoadFailed):  # the import's own exception, marked: it is no answer to any call
+            return {**self.describe(exc.cause, prefix), "load_failed": True}
         return {
             "type": type(exc).__name__,
             "mro": [c.__name__ for c in type(exc).__mro__],
