@@ -145,8 +145,7 @@ def softmax_triton(x):
 
 
 def test_a_function_that_raises_on_every_input_earns_no_error_test(tmp_path):
-    result = grade_folder(hand_in(tmp_path, ALWAYS_RAISES), [EXERCISE],
-                          checks=["normalizer_public", "normalizer", "softmax"])
+    result = grade_folder(hand_in(tmp_path, ALWAYS_RAISES), [EXERCISE])
     checks = checks_of(result, EXERCISE)
     error_tests = [t for cid in ("normalizer_public", "normalizer", "softmax") for t in checks[cid]["tests"]
                    if "rejects" in t["name"] or "needs_a_chunk" in t["name"]]
@@ -157,7 +156,8 @@ def test_a_function_that_raises_on_every_input_earns_no_error_test(tmp_path):
     assert sum(c["points"] for c in checks.values()) == 0
 
 
-def test_the_reference_keeps_its_error_tests(tmp_path):
+def test_a_run_of_some_checks_judges_no_error_by_the_ledger(tmp_path):
+    # A run of the error checks alone may hold no call that answers: the rule needs the whole suite.
     result = grade_folder(ROOT / "solutions", [EXERCISE], checks=["normalizer_public", "softmax"])
     checks = checks_of(result, EXERCISE)
     for cid in ("normalizer_public", "softmax"):

@@ -10,7 +10,8 @@ each callable that raised there returned a value in some test of the same grade.
 What it cannot see: in-process (``make check``), methods of an object the student's class made are called on the
 object itself, not through a proxy, so only module-level functions and classes are recorded there; under
 ``grader grade`` every call goes through a proxy. A driver (``student.drive``) that returns counts as its
-function answering, whatever the driver caught on the way.
+function answering, whatever the driver caught on the way. A run of some checks only (``grader grade --check``)
+may hold no test where the code answers, so there the rule is off: it judges whole grades.
 """
 
 from __future__ import annotations
