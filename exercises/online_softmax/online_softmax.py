@@ -41,11 +41,13 @@ def online_normalizer(chunks: Iterable[torch.Tensor]) -> tuple[torch.Tensor, tor
 
     Args:
         chunks: an iterable of 2-D tensors [rows, c_i] (any float dtype), the columns of x in order.
-            Widths vary and may be 0. It can be consumed only ONCE: do not iterate it twice.
+            Widths vary and may be 0. It can be consumed only ONCE: do not iterate it twice. It may be
+            a stream far longer than memory: keep the running (m, l), never the chunks (no list of
+            them, no copies, no torch.cat), and let each chunk go before you ask for the next.
 
     Returns:
         (m, l), fp32 [rows]: m = row max of x, l = sum over the row of exp(x - m), accumulated in fp32.
-        A row of only -inf gives m = -inf, l = 0.
+        A row of only -inf gives m = -inf, l = 0; so does a matrix of no columns (every chunk of width 0).
 
     Raises:
         ValueError: if `chunks` yields no chunk at all.
@@ -56,12 +58,14 @@ def online_normalizer(chunks: Iterable[torch.Tensor]) -> tuple[torch.Tensor, tor
 def online_softmax(x: torch.Tensor, block_size: int = 1024) -> torch.Tensor:
     """Softmax over the last dim of an N-D tensor, reading x in column blocks of `block_size`.
 
-    Two passes over the blocks: the first computes (m, l) with `online_normalizer`, the second writes
-    exp(x - m) / l block by block. Output has x's shape and dtype (fp16, bf16, fp32), computed in fp32.
-    Rows of only -inf give zeros. A last dim of size 0 gives an empty tensor of x's shape.
+    Two passes over the blocks: the first computes (m, l) with `online_normalizer` (call it once, handing
+    it the blocks), the second writes exp(x - m) / l block by block. Besides x and the output, hold only
+    a few blocks' worth of memory: convert to fp32 block by block, never the whole of x at once.
+    Output has x's shape and dtype (fp16, bf16, fp32), computed in fp32. Rows of only -inf give zeros.
+    An x with no elements (any dim of size 0) gives an empty tensor of x's shape and dtype.
 
     Raises:
-        ValueError: if block_size is not a positive int.
+        ValueError: if block_size is not a positive int (0, -1, 2.0, True, None all raise).
     """
     raise NotImplementedError("online_softmax: flatten to [rows, n], normalise, then write block by block")
 

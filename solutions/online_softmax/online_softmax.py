@@ -53,8 +53,8 @@ def online_normalizer(chunks: Iterable[torch.Tensor]) -> tuple[torch.Tensor, tor
 
 def online_softmax(x: torch.Tensor, block_size: int = 1024) -> torch.Tensor:
     """Softmax over the last dim, reading x in column blocks: one pass for (m, l), one to write."""
-    if not isinstance(block_size, int) or block_size <= 0:
-        raise ValueError(f"block_size must be a positive int, found {block_size!r}")
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0:
+        raise ValueError(f"block_size must be a positive int (not a bool), found {block_size!r}")
     n = x.shape[-1]
     if n == 0 or x.numel() == 0:
         return torch.empty_like(x)

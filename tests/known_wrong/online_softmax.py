@@ -150,6 +150,116 @@ MUTANTS += SPAN_MUTANTS
 
 
 # --------------------------------------------------------------------------------------------------
+# The technique skipped, and the contract clauses issue 36 ("Right verdicts II") brought into the tests.
+# A textbook submission computes the same numbers without streaming: only the `streaming` check (what a call
+# holds, grader/support/online_softmax.py) sees it, and every correctness check keeps full marks.
+
+_NORMALIZER_LOOP = """    m = l = None
+    for chunk in chunks:
+        chunk = chunk.float()
+        if m is None:
+            m = torch.full(chunk.shape[:1], NEG_INF, dtype=torch.float32, device=chunk.device)
+            l = torch.zeros_like(m)
+        if chunk.shape[1] == 0:
+            continue
+        m_chunk = chunk.amax(dim=1)
+        l_chunk = torch.exp(chunk - _safe_max(m_chunk)[:, None]).sum(dim=1)
+        m, l = merge_states(m, l, m_chunk, l_chunk)
+    if m is None:
+        raise ValueError("online_normalizer needs at least one chunk, found none")
+    return m, l"""
+_CORRECT = ["normalizer", "merge", "softmax", "stability", "normalizer_public", "merge_public", "softmax_public"]
+
+MUTANTS += [
+    Mutant(
+        name="textbook_normalizer",
+        why="collects every chunk (a list, then torch.cat) and takes the max and the sum of the whole matrix at "
+            "the end: one pass over the stream, the right numbers, and the whole stream held in memory",
+        edits=[(_NORMALIZER_LOOP, """    whole = [chunk.float() for chunk in chunks]
+    if not whole:
+        raise ValueError("online_normalizer needs at least one chunk, found none")
+    x = torch.cat(whole, dim=1)
+    m = x.amax(dim=1) if x.shape[1] else torch.full(x.shape[:1], NEG_INF, device=x.device)
+    return m, torch.exp(x - _safe_max(m)[:, None]).sum(dim=1)""")],
+        loses=["streaming"],
+        keeps=_CORRECT,
+    ),
+    Mutant(
+        name="textbook_softmax",
+        why="ignores block_size: hands online_normalizer the whole rows as one chunk and writes exp(x - m) / l over "
+            "whole rows at once",
+        edits=[("    m, l = online_normalizer(rows[:, s : s + block_size] for s in starts)",
+                "    m, l = online_normalizer([rows.float()])"),
+               ("""    for s in starts:
+        block = rows[:, s : s + block_size].float()
+        out[:, s : s + block_size] = (torch.exp(block - shift) * inv_l).to(x.dtype)""",
+                "    out = (torch.exp(rows.float() - shift) * inv_l).to(x.dtype)")],
+        loses=["streaming"],
+        keeps=_CORRECT,
+    ),
+    Mutant(
+        name="softmax_without_online_normalizer",
+        why="online_softmax finds (m, l) with a loop of its own over the blocks instead of calling online_normalizer, "
+            "which the contract's first pass names",
+        edits=[("    m, l = online_normalizer(rows[:, s : s + block_size] for s in starts)",
+                """    m = torch.full(rows.shape[:1], NEG_INF, dtype=torch.float32, device=x.device)
+    l = torch.zeros_like(m)
+    for s in starts:
+        block = rows[:, s : s + block_size].float()
+        m_block = block.amax(dim=1)
+        m, l = merge_states(m, l, m_block, torch.exp(block - _safe_max(m_block)[:, None]).sum(dim=1))""")],
+        loses=["streaming"],
+        keeps=["softmax"],
+    ),
+    Mutant(
+        name="max_clamped_at_minus_1e30",
+        why="keeps -inf out of the subtraction by clamping the max at -1e30: rows whose values all lie below -1e30 "
+            "(finite, and in the contract) sum to 0",
+        edits=[("    return torch.where(m == NEG_INF, torch.zeros_like(m), m)", "    return m.clamp(min=-1e30)")],
+        loses=["normalizer", "merge", "softmax"],
+    ),
+    Mutant(
+        name="block_size_sign_only",
+        why="checks only that block_size is positive: 2.0 and None then fail with a TypeError deep inside range()",
+        edits=[("    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0:",
+                "    if block_size <= 0:")],
+        loses=["softmax"],
+    ),
+    Mutant(
+        name="block_size_accepts_bool",
+        why="checks isinstance(block_size, int), which True passes (bool is an int in Python): True reads as 1",
+        edits=[("    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0:",
+                "    if not isinstance(block_size, int) or block_size <= 0:")],
+        loses=["softmax"],
+    ),
+    Mutant(
+        name="softmax_of_empty_input_raises",
+        why="no case for an x without elements: a last dim of 0 makes no blocks, and online_normalizer raises for "
+            "no chunks",
+        edits=[("    if n == 0 or x.numel() == 0:\n        return torch.empty_like(x)\n", "")],
+        loses=["softmax"],
+    ),
+    Mutant(
+        name="normalizer_state_from_first_nonempty_chunk",
+        why="starts the state at the first chunk with columns: a stream whose chunks are all of width 0 looks "
+            "like no chunks at all and raises",
+        edits=[("        chunk = chunk.float()\n        if m is None:",
+                "        chunk = chunk.float()\n        if chunk.shape[1] == 0:\n            continue\n        if m is None:")],
+        loses=["normalizer"],
+    ),
+    Mutant(
+        name="normalizer_keeps_fp64",
+        why="leaves fp64 chunks in fp64 (more precise, it reasons) and returns an fp64 (m, l) where the contract "
+            "says fp32",
+        edits=[("        chunk = chunk.float()\n        if m is None:",
+                "        chunk = chunk if chunk.dtype == torch.float64 else chunk.float()\n        if m is None:"),
+               ("dtype=torch.float32, device=chunk.device)", "dtype=chunk.dtype, device=chunk.device)")],
+        loses=["normalizer"],
+    ),
+]
+
+
+# --------------------------------------------------------------------------------------------------
 # The library's softmax reached some other way than its public name (issue "Trust II", item 4).
 # Each replaces online_softmax and softmax_triton with one library call; the result is right, so
 # only the forbidden-call guard can take the points away. `library_softmax` makes the helper.

@@ -3,6 +3,91 @@
 Every input derives from the run's seed (the `rng` fixture). The oracle is the textbook formula in
 float64 (oracle.py); the student's functions are never compared with another clever implementation.
 The speed check's shapes and byte count are grader/cases/online_softmax.py's, shared with the benchmark.
+
+The contract (README.md, "The contract") clause by clause, and the tests that draw each. Every hidden test
+runs under the rules (no library softmax by any name: the `sm` and `smk` fixtures), and `assert_state` /
+`assert_softmax` check the dtype and shape of every result they compare. Values outside the contract
+(+inf, NaN) are drawn by no test: what a function returns for them is not graded.
+
+online_normalizer(chunks) -> (m, l)
+- one pass over 2-D chunks [rows, c_i], the columns of x in order:
+    test_normalizer_random_chunkings, test_normalizer_reads_its_input_once
+- widths vary and may be 0:
+    test_normalizer_random_chunkings (repeated cuts), test_normalizer_masked_rows_and_empty_chunks,
+    test_generated_masks_against_the_chunks
+- every chunk of width 0 (no columns) gives (-inf, 0) in every row; 0 rows give a state of 0 rows:
+    test_normalizer_matrices_with_no_columns_or_no_rows
+- m = the row max, l = sum(exp(x - m)), rescaled whenever the max rises:
+    test_normalizer_random_chunkings (a rising trend), test_generated_masks_against_the_chunks
+- fp32 (m, l), accumulated in fp32, whatever the input dtype:
+    test_normalizer_low_precision_inputs_accumulate_in_fp32 (fp16, bf16, fp32, fp64),
+    test_long_fp16_rows_accumulate_in_fp32
+- the iterable may be consumed once (a stream):
+    test_normalizer_reads_its_input_once; the census's stream refuses a second pass too
+- a running state, never the stream (the signature):
+    test_normalizer_holds_a_running_state_not_the_stream
+- no chunks at all: ValueError:
+    test_normalizer_rejects_no_chunks
+- a row of only -inf: m = -inf, l = 0, no NaN:
+    test_normalizer_masked_rows_and_empty_chunks, test_generated_masks_against_the_chunks (every span of short
+    rows), test_generated_masks_shared_by_every_row
+- values: finite of any magnitude, and -inf:
+    test_normalizer_large_offset (-1e4), test_normalizer_any_finite_magnitude (to 3e38, both signs, with -inf)
+
+merge_states(m_a, l_a, m_b, l_b) -> (m, l)
+- the state of the union, fp32 [rows] in and out:
+    test_merge_matches_the_state_of_the_union, test_generated_masks_merge_to_the_state_of_the_union
+- exactly commutative:
+    test_merge_is_exactly_commutative, test_generated_masks_merge_to_the_state_of_the_union (assert_equal)
+- associative up to rounding:
+    test_merge_is_associative_up_to_rounding, test_generated_masks_merge_to_the_state_of_the_union (both orders)
+- (-inf, 0) is an exact identity, no NaN:
+    test_merge_with_empty_state_is_identity
+- states of any finite magnitude:
+    test_merge_any_finite_magnitude
+
+online_softmax(x, block_size=1024) -> Tensor
+- softmax over the last dim of an N-D x (N >= 1):
+    test_softmax_one_dimensional_and_single_column, test_softmax_block_sizes_that_do_not_divide_the_row (3-D),
+    test_softmax_dtypes (3-D), test_softmax_every_rank (1-D and 4-D in each dtype),
+    test_generated_masks_against_the_blocks (2-D and 3-D)
+- reads x in column blocks of block_size, the last one partial:
+    test_softmax_block_sizes_that_do_not_divide_the_row, test_generated_masks_against_the_blocks,
+    test_softmax_reads_x_in_blocks (no one operation reads more than two blocks of x)
+- one pass for the normaliser, with online_normalizer:
+    test_softmax_reads_x_in_blocks (one call, handed ceil(n / block_size) blocks)
+- holds a few blocks besides x and its output (the signature):
+    test_softmax_reads_x_in_blocks (fp32 and fp16, n about 128 blocks)
+- output in x's dtype (fp16, bf16, fp32), computed in fp32:
+    test_softmax_dtypes, test_softmax_every_rank, test_long_fp16_rows_accumulate_in_fp32
+- rows of only -inf give zeros:
+    test_softmax_masked_rows_are_zero, test_generated_masks_against_the_blocks
+- block_size a positive int, ValueError otherwise:
+    test_softmax_rejects_bad_block_size (0, -1, -1024, 2.0, 1.5, None, "64", True, False)
+- an x with no elements gives an empty tensor of x's shape and dtype:
+    test_softmax_inputs_with_no_elements
+- values: finite of any magnitude, and -inf:
+    test_softmax_large_offset_does_not_overflow (1e4), test_softmax_any_finite_magnitude (each dtype's largest)
+
+softmax_triton(x) -> Tensor, under the kernel rule (the `smk` fixture)
+- a 2-D x of any strides (transposes, slices):
+    test_triton_strided_views
+- output contiguous, in x's dtype:
+    test_triton_shapes, test_triton_strided_views, test_triton_fp16; bf16 in
+    test_triton_bf16_and_very_long_rows_on_cuda (CUDA only)
+- rows of only -inf give zeros:
+    test_triton_masked_rows_and_large_values, test_triton_generated_masks_against_every_tile_width
+- rows much longer than one block (2^20 columns on a GPU):
+    test_triton_rows_longer_than_a_block, test_triton_generated_masks_against_every_tile_width (trial 2),
+    test_triton_bf16_and_very_long_rows_on_cuda
+- pass 1 streams the online normaliser, pass 2 writes:
+    the tiled-kernel check (the tiles a compiled kernel holds, and the loop over them)
+- its work in a Triton kernel:
+    every test above (the kernel rule), test_triton_kernels_write_the_output (the launches recorded)
+- not 2-D: ValueError:
+    test_triton_kernels_write_the_output (its last lines)
+- values: magnitude 1e4, with -inf:
+    test_triton_masked_rows_and_large_values
 """
 
 import math
@@ -99,7 +184,7 @@ def test_normalizer_random_chunkings(sm, rng, trial):
 
 
 @pytest.mark.check("normalizer")
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_normalizer_low_precision_inputs_accumulate_in_fp32(sm, rng, dtype):
     x = (torch.randn(4, 2000, generator=rng) * 2).to(dtype)
     m, l = sm.online_normalizer(chunks_of(x, [0, 700, 1400, 2000]))
@@ -129,6 +214,61 @@ def test_normalizer_reads_its_input_once(sm, rng):
 def test_normalizer_rejects_no_chunks(sm):
     with pytest.raises(ValueError):
         sm.online_normalizer(OnceIterable([], "the chunks iterable"))
+
+
+@pytest.mark.check("normalizer")
+def test_normalizer_matrices_with_no_columns_or_no_rows(sm, rng):
+    # Chunks that are all of width 0: a matrix of no columns, whose every row is the empty state (-inf, 0).
+    rows = int(torch.randint(1, 6, (1,), generator=rng))
+    x = torch.empty(rows, 0)
+    m, l = sm.online_normalizer(chunks_of(x, [0, 0, 0]))
+    assert_equal(
+        m,
+        torch.full((rows,), -INF),
+        what="m [row] of three chunks of width 0",
+        hint="A matrix with no columns has the empty state in every row: m = -inf, l = 0. Start from that state "
+        "(not from the first chunk that has columns) and return it when no chunk has any",
+    )
+    assert_equal(l, torch.zeros(rows), what="l [row] of three chunks of width 0", hint="l = 0 for the empty state")
+    # No rows at all: the state has no rows either.
+    m, l = sm.online_normalizer(chunks_of(torch.empty(0, 9), [0, 4, 9]))
+    assert_equal(m, torch.full((0,), -INF), what="m of chunks with 0 rows", hint="0 rows in, (m, l) of 0 rows out")
+    assert_equal(l, torch.zeros(0), what="l of chunks with 0 rows", hint="0 rows in, (m, l) of 0 rows out")
+
+
+def extreme_rows(rng: torch.Generator, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Rows of finite values at every magnitude the dtype holds, and -inf: random signs and magnitudes
+    from 1e-3 to the dtype's largest; every value below -1e30 (or the dtype's largest in magnitude); one
+    value repeated (l = n); the largest values with -inf between them; a single finite value among -inf."""
+    top = 0.99 * torch.finfo(dtype).max
+    signs = torch.where(torch.rand(6, n, generator=rng) < 0.5, -1.0, 1.0)
+    mags = 10 ** (torch.rand(6, n, generator=rng) * (math.log10(top) + 3) - 3)
+    x = (signs * mags).clamp(-top, top)
+    x[1] = -top * (0.5 + 0.5 * torch.rand(n, generator=rng))
+    x[2] = -min(1e35, top / 2)
+    x[3] = torch.where(torch.rand(n, generator=rng) < 0.3, -INF, x[3])
+    x[3, int(torch.randint(0, n, (1,), generator=rng))] = top
+    x[4] = top * (1 - 0.01 * torch.rand(n, generator=rng))
+    x[5] = -INF
+    x[5, int(torch.randint(0, n, (1,), generator=rng))] = -top
+    return x.to(dtype)
+
+
+VALUE_HINT = (
+    "Values may be any finite number the dtype holds (down to -3e38 in fp32) or -inf. A finite stand-in for -inf "
+    "(a clamp of the max at -1e30, a start at -1e9) is wrong for rows whose values all lie below it"
+)
+
+
+@pytest.mark.check("normalizer")
+def test_normalizer_any_finite_magnitude(sm, rng):
+    n = int(torch.randint(20, 90, (1,), generator=rng))
+    x = extreme_rows(rng, n)
+    cuts = blocks.random_cuts(n, rng, 6)
+    m, l = sm.online_normalizer(chunks_of(x, cuts))
+    want_m, want_l = naive_state(x)
+    assert_equal(m, want_m.float(), what="m [row] of values up to 3e38 in magnitude", hint=VALUE_HINT)
+    assert_close(l, want_l, atol=1e-6, rtol=1e-5, what="l [row] of values up to 3e38 in magnitude", hint=VALUE_HINT)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -184,6 +324,20 @@ def test_merge_is_associative_up_to_rounding(sm, rng):
     assert_close(
         l1, l2, atol=0.0, rtol=1e-5, what="l of (a+b)+c against l of a+(b+c)", hint="They may differ only by rounding"
     )
+
+
+@pytest.mark.check("merge")
+def test_merge_any_finite_magnitude(sm, rng):
+    n = int(torch.randint(20, 60, (1,), generator=rng))
+    x = extreme_rows(rng, n)
+    cut = int(torch.randint(1, n, (1,), generator=rng))
+    left, right = naive_state(x[:, :cut]), naive_state(x[:, cut:])
+    for order, (a, b) in (("merge(left, right)", (left, right)), ("merge(right, left)", (right, left))):
+        m, l = sm.merge_states(*(t.float() for t in a), *(t.float() for t in b))
+        want_m, want_l = naive_state(x)
+        assert_equal(m, want_m.float(), what=f"m [row] of {order}, states of values up to 3e38", hint=VALUE_HINT)
+        assert_close(l, want_l, atol=1e-6, rtol=1e-5, what=f"l [row] of {order}, states of values up to 3e38",
+                     hint=VALUE_HINT)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -259,10 +413,190 @@ def test_softmax_one_dimensional_and_single_column(sm, rng):
     assert_softmax(sm.online_softmax(y, block_size=16), y, 1e-7, "rows of one element", 16)
 
 
+BAD_BLOCK_SIZES = [0, -1, -1024, 2.0, 1.5, None, "64", True, False]
+
+
 @pytest.mark.check("softmax")
 def test_softmax_rejects_bad_block_size(sm):
-    with pytest.raises(ValueError):
-        sm.online_softmax(torch.zeros(2, 3), block_size=0)
+    x = torch.zeros(2, 3)
+    for bad in BAD_BLOCK_SIZES:
+        try:
+            sm.online_softmax(x, block_size=bad)
+        except ValueError:
+            continue
+        except Exception as exc:  # noqa: BLE001 - the message names what was raised instead
+            raise AssertionError(
+                f"online_softmax(x, block_size={bad!r}) raised {type(exc).__name__} ({exc}); the contract asks for "
+                "ValueError whenever block_size is not a positive int: check it first, before any work"
+            ) from None
+        raise AssertionError(
+            f"online_softmax(x, block_size={bad!r}) returned; block_size must be a positive int, so it must raise "
+            "ValueError (a float such as 2.0 is not an int, and True and False are bools, not sizes)"
+        )
+
+
+@pytest.mark.check("softmax")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_softmax_inputs_with_no_elements(sm, dtype):
+    for shape in [(3, 0), (0, 7), (2, 0, 5), (4, 2, 0), (0,)]:
+        x = torch.zeros(shape, dtype=dtype)
+        out = sm.online_softmax(x, block_size=4)
+        assert isinstance(out, torch.Tensor), f"shape {shape}: expected a tensor, found {type(out).__name__}"
+        assert out.shape == x.shape and out.dtype == x.dtype, (
+            f"online_softmax of an empty {dtype} x of shape {shape}: expected an empty tensor of that shape and "
+            f"dtype, found shape {tuple(out.shape)}, dtype {out.dtype}. With no columns there are no blocks, and "
+            "online_normalizer rightly raises for no chunks: return torch.empty_like(x) before that"
+        )
+
+
+@pytest.mark.check("softmax")
+@pytest.mark.parametrize("dtype,atol", [(torch.float16, 1e-3), (torch.bfloat16, 8e-3), (torch.float32, 1e-6)])
+def test_softmax_every_rank(sm, rng, dtype, atol):
+    for shape in [(int(torch.randint(20, 90, (1,), generator=rng)),), (2, 3, 2, 45)]:
+        x = (torch.randn(*shape, generator=rng) * 3).to(dtype)
+        assert_softmax(sm.online_softmax(x, block_size=16), x, atol, f"{dtype} of shape {shape}", 16)
+
+
+@pytest.mark.check("softmax")
+@pytest.mark.parametrize("dtype,atol", [(torch.float16, 1e-3), (torch.bfloat16, 8e-3), (torch.float32, 1e-6)])
+def test_softmax_any_finite_magnitude(sm, rng, dtype, atol):
+    n = int(torch.randint(20, 90, (1,), generator=rng))
+    x = extreme_rows(rng, n, dtype).reshape(2, 3, n)
+    out = sm.online_softmax(x, block_size=7)
+    assert not torch.isnan(out).any(), f"{dtype} values up to the dtype's largest: NaN in the output. {VALUE_HINT}"
+    assert_softmax(out, x, atol, f"{dtype} values of every magnitude up to the dtype's largest, and -inf", 7)
+
+
+# --------------------------------------------------------------------------------------------------
+# streaming: the technique's signature is the state held while streaming (grader/support/online_softmax.py).
+# online_normalizer is handed a one-pass stream of many narrow chunks, each a fresh tensor made on demand; the
+# driver counts the earlier chunks still alive at each request (weak references to their storages) and the bytes
+# alive at once among the chunks and every storage the call writes (a dispatch mode puts a finaliser on each),
+# and the values read back into Python. online_softmax runs at n far beyond block_size, with the same bytes
+# (its input and output left out), the widest read of x by one operation, and its calls of online_normalizer.
+# Bounds, against the reference's figures measured on this stream (rows = 16, widest chunk 16, n about 3000;
+# online_softmax: rows = 16, block_size 24-40, n about 128 blocks):
+#   earlier chunks alive at a request: at most STREAM_ALIVE (the reference: 1, its loop variable; the textbook
+#     list: every chunk, up to 383; a textbook that keeps fp32 copies frees the chunks, so bytes decide there);
+#   bytes alive at once: 4 * rows * (16 * widest + 32), 16 fp32 chunks and 32 fp32 row vectors (the reference:
+#     208 bytes a row, 3.3 chunks' worth in fp32 or fp16; the textbook: about 24 KiB a row, the stream twice);
+#   values read back into Python: at most 4 a chunk (the reference: 0; the stream kept as floats: rows x n);
+#   online_softmax: bytes alive at once beyond x and the output 4 * rows * (16 * block_size + 32) (the
+#     reference: 272 bytes a row in fp32 and 400 in fp16 at block_size 32, 2-3 blocks' worth; the textbook:
+#     48-64 KiB a row); one operation reads at most 2 * rows * block_size elements of x (the reference:
+#     rows * block_size; exp(x - m) over whole rows: all of x); one call of online_normalizer handed
+#     ceil(n / block_size) blocks of at most block_size columns.
+
+STREAM_ROWS, STREAM_CHUNKS, STREAM_WIDEST = 16, 384, 16
+STREAM_ALIVE = 4
+READS_PER_CHUNK = 4
+
+
+def held_bound(rows: int, width: int) -> int:
+    """Bytes a streaming call may hold at once: 16 fp32 chunks (or blocks) of `width` columns, 32 fp32 row vectors."""
+    return 4 * rows * (16 * width + 32)
+
+
+@pytest.mark.check("streaming")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_normalizer_holds_a_running_state_not_the_stream(student, sm, rng, score, dtype):
+    rows = STREAM_ROWS
+    widths = torch.randint(0, STREAM_WIDEST + 1, (STREAM_CHUNKS,), generator=rng)
+    widths[int(torch.randint(0, STREAM_CHUNKS, (1,), generator=rng))] = STREAM_WIDEST
+    cuts = [0, *torch.cumsum(widths, 0).tolist()]
+    n = cuts[-1]
+    x = (torch.randn(rows, n, generator=rng) * 3 + torch.linspace(0, 30, n)).to(dtype)  # the max keeps rising
+    got = student.drive("grader.support.online_softmax:stream_census", sm.online_normalizer, x, cuts)
+    student.assert_untampered(sm.online_normalizer, "the census of what online_normalizer holds while it streams")
+    score.metrics(
+        peak_bytes_per_row=got["peak_bytes"] / rows,
+        bound_bytes_per_row=held_bound(rows, STREAM_WIDEST) / rows,
+        earlier_chunks_alive=max(got["alive_at_request"], default=0),
+        values_read_back=got["reads"] + got["scalar_reads"],
+    )
+    m, l = got["out"]
+    what = f"a stream of {STREAM_CHUNKS} {str(dtype)[6:]} chunks of widths 0 to {STREAM_WIDEST}"
+    assert_state(m, l, x.double(), what)
+    assert got["handed"] == got["chunks"], (
+        f"online_normalizer asked for {got['handed']} of the stream's {got['chunks']} chunks: read the stream to "
+        "its end"
+    )
+    alive = got["alive_at_request"]
+    worst = max(range(len(alive)), key=alive.__getitem__)
+    assert alive[worst] <= STREAM_ALIVE, (
+        f"when online_normalizer asked for chunk {worst} of {got['chunks']}, {alive[worst]} earlier chunks were still "
+        f"alive (at most {STREAM_ALIVE} may be): the normaliser keeps a running (m, l), never the chunks. A list of "
+        "them (list(chunks), append), a view or a numpy array of each kept keeps the stream alive; fold each chunk "
+        "into (m, l) and let it go"
+    )
+    chunk_bytes = rows * n * 4
+    bound = held_bound(rows, STREAM_WIDEST)
+    assert got["peak_bytes"] <= bound, (
+        f"online_normalizer held {got['peak_bytes']} bytes at once ({got['peak_bytes'] / rows:.0f} a row), where a "
+        f"running state needs a few chunks' worth: at most {bound} ({bound // rows} a row; chunks are at most "
+        f"{STREAM_WIDEST} columns wide, and the whole stream in fp32 is {chunk_bytes} bytes). Copies of the chunks "
+        "(.float(), .clone(), torch.cat of them, a buffer that grows) or a state per chunk kept to the end hold the "
+        "stream; merge each chunk's (max, sum) into the running (m, l) at once"
+    )
+    reads = got["reads"] + got["scalar_reads"]
+    assert reads <= READS_PER_CHUNK * got["chunks"], (
+        f"online_normalizer read {reads} values back into Python or numpy over {got['chunks']} chunks (at most "
+        f"{READS_PER_CHUNK} a chunk): values kept in Python (.tolist(), .numpy(), .item()) are the stream held outside "
+        "torch. Keep the state in tensors"
+    )
+
+
+@pytest.mark.check("streaming")
+@pytest.mark.parametrize("dtype,shape", [(torch.float32, (2, 8)), (torch.float16, (16,))])
+def test_softmax_reads_x_in_blocks(student, sm, rng, score, dtype, shape):
+    block = int(torch.randint(24, 41, (1,), generator=rng))
+    n = block * 128 + int(torch.randint(1, block, (1,), generator=rng))
+    rows = math.prod(shape)
+    x = (torch.randn(*shape, n, generator=rng) * 3).to(dtype)
+    got = student.drive("grader.support.online_softmax:block_census", sm.online_softmax, x, block)
+    student.assert_untampered(sm.online_softmax, "the census of what online_softmax holds and reads")
+    score.metrics(
+        peak_bytes_per_row=got["peak_bytes"] / rows,
+        bound_bytes_per_row=held_bound(rows, block) / rows,
+        widest_read_columns=got["widest_read"] / rows,
+        block_size=block,
+    )
+    atol = 1e-3 if dtype == torch.float16 else 1e-6
+    assert_softmax(got["out"], x, atol, f"{str(dtype)[6:]} x of shape {tuple(x.shape)}, block_size={block}", block)
+    calls = got["normalizer_calls"]
+    assert calls is not None, (
+        "online_softmax is not a function of your module that can call online_normalizer: define it with def, "
+        "and compute (m, l) by calling online_normalizer"
+    )
+    assert len(calls) == 1, (
+        f"online_softmax called online_normalizer {len(calls)} times: the contract's first pass is one call of "
+        "online_normalizer (your module's, by that name) handed the blocks of x, one after another"
+    )
+    widths = [shape_[-1] if shape_ else -1 for shape_ in calls[0]]
+    want = math.ceil(n / block)
+    assert sum(w for w in widths if w > 0) == n and max(widths, default=0) <= block and len(
+        [w for w in widths if w > 0]
+    ) == want, (
+        f"online_softmax handed online_normalizer chunks of widths {show(torch.tensor(widths))} for n = {n} and "
+        f"block_size = {block}: expected {want} blocks of {block} columns (the last partial), together every column"
+    )
+    assert got["widest_read"] <= 2 * rows * block, (
+        f"one operation of online_softmax read {got['widest_read']} elements of x ({got['widest_read'] / rows:.0f} "
+        f"columns a row) where block_size = {block}, n = {n}: online_softmax reads x a block at a time, in both "
+        "passes; exp(x - m) over whole rows, or x.float() of all of x, reads the whole row at once"
+    )
+    bound = held_bound(rows, block)
+    assert got["peak_bytes"] <= bound, (
+        f"besides x and its output, online_softmax held {got['peak_bytes']} bytes at once "
+        f"({got['peak_bytes'] / rows:.0f} a row), where reading blocks of {block} columns needs a few blocks' worth: "
+        f"at most {bound} ({bound // rows} a row; one fp32 row of x is {4 * n} bytes). Convert and exponentiate a "
+        "block at a time and write it into the output; do not build exp(x - m) or an fp32 copy of x whole"
+    )
+    reads = got["reads"] + got["scalar_reads"]
+    assert reads <= READS_PER_CHUNK * want, (
+        f"online_softmax read {reads} values back into Python or numpy (at most {READS_PER_CHUNK} a block): keep "
+        "the work in tensors"
+    )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,0 +1,289 @@
+"""Drivers for online_softmax's `streaming` check: what a call holds in memory while it streams.
+
+The technique's signature is the state held while streaming. `online_normalizer` keeps a running
+(m, l) of two row vectors, never the stream; `online_softmax` reads x in column blocks, so what it
+holds besides x and its output is a block's worth. The textbook computation of the same numbers
+(collect every chunk, then one max and one sum; exp(x - m) over whole rows) holds the whole row.
+On the CPU's small shapes both give the same numbers, so these drivers measure the holding itself:
+
+* `stream_census(online_normalizer, x, cuts)` hands the student's function a one-pass stream of
+  chunks, each a fresh copy of `x[:, a:b]` with its own storage, made on demand. A weak-reference
+  finaliser on each chunk's storage tells when it is freed, so when chunk k is requested the driver
+  knows how many earlier chunks are still alive (a list of them, a view kept, a numpy array over
+  one: any reference keeps the storage). A `TorchDispatchMode` (`_Held`) notes the storage of every
+  tensor an operation writes during the call (fresh outputs, in-place and out= targets) with a
+  finaliser too, so the bytes alive at once are known after every operation: a `chunk.clone()` kept,
+  a `torch.cat` that grows, a list of per-chunk states. The driver also counts the tensor elements
+  read back into Python or numpy (`grader.harness.probes.reads_counted`: `.tolist()`, `.numpy()`,
+  ...) and the scalars operations hand to Python (`.item()`, `bool(t)`), since a stream kept as
+  Python floats holds no tensor at all.
+* `block_census(online_softmax, x, block_size)` runs the same bookkeeping around online_softmax
+  (x's own storage is the input and never counts; the returned output's storage is subtracted from
+  the moment it was made), records the largest number of x's elements one operation read (a block
+  read is rows x block_size; `x - m` over whole rows is all of x), and records the calls online_softmax
+  made to the module's `online_normalizer` and the widths of the blocks it handed over.
+
+What none of this sees: memory that no torch operation writes and no read-back route reads (a Triton
+kernel of the student's own that copies the stream into a buffer allocated before the call; on the
+CPU the interpreter's copies pass through torch, on CUDA they do not), and anything the student's
+process does to the driver itself (popping the dispatch mode, patching this module): the dispatch
+mode is checked to be where it was put at the end of the call, and the test calls
+`student.assert_untampered`, whose trusted scan flags the dispatch-mode machinery, frames,
+finalisers and patching in place.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from grader.harness import probes
+
+_TENSOR_STORAGE = torch._C.TensorBase.untyped_storage  # never patched (Tensor.untyped_storage counts as a read-back)
+_SCALAR_READS = frozenset({"aten::_local_scalar_dense", "aten::equal", "aten::is_nonzero", "aten::is_same_size"})
+# Operations that make views or metadata, or allocate without touching values: they read no element of x.
+_NO_DATA = frozenset({
+    "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::detach", "aten::alias", "aten::lift_fresh",
+    "aten::_unsafe_view", "aten::view", "aten::_reshape_alias", "aten::set_", "aten::resize_", "aten::is_nonzero",
+    "aten::is_same_size", "aten::sym_size", "aten::sym_stride", "aten::sym_numel", "aten::sym_storage_offset",
+})
+
+
+def _storage(t: torch.Tensor) -> Any:
+    """The tensor's storage object (one Python object per storage while it lives), or None (sparse, meta)."""
+    if t.device.type == "meta":
+        return None
+    try:
+        return _TENSOR_STORAGE(t)
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def _elements(t: torch.Tensor) -> int:
+    """The elements of memory a tensor covers: its numel without the dimensions of stride 0."""
+    if t.numel() == 0:
+        return 0
+    try:
+        return math.prod(size for size, stride in zip(t.shape, t.stride()) if stride != 0)
+    except (RuntimeError, NotImplementedError):
+        return t.numel()
+
+
+_WRITES: dict[Any, tuple[int, ...]] = {}
+
+
+def _written_arguments(func) -> tuple[int, ...]:
+    """Positions of the arguments an operation writes (in-place and out= targets)."""
+    if func not in _WRITES:
+        _WRITES[func] = tuple(i for i, a in enumerate(func._schema.arguments)
+                              if a.alias_info is not None and a.alias_info.is_write)
+    return _WRITES[func]
+
+
+class _Held(TorchDispatchMode):
+    """The bytes of memory alive at once among the storages the call wrote, and the chunks it was handed.
+
+    `series` holds the total after every operation and before every chunk is handed out; `born` the
+    position in `series` at which each storage was first noted. Storages in `excluded` (the input x,
+    the driver's own) never count.
+    """
+
+    def __init__(self, excluded: Sequence[Any] = (), watched: Any = None):
+        super().__init__()
+        self.excluded = {id(s) for s in excluded if s is not None}
+        self._keep = list(excluded)  # their ids must not be reused while the census runs
+        self.watched = id(watched) if watched is not None else None  # x's storage: how much one op reads of it
+        self.sizes: dict[int, int] = {}  # id(storage) -> bytes, while alive
+        self.born: dict[int, int] = {}
+        self.total = 0
+        self.series: list[int] = []
+        self.scalar_reads = 0
+        self.widest_read = 0  # the most elements of the watched storage one operation read
+        self.read_total = 0  # elements of the watched storage read, summed over operations
+        self.paused = 0
+
+    def note(self, storage: Any) -> None:
+        if storage is None:
+            return
+        key = id(storage)
+        if key in self.excluded:
+            return
+        size = int(storage.nbytes())
+        if key not in self.sizes:
+            self.sizes[key] = size
+            self.born[key] = len(self.series)
+            self.total += size
+            weakref.finalize(storage, self._freed, key)
+        elif size != self.sizes[key]:  # resized in place
+            self.total += size - self.sizes[key]
+            self.sizes[key] = size
+
+    def _freed(self, key: int) -> None:
+        self.total -= self.sizes.pop(key, 0)
+        self.born.pop(key, None)
+
+    def mark(self) -> None:
+        self.series.append(self.total)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = probes.operator_name(func)
+        if name in _SCALAR_READS:
+            self.scalar_reads += 1
+        if self.watched is not None and name not in _NO_DATA and not getattr(func, "is_view", False):
+            for t in tree_leaves((args, kwargs)):
+                if isinstance(t, torch.Tensor) and id(_storage(t)) == self.watched:
+                    self.widest_read = max(self.widest_read, _elements(t))
+                    self.read_total += _elements(t)
+        out = func(*args, **kwargs)
+        if not self.paused:
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    self.note(_storage(t))
+            for i in _written_arguments(func):
+                for t in tree_leaves(args[i] if i < len(args) else None):
+                    if isinstance(t, torch.Tensor):
+                        self.note(_storage(t))
+            self.mark()
+        return out
+
+    def peak(self, returned: Sequence[torch.Tensor] = ()) -> int:
+        """The most bytes alive at once, the storages of `returned` left out from the moment each was noted."""
+        minus = [0] * (len(self.series) + 1)
+        for t in returned:
+            storage = _storage(t)
+            key = id(storage) if storage is not None else None
+            if key in self.born:
+                start = self.born[key]
+                for i in range(start, len(self.series)):
+                    minus[i] += self.sizes[key]
+        return max((v - minus[i] for i, v in enumerate(self.series)), default=0)
+
+
+class _Stream:
+    """A one-pass stream of fresh chunks of x, made on demand; iterating it a second time is an error."""
+
+    def __init__(self, x: torch.Tensor, cuts: Sequence[int], held: _Held):
+        self._x, self._cuts, self._held = x, list(cuts), held
+        self._next = 0
+        self._iterated = False
+        self.alive = 0  # chunks handed out whose storage still lives
+        self.alive_at_request: list[int] = []  # earlier chunks alive when each chunk was requested
+        self.handed = 0
+
+    def __iter__(self) -> "_Stream":
+        if self._iterated:
+            raise RuntimeError("the chunks stream can be iterated only once (online_normalizer makes one pass)")
+        self._iterated = True
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        if self._next + 1 >= len(self._cuts):
+            raise StopIteration
+        self.alive_at_request.append(self.alive)
+        self._held.mark()  # what the call holds when it asks for more
+        a, b = self._cuts[self._next], self._cuts[self._next + 1]
+        self._next += 1
+        self._held.paused += 1
+        try:
+            chunk = self._x[:, a:b].clone()
+        finally:
+            self._held.paused -= 1
+        storage = _storage(chunk)
+        self._held.note(storage)
+        self.alive += 1
+        weakref.finalize(storage, self._freed)
+        self.handed += 1
+        return chunk
+
+    def _freed(self) -> None:
+        self.alive -= 1
+
+
+def _census(held: _Held, call: Callable[[], Any]) -> tuple[Any, int]:
+    """``call()`` under `held` and the read-back counter: (its result, elements read back into Python)."""
+    with probes.reads_counted() as host:
+        probes._enter_mode(held, "the streaming census")
+        try:
+            out = call()
+        finally:
+            probes._leave_mode(held, "the streaming census")
+    return out, int(host.reads)
+
+
+def stream_census(online_normalizer: Callable, x: torch.Tensor, cuts: Sequence[int]) -> dict:
+    """``online_normalizer`` over a one-pass stream of fresh copies of ``x[:, a:b]`` for the cuts.
+
+    Returns {"out": its result, "chunks": how many the stream holds, "handed": how many it handed out,
+    "alive_at_request": [earlier chunks alive when each was requested], "peak_bytes": the most bytes
+    alive at once (chunks handed out and storages the call wrote), "reads": tensor elements read back
+    into Python or numpy, "scalar_reads": scalars operations handed to Python}.
+    """
+    held = _Held(excluded=[_storage(x)])
+    stream = _Stream(x, cuts, held)
+    out, reads = _census(held, lambda: online_normalizer(stream))
+    return {
+        "out": tuple(out) if isinstance(out, (tuple, list)) else out,
+        "chunks": len(cuts) - 1,
+        "handed": stream.handed,
+        "alive_at_request": list(stream.alive_at_request),
+        "peak_bytes": held.peak(),
+        "reads": reads,
+        "scalar_reads": held.scalar_reads,
+    }
+
+
+class _Recorded:
+    """The iterable online_softmax handed online_normalizer, passed through with each chunk's shape noted."""
+
+    def __init__(self, chunks: Any, log: list):
+        self._it, self._log = iter(chunks), log
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return self
+
+    def __next__(self) -> Any:
+        chunk = next(self._it)
+        self._log.append(list(chunk.shape) if isinstance(chunk, torch.Tensor) else None)
+        return chunk
+
+
+def block_census(online_softmax: Callable, x: torch.Tensor, block_size: int) -> dict:
+    """``online_softmax(x, block_size=block_size)`` with what it holds and reads recorded.
+
+    Returns {"out": its result, "peak_bytes": the most bytes alive at once among the storages it wrote,
+    the returned output's left out, "widest_read": the most elements of x one operation read,
+    "read_total": elements of x read summed over operations, "normalizer_calls": [[shape of each chunk]
+    for each call of the module's online_normalizer], "reads", "scalar_reads"}.
+    """
+    namespace = getattr(online_softmax, "__globals__", None)
+    calls: list[list] = []
+    original = namespace.get("online_normalizer") if isinstance(namespace, dict) else None
+    if callable(original):
+        def recorded(chunks, *args, **kwargs):
+            log: list = []
+            calls.append(log)
+            return original(_Recorded(chunks, log), *args, **kwargs)
+
+        namespace["online_normalizer"] = recorded
+    held = _Held(excluded=[_storage(x)], watched=_storage(x))
+    try:
+        out, reads = _census(held, lambda: online_softmax(x, block_size=block_size))
+    finally:
+        if callable(original):
+            namespace["online_normalizer"] = original
+    returned = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    return {
+        "out": out,
+        "peak_bytes": held.peak(returned),
+        "widest_read": held.widest_read,
+        "read_total": held.read_total,
+        "normalizer_calls": calls if callable(original) else None,
+        "reads": reads,
+        "scalar_reads": held.scalar_reads,
+    }
