@@ -261,11 +261,13 @@ def block_census(online_softmax: Callable, x: torch.Tensor, block_size: int) -> 
     "read_total": elements of x read summed over operations, "normalizer_calls": [[shape of each chunk]
     for each call of the module's online_normalizer], "reads", "scalar_reads"}.
     """
-    namespace = getattr(online_softmax, "__globals__", None)
+    found = getattr(online_softmax, "__globals__", None)  # where the name online_normalizer is looked up
+    namespace: dict | None = found if isinstance(found, dict) and callable(found.get("online_normalizer")) else None
     calls: list[list] = []
-    original = namespace.get("online_normalizer") if isinstance(namespace, dict) else None
-    if callable(original):
-        def recorded(chunks, *args, **kwargs):
+    if namespace is not None:
+        original = namespace["online_normalizer"]
+
+        def recorded(chunks: Any, *args: Any, **kwargs: Any) -> Any:
             log: list = []
             calls.append(log)
             return original(_Recorded(chunks, log), *args, **kwargs)
@@ -275,7 +277,7 @@ def block_census(online_softmax: Callable, x: torch.Tensor, block_size: int) -> 
     try:
         out, reads = _census(held, lambda: online_softmax(x, block_size=block_size))
     finally:
-        if callable(original):
+        if namespace is not None:
             namespace["online_normalizer"] = original
     returned = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
     return {
@@ -283,7 +285,7 @@ def block_census(online_softmax: Callable, x: torch.Tensor, block_size: int) -> 
         "peak_bytes": held.peak(returned),
         "widest_read": held.widest_read,
         "read_total": held.read_total,
-        "normalizer_calls": calls if callable(original) else None,
+        "normalizer_calls": calls if namespace is not None else None,
         "reads": reads,
         "scalar_reads": held.scalar_reads,
     }
