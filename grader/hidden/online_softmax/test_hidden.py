@@ -481,7 +481,8 @@ def test_softmax_any_finite_magnitude(sm, rng, dtype, atol):
 #   earlier chunks alive at a request: at most STREAM_ALIVE (the reference: 1, its loop variable; the textbook
 #     list: every chunk, up to 383; a textbook that keeps fp32 copies frees the chunks, so bytes decide there);
 #   bytes alive at once: 4 * rows * (16 * widest + 32), 16 fp32 chunks and 32 fp32 row vectors (the reference:
-#     208 bytes a row, 3.3 chunks' worth in fp32 or fp16; the textbook: about 24 KiB a row, the stream twice);
+#     208 bytes a row, 3.3 chunks' worth in fp32 or fp16; the textbook: about 48 KiB a row, four fp32 copies of
+#     the stream: the chunks, torch.cat, x - m, exp; a (max, sum) kept per chunk: 3 KiB a row);
 #   values read back into Python: at most 4 a chunk (the reference: 0; the stream kept as floats: rows x n);
 #   online_softmax: bytes alive at once beyond x and the output 4 * rows * (16 * block_size + 32) (the
 #     reference: 272 bytes a row in fp32 and 400 in fp16 at block_size 32, 2-3 blocks' worth; the textbook:
