@@ -6,13 +6,29 @@
 * Drivers for gradient checks (`student.drive("grader.support.moe_router:<name>", fn, ...)`): each
   runs the student's function forward, backpropagates given output gradients, and returns the
   outputs and the input gradients as plain tensors.
+* Drivers for the signature check (`sparse_experts`): `expert_work` runs the student's `moe_layer` with
+  a forward pre-hook on every expert module (the token rows each expert is handed, counted by the
+  leading dimensions of its input), under torch's `FlopCounterMode` (matmul-family FLOPs) and
+  gptq's `TrafficCounter` (elements every aten operation reads and writes), and counts the tensor
+  elements read back into Python; `traffic` does the last two around `dispatch` or `combine`.
+  The technique is that expert e computes at most `capacity` rows, not all T tokens, and that
+  dispatch and combine move the T*k assignments' rows, not a one-hot [T, E, capacity] tensor.
+  These figures are taken beside the student's code, so they are theirs to forge: the tests call
+  `student.assert_untampered` before trusting them (the trusted scan fails a file that reaches for
+  the dispatch-mode machinery, hooks or tracing), and check the counted call's result.
 """
 
 from __future__ import annotations
 
+import math
+from functools import partial
 from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from grader.harness.probes import reads_counted
+from grader.support.gptq import TrafficCounter
 
 
 class Routing(NamedTuple):
@@ -126,3 +142,91 @@ def moe_layer_backward(
 
     param_grads = [[grad(p) for p in expert.parameters()] for expert in experts]
     return y.detach(), _plain(r), grad(x), grad(gate_weight), param_grads
+
+
+# --------------------------------------------------------------------------------------------------
+# The signature: the work each expert does, and the elements dispatch and combine move
+
+
+def _leading_rows(value: Any) -> int:
+    """Token rows in an expert's input: the product of every dimension but the last (features)."""
+    if isinstance(value, torch.Tensor):
+        return math.prod(value.shape[:-1]) if value.dim() else 1
+    return 0
+
+
+class _ExpertTally:
+    """What the forward hooks of the experts saw: rows and calls per expert, and the elements the counter
+    saw moved inside the experts' calls (so that the layer's own traffic, outside them, can be told apart)."""
+
+    def __init__(self, num_experts: int, counter: TrafficCounter) -> None:
+        self.rows, self.calls = [0] * num_experts, [0] * num_experts
+        self.counter = counter
+        self.inside = 0  # elements read and written during the experts' calls
+        self.depth, self.mark = 0, 0
+
+    def before(self, e: int, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        first = next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+        self.rows[e] += _leading_rows(first)
+        self.calls[e] += 1
+        if self.depth == 0:
+            self.mark = self.counter.read + self.counter.written
+        self.depth += 1
+
+    def after(self, e: int, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        self.depth -= 1
+        if self.depth == 0:
+            self.inside += self.counter.read + self.counter.written - self.mark
+
+
+def _result(value: Any) -> Any:
+    """What a counted call returned, detached, as plain data for the test to judge."""
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_plain(v) for v in value)
+    return _plain(value)
+
+
+def expert_work(
+    moe_layer: Callable, x: torch.Tensor, gate_weight: torch.Tensor, experts: Sequence[torch.nn.Module],
+    k: int, capacity_factor: float,
+) -> dict:
+    """Run ``moe_layer(x, gate_weight, experts, k, capacity_factor)`` and measure its work.
+
+    Returns {"result": what it returned (detached), "rows": [token rows handed to each expert, summed over
+    its calls], "calls": [calls of each expert through ``module(...)``], "flops": matmul-family FLOPs of
+    the whole call (torch.utils.flop_counter), "moved": elements every aten operation read and wrote,
+    "moved_outside_experts": the same less what moved during the experts' calls (routing, dispatch,
+    combine), "host_reads": tensor elements read back into Python or numpy, "ops": {aten name: [read,
+    written]}}. The hooks see calls made through the module (``experts[e](rows)``, as the contract
+    says); a call of ``.forward`` or a functional one escapes them (its work then counts as the
+    layer's own), never the FLOP count.
+    """
+    experts = list(experts)
+    flops, counter = FlopCounterMode(display=False), TrafficCounter()
+    tally = _ExpertTally(len(experts), counter)
+    handles = []
+    for e, expert in enumerate(experts):
+        handles.append(expert.register_forward_pre_hook(partial(tally.before, e), with_kwargs=True))
+        handles.append(expert.register_forward_hook(partial(tally.after, e), with_kwargs=True, always_call=True))
+    try:
+        with reads_counted() as host, flops, counter:
+            result = moe_layer(x, gate_weight, experts, k, capacity_factor)
+    finally:
+        for handle in handles:
+            handle.remove()
+    moved = counter.read + counter.written
+    return {"result": _result(result), "rows": tally.rows, "calls": tally.calls, "flops": int(flops.get_total_flops()),
+            "moved": moved, "moved_outside_experts": moved - tally.inside, "host_reads": host.reads,
+            "ops": {name: list(v) for name, v in counter.ops.items()}}
+
+
+def traffic(fn: Callable, *args: Any) -> dict:
+    """Run ``fn(*args)`` (dispatch or combine) and count what it moves: {"result", "moved" (elements read
+    and written by every aten operation), "flops", "host_reads", "ops": {aten name: [read, written]}}, as
+    `expert_work` counts them."""
+    flops, counter = FlopCounterMode(display=False), TrafficCounter()
+    with reads_counted() as host, flops, counter:
+        result = fn(*args)
+    return {"result": _result(result), "moved": counter.read + counter.written,
+            "flops": int(flops.get_total_flops()), "host_reads": host.reads,
+            "ops": {name: list(v) for name, v in counter.ops.items()}}

@@ -4,6 +4,57 @@ from tests.known_wrong import Mutant
 
 MUTANTS = [
     Mutant(
+        name="textbook_dense_experts",
+        why="runs every expert on every token and keeps each token's kept choices afterwards (a dense MoE): the "
+            "same numbers, E x T expert rows where the technique computes E x capacity",
+        edits=[("    buffers = dispatch(x, routing, capacity)  # [E, capacity, d]\n"
+                "    expert_out = torch.stack([expert(buffers[e]) for e, expert in enumerate(experts)])  # a loop over experts\n"
+                "    return combine(expert_out, routing), routing\n",
+                "    dense = torch.stack([expert(x) for expert in experts])  # [E, T, d]: every expert on every token\n"
+                "    rows = dense[routing.expert_index, torch.arange(num_tokens)[:, None]]  # [T, k, d]\n"
+                "    rows = torch.where((routing.slot >= 0)[..., None], rows, torch.zeros_like(rows))  # dropped: nothing\n"
+                "    return (routing.combine_weight[..., None] * rows).sum(1), routing\n")],
+        loses=["sparse_experts"],
+        keeps=["layer_public", "layer", "dispatch_public", "dispatch_combine", "drops", "vectorised"],
+    ),
+    Mutant(
+        name="textbook_one_hot_dispatch",
+        why="dispatches and combines through a one-hot [T, E, capacity] tensor and einsum (GShard's formulation): "
+            "the same numbers, k * T^2 * capacity_factor elements where the assignments are k * T rows",
+        edits=[("def dispatch(x: torch.Tensor, routing: Routing, capacity: int) -> torch.Tensor:\n",
+                "def _one_hot(routing: Routing, capacity: int) -> torch.Tensor:\n"
+                "    \"\"\"[T, E, capacity]: 1 where token t's kept choice sits in (expert e, slot s).\"\"\"\n"
+                "    num_experts = routing.tokens_per_expert.shape[0]\n"
+                "    mask = torch.zeros(routing.slot.shape[0], num_experts, capacity)\n"
+                "    for j in range(routing.slot.shape[1]):  # a loop over k\n"
+                "        kept = (routing.slot[:, j] >= 0).float()[:, None, None]\n"
+                "        e = torch.nn.functional.one_hot(routing.expert_index[:, j], num_experts).float()\n"
+                "        s = torch.nn.functional.one_hot(routing.slot[:, j].clamp(min=0), capacity).float()\n"
+                "        mask = mask + kept * e[:, :, None] * s[:, None, :]\n"
+                "    return mask\n"
+                "\n\n"
+                "def dispatch(x: torch.Tensor, routing: Routing, capacity: int) -> torch.Tensor:\n"
+                "    if capacity == 0:  # no slot: nothing to one-hot\n"
+                "        return _dispatch_by_index(x, routing, capacity)\n"
+                "    return torch.einsum('tec,td->ecd', _one_hot(routing, capacity).to(x.dtype), x)\n"
+                "\n\n"
+                "def _dispatch_by_index(x: torch.Tensor, routing: Routing, capacity: int) -> torch.Tensor:\n"),
+               ("    if capacity == 0:  # min_capacity=0 and a tiny factor: every assignment was dropped, there is no row to read\n",
+                "    if capacity > 0:\n"
+                "        per = torch.zeros(routing.slot.shape[0], num_experts, capacity)  # [T, E, C]: each token's weights\n"
+                "        for j in range(routing.slot.shape[1]):  # a loop over k\n"
+                "            kept = (routing.slot[:, j] >= 0).float()[:, None, None]\n"
+                "            e = torch.nn.functional.one_hot(routing.expert_index[:, j], num_experts).float()\n"
+                "            s = torch.nn.functional.one_hot(routing.slot[:, j].clamp(min=0), capacity).float()\n"
+                "            per = per + routing.combine_weight[:, j].float()[:, None, None] * kept * e[:, :, None] * s[:, None, :]\n"
+                "        used = _one_hot(routing, capacity).sum(0)[..., None] > 0  # unused slots may hold inf: 0 * inf is NaN\n"
+                "        clean = torch.where(used, expert_out, torch.zeros_like(expert_out)).float()\n"
+                "        return torch.einsum('tec,ecd->td', per, clean).to(expert_out.dtype)\n"
+                "    if capacity == 0:  # min_capacity=0 and a tiny factor: every assignment was dropped, there is no row to read\n")],
+        loses=["sparse_experts"],
+        keeps=["dispatch_public", "dispatch_combine", "layer_public", "layer"],
+    ),
+    Mutant(
         name="capacity_floor",
         why="rounds the capacity down: the last assignments of a fair share find no slot",
         edits=[("math.ceil(k * num_tokens * capacity_factor / num_experts)",
@@ -168,5 +219,70 @@ MUTANTS = [
         edits=[("    capacity = expert_capacity(num_tokens, num_experts, k, capacity_factor, min_capacity)",
                 "    capacity = expert_capacity(num_tokens, num_experts, k, capacity_factor)")],
         loses=["capacity"],
+    ),
+    # Contract clauses that issue 36 brought into the tests (each clause's table row is in the hidden tests' docstring).
+    Mutant(
+        name="probs_upcast_half_only",
+        why="casts only half-precision logits up to fp32, so fp64 logits give fp64 probabilities, weights and losses",
+        edits=[("    return torch.softmax(logits.float(), dim=-1)",
+                "    if logits.dtype in (torch.float16, torch.bfloat16):\n"
+                "        logits = logits.float()\n"
+                "    return torch.softmax(logits, dim=-1)")],
+        loses=["topk", "aux"],
+    ),
+    Mutant(
+        name="tokens_per_expert_int32",
+        why="reports the kept counts as int32",
+        edits=[("    tokens_per_expert = wanted.clamp(max=capacity)", "    tokens_per_expert = wanted.clamp(max=capacity).int()")],
+        loses=["topk"],
+    ),
+    Mutant(
+        name="aux_loss_in_fp64",
+        why="counts f_e in fp64, so aux_loss comes back fp64",
+        edits=[("    f = wanted.float() / (num_tokens * k)", "    f = wanted.double() / (num_tokens * k)")],
+        loses=["aux"],
+    ),
+    Mutant(
+        name="softmax_without_max_shift",
+        why="writes the softmax as exp / sum(exp) without subtracting the row maximum: NaN for logits near 100 or -100",
+        edits=[("    return torch.softmax(logits.float(), dim=-1)",
+                "    e = logits.float().exp()\n"
+                "    return e / e.sum(dim=-1, keepdim=True)")],
+        loses=["topk", "aux"],
+    ),
+    Mutant(
+        name="z_loss_naive_logsumexp",
+        why="computes logsumexp as log(sum(exp(logits))): inf for logits near 100, -inf near -100",
+        edits=[("    z_loss = torch.logsumexp(logits.float(), dim=-1).square().mean()",
+                "    z_loss = logits.float().exp().sum(dim=-1).log().square().mean()")],
+        loses=["aux"],
+    ),
+    Mutant(
+        name="k_checked_against_zero_only",
+        why="refuses k = 0 and k > E but lets a negative k through (it then fails inside torch with a RuntimeError)",
+        edits=[("    if not 1 <= k <= num_experts:", "    if k == 0 or k > num_experts:")],
+        loses=["topk"],
+    ),
+    Mutant(
+        name="combine_accumulates_in_bf16",
+        why="adds each choice's weighted row to the output in expert_out's dtype, one choice at a time (a loop over k)",
+        edits=[("    return (weight * gathered.float()).sum(dim=1).to(expert_out.dtype)",
+                "    y = torch.zeros(gathered.shape[0], d, dtype=expert_out.dtype)\n"
+                "    for j in range(gathered.shape[1]):\n"
+                "        y = y + (weight[:, j] * gathered[:, j].float()).to(expert_out.dtype)\n"
+                "    return y")],
+        loses=["dispatch_combine"],
+    ),
+    Mutant(
+        name="layer_combines_token_by_token",
+        why="moe_layer sums each token's expert rows in a Python loop over tokens",
+        edits=[("    return combine(expert_out, routing), routing\n",
+                "    kept = routing.slot >= 0\n"
+                "    rows = expert_out[routing.expert_index, routing.slot.clamp(min=0)]  # [T, k, d]\n"
+                "    y = torch.stack([(routing.combine_weight[t, :, None] * torch.where(kept[t, :, None], rows[t], 0.0)).sum(0)\n"
+                "                     for t in range(num_tokens)])\n"
+                "    return y, routing\n")],
+        loses=["vectorised"],
+        keeps=["layer", "layer_public"],
     ),
 ]

@@ -409,13 +409,62 @@ def test_combine_weight_gradient(student, sm, rng, k):
 
 
 @pytest.mark.check("topk")
-def test_bad_arguments(sm):
-    logits = torch.zeros(4, 4)
-    for bad in (0, 5):
+@pytest.mark.parametrize("E", [4, 8])
+def test_bad_arguments(sm, E):
+    logits = torch.zeros(6, E)
+    for bad in (0, -1, E + 1):
         with pytest.raises(ValueError):
             sm.route(logits, bad, 1.0)
-    with pytest.raises(ValueError):
-        sm.route(logits, 1, 1.0, drop_policy="random")
+    for policy in ("random", "Position", "prob", ""):
+        with pytest.raises(ValueError):
+            sm.route(logits, 1, 1.0, drop_policy=policy)
+
+
+LOGIT_DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
+
+
+@pytest.mark.check("topk")
+@pytest.mark.parametrize("dtype", LOGIT_DTYPES, ids=str)
+def test_fields_have_the_contract_dtypes(sm, rng, dtype):
+    T, E, k = 29, 8, 2
+    logits = (torch.randn(T, E, generator=rng, dtype=torch.float64) * 2).to(dtype)
+    p = sm.router_probs(logits)
+    assert isinstance(p, torch.Tensor) and p.dtype == torch.float32 and tuple(p.shape) == (T, E), (
+        f"router_probs of {dtype} logits [T={T}, E={E}] must be [T, E] fp32 whatever the logits' dtype, found "
+        f"{described(p)}" + (" (fp64 logits too: cast to fp32, the router's precision, not up to fp64)"
+                             if dtype == torch.float64 else ""))
+    assert_close(p, torch.softmax(logits.double(), -1), atol=1e-6, what=f"router_probs of {dtype} logits",
+                 hint="a softmax over the experts (the last dim), computed in fp32 from the logits as given")
+    where = f"route({dtype} logits [T={T}, E={E}], k={k}, capacity_factor=1.0)"
+    r = sm.route(logits, k, 1.0)
+    assert_fields(r, T, k, E, where)
+    want = {"expert_index": torch.int64, "slot": torch.int64, "tokens_per_expert": torch.int64,
+            "combine_weight": torch.float32}
+    found = {name: getattr(r, name).dtype for name in want}
+    assert found == want, (
+        f"{where}: the Routing's fields have dtypes {found}, expected {want} (whatever the logits' dtype)")
+    o = oracle_route(logits, k, 1.0)
+    assert_choices_and_weights(r, o, where)
+
+
+@pytest.mark.check("topk")
+@pytest.mark.parametrize("offset", [100.0, -100.0, 1000.0])
+def test_large_logits(sm, rng, offset):
+    """Any finite logits: a softmax is shift-invariant, so logits offset by a large constant route exactly as
+    the same logits without it; exp(100) overflows fp32 and exp(-100) underflows to 0."""
+    T, E = 31, 8
+    for dtype in (torch.float32, torch.bfloat16):
+        logits = (torch.randn(T, E, generator=rng) * 2 + offset).to(dtype)
+        where = f"{dtype} logits around {offset:g} (randn * 2 + {offset:g}), T={T}, E={E}"
+        p = sm.router_probs(logits)
+        assert isinstance(p, torch.Tensor) and tuple(p.shape) == (T, E), (
+            f"router_probs of {where} should be [T, E], found {described(p)}")
+        assert_close(p, torch.softmax(logits.double(), -1), atol=1e-6, what=f"router_probs of {where}", hint=(
+            "subtract each row's maximum before exp (torch.softmax does): exp of a logit of 100 overflows fp32 "
+            "to inf, of -100 underflows to 0, and inf / inf or 0 / 0 is NaN"))
+        for k in (1, 2):
+            o = oracle_route(logits, k, 1.0)
+            assert_choices_and_weights(sm.route(logits, k, 1.0), o, f"route({where}, k={k})")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -778,6 +827,36 @@ def test_z_loss_value_and_gradient(student, sm, rng):
     assert_close(float(r.z_loss), float(zb), atol=0.0, rtol=1e-4, what="z_loss for bf16 logits", hint="compute it in fp32")
 
 
+@pytest.mark.check("aux")
+@pytest.mark.parametrize("dtype", LOGIT_DTYPES, ids=str)
+def test_losses_are_fp32_scalars(sm, rng, dtype):
+    T, E, k = 26, 8, 2
+    logits = (torch.randn(T, E, generator=rng, dtype=torch.float64) * 2).to(dtype)
+    r = sm.route(logits, k, 0.5)
+    o = oracle_route(logits, k, 0.5)
+    for name in ("aux_loss", "z_loss"):
+        got = getattr(r, name)
+        assert isinstance(got, torch.Tensor) and got.dim() == 0 and got.dtype == torch.float32, (
+            f"route({dtype} logits, k={k}): {name} should be a scalar fp32 tensor (shape []), found "
+            f"{described(got)}" + (" (fp64 logits too: the losses are fp32)" if dtype == torch.float64 else ""))
+        assert_close(float(got), o[name], atol=1e-5, rtol=1e-5, what=f"route({dtype} logits, k={k}): {name}")
+
+
+@pytest.mark.check("aux")
+@pytest.mark.parametrize("offset", [100.0, -100.0, 1000.0])
+def test_losses_of_large_logits(sm, rng, offset):
+    T, E, k = 31, 8, 2
+    logits = torch.randn(T, E, generator=rng) * 2 + offset
+    r = sm.route(logits, k, 0.5)
+    o = oracle_route(logits, k, 0.5)
+    where = f"route(fp32 logits around {offset:g}, T={T}, E={E}, k={k})"
+    assert_close(float(r.aux_loss), o["aux_loss"], atol=1e-5, what=f"{where}: aux_loss",
+                 hint="P_e is the mean router probability: a softmax that stays finite for any logits")
+    assert_close(float(r.z_loss), o["z_loss"], atol=0.0, rtol=1e-5, what=f"{where}: z_loss", hint=(
+        "logsumexp(logits) = max + log(sum(exp(logits - max))): log(sum(exp(logits))) overflows at 100 "
+        "and is -inf at -100 (torch.logsumexp is stable)"))
+
+
 # --------------------------------------------------------------------------------------------------
 # dispatch / combine
 
@@ -984,6 +1063,61 @@ def test_generated_dispatch_and_combine_against_the_loops(sm, rng):
                      what=f"{where}: combine [token, feature]", hint=combine_hint)
 
 
+def ulp_bf16(v: torch.Tensor) -> torch.Tensor:
+    """The spacing of bf16 values (8 significant bits) at v, for v > 0."""
+    return torch.exp2(torch.floor(torch.log2(v.abs())) - 7)
+
+
+@pytest.mark.check("dispatch_combine")
+def test_bf16_buffers_and_combine_accumulates_in_fp32(sm, rng):
+    """dispatch keeps x's dtype (a copy is exact); combine returns expert_out's dtype, accumulated in fp32.
+
+    Each token reads one large row (a value v in [4, 8)) and k - 1 = 3 small rows, in a random order of its
+    choices. Each small product is 0.2 to 0.45 of a bf16 step at v, their sum 0.6 to 1.35: summed in fp32 and
+    rounded once, the result is v plus one step; added to v one at a time in bf16, each rounds away and the
+    result stays v (whatever the order, some token has v first)."""
+    E, k, T, d = 4, 4, 24, 3
+    cap = T
+    index = torch.stack([torch.randperm(E, generator=rng) for _ in range(T)])  # [T, k]: every token on all 4
+    slot = torch.arange(T)[:, None].expand(T, k).clone()  # token t in slot t of every expert
+    weight = torch.full((T, k), 0.25)
+    o = {"expert_index": index, "slot": slot, "kept": torch.ones(T, k, dtype=torch.bool), "capacity": cap,
+         "combine_weight": weight.double(), "tokens_per_expert": torch.full((E,), T), "aux_loss": 0.0, "z_loss": 0.0}
+    routing = oracle_routing(o)
+    where = f"bf16 buffers, T={T}, E={E}, k={k}, d={d}, capacity {cap}"
+
+    x = (torch.randn(T, d, generator=rng) * 3).bfloat16()
+    buf = sm.dispatch(x, routing, cap)
+    assert isinstance(buf, torch.Tensor) and tuple(buf.shape) == (E, cap, d) and buf.dtype == torch.bfloat16, (
+        f"{where}: dispatch of bf16 x should return [E, capacity, d] = {[E, cap, d]} bf16 (x's dtype), found "
+        f"{described(buf)}")
+    assert_equal(buf, oracle_dispatch(x, o, E, cap), what=f"{where}: dispatch buffers [expert, slot, feature]",
+                 hint="a copy of x's rows, exact in any dtype")
+
+    big = (4 + 4 * torch.rand(T, d, generator=rng)).bfloat16().float()  # v in [4, 8), a bf16 value
+    step = ulp_bf16(big)
+    small = [((0.2 + 0.25 * torch.rand(T, d, generator=rng)) * step).bfloat16().float() for _ in range(k - 1)]
+    first = torch.randint(0, k, (T,), generator=rng)  # which choice reads the large row
+    rows = torch.zeros(T, k, d)
+    for t in range(T):
+        smalls = iter(range(k - 1))
+        for j in range(k):
+            rows[t, j] = big[t] if j == first[t] else small[next(smalls)][t]
+    expert_out = torch.zeros(E, cap, d)
+    expert_out[index, slot] = 4 * rows  # times the weight 0.25: every product is exact
+    expert_out = expert_out.bfloat16()
+    assert torch.equal(expert_out[index, slot].float(), 4 * rows), "test setup: the rows are not bf16 values"
+    y = sm.combine(expert_out, routing)
+    assert isinstance(y, torch.Tensor) and tuple(y.shape) == (T, d) and y.dtype == torch.bfloat16, (
+        f"{where}: combine of bf16 expert_out should return [T, d] = {[T, d]} bf16 (expert_out's dtype), found "
+        f"{described(y)}")
+    want = oracle_combine(expert_out, o).to(torch.bfloat16)  # fp64, rounded once
+    assert_equal(y, want, what=f"{where}: combine [token, feature]", hint=lambda at: (
+        f"token {at[0]} sums a row of about {float(big[at]):.4g} and three of about {float(small[0][at]):.2g}, each "
+        "under half a bf16 step there: accumulate the weighted rows in fp32 and cast the sum to bf16 once (added in "
+        "bf16 one at a time, every small row rounds away)"))
+
+
 # --------------------------------------------------------------------------------------------------
 # layer: the whole MoE layer against a per-token reference, forward and backward
 
@@ -1151,7 +1285,7 @@ def test_route_is_vectorised(student, sm, rng, policy):
 def check_dispatch_indexing(buf, x, routing, cap) -> None:
     kept = routing.slot >= 0
     token = torch.arange(x.shape[0])[:, None].expand_as(routing.slot)
-    want = torch.zeros(CLOCK_E, cap, x.shape[1], dtype=x.dtype)
+    want = torch.zeros(routing.tokens_per_expert.shape[0], cap, x.shape[1], dtype=x.dtype)
     want[routing.expert_index[kept], routing.slot[kept]] = x[token[kept]]
     assert buf.shape == want.shape and torch.equal(buf, want), f"dispatch is wrong for T={x.shape[0]} (timed on the grader's clock)"
 
@@ -1196,6 +1330,214 @@ def test_dispatch_and_combine_are_vectorised(student, sm, rng):
         return torch.randn(CLOCK_E, cap, CLOCK_D, generator=rng), routing
 
     assert_flat(student, sm.combine, combine_args, check_combine, "combine", clocked=(clocked_combine, check_combine_indexing))
+
+
+@pytest.mark.check("vectorised")
+def test_layer_is_vectorised(student, sm, rng, seed):
+    """moe_layer's own code (around route, dispatch and combine) loops over experts, never over tokens."""
+    E, d, h, k, cf = 4, 4, 8, 2, 2.0
+    experts = make_experts(E, d, h, seed)
+    gate = torch.randn(E, d, generator=rng)
+
+    def check(result, x, gate, experts, k, cf):
+        where = f"moe_layer(T={x.shape[0]}, E={E}, k={k}, capacity_factor={cf}) (counted)"
+        assert isinstance(result, tuple) and len(result) == 2, f"{where}: should return (y, routing)"
+        y, r = result
+        assert isinstance(y, torch.Tensor) and tuple(y.shape) == tuple(x.shape), (
+            f"{where}: y should be [T, d] = {list(x.shape)}, found {described(y)}")
+        o = layer_decisions(sm, r, x @ gate.t(), k, cf, where)
+        with torch.no_grad():
+            p = torch.softmax(x.double() @ gate.double().t(), -1)
+            w = p.gather(1, o["expert_index"])
+            w = torch.where(o["kept"], w / w.sum(-1, keepdim=True), 0.0)
+            dense = torch.stack([copy.deepcopy(m).double()(x.double()) for m in experts])
+            want = (w[..., None] * dense[o["expert_index"], torch.arange(x.shape[0])[:, None]]).sum(1)
+        assert_close(y, want, atol=1e-4, what=f"{where}: y [token, feature]")
+
+    assert_flat(student, sm.moe_layer, lambda T: (torch.randn(T, d, generator=rng), gate, experts, k, cf), check, "moe_layer")
+
+
+# --------------------------------------------------------------------------------------------------
+# sparse_experts: the signature. The technique buys back compute: expert e computes the rows of its buffer,
+# at most `capacity` of them, not all T tokens; dispatch and combine move the T*k assignments' rows, not a
+# one-hot [T, E, capacity] tensor (GShard's einsum formulation, whose cost is k * T^2 * cf elements, quadratic
+# in T). The textbook computation of the same numbers runs every expert on every token and masks or weights the
+# outputs afterwards ("dense MoE"), or dispatches and combines through the one-hot tensor: the oracle
+# comparisons cannot tell it apart, since the numbers agree.
+#
+# Instruments (grader/support/moe_router.py), taken where the student's code runs, so the tests call
+# student.assert_untampered first and check the counted call's result: forward pre-hooks that a course driver
+# installs on the expert modules the test builds (rows handed to each expert: the leading dimensions of its
+# input), torch.utils.flop_counter.FlopCounterMode (matmul-family FLOPs of the whole call, whatever path reached
+# the modules' weights: `.forward` or a functional call escapes the hooks, not this), and gptq's TrafficCounter
+# (elements every aten operation reads and writes), with the elements read back into Python or numpy.
+#
+# Measured in-process on this course's CPU (the counts are deterministic, torch 2.13):
+#   moe_layer, T=1024, E=16, d=32, h=64, expert FLOPs per row 4*d*h = 8192, gate 2*T*d*E:
+#     k=1, cf=1.0 (capacity 64):   reference  FLOPs = gate + E * 64 * 8192 exactly, at most 64 rows an expert;
+#                                  textbook (every expert on all 1024 tokens, masked)  16x the experts' FLOPs,
+#                                  1024 rows an expert
+#     k=2, cf=1.25 (capacity 160): reference  gate + E * 160 * 8192;  textbook 6.4x, 1024 rows an expert
+#   dispatch / combine, T=2048, E=16, k=2, cf=1.0 (capacity 256), d=8: the reference moves 256,388 / 393,216
+#     elements (read + written), 0 FLOPs; a one-hot [T, E, C] einsum dispatch 120,868,880 and 134 MFLOPs, the
+#     same one-hot applied elementwise (no matmul) 255,086,608. Budget: 16 * (T*k*(d + E) + E*C*d) = 2,097,152,
+#     four times below the one-hot tensor's own T*E*C = 8,388,608 elements, eight times above the reference.
+
+SPARSE_LAYER = dict(T=1024, E=16, d=32, h=64)
+SPARSE_ROUTE = dict(T=2048, E=16, d=8, k=2, cf=1.0)
+
+
+def expert_row_flops(expert: nn.Module, d: int) -> int:
+    """The matmul-family FLOPs one token row costs an expert, counted here, in the grader, on one row."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        expert(torch.zeros(1, d))
+    return int(counter.get_total_flops())
+
+
+def layer_flop_budget(T: int, E: int, d: int, k: int, capacity: int, row_flops: int) -> tuple[int, int, int]:
+    """(the gate's FLOPs, the experts' FLOPs on their buffers, the budget for the whole call): the gate
+    x @ gate_weight.T, E * capacity rows through the experts, and an allowance of 16 FLOPs per assignment
+    feature for small matmuls around them (a bmm combine costs 2)."""
+    gate = 2 * T * d * E
+    buffers = E * capacity * row_flops
+    return gate, buffers, gate + buffers + 16 * T * k * d
+
+
+def moved_budget(T: int, E: int, d: int, k: int, capacity: int) -> int:
+    """Elements dispatch or combine (or moe_layer outside its experts' calls, with the router's T*E on top) may
+    read and write: 16 per element of the assignments' rows and their expert ids, and of the buffers."""
+    return 16 * (T * k * (d + E) + E * capacity * d)
+
+
+@pytest.mark.check("sparse_experts")
+@pytest.mark.parametrize("k,cf", [(1, 1.0), (2, 1.25)])
+def test_each_expert_computes_only_its_buffer(student, sm, rng, seed, k, cf):
+    T, E, d, h = (SPARSE_LAYER[n] for n in ("T", "E", "d", "h"))
+    x = torch.randn(T, d, generator=rng)
+    gate = torch.randn(E, d, generator=rng) * 0.5
+    experts = make_experts(E, d, h, seed)
+    cap = capacity_formula(T, E, k, cf)
+    where = f"moe_layer(T={T}, E={E}, d={d}, k={k}, capacity_factor={cf}), capacity {cap}"
+    out = student.drive(DRIVER + "expert_work", sm.moe_layer, x, gate, experts, k, cf)
+    student.assert_untampered(sm.moe_layer, "the rows, FLOPs and elements counted beside your moe_layer")
+
+    # The counted call did the work: its output against the dense fp64 reference on the routing decisions.
+    result = out["result"]
+    assert isinstance(result, tuple) and len(result) == 2, (
+        f"{where}: moe_layer should return (y, routing), found {type(result).__name__}")
+    y, r = result
+    assert isinstance(y, torch.Tensor) and tuple(y.shape) == (T, d), (
+        f"{where}: y should be [T, d] = {[T, d]}, found {described(y)}")
+    o = layer_decisions(sm, r, x @ gate.t(), k, cf, where)
+    with torch.no_grad():
+        p = torch.softmax((x.double() @ gate.double().t()), -1)
+        w = p.gather(1, o["expert_index"])
+        if k > 1:
+            w = w / w.sum(-1, keepdim=True)
+        w = torch.where(o["kept"], w, 0.0)
+        dense = torch.stack([copy.deepcopy(m).double()(x.double()) for m in experts])  # the oracle may be dense
+        want = (w[..., None] * dense[o["expert_index"], torch.arange(T)[:, None]]).sum(1)
+    assert_close(y, want, atol=1e-4, what=f"{where}: the counted call's output [token, feature]",
+                 hint="y[t] = sum over kept choices of weight * expert(x[t]); the layer check says more")
+
+    rows, calls, flops = out["rows"], out["calls"], out["flops"]
+    assert isinstance(rows, list) and len(rows) == E and all(type(n) is int for n in rows), (
+        f"{where}: the driver's row count came back as {type(rows).__name__}: the count was tampered with")
+    over = [(e, n) for e, n in enumerate(rows) if n > cap]
+    assert not over, (
+        f"{where}: expert {over[0][0]} computed {over[0][1]} token rows (over {calls[over[0][0]]} call"
+        f"{'' if calls[over[0][0]] == 1 else 's'}); "
+        f"{len(over)} of the {E} experts computed more than their capacity of {cap} rows. The technique is that "
+        f"expert e runs on its buffer, buffers[e] = [capacity, d] (the tokens routed to it, at most {cap}): "
+        f"{E} x {cap} rows in all, not {E} x {T}. Running every expert on every token and masking or weighting "
+        "the outputs afterwards gives the same numbers at the price of a dense layer: the compute MoE exists "
+        "to save. Call experts[e](buffers[e]) on dispatch's buffers."
+    )
+    row_flops = expert_row_flops(experts[0], d)
+    gate_flops, buffer_flops, budget = layer_flop_budget(T, E, d, k, cap, row_flops)
+    assert type(flops) is int and 0 <= flops <= budget, (
+        f"{where}: the call's matmuls cost {show(flops)} FLOPs (torch's FlopCounterMode), more than the "
+        f"{budget} its technique needs: the gate {gate_flops}, the experts on their buffers {E} x {cap} rows x "
+        f"{row_flops} = {buffer_flops}, and small change. Every expert on every token costs {E * T * row_flops} "
+        f"for the experts alone ({T / cap:.1f} times more); a one-hot [T, E, capacity] dispatch or combine by "
+        f"matrix multiply costs {2 * T * E * cap * d} each. Busiest operations: {busiest(out['ops'])}. Run each "
+        "expert on its [capacity, d] buffer only (the counter sees every matmul, however the expert is called), "
+        "and dispatch and combine with indexing."
+    )
+    moved, budget = out["moved_outside_experts"], moved_budget(T, E, d, k, cap) + 64 * T * E
+    assert type(moved) is int and 0 <= moved <= budget, (
+        f"{where}: outside the experts' calls (routing, dispatch, combine) your moe_layer read and wrote "
+        f"{show(moved)} tensor elements, more than the budget of {budget}. A one-hot [T, E, capacity] dispatch "
+        f"or combine tensor alone holds {T * E * cap}. Busiest: {busiest(out['ops'])}. Copy each kept "
+        "assignment's row into its buffer (one index per row) and read it back the same way."
+    )
+    assert_few_host_reads(out["host_reads"], T * d // 4, where, "x")
+
+
+def busiest(ops, limit: int = 4) -> str:
+    """The operations that moved the most elements, for a message (the driver's tally, bounded)."""
+    if not isinstance(ops, dict):
+        return "(not reported)"
+    top = sorted(((str(n)[:40], v) for n, v in list(ops.items())[:200] if isinstance(v, list) and len(v) == 2
+                  and all(type(i) is int for i in v)), key=lambda kv: -(kv[1][0] + kv[1][1]))[:limit]
+    return ", ".join(f"{name} ({read} read, {written} written)" for name, (read, written) in top)
+
+
+def assert_few_host_reads(host_reads, bound: int, where: str, what: str) -> None:
+    assert type(host_reads) is int and 0 <= host_reads <= bound, (
+        f"{where}: the call read {show(host_reads)} tensor elements back into Python or numpy (.tolist(), .numpy(), "
+        f".item() ...); at most {bound} may be, a fraction of one copy of {what}: the counters see torch's "
+        "operators only, so the work must stay in torch tensors"
+    )
+
+
+@pytest.mark.check("sparse_experts")
+def test_dispatch_and_combine_move_the_assignments_not_a_one_hot(student, sm, rng):
+    T, E, d, k, cf = (SPARSE_ROUTE[n] for n in ("T", "E", "d", "k", "cf"))
+    o = oracle_route(spread_logits(T, E, rng), k, cf)
+    cap = o["capacity"]
+    routing = oracle_routing(o)
+    budget = moved_budget(T, E, d, k, cap)
+    one_hot = T * E * cap
+    advice = (f"A one-hot [T, E, capacity] tensor (GShard's einsum formulation) holds {one_hot} elements here, "
+              f"k * T^2 * capacity_factor, quadratic in the tokens, to move {T * k} rows of {d}. Index instead: "
+              "row = expert_index * capacity + slot in a flat [E * capacity, d] buffer.")
+
+    x = torch.randn(T, d, generator=rng)
+    out = student.drive(DRIVER + "traffic", sm.dispatch, x, routing, cap)
+    student.assert_untampered(sm.dispatch, "the elements counted beside your dispatch")
+    where = f"dispatch(x [T={T}, d={d}], routing with E={E}, k={k}, capacity {cap})"
+    buf = out["result"]
+    assert isinstance(buf, torch.Tensor) and tuple(buf.shape) == (E, cap, d), (
+        f"{where}: should return [E, capacity, d] = {[E, cap, d]}, found {described(buf)}")
+    check_dispatch_indexing(buf, x, routing, cap)
+    assert type(out["flops"]) is int and out["flops"] <= 4 * T * k * d, (
+        f"{where}: dispatch ran {show(out['flops'])} FLOPs of matrix multiplies (torch's FlopCounterMode) to copy "
+        f"rows; a copy needs none. {advice}")
+    assert type(out["moved"]) is int and 0 <= out["moved"] <= budget, (
+        f"{where}: dispatch read and wrote {show(out['moved'])} tensor elements, summed over its operations; the "
+        f"budget is {budget} (16 per element of the assignments' rows and expert ids, and of the buffers; the "
+        f"reference moves about 256,000). Busiest: {busiest(out['ops'])}. {advice}")
+    assert_few_host_reads(out["host_reads"], T * d // 4, where, "x")
+
+    expert_out = torch.randn(E, cap, d, generator=rng)
+    out = student.drive(DRIVER + "traffic", sm.combine, expert_out, routing)
+    student.assert_untampered(sm.combine, "the elements counted beside your combine")
+    where = f"combine(expert_out [E={E}, capacity {cap}, d={d}], routing with T={T}, k={k})"
+    y = out["result"]
+    assert isinstance(y, torch.Tensor) and tuple(y.shape) == (T, d), (
+        f"{where}: should return [T, d] = {[T, d]}, found {described(y)}")
+    check_combine_indexing(y, expert_out, routing)
+    assert type(out["flops"]) is int and out["flops"] <= 4 * T * k * d, (
+        f"{where}: combine ran {show(out['flops'])} FLOPs of matrix multiplies (torch's FlopCounterMode); a weighted "
+        f"sum of each token's k rows needs at most {2 * T * k * d}. {advice}")
+    assert type(out["moved"]) is int and 0 <= out["moved"] <= budget, (
+        f"{where}: combine read and wrote {show(out['moved'])} tensor elements, summed over its operations; the "
+        f"budget is {budget} (the reference moves about 393,000). Busiest: {busiest(out['ops'])}. {advice}")
+    assert_few_host_reads(out["host_reads"], E * cap * d // 4, where, "expert_out")
 
 
 # --------------------------------------------------------------------------------------------------
