@@ -1,8 +1,38 @@
 """Hidden checks for moe_router: per-token loop oracles, tie-heavy inputs, crafted priority cases,
-auxiliary losses and their gradients, dispatch/combine, the whole layer's gradients, vectorisation.
+auxiliary losses and their gradients, dispatch/combine, the whole layer's gradients, vectorisation, and
+the technique's signature (each expert computes only its buffer; dispatch and combine move rows by index).
 
 The oracles are naive code written for these checks: Python loops over tokens and experts on lists
 (oracle.py), and autograd of the textbook formulas in fp64 (in the tests). Inputs come from the run's seed.
+
+Contract clauses (exercises/moe_router/README.md, "The contract") and the tests that draw them
+(check in brackets; "public" = exercises/moe_router/test_public.py):
+
+| clause | tests |
+| --- | --- |
+| router_probs: [T, E] fp32 softmax over experts, in fp32 whatever the input dtype | test_probs_are_fp32_softmax (bf16), test_fields_have_the_contract_dtypes (fp32, bf16, fp16, fp64) [topk]; public test_router_probs_is_an_fp32_softmax |
+| any finite logits (offset by 100, -100, 1000): probabilities, choices, weights, losses | test_large_logits [topk], test_losses_of_large_logits [aux] |
+| expert_capacity: Python int, exactly max(min_capacity, ceil(k*T*cf/E)) in that order; min_capacity default 1 | test_capacity_is_the_formula, test_capacity_evaluation_order [capacity]; public test_expert_capacity |
+| route: min_capacity passed on; never above capacity | test_route_uses_that_capacity [capacity]; assert_invariants in every route test |
+| expert_index [T, k] int64, descending probability, ties to the lower index | test_choices_and_weights_without_drops (all-zero, duplicated, integer logits), test_fields_have_the_contract_dtypes [topk]; generated families (exact ties, constant logits) [drops, priority] |
+| combine_weight [T, k] fp32: renormalised over the k chosen when renormalize, raw otherwise; 0 where dropped, no renormalisation after the drop | test_renormalize_defaults_and_overrides, test_fields_have_the_contract_dtypes, test_combine_weight_gradient [topk]; assert_routing_matches in test_route_against_the_loop, test_fully_dropped_tokens [drops]; test_probs_policy_crafted [priority] |
+| renormalize=None: True for k > 1, False for k = 1; explicit True/False override | test_renormalize_defaults_and_overrides [topk] |
+| slot [T, k] int64, -1 if dropped; slots follow priority from 0 with no gaps | assert_invariants and assert_routing_matches in test_route_against_the_loop, the generated tests [drops, priority]; test_fields_have_the_contract_dtypes [topk] |
+| tokens_per_expert [E] int64, assignments kept (never above capacity) | test_route_uses_that_capacity [capacity]; assert_routing_matches [drops, priority]; test_fields_have_the_contract_dtypes (dtype) [topk] |
+| aux_loss: scalar fp32, E * sum f_e P_e, f_e over the T*k choices before drops, differentiable through P_e only | test_aux_loss_balanced_is_one_and_collapse_is_E, test_aux_loss_value_and_gradient_with_drops, test_losses_are_fp32_scalars [aux] |
+| z_loss: scalar fp32, mean logsumexp(logits)^2, differentiable | test_z_loss_value_and_gradient (and bf16), test_losses_are_fp32_scalars, test_losses_of_large_logits [aux] |
+| priority "position": all first choices (tokens in order), then all second choices | test_gshard_first_choices_win [priority]; test_route_against_the_loop, test_generated_routing_position_policy [drops] |
+| priority "probs": higher router probability (not the renormalised weight) first, ties to the earlier token | test_probs_policy_crafted, test_probs_policy_ties_go_to_earlier_tokens, test_probs_policy_against_the_loop, test_generated_routing_probs_policy [priority] |
+| capacity 0 (min_capacity=0, cf=0): every slot -1, every weight 0; dispatch [E, 0, d]; combine zeros | gen_capacity_zero in the generated route tests [drops, priority]; random_valid_routing capacity 0 in test_generated_dispatch_and_combine_against_the_loops [dispatch_combine] |
+| capacity edges: exactly full, one over, one short; capacity 1; k = E; tiny T and E | the generated families (gen_exact_capacity, gen_capacity_one, gen_k_is_E, gen_tiny) [drops, priority] |
+| errors: ValueError for k not in [1, E] (0, -1, E + 1) and for an unknown drop policy | test_bad_arguments [topk] |
+| dispatch: [E, capacity, d] in x's dtype, rows copied to (expert, slot), zeros elsewhere, E = len(tokens_per_expert), differentiable in x | test_dispatch_against_the_loop (gradient), test_generated_dispatch_and_combine_against_the_loops (fp32, fp64, unused experts), test_bf16_buffers_and_combine_accumulates_in_fp32 (bf16) [dispatch_combine] |
+| combine: [T, d] in expert_out's dtype, accumulated in fp32; gradients to expert_out and combine_weight | test_combine_against_the_loop (gradients), test_generated_dispatch_and_combine_against_the_loops, test_bf16_buffers_and_combine_accumulates_in_fp32 [dispatch_combine] |
+| combine: a dropped assignment contributes nothing, whatever the slot holds (inf, NaN) | test_combine_never_reads_dropped_or_empty_slots, test_generated_dispatch_and_combine_against_the_loops [dispatch_combine] |
+| moe_layer: (y, routing), logits = x @ gate_weight.T, route's defaults, experts[e](buffers[e]), combine; gradients to x, gate_weight, every expert parameter | test_layer_output_and_gradients [layer]; public test_moe_layer_matches_a_loop |
+| no Python loop over tokens (route, dispatch, combine, moe_layer) | test_route_is_vectorised, test_dispatch_and_combine_are_vectorised (lines, operators, read-backs, the grader's clock), test_layer_is_vectorised (lines, operators, read-backs) [vectorised] |
+| the work: each expert computes at most capacity rows; dispatch and combine move rows by index, no one-hot [T, E, capacity] | test_each_expert_computes_only_its_buffer, test_dispatch_and_combine_move_the_assignments_not_a_one_hot [sparse_experts] |
+| Routing is the stub's named tuple (six fields) | as_routing / assert_fields in every route test |
 """
 
 from __future__ import annotations
