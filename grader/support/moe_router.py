@@ -8,8 +8,9 @@
   outputs and the input gradients as plain tensors.
 * Drivers for the signature check (`sparse_experts`): `expert_work` runs the student's `moe_layer` with
   a forward pre-hook on every expert module (the token rows each expert is handed, counted by the
-  leading dimensions of its input), under torch's `FlopCounterMode` (matmul-family FLOPs) and
-  gptq's `TrafficCounter` (elements every aten operation reads and writes), and counts the tensor
+  leading dimensions of its input), under `WorkCounter`: gptq's `TrafficCounter` (elements every aten
+  operation reads and writes) with the matmul-family FLOPs by torch's own formulas (those of
+  `torch.utils.flop_counter`), and counts the tensor
   elements read back into Python; `traffic` does the last two around `dispatch` or `combine`.
   The technique is that expert e computes at most `capacity` rows, not all T tokens, and that
   dispatch and combine move the T*k assignments' rows, not a one-hot [T, E, capacity] tensor.
@@ -25,7 +26,7 @@ from functools import partial
 from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import flop_registry
 
 from grader.harness.probes import reads_counted
 from grader.support.gptq import TrafficCounter
@@ -148,6 +149,24 @@ def moe_layer_backward(
 # The signature: the work each expert does, and the elements dispatch and combine move
 
 
+class WorkCounter(TrafficCounter):
+    """gptq's TrafficCounter (elements each aten operation reads and writes), plus the FLOPs of the
+    matmul family (mm, addmm, bmm, baddbmm, convolutions, attention) by torch's own formulas, those
+    `torch.utils.flop_counter.FlopCounterMode` applies. (That mode itself imports torch._dynamo when
+    entered, some 3 s of a grade, for module tracking that is not needed here.)"""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        formula = flop_registry.get(func.overloadpacket)
+        if formula is not None:
+            self.flops += int(formula(*args, **(kwargs or {}), out_val=out))
+        return out
+
+
 def _leading_rows(value: Any) -> int:
     """Token rows in an expert's input: the product of every dimension but the last (features)."""
     if isinstance(value, torch.Tensor):
@@ -194,7 +213,7 @@ def expert_work(
 
     Returns {"result": what it returned (detached), "rows": [token rows handed to each expert, summed over
     its calls], "calls": [calls of each expert through ``module(...)``], "flops": matmul-family FLOPs of
-    the whole call (torch.utils.flop_counter), "moved": elements every aten operation read and wrote,
+    the whole call (torch's FLOP formulas), "moved": elements every aten operation read and wrote,
     "moved_outside_experts": the same less what moved during the experts' calls (routing, dispatch,
     combine), "host_reads": tensor elements read back into Python or numpy, "ops": {aten name: [read,
     written]}}. The hooks see calls made through the module (``experts[e](rows)``, as the contract
@@ -202,20 +221,20 @@ def expert_work(
     layer's own), never the FLOP count.
     """
     experts = list(experts)
-    flops, counter = FlopCounterMode(display=False), TrafficCounter()
+    counter = WorkCounter()
     tally = _ExpertTally(len(experts), counter)
     handles = []
     for e, expert in enumerate(experts):
         handles.append(expert.register_forward_pre_hook(partial(tally.before, e), with_kwargs=True))
         handles.append(expert.register_forward_hook(partial(tally.after, e), with_kwargs=True, always_call=True))
     try:
-        with reads_counted() as host, flops, counter:
+        with reads_counted() as host, counter:
             result = moe_layer(x, gate_weight, experts, k, capacity_factor)
     finally:
         for handle in handles:
             handle.remove()
     moved = counter.read + counter.written
-    return {"result": _result(result), "rows": tally.rows, "calls": tally.calls, "flops": int(flops.get_total_flops()),
+    return {"result": _result(result), "rows": tally.rows, "calls": tally.calls, "flops": counter.flops,
             "moved": moved, "moved_outside_experts": moved - tally.inside, "host_reads": host.reads,
             "ops": {name: list(v) for name, v in counter.ops.items()}}
 
@@ -224,9 +243,9 @@ def traffic(fn: Callable, *args: Any) -> dict:
     """Run ``fn(*args)`` (dispatch or combine) and count what it moves: {"result", "moved" (elements read
     and written by every aten operation), "flops", "host_reads", "ops": {aten name: [read, written]}}, as
     `expert_work` counts them."""
-    flops, counter = FlopCounterMode(display=False), TrafficCounter()
-    with reads_counted() as host, flops, counter:
+    counter = WorkCounter()
+    with reads_counted() as host, counter:
         result = fn(*args)
     return {"result": _result(result), "moved": counter.read + counter.written,
-            "flops": int(flops.get_total_flops()), "host_reads": host.reads,
+            "flops": counter.flops, "host_reads": host.reads,
             "ops": {name: list(v) for name, v in counter.ops.items()}}
