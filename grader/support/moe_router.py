@@ -152,8 +152,10 @@ def moe_layer_backward(
 class WorkCounter(TrafficCounter):
     """gptq's TrafficCounter (elements each aten operation reads and writes), plus the FLOPs of the
     matmul family (mm, addmm, bmm, baddbmm, convolutions, attention) by torch's own formulas, those
-    `torch.utils.flop_counter.FlopCounterMode` applies. (That mode itself imports torch._dynamo when
-    entered, some 3 s of a grade, for module tracking that is not needed here.)"""
+    `torch.utils.flop_counter.FlopCounterMode` applies, without that mode's module tracking (not needed
+    here) and with one pass over the operators. The first operator a process runs under a Python
+    dispatch mode imports torch._dynamo (torch/_compile.py), some 3 s on this course's CPU, once per
+    worker: that, not the counting, is most of this check's time."""
 
     def __init__(self) -> None:
         super().__init__()
