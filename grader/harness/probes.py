@@ -385,6 +385,8 @@ _VALUE_ARGUMENTS: dict[str, tuple[int, tuple[str, ...]]] = {
 }
 
 _TENSOR_STORAGE = torch._C.TensorBase.untyped_storage  # taken before any student code, never patched
+_TENSOR_OFFSET = torch._C.TensorBase.storage_offset  # likewise: a launch record's alignment (describe_argument)
+_TENSOR_ELEMENT_SIZE = torch._C.TensorBase.element_size
 _STORAGE_DATA_PTR = torch._C.StorageBase.data_ptr  # type: ignore[attr-defined]  # likewise (not in torch's stubs)
 _NAN = float("nan")
 
@@ -408,6 +410,11 @@ class Launch:
     kernel: str
     grid: tuple[int, int, int] | None = None  # None until the launcher resolved it (a callable grid)
     storages: frozenset[int] = frozenset()  # the address of each tensor argument's storage
+    # What a compile of this launch needs (grader.kernelmodel), as plain data: each argument the launch named, by
+    # parameter name, as `describe_argument` writes it, and the launch's options (num_warps, num_stages, ...).
+    # None when the launch could not be described (the kernel model then says so).
+    arguments: dict[str, dict] | None = None
+    options: dict[str, Any] | None = None
 
     @property
     def programs(self) -> int:
@@ -936,6 +943,69 @@ def _check_arguments(name: str, args: tuple, kwargs: dict) -> None:
             )
 
 
+# The launch options a compile takes (Triton's CUDA options), recorded beside a launch's arguments.
+COMPILE_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion")
+
+
+def describe_argument(value: Any, depth: int = 0) -> dict:
+    """A launch argument as the plain data a compile needs (grader.kernelmodel builds Triton's signature from it):
+    {"kind": "tensor", "dtype": "float16", "aligned": bool (its first element on a 16-byte boundary)}, {"kind":
+    "int" | "float" | "bool" | "str", "value": ...}, {"kind": "none"}, {"kind": "dtype", "value": "fp16" or
+    "float16"} (a Triton or torch dtype), {"kind": "tuple", "items": [...]}, or {"kind": "other", "type": name}.
+    Arguments reach here already checked (`_check_arguments`): exact tensors, numbers, strings and dtypes, so
+    nothing of the student's own class runs."""
+    wrappers, values, numbers = _triton_arg_types()
+    kind = type(value)
+    wrapped = kind in wrappers and kind.__name__ == "TensorWrapper" and type(getattr(value, "base", None)) is torch.Tensor
+    if kind is torch.Tensor or wrapped:
+        tensor = value.base if wrapped else value
+        dtype = value.dtype  # triton.reinterpret's TensorWrapper holds a Triton dtype
+        address = _STORAGE_DATA_PTR(_TENSOR_STORAGE(tensor)) + _TENSOR_OFFSET(tensor) * _TENSOR_ELEMENT_SIZE(tensor)
+        return {"kind": "tensor", "dtype": str(dtype).rsplit(".", 1)[-1], "aligned": address % 16 == 0}
+    if kind is bool:
+        return {"kind": "bool", "value": value}
+    if kind is int:
+        return {"kind": "int", "value": value}
+    if kind is float:
+        return {"kind": "float", "value": value}
+    if kind is str:
+        return {"kind": "str", "value": value[:200]}
+    if value is None:
+        return {"kind": "none"}
+    if kind is torch.dtype:
+        return {"kind": "dtype", "value": str(value).rsplit(".", 1)[-1]}
+    if kind in numbers:
+        plain = value.item()
+        return describe_argument(plain, depth) if type(plain) in (bool, int, float) else {"kind": "other", "type": kind.__name__}
+    if kind in values:
+        if kind.__name__ == "constexpr":
+            return describe_argument(value.value, depth + 1) if depth < 4 else {"kind": "other", "type": "constexpr"}
+        return {"kind": "dtype", "value": str(value)}  # a tl.dtype (tl.float16 reads 'fp16'); a pointer type: 'pointer<fp16>'
+    if kind in (tuple, list) and depth < 4:
+        return {"kind": "tuple", "items": [describe_argument(item, depth + 1) for item in value][:64]}
+    return {"kind": "other", "type": kind.__name__}
+
+
+def _describe_launch(fn: Any, args: tuple, kwargs: dict) -> tuple[dict[str, dict] | None, dict[str, Any] | None]:
+    """(arguments by parameter name, options) of a launch, or (None, None) where it cannot be described."""
+    try:
+        names = list(getattr(fn, "arg_names", None) or [])
+        if len(args) > len(names):
+            return None, None
+        arguments = {name: describe_argument(value) for name, value in zip(names, args)}
+        options = {}
+        for key, value in kwargs.items():
+            if key in _LAUNCH_OPTIONS:
+                continue
+            if key in names:
+                arguments[key] = describe_argument(value)
+            elif key in COMPILE_OPTIONS and type(value) in (int, bool, type(None)):
+                options[key] = value
+        return arguments, options
+    except Exception:  # a description never breaks a launch: the kernel model reports the gap
+        return None, None
+
+
 def _wrap_run(cls: type, original: Any) -> Any:
     def run(self, *args, **kwargs):
         if type(self) is not cls:
@@ -944,6 +1014,7 @@ def _wrap_run(cls: type, original: Any) -> Any:
         _check_arguments(getattr(self, "__name__", "kernel"), args, kwargs)
         if not kwargs.get("warmup"):  # a warm-up only compiles: not recorded
             launch = Launch(getattr(self, "__name__", "kernel"), storages=_tensor_storages((*args, *kwargs.values())))
+            launch.arguments, launch.options = _describe_launch(self, args, kwargs)
             grid = kwargs.get("grid")
             if callable(grid):
                 def resolve(meta, _grid=grid):

@@ -226,6 +226,20 @@ class StudentSession:
         """
         return self._callable(fn)._invoke(args, kwargs, driver=driver)[0]
 
+    def kernel_resources(self, fn: Any, *args, stop_at_misfit: bool = True, **kwargs) -> Any:
+        """Call `fn` with its Triton launches recorded, then compile each distinct launch for a real GPU
+        (grader.kernelmodel): a `KernelRun` with the call's result, the launch record and each compile's
+        registers, stack (spills) and shared memory. The record comes from the worker, so the tamper gate runs
+        before it is used; the kernels are read from the student's file here, as text. Judge the figures with
+        `grader.kernelmodel.assert_fit`, and check `out` as usual: a record says nothing about a wrong answer."""
+        from grader import kernelmodel
+
+        got = self.drive("grader.support.kernels:launches", fn, *args, **kwargs)
+        self.assert_untampered(fn, "the record of your Triton launches")
+        launches = list(got["launches"]) if isinstance(got, dict) and isinstance(got.get("launches"), list) else []
+        found = kernelmodel.resources(_student_file(self._callable(fn)), launches, stop_at_misfit=stop_at_misfit)
+        return kernelmodel.KernelRun(got["out"], launches, list(got["handed"]), found)
+
     def _callable(self, fn: Any) -> RemoteCallable | LocalCallable:
         """A student function, class or method, ready for probes (in-process: wrapped on the spot)."""
         if isinstance(fn, (RemoteCallable, LocalCallable)):

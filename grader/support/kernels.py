@@ -3,7 +3,8 @@
 It runs where the student's code runs (the worker), inside the same probes as any call of the module
 it came from: with the kernel rule (grader.harness.probes.KERNELS_ONLY) the host code is held to the
 allow-list while the launches are recorded here. What it returns is plain data for the trusted test
-to judge: a launch's kernel name, its grid and its number of programs, and for each tensor the call
+to judge: a launch's kernel name, its grid and its number of programs, its arguments' Triton types and its
+constexprs and options (what grader.kernelmodel compiles it with, on the trusted side), and for each tensor the call
 returned, whether a launch was handed that tensor's memory, or the host copied or cast it from memory
 a launch was handed (an output neither way was not written by a kernel).
 """
@@ -21,7 +22,8 @@ from grader.harness import probes
 def launches(fn: Callable, *args: Any, **kwargs: Any) -> dict:
     """``fn(*args, **kwargs)`` with its Triton launches recorded.
 
-    Returns {"out": the result, "launches": [{"kernel", "grid", "programs"}] in launch order,
+    Returns {"out": the result, "launches": [{"kernel", "grid", "programs", "arguments", "options"}] in launch
+    order (arguments and options: what a compile of the launch needs, grader.harness.probes.describe_argument),
     "handed": [bool] for each tensor in the result (flattened in order): a launch received its storage, or
     the host copied it from one that did (followed under the kernel rule)}.
     """
@@ -32,6 +34,7 @@ def launches(fn: Callable, *args: Any, **kwargs: Any) -> dict:
     return {
         "out": out,
         "launches": [{"kernel": launch.kernel, "grid": list(launch.grid) if launch.grid else None,
-                      "programs": launch.programs} for launch in log],
+                      "programs": launch.programs, "arguments": launch.arguments, "options": launch.options}
+                     for launch in log],
         "handed": [probes.storage_of(t) in handed for t in outputs],
     }

@@ -412,6 +412,55 @@ MUTANTS += [
     ),
 ]
 
+# The tiled kernel's signature (issue "Right verdicts II"): the tile a program holds and the loop over it. Both
+# give right answers under the interpreter; the kernel resource model (grader.kernelmodel) compiles them for
+# sm_90 as launched, and only tiled_kernel sees them.
+
+_REFERENCE_KERNEL_BODY = """    # One program per row; the row streams through in BLOCK-wide tiles.
+    row = tl.program_id(0)
+    x_row = x_ptr + row.to(tl.int64) * stride_xr
+    out_row = out_ptr + row.to(tl.int64) * stride_or
+    cols = tl.arange(0, BLOCK)
+"""
+
+MUTANTS += [
+    Mutant(
+        name="one_tile_kernel",
+        why="the textbook kernel: BLOCK = next_power_of_2(n_cols), the whole row loaded as one tile, its max, exp "
+            "and sum taken at once, no loop; right on the CPU, where a tile may be any width, but on a GPU a tile "
+            "of 2^17 columns cannot live in a program's registers",
+        edits=[
+            (_REFERENCE_KERNEL_BODY, _REFERENCE_KERNEL_BODY + """    mask = cols < n_cols
+    x = tl.load(x_row + cols * stride_xc, mask=mask, other=float("-inf")).to(tl.float32)
+    row_max = tl.max(x, axis=0)
+    e = tl.exp(x - tl.where(row_max == float("-inf"), 0.0, row_max))
+    row_sum = tl.sum(e, axis=0)
+    y = e * tl.where(row_sum > 0, 1.0 / tl.where(row_sum > 0, row_sum, 1.0), 0.0)
+    tl.store(out_row + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+    return
+"""),
+            ("    block = min(4096, triton.next_power_of_2(n_cols))\n",
+             "    block = triton.next_power_of_2(n_cols)  # the whole row is one tile\n"),
+        ],
+        loses=["tiled_kernel"],
+        keeps=["triton", "triton_public"],
+    ),
+    Mutant(
+        name="interpreter_only_kernel",
+        why="the kernel takes its tile width from a module constant that is a plain int (TILE = 4096), not a "
+            "tl.constexpr: the interpreter runs the body as Python and reads it, but Triton's GPU compiler refuses "
+            "any global that is not a constexpr",
+        edits=[
+            ('NEG_INF = float("-inf")\n', 'NEG_INF = float("-inf")\nTILE = 4096  # the tile width, kernel and host\n'),
+            ("    cols = tl.arange(0, BLOCK)\n", "    cols = tl.arange(0, TILE)\n"),
+            ("    block = min(4096, triton.next_power_of_2(n_cols))\n    num_warps = 4 if block <= 1024 else 8\n",
+             "    block = TILE\n    num_warps = 8\n"),
+        ],
+        loses=["tiled_kernel"],
+        keeps=["triton", "triton_public"],
+    ),
+]
+
 # Mistakes that only a GPU can see: the answer is right, the speed is not. The project's tests prove only
 # that these checks are not graded on a host without CUDA; `grader gpu-check` grades them on one and fails
 # when a mutant keeps full marks (grader/gpucheck.py, step_known_wrong).

@@ -97,7 +97,7 @@ import math
 import pytest
 import torch
 
-from grader import blocks, rehearsal, speed
+from grader import blocks, kernelmodel, rehearsal, speed
 from grader.cases import online_softmax as cases
 from grader.harness.probes import KERNELS_ONLY
 from grader.hidden.online_softmax.oracle import naive_softmax, naive_state
@@ -879,6 +879,35 @@ def test_triton_generated_masks_against_every_tile_width(smk, rng, device, trial
     out = smk.softmax_triton(x)
     assert out.is_contiguous(), "the output must be contiguous"
     assert_softmax(out, x, 1e-6, f"softmax_triton of generated masks, n={n}", kernel=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# tiled_kernel: the signature of a tiled kernel is the tile a program holds and the loop over it. Under the
+# interpreter a program may hold a tile of any width, and a kernel whose one tile is the whole row gives the
+# same numbers. So the kernel is also compiled for a real GPU (grader.kernelmodel: Triton's compiler and the
+# ptxas in its wheel, for sm_90, no GPU needed), exactly as each recorded launch chose its constexprs and
+# num_warps, at rows longer than any tile a GPU's registers hold: every launch must fit (no more than 512
+# bytes of spill per thread, shared memory within 227 KiB). A one-tile kernel at 2^17 columns spills 800 to
+# 16,000 bytes a thread (32 to 8 warps); the reference's 4096-wide tile spills none.
+
+# (rows, columns): 2^17, and past 2^18, so that a one-tile kernel's tile is 2^19 wide there (some 2,000 to 16,000
+# bytes of spill a thread, where 2^17 may spill only ~800 at 32 warps). fp16, the speed check's dtype; both sizes
+# multiples of 16, so that a kernel with fixed tiles compiles once for both (Triton specialises on divisibility).
+TILED_ROWS = ((2, 1 << 17), (1, (1 << 18) + 16))
+TILE_HINT = (
+    "For softmax_triton: stream each row through a tile of a fixed BLOCK (a few thousand columns), each lane "
+    "keeping a running (m, l) as online_normalizer does, merge the lanes once after the loop, and write the "
+    "output in a second loop over the same tiles."
+)
+
+
+@pytest.mark.check("tiled_kernel")
+def test_tiled_kernel_fits_a_gpu_at_long_rows(student, smk, rng, device):
+    for rows, n in TILED_ROWS:  # one call at a time: a kernel that does not fit pays for one compile
+        x = (torch.randn(rows, n, generator=rng) * 3 + torch.linspace(-4, 4, n)).to(device, torch.float16)
+        run = student.kernel_resources(smk.softmax_triton, x)
+        assert_softmax(run.out, x, 1e-3, f"softmax_triton on fp16 rows of {n:,} columns", kernel=True)
+        kernelmodel.assert_fit(run.resources, f"softmax_triton on fp16 rows of {n:,} columns", hint=TILE_HINT)
 
 
 # --------------------------------------------------------------------------------------------------

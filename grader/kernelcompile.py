@@ -1,0 +1,168 @@
+"""The compile step of the kernel resource model (grader/kernelmodel.py), run as its own process.
+
+``python -I grader/kernelcompile.py`` reads one request as JSON on stdin: {"module": the path of a module that
+grader.kernelmodel generated from the student's file (their kernels and module constants, nothing else),
+"kernel": a kernel's name, "arguments": {parameter: description} as the launch recorder wrote them
+(grader.harness.probes.describe_argument), "options": {num_warps, num_stages, ...}, "target": [backend, arch,
+warp size]}. It builds the signature Triton's launcher would build for those arguments, compiles the kernel for
+the target with Triton's compiler and the ptxas in its wheel (no GPU needed), reads the cubin's resources with
+the wheel's cuobjdump, and writes one JSON object on stdout: {"registers", "stack", "shared", "static_shared",
+"local", "signature", "constexprs"}, or {"error": text, "stage": "arguments" | "compile" | "resources"}.
+
+It imports neither torch nor the grader, so that it starts in a tenth of a second; it never runs the student's
+host code (the generated module holds none).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+I32 = (-(2**31), 2**31)
+I64 = (-(2**63), 2**63)
+
+
+def _dtype(name: str):
+    """A Triton dtype for a recorded dtype name: Triton's own ('fp16') or torch's ('float16', 'bfloat16')."""
+    import triton.language as tl
+    from triton._utils import canonicalize_dtype
+
+    return tl.dtype(canonicalize_dtype(name))
+
+
+def _value(desc: dict):
+    """The Python value of a recorded constexpr."""
+    kind = desc.get("kind")
+    if kind in ("int", "float", "bool", "str"):
+        return desc["value"]
+    if kind == "none":
+        return None
+    if kind == "dtype":
+        return _dtype(desc["value"])
+    if kind == "tuple":
+        return tuple(_value(item) for item in desc["items"])
+    raise ValueError(f"a constexpr of a kind the model cannot rebuild ({desc.get('type', kind)})")
+
+
+def _specialise(desc: dict, specialise: bool, align: bool) -> tuple[str, object]:
+    """(Triton type, specialisation) of a runtime argument, as triton.runtime.jit's native_specialize_impl gives
+    them (Triton 3.x): a tensor '*fp16' with 'D' when 16-byte aligned; an int 1 becomes the constexpr 1, others
+    i32 / i64 / u64 by value, 'D' when divisible by 16; a float fp32; a bool u1; None the constexpr None."""
+    from triton._utils import canonicalize_dtype
+
+    kind = desc.get("kind")
+    if kind == "tensor":
+        return "*" + canonicalize_dtype(desc["dtype"]), ("D" if desc.get("aligned") and align else "")
+    if kind == "bool":
+        return "u1", None
+    if kind == "int":
+        v = desc["value"]
+        if specialise and v == 1:
+            return "constexpr", 1
+        kind = "i32" if I32[0] <= v < I32[1] else "i64" if I64[0] <= v < I64[1] else "u64"
+        return kind, ("D" if specialise and v % 16 == 0 else "")
+    if kind == "float":
+        return "fp32", None
+    if kind == "none":
+        return "constexpr", None
+    raise ValueError(f"an argument of a kind the model cannot compile ({desc.get('type', kind)})")
+
+
+def build(fn, arguments: dict, backend) -> tuple[dict, dict, dict]:
+    """(signature, constexprs, attrs) for `fn` (a JITFunction) launched with these recorded arguments."""
+    signature, constexprs, attrs = {}, {}, {}
+    unknown = sorted(set(arguments) - {p.name for p in fn.params})
+    if unknown:
+        raise ValueError(f"the launch named arguments the kernel does not have: {', '.join(unknown)}")
+    for i, param in enumerate(fn.params):
+        if param.name in arguments:
+            desc = arguments[param.name]
+        elif param.has_default:
+            default = param.default
+            desc = {"kind": "none"} if default is None else {"kind": type(default).__name__, "value": default}
+            if hasattr(default, "value"):  # a tl.constexpr default
+                desc = {"kind": type(default.value).__name__, "value": default.value}
+        else:
+            raise ValueError(f"the launch gave no value for the parameter {param.name!r}, which has no default")
+        if param.is_constexpr:
+            signature[param.name] = "constexpr"
+            constexprs[(i,)] = _value(desc)
+            continue
+        kind, spec = _specialise(desc, not param.do_not_specialize, not param.do_not_specialize_on_alignment)
+        if param.annotation_type and kind != "constexpr":
+            kind = param.annotation_type
+            if kind == "u1" or kind[:2] in ("fp", "bf"):
+                spec = None
+        signature[param.name] = kind
+        if kind == "constexpr":
+            constexprs[(i,)] = spec
+        elif isinstance(spec, str) and spec:
+            attrs[(i,)] = backend.parse_attr(spec)
+    return signature, constexprs, attrs
+
+
+def _resources(cubin: bytes, name: str) -> dict:
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        text = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True, timeout=60).stdout
+    blocks = re.findall(r"Function ([^:\s]+):\s*\n\s*(REG:.*)", text)
+    if not blocks:
+        raise ValueError(f"cuobjdump printed no function's resources: {text[-300:]!r}")
+    line = next((usage for fn_name, usage in blocks if fn_name == name), blocks[0][1])
+    fields = dict(re.findall(r"([A-Z]+(?:\[\d+\])?):(\d+)", line))
+    return {"registers": int(fields["REG"]), "stack": int(fields["STACK"]),
+            "static_shared": int(fields.get("SHARED", 0)), "local": int(fields.get("LOCAL", 0))}
+
+
+def main() -> int:
+    request = json.load(sys.stdin)
+    out: dict
+    try:
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+        from triton.compiler.compiler import make_backend
+
+        spec = importlib.util.spec_from_file_location("kernelmodel_kernels", request["module"])
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        fn = getattr(module, request["kernel"])
+        target = GPUTarget(*request["target"])
+        backend = make_backend(target)
+        signature, constexprs, attrs = build(fn, request["arguments"], backend)
+    except Exception as exc:  # noqa: BLE001 - every failure is reported, as data
+        json.dump({"error": f"{type(exc).__name__}: {exc}", "stage": "arguments"}, sys.stdout)
+        return 0
+    try:
+        options = {k: v for k, v in request["options"].items() if v is not None}
+        compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options)
+    except Exception as exc:  # noqa: BLE001
+        json.dump({"error": str(exc) or type(exc).__name__, "type": type(exc).__name__, "stage": "compile"},
+                  sys.stdout)
+        return 0
+    try:
+        out = _resources(compiled.asm["cubin"], compiled.metadata.name)
+        out["shared"] = int(compiled.metadata.shared)
+    except Exception as exc:  # noqa: BLE001
+        json.dump({"error": f"{type(exc).__name__}: {exc}", "stage": "resources"}, sys.stdout)
+        return 0
+    names = [p.name for p in fn.params]
+    out["signature"] = signature
+    out["constexprs"] = {names[k[0]]: (str(v) if not isinstance(v, (int, float, str, bool, type(None))) else v)
+                         for k, v in constexprs.items()}
+    json.dump(out, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
