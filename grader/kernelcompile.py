@@ -134,6 +134,8 @@ def main() -> int:
         from triton.compiler.compiler import make_backend
 
         spec = importlib.util.spec_from_file_location("kernelmodel_kernels", request["module"])
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load the generated module {request['module']}")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         fn = getattr(module, request["kernel"])

@@ -39,6 +39,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import signal
@@ -47,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+import tokenize
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -354,7 +356,8 @@ def resources(path: str | Path, launches: Iterable[dict], stop_at_misfit: bool =
         raise tamper.Tampered(f"the kernel resource model reads your kernels from your file, and the file reaches for "
                               f"what the grader's checks are built on ({tamper.describe(findings)}), so its kernels "
                               "are not compiled and the check fails")
-    source = KernelSource(raw.decode("utf-8", errors="replace"), path.name)
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)  # as the scan and the interpreter decode it
+    source = KernelSource(raw.decode(encoding), path.name)
     variants: dict[str, tuple[LaunchResources, str, dict, dict]] = {}
     order: list[str] = []
     counts: dict[str, int] = {}
@@ -391,7 +394,7 @@ def resources(path: str | Path, launches: Iterable[dict], stop_at_misfit: bool =
     misfit = False
     with tempfile.TemporaryDirectory(prefix="kernelmodel-src-") as tmp:
         module_path = os.path.join(tmp, f"kernels_{source.digest[:12]}.py")
-        Path(module_path).write_text(source.text)
+        Path(module_path).write_text(source.text, encoding="utf-8")
         for key in order:
             stub, kernel, arguments, options = variants[key]
             stub = dataclasses.replace(stub, launches=counts[key])
@@ -510,8 +513,3 @@ def assert_fit(found: list[LaunchResources], what: str, hint: str = "") -> None:
         raise AssertionError(
             f"{what}: the kernel {result.describe()}{counted}, compiled for an H100-class GPU (sm_90) by Triton's "
             f"compiler and ptxas, does not fit: {'; '.join(problems)}{_per_thread(result)}. {TILE_LESSON}{tail}")
-
-
-def summary(found: list[LaunchResources]) -> str:
-    """One line per variant, for a report or a passing test's figures."""
-    return "; ".join(f"{r.describe()}: {r.figures() if not r.error else 'error'}" for r in found)

@@ -704,8 +704,12 @@ def test_the_launches_driver_tells_an_output_a_kernel_wrote_from_one_it_never_sa
         cast = launches(cast_after_the_kernel, X)
         copied = launches(constant_after_a_launch, X)
         none = launches(lambda x: torch.zeros_like(x), X)
-    assert written["handed"] == [True] and written["launches"] == [{"kernel": "_exp_kernel", "grid": [2, 1, 1],
-                                                                    "programs": 2}], written
+    fp32 = {"kind": "tensor", "dtype": "float32", "aligned": True}
+    assert written["handed"] == [True] and written["launches"] == [{
+        "kernel": "_exp_kernel", "grid": [2, 1, 1], "programs": 2, "options": {},
+        # what the kernel resource model compiles it with (grader.kernelmodel)
+        "arguments": {"src": fp32, "dst": fp32, "n": {"kind": "int", "value": 15}, "BLOCK": {"kind": "int", "value": 8}},
+    }], written
     assert cast["handed"] == [True], "a kernel's result, cast and copied on the host, is still the kernel's"
     assert copied["handed"] == [False] and len(copied["launches"]) == 1, copied
     assert none["handed"] == [False] and none["launches"] == [], none

@@ -1014,7 +1014,8 @@ def _wrap_run(cls: type, original: Any) -> Any:
         _check_arguments(getattr(self, "__name__", "kernel"), args, kwargs)
         if not kwargs.get("warmup"):  # a warm-up only compiles: not recorded
             launch = Launch(getattr(self, "__name__", "kernel"), storages=_tensor_storages((*args, *kwargs.values())))
-            launch.arguments, launch.options = _describe_launch(self, args, kwargs)
+            if _ACTIVE_LOGS:  # described only for a record (a timed loop's launches pay nothing)
+                launch.arguments, launch.options = _describe_launch(self, args, kwargs)
             grid = kwargs.get("grid")
             if callable(grid):
                 def resolve(meta, _grid=grid):
