@@ -251,3 +251,22 @@ def test_the_toolchain_is_in_the_wheel():
 
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     assert (tool / "cuobjdump").is_file() and (tool / "ptxas").is_file(), f"Triton's wheel lacks its toolchain: {tool}"
+
+
+@pytest.mark.skipif(__import__("os").environ.get("TRITON_INTERPRET") != "1", reason="Triton's interpreter only")
+def test_student_kernel_resources_records_the_call_and_models_its_launches(model):
+    """The whole path in-process: the reference's softmax_triton under the kernel rule, its launch recorded by
+    grader.support.kernels:launches, the tamper gate, and the model on the file the session loaded."""
+    from grader.harness.probes import KERNELS_ONLY
+    from grader.harness.session import StudentSession
+
+    session = StudentSession("local", lambda _id: REFERENCE)
+    sm = session.load("online_softmax", forbid=[KERNELS_ONLY])
+    x = torch.randn(3, 5000, dtype=torch.float16)
+    run = session.kernel_resources(sm.softmax_triton, x)
+    assert run.handed == [True] and len(run.launches) == 1, run.launches
+    assert run.launches[0]["arguments"]["BLOCK"] == {"kind": "int", "value": 4096}, run.launches
+    assert run.launches[0]["options"] == {"num_warps": 8}, run.launches
+    (result,) = run.resources
+    assert result.fits() and result.constexprs == {"BLOCK": 4096} and result.num_warps == 8, result
+    assert run.out.shape == x.shape and torch.isfinite(run.out).all(), "the call's own result comes back too"

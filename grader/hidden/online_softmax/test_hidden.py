@@ -906,7 +906,9 @@ def test_tiled_kernel_fits_a_gpu_at_long_rows(student, smk, rng, device):
     for rows, n in TILED_ROWS:  # one call at a time: a kernel that does not fit pays for one compile
         x = (torch.randn(rows, n, generator=rng) * 3 + torch.linspace(-4, 4, n)).to(device, torch.float16)
         run = student.kernel_resources(smk.softmax_triton, x)
-        assert_softmax(run.out, x, 1e-3, f"softmax_triton on fp16 rows of {n:,} columns", kernel=True)
+        # Most values are far below fp16's 1e-3 resolution near 1: they are held to 1e-6 (fp16's subnormal step
+        # is 6e-8) and to the accumulation's relative bound (1e-3 at 2^17 columns, above fp16's half ulp).
+        assert_softmax(run.out, x, 1e-6, f"softmax_triton on fp16 rows of {n:,} columns", kernel=True)
         kernelmodel.assert_fit(run.resources, f"softmax_triton on fp16 rows of {n:,} columns", hint=TILE_HINT)
 
 
