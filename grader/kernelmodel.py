@@ -42,6 +42,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -142,7 +143,7 @@ class KernelSource:
         scanner.run(tree)
         rule = KernelRule(tree, scanner.dotted, lambda *_: None, scanner.parents)
         constants, _ = rule.module_constants()
-        lines = text.splitlines()
+        lines = re.split(r"\r\n|\r|\n", text)  # Python's own line breaks (splitlines also breaks at \f and \x1c)
         self.kernels: dict[str, ast.FunctionDef] = {}
         self.def_lines: dict[str, int] = {}
         for node in tree.body:
@@ -188,8 +189,8 @@ class KernelSource:
                         if kw.arg in _JIT_KEYWORDS:
                             try:
                                 keywords.append(f"{kw.arg}={ast.literal_eval(kw.value)!r}")
-                            except ValueError:
-                                pass
+                            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                                pass  # not a literal: left out, as Triton's defaults
             out += ["", "", f"@{_PREFIX}triton.jit({', '.join(keywords)})"]
             self.def_lines[name] = node.lineno
             out += lines[node.lineno - 1:node.end_lineno]  # the kernel's own text: errors point at its lines
@@ -316,8 +317,6 @@ def _compile(module_path: str, kernel: str, arguments: dict, options: dict, time
 
 def _cleaned_error(source: KernelSource, kernel: str, answer: dict) -> str:
     """The compiler's message, its 'at 4:11:' placed on the student's file's lines, cut to a readable length."""
-    import re
-
     text = str(answer.get("error", "")).strip()
     match = re.match(r"at (\d+):(\d+):", text)
     if match and kernel in source.def_lines:
