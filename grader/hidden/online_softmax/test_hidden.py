@@ -82,8 +82,9 @@ softmax_triton(x) -> Tensor, under the kernel rule (the `smk` fixture)
 - rows much longer than one block (2^20 columns on a GPU):
     test_triton_rows_longer_than_a_block, test_triton_generated_masks_against_every_tile_width (trial 2),
     test_triton_bf16_and_very_long_rows_on_cuda
-- pass 1 streams the online normaliser, pass 2 writes:
-    the tiled-kernel check (the tiles a compiled kernel holds, and the loop over them)
+- pass 1 streams the online normaliser, pass 2 writes; the row in tiles, looped (the signature):
+    test_tiled_kernel_fits_a_gpu_at_long_rows (every launch compiled for sm_90 as launched, rows of 2^17 and
+    2^18 + 16 columns: a tile holding the row spills; grader/kernelmodel.py)
 - its work in a Triton kernel:
     every test above (the kernel rule), test_triton_kernels_write_the_output (the launches recorded)
 - not 2-D: ValueError:
