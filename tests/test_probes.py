@@ -920,6 +920,7 @@ def test_a_copy_into_numpys_memory_counts_as_a_read_and_breaks_the_kernel_rule()
     torch counts its storage when it is made, and the kernel rule refuses it."""
     import numpy as np
 
+    probes.install_host_read_watch()  # as the worker does before the student's import (alone, this test needs it)
     x = torch.arange(1000.0)
     for make in (torch.from_numpy, torch.as_tensor, torch.asarray):
         with probes.reads_counted() as counter:
