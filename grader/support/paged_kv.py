@@ -87,6 +87,33 @@ def run_script(fn: Any, num_blocks: int, block_size: int, caching: bool, script:
     return records
 
 
+def block_table_copies(fn: Any) -> dict:
+    """Does ``block_table`` return a new list? It must run here, beside the manager: across the process boundary
+    every list comes back as a copy anyway. A manager of 8 blocks of 4 holds "a" (6 tokens: blocks 0, 1); the
+    list it returned is then changed (an element set, one appended, one removed), and the manager asked again.
+    Returns {"first": the table as returned, "after": block_table("a") after the changes to the returned list,
+    "append": what append_token("a", 7) returned, "table": block_table("a") after it, "free": num_free_blocks},
+    each as plain data, or {"raised": ...} where a call raised."""
+    bm = _module(fn).BlockManager(8, 4)
+    bm.add_sequence("a", [1, 2, 3, 4, 5, 6])
+    table = bm.block_table("a")
+    first = _plain(table)
+    try:
+        table[0] = 7
+        table.append(6)
+        del table[1]
+    except Exception as exc:  # noqa: BLE001 - not a mutable list: the test says so
+        return {"first": first, "raised": f"{type(exc).__name__}: {exc}"}
+    out: dict[str, Any] = {"first": first}
+    for key, get in (("after", lambda: bm.block_table("a")), ("append", lambda: bm.append_token("a", 7)),
+                     ("table", lambda: bm.block_table("a")), ("free", lambda: bm.num_free_blocks)):
+        try:
+            out[key] = _plain(get())
+        except Exception as exc:  # noqa: BLE001
+            return {**out, "raised": f"{key}: {type(exc).__name__}: {exc}"}
+    return out
+
+
 # --------------------------------------------------------------------------------------------------
 # Cost per operation at two pool sizes
 

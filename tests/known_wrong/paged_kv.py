@@ -297,6 +297,101 @@ MUTANTS = [
     ),
 ]
 
+# The textbook computations (issue 36): the same numbers, the technique skipped. The manager's technique is the
+# sharing its tables show (forks and prefix hits hold the same blocks, a copy only for a shared partial block), so
+# its textbook versions lose the checks that compare the exact tables with the model's; the kernel's is the tile it
+# holds and the loop over the table, which only the kernel resource model sees on the CPU.
+MUTANTS += [
+    Mutant(
+        "textbook_fork_copies_every_block",
+        "the textbook manager never shares: fork gives the child a private copy of every block of the parent "
+        "(the same numbers once the engine copies the KV), so memory is spent on each sample of a prompt",
+        [("""        for b in parent.table:
+            self._refs[b] += 1
+        self._seqs[child_id] = _Sequence(list(parent.table), list(parent.tokens), parent.last_hash)
+""", """        if len(parent.table) > len(self._free):
+            raise OutOfBlocks(f"fork({parent_id!r}, {child_id!r}) needs {len(parent.table)} free blocks")
+        table = [self._allocate() for _ in parent.table]  # a private copy of every block: nothing shared
+        self._seqs[child_id] = _Sequence(table, list(parent.tokens), parent.last_hash)
+""")],
+        loses=["cow", "invariants", "manager_public"],
+        keeps=["errors", "slots", "attention", "triton", "prefix_public"],
+    ),
+    Mutant(
+        "textbook_prefix_hits_copy_the_blocks",
+        "the textbook prefix cache reports the hit but gives the new prompt fresh blocks (the cached KV copied "
+        "into them) instead of sharing the cached blocks",
+        [("        needed = num_new + sum(1 for b in hits if self._refs[b] == 0)\n",
+          "        needed = num_new + len(hits)\n"),
+         ("""        for b in hits:
+            if self._refs[b] == 0:
+                del self._free[b]
+            self._refs[b] += 1
+        table = hits + [self._allocate() for _ in range(num_new)]
+""", """        table = [self._allocate() for _ in range(num_new + len(hits))]  # hits copied, not shared
+""")],
+        loses=["prefix_cache", "prefix_public"],
+        keeps=["errors", "slots", "attention", "triton", "manager_public"],
+    ),
+    Mutant(
+        "one_tile_kernel",
+        "the textbook kernel: TILE = next_power_of_2(max_blocks * block_size), so a program holds its sequence's "
+        "whole key range in one tile and the loop over the table runs once; right under the interpreter, where a "
+        "tile may be any width, but on a GPU a tile of 8,192 keys cannot live in a program's registers",
+        [("TILE=64,", "TILE=max(16, triton.next_power_of_2(block_tables.shape[1] * block_size)),")],
+        loses=["tiled_kernel"],
+        keeps=["triton", "triton_public"],
+    ),
+]
+
+# Contract clauses that issue 36 brought into the tests: one mutant each.
+MUTANTS += [
+    Mutant(
+        "sizes_not_type_checked",
+        "my constructor only checks that the sizes are positive, so BlockManager(8.0, 4) is accepted and "
+        "BlockManager(8, '4') raises TypeError",
+        [("            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:\n",
+          "            if value <= 0:\n")],
+        loses=["errors"],
+        keeps=["invariants", "manager_public"],
+    ),
+    Mutant(
+        "messages_do_not_name_the_id",
+        "my ValueErrors for a fork onto a live id and for an empty prompt say what is wrong but not which id",
+        [('raise ValueError(f"sequence {child_id!r} already exists; expected a new id for the child")',
+          'raise ValueError("the child already exists; expected a new id for the child")'),
+         ('raise ValueError(f"sequence {seq_id!r}: expected a prompt of at least 1 token, found 0")',
+          'raise ValueError("expected a prompt of at least 1 token, found 0")')],
+        loses=["errors"],
+        keeps=["invariants", "manager_public"],
+    ),
+    Mutant(
+        "block_table_returns_the_internal_list",
+        "block_table hands out the manager's own list, so a caller that changes it changes the manager",
+        [("        return list(self._seq(seq_id).table)\n", "        return self._seq(seq_id).table\n")],
+        loses=["invariants"],
+        keeps=["manager_public", "cow", "prefix_cache", "errors"],
+    ),
+    Mutant(
+        "triton_reads_lengths_as_int32",
+        "to give my kernel 4-byte lengths without a copy, I view seq_lens as int32: right for int32 lengths, "
+        "garbage for int64 ones, which the contract allows",
+        [("        q, k_cache, v_cache, block_tables, seq_lens.to(q.device), out, float(scale),",
+          "        q, k_cache, v_cache, block_tables, seq_lens.to(q.device).view(torch.int32), out, float(scale),")],
+        loses=["triton", "triton_public"],
+        keeps=["tiled_kernel"],
+    ),
+    Mutant(
+        "slot_mapping_reads_tables_as_int32",
+        "slot_mapping views the block tables as int32 (what the engine usually passes): int64 tables, which the "
+        "contract allows, come out as the halves of each entry",
+        [("    blocks = torch.gather(block_tables.long(), 1, pos // block_size)\n",
+          "    blocks = torch.gather(block_tables.view(torch.int32).long(), 1, pos // block_size)\n")],
+        loses=["slots"],
+        keeps=["slots_public", "slots_vectorised"],
+    ),
+]
+
 # A mistake that only a GPU can see (see tests/known_wrong/online_softmax.py): `grader gpu-check` proves it.
 MUTANTS += [
     Mutant(

@@ -10,6 +10,109 @@ The speed check's decode batch and byte count are grader/cases/paged_kv.py's, sh
 
 Long operation sequences run in the worker through grader.support.paged_kv.run_script, which returns
 what the student's manager reported after every step; every comparison happens here.
+
+The signature (README.md, "How it is graded"): the manager's sharing, seen in the exact block tables after every
+step (forks and prefix hits hold the same physical blocks, a copy only for a shared partial last block): the
+checks invariants, cow and prefix_cache compare every table with the model's; and the kernel's tile of keys and
+its loop over the block table, seen by the kernel resource model (tiled_kernel).
+
+The contract (README.md, "The contract") clause by clause, and the tests that draw each (public tests are in
+exercises/paged_kv/test_public.py, marked "public").
+
+BlockManager(num_blocks, block_size, enable_prefix_caching=False)
+- num_blocks, block_size positive ints, else ValueError naming what was found:
+    test_bad_sizes_raise_value_error (0, -3, -1), test_sizes_must_be_ints (8.0, "4", 2.5)
+- caching off by default, and then add_sequence returns 0:
+    public test_caching_off_finds_nothing; test_random_operations_keep_the_invariants (caching off: hits 0)
+- num_free_blocks counts cached-but-unreferenced blocks:
+    test_a_hit_takes_a_reference_and_leaves_the_free_pool, every generated script (the free count each step)
+- add_sequence allocates ceil(n / block_size) blocks, returns the cached prompt tokens:
+    public test_a_prompt_takes_one_block_per_block_size_tokens; test_random_operations_keep_the_invariants,
+    test_hit_covers_whole_blocks_and_never_the_last_token
+- append_token: a new block only when the last is full; copy on write [(shared, new)] iff the last block is
+    partial and shared; a full shared last block needs no copy; the other table never changes:
+    public test_append_allocates_only_when_the_last_block_is_full, test_fork_shares_then_copies_on_write;
+    test_copy_on_write_matrix (prompts 1, 16, 129; appends 1, 16, 129; by child or parent),
+    test_generated_fork_and_write_traffic_matches_the_model
+- fork shares every block (ref counts + 1, nothing copied) and the parent's last key:
+    public test_fork_shares_then_copies_on_write; test_copy_on_write_matrix,
+    test_a_block_a_forked_child_fills_is_keyed_on_the_whole_prefix
+- free: a block whose ref count reaches 0 becomes free; every block comes back:
+    test_random_operations_keep_the_invariants (its end), the generated scripts
+- block_table returns a new list, in logical order:
+    test_block_table_returns_a_new_list (changed by the caller, asked again), every generated script
+- num_tokens, ref_count (ValueError outside range(num_blocks)):
+    the generated scripts (every ref count, every token count, each step); test_ref_count_of_a_block_outside_the_pool
+- the free queue: block ids in order at the start, allocation from the front, releases to the back, a sequence's
+    last block first:
+    public test_freed_blocks_go_to_the_back_of_the_queue_last_block_first; test_random_operations_keep_the_invariants
+    (exact tables), test_eviction_takes_the_least_recently_freed_first, test_a_sequence_releases_its_last_block_first
+- atomicity: an operation that raises changes nothing (free count and queue order, tables, token and ref counts,
+    the prefix cache):
+    test_unknown_ids_raise_key_error_and_change_nothing, test_duplicate_ids_and_empty_prompts_raise_value_error,
+    test_add_sequence_that_does_not_fit, test_append_token_that_does_not_fit, test_copy_on_write_that_does_not_fit,
+    test_a_failed_add_keeps_the_prefix_cache, test_a_full_pool_rejects_a_new_prompt, and the generated scripts
+    (invalid calls and OutOfBlocks mixed in, the state compared after each)
+- OutOfBlocks counts the copy-on-write block and the free cached blocks a hit takes from the queue:
+    test_copy_on_write_that_does_not_fit, test_cache_hits_on_free_blocks_count_against_the_pool,
+    test_generated_prefix_cache_traffic_matches_the_model (prompts that barely fit)
+- unknown id: KeyError naming it (append_token, free, fork, block_table, num_tokens):
+    test_unknown_ids_raise_key_error_and_change_nothing
+- duplicate id (add_sequence, a fork's child) and empty prompt: ValueError naming the id:
+    test_duplicate_ids_and_empty_prompts_raise_value_error
+- O(1) amortised per operation:
+    test_manager_lines_do_not_grow_with_the_pool, test_manager_time_does_not_grow_with_the_pool;
+    public test_the_manager_runs_the_same_lines_whatever_the_pool_size
+
+Prefix caching (enable_prefix_caching=True)
+- keys chain: block_hash(key of the previous block, the block's tokens), None for the first:
+    public test_the_same_block_after_a_different_prefix_is_not_a_hit; test_hashes_chain_through_the_prefix,
+    test_a_block_a_forked_child_fills_is_keyed_on_the_whole_prefix
+- a block enters when it becomes full, in add_sequence or append_token:
+    test_blocks_filled_by_append_enter_the_cache, test_generated_prefix_cache_traffic_matches_the_model
+- one entry a key: the existing entry is kept, a duplicate never enters:
+    test_the_cache_keeps_the_existing_entry, test_a_duplicate_never_enters_the_cache
+- hits: whole full blocks from the first, stop at the first miss, never the last prompt token
+    ((n - 1) // block_size blocks at most), shared (ref count + 1, out of the free queue):
+    public test_a_shared_prompt_prefix_is_found_in_whole_blocks; test_hit_covers_whole_blocks_and_never_the_last_token
+    (the 55/48 rule), test_a_hit_takes_a_reference_and_leaves_the_free_pool
+- eviction: a freed full block can be hit until allocation takes it from the front, least recently freed first:
+    test_an_evicted_prefix_misses, test_eviction_takes_the_least_recently_freed_first,
+    test_a_sequence_releases_its_last_block_first
+
+slot_mapping(block_tables, positions, block_size) -> int64 [B, T]
+- int tables [B, max_blocks] padded with -1 (int32 and int64), int positions [B, T] (int64 and int32), -1 for
+    padding; table[b, p // bs] * bs + p % bs; block sizes 1, 4, 5, 16:
+    public test_slot_mapping_small; test_slot_mapping_matches_a_loop
+- vectorised:
+    public test_slot_mapping_has_no_loop_over_tokens; test_slot_mapping_lines_do_not_grow
+
+paged_attention(q, k_cache, v_cache, block_tables, seq_lens, sm_scale=None) -> [B, Hq, D]
+- shapes q [B, Hq, D], caches [num_blocks, block_size, Hkv, D], int32 tables padded with -1, int seq_lens (int32
+    and int64) possibly 0:
+    test_paged_attention_matches_the_oracle (ragged lengths 0, 1, block_size, block_size + 1, random; shuffled
+    tables), test_paged_attention_all_empty
+- GQA: query head h reads KV head h // (Hq // Hkv):
+    test_paged_attention_matches_the_oracle (Hq/Hkv = 1, 4, 6, 2)
+- float32, float16, bfloat16 in, q's dtype out, computed in float32 (to 1e-5, 5e-3, 3e-2 of the fp64 oracle):
+    test_paged_attention_matches_the_oracle
+- sm_scale, default 1 / sqrt(D):
+    public test_paged_attention_scale; test_paged_attention_matches_the_oracle (0.3 and the default)
+- an empty sequence gives zeros, not NaN:
+    test_paged_attention_matches_the_oracle, test_paged_attention_all_empty
+- vectorised:
+    public test_paged_attention_has_no_loop_over_sequences; test_paged_attention_lines_do_not_grow
+
+paged_attention_triton(...), the same contract, under the kernel rule (the `pkk` fixture)
+- the same result: ragged lengths, GQA, empty sequences, float32 and float16, sm_scale, int32 and int64 seq_lens:
+    public test_paged_attention_triton_small; test_paged_attention_triton_matches_the_oracle; bfloat16 is graded
+    by no check (README: the interpreter's tl.dot is wrong on it, and the CUDA check times fp16)
+- the walk through the tables in the kernel, the output written by a launch, one launch per batch:
+    every test above (the kernel rule), test_paged_attention_triton_launches_one_kernel_per_batch
+- a fixed tile of keys, looped over the table (the signature):
+    test_tiled_kernel_fits_a_gpu_at_long_sequences (every launch compiled for sm_90 as launched, sequences of
+    8,192 and 16,384 tokens: a tile holding the key range does not fit; grader/kernelmodel.py)
+- bandwidth (CUDA only): test_paged_attention_triton_bandwidth
 """
 
 from __future__ import annotations
@@ -20,7 +123,7 @@ import random
 import pytest
 import torch
 
-from grader import rehearsal, speed, testing
+from grader import kernelmodel, rehearsal, speed, testing
 from grader.cases import paged_kv as cases
 from grader.harness.probes import KERNELS_ONLY
 from grader.hidden.paged_kv.oracle import Model, attention_oracle, naive_slot, naive_slots
@@ -204,6 +307,27 @@ def test_random_operations_keep_the_invariants(student, pk, rng, num_blocks, blo
     )
 
 
+@pytest.mark.check("invariants")
+def test_block_table_returns_a_new_list(student, pk):
+    # Run beside the manager (grader.support.paged_kv): across the process boundary a list always comes back a copy.
+    got = student.drive(f"{DRIVER}:block_table_copies", pk.slot_mapping)
+    assert isinstance(got, dict) and "raised" not in got, (
+        f"changing the list that block_table('a') returned, then calling the manager again, failed: "
+        f"{testing.show(got.get('raised') if isinstance(got, dict) else got)}. block_table returns a new list "
+        "(list[int]) that the caller may change"
+    )
+    assert got["first"] == [0, 1] and got["after"] == [0, 1], (
+        f"block_table('a') returned {testing.show(got['first'])}; after the caller changed that list (set an element, "
+        f"appended one, removed one) block_table('a') is {testing.show(got['after'])}, expected [0, 1]: return a "
+        "new list (list(table)), not the manager's own, or every caller can corrupt the manager's table"
+    )
+    assert got["append"] == [] and got["table"] == [0, 1] and got["free"] == 6, (
+        f"after the caller changed its copy of the table, append_token('a', 7) into the half-full block 1 returned "
+        f"{testing.show(got['append'])} with table {testing.show(got['table'])} and {testing.show(got['free'])} free "
+        "blocks; expected [], [0, 1] and 6: the caller's list must not be the manager's"
+    )
+
+
 # --------------------------------------------------------------------------------------------------
 # Errors
 
@@ -226,6 +350,29 @@ def test_bad_sizes_raise_value_error(pk, num_blocks, block_size):
     assert str(bad) in str(info.value), (
         f"BlockManager({num_blocks}, {block_size}) raised ValueError, but its message {str(info.value)!r} does "
         f"not say what it found ({bad}); say what was expected and what was found"
+    )
+
+
+@pytest.mark.check("errors")
+@pytest.mark.parametrize("num_blocks, block_size", [(8.0, 4), (8, "4"), (8, 2.5)], ids=["float-blocks", "str-size", "fractional-size"])
+def test_sizes_must_be_ints(pk, num_blocks, block_size):
+    bad = num_blocks if not isinstance(num_blocks, int) else block_size
+    try:
+        pk.BlockManager(num_blocks, block_size)
+    except ValueError as exc:
+        assert repr(bad) in str(exc) or str(bad) in str(exc), (
+            f"BlockManager({num_blocks!r}, {block_size!r}) raised ValueError, but its message {str(exc)!r} does not "
+            f"say what it found ({bad!r}); say what was expected (a positive int) and what was found"
+        )
+        return
+    except Exception as exc:  # noqa: BLE001 - the contract names the type: say which one came
+        raise AssertionError(
+            f"BlockManager({num_blocks!r}, {block_size!r}) raised {type(exc).__name__}: {exc}; the contract asks for "
+            "ValueError when num_blocks or block_size is not a positive int (check the type before comparing)"
+        ) from None
+    raise AssertionError(
+        f"BlockManager({num_blocks!r}, {block_size!r}) was accepted; num_blocks and block_size must be positive "
+        f"ints, so {bad!r} must raise ValueError (a float or a string is not a number of blocks or tokens)"
     )
 
 
@@ -260,10 +407,18 @@ def test_duplicate_ids_and_empty_prompts_raise_value_error(pk):
     with pytest.raises(ValueError) as info:
         bm.add_sequence("x", [9, 9])
     assert "x" in str(info.value), f"the message {str(info.value)!r} should name the duplicate id 'x'"
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError) as info:
         bm.fork("y", "x")
-    with pytest.raises(ValueError):
+    assert "x" in str(info.value), (
+        f"fork('y', 'x') onto the live id 'x' raised ValueError, but its message {str(info.value)!r} does not name "
+        "the child id 'x'"
+    )
+    with pytest.raises(ValueError) as info:
         bm.add_sequence("z", [])
+    assert "z" in str(info.value), (
+        f"add_sequence('z', []) raised ValueError, but its message {str(info.value)!r} does not name the id 'z': "
+        "say which sequence had the empty prompt"
+    )
     assert snapshot(bm, ["x", "y"], 8) == before, "a call that raised ValueError changed the manager's state"
     with pytest.raises(KeyError):
         bm.num_tokens("z")  # the empty prompt must not have been added
@@ -1167,6 +1322,8 @@ def test_slot_mapping_matches_a_loop(pk, rng, block_size):
             positions[b, :count] = torch.arange(start, start + count)
         if trial == 1:
             positions = positions.to(torch.int32)
+        if trial == 2:  # "int" tables: int64 as well as the int32 of the other trials
+            tables_t = tables_t.to(torch.int64)
         got = pk.slot_mapping(tables_t, positions, block_size)
         assert got.dtype == torch.int64 and got.shape == positions.shape, (
             f"expected int64 slots of shape {tuple(positions.shape)}, found {got.dtype} {tuple(got.shape)}"
@@ -1176,7 +1333,8 @@ def test_slot_mapping_matches_a_loop(pk, rng, block_size):
                 p = int(positions[b, t])
                 want = naive_slot(tables[b], p, block_size)
                 assert int(got[b, t]) == want, (
-                    f"block size {block_size}, sequence {b} (table {tables[b]}), position {p}: expected slot {want}, "
+                    f"block size {block_size}, {tables_t.dtype} tables, {positions.dtype} positions, sequence {b} "
+                    f"(table {tables[b]}), position {p}: expected slot {want}, "
                     f"found {int(got[b, t])}"
                     + (
                         " (padding positions map to -1)"
@@ -1434,29 +1592,31 @@ def test_paged_attention_lines_do_not_grow(student, pk, rng):
 # The Triton kernel (under the interpreter on the CPU: small shapes)
 
 TRITON_CASES = [
-    # B, Hq, Hkv, D, block_size, dtype, lengths, sm_scale
-    (3, 4, 4, 16, 16, torch.float32, [0, 5, 37], None),
-    (3, 8, 2, 16, 4, torch.float32, [150, 64, 1], None),
-    (2, 6, 1, 24, 5, torch.float16, [131, 40], None),
-    (4, 4, 2, 8, 8, torch.float32, [8, 16, 0, 97], 0.45),
+    # B, Hq, Hkv, D, block_size, dtype, lengths, sm_scale, seq_lens' dtype
+    (3, 4, 4, 16, 16, torch.float32, [0, 5, 37], None, torch.int32),
+    (3, 8, 2, 16, 4, torch.float32, [150, 64, 1], None, torch.int64),
+    (2, 6, 1, 24, 5, torch.float16, [131, 40], None, torch.int32),
+    (4, 4, 2, 8, 8, torch.float32, [8, 16, 0, 97], 0.45, torch.int64),
 ]
 
 
 @pytest.mark.check("triton")
-@pytest.mark.parametrize("case", TRITON_CASES, ids=lambda c: f"Hq{c[1]}-Hkv{c[2]}-D{c[3]}-bs{c[4]}-{str(c[5])[6:]}")
+@pytest.mark.parametrize(
+    "case", TRITON_CASES, ids=lambda c: f"Hq{c[1]}-Hkv{c[2]}-D{c[3]}-bs{c[4]}-{str(c[5])[6:]}-lens{str(c[8])[6:]}"
+)
 def test_paged_attention_triton_matches_the_oracle(pkk, rng, case):
-    B, Hq, Hkv, D, block_size, dtype, lengths, sm_scale = case
+    B, Hq, Hkv, D, block_size, dtype, lengths, sm_scale, lens_dtype = case
     r = rand(rng)
     q, k, v, tables_t, tables, lengths = attention_case(r, B, Hq, Hkv, D, block_size, dtype, 0, lengths=lengths)
     kwargs = {} if sm_scale is None else {"sm_scale": sm_scale}
-    out = pkk.paged_attention_triton(q, k, v, tables_t, torch.tensor(lengths, dtype=torch.int32), **kwargs)
+    out = pkk.paged_attention_triton(q, k, v, tables_t, torch.tensor(lengths, dtype=lens_dtype), **kwargs)
     check_attention(
         out,
         attention_oracle(q, k, v, tables, lengths, sm_scale),
         q,
         lengths,
         1e-4 if dtype == torch.float32 else 5e-3,
-        f"paged_attention_triton, {dtype}, Hq={Hq}, Hkv={Hkv}, block size {block_size}"
+        f"paged_attention_triton, {dtype}, Hq={Hq}, Hkv={Hkv}, block size {block_size}, seq_lens {lens_dtype}"
         + ("" if sm_scale is None else f", sm_scale={sm_scale} (it multiplies q.k; default 1/sqrt(D))"),
     )
 
@@ -1502,6 +1662,55 @@ def test_paged_attention_triton_launches_one_kernel_per_batch(student, pkk, rng)
         "launch per sequence (or per block) is a Python loop around the kernel. Launch once on a (B, Hkv) grid "
         "and let each program walk its own sequence's table"
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# tiled_kernel: the signature of the Triton kernel is the tile of keys a program holds and the loop over the
+# block table. Under the interpreter a program may hold a tile of any width, and a kernel whose one tile is the
+# whole key range (TILE = next_power_of_2(max_blocks * block_size), no loop) gives the same numbers. So the
+# kernel is also compiled for a real GPU (grader.kernelmodel: Triton's compiler and the ptxas in its wheel, for
+# sm_90, no GPU needed), exactly as each recorded launch chose its constexprs and num_warps, on key ranges longer
+# than any tile a GPU's registers hold: every launch must fit (at most 512 bytes of spill a thread, shared memory
+# within 227 KiB). Few sequences, one KV head and a small head dim keep the interpreter's run short; the sizes
+# are multiples of 16 (tables of a width divisible by 16), so that a kernel with fixed tiles compiles once.
+# Measured: see TILED_MEASURED below.
+
+TILED_LENGTHS = (8192, 16384)  # the longest sequence of each call; the table holds exactly its blocks
+TILED_HINT = (
+    "For paged_attention_triton: loop `for start in range(0, seq_len, TILE)` with a fixed TILE (64 or 128 "
+    "positions), reading each tile's block ids from the table, and keep the online softmax's running (m, l, acc) "
+    "across the tiles; the tile must not grow with the sequence."
+)
+
+
+def tiled_case(r: random.Random, max_len: int):
+    """Two sequences (max_len and a random shorter one), Hq = 2 on one KV head, D = 16, block size 16, fp16; the
+    table's width max_len / 16 (a multiple of 16) and the blocks shuffled through a pool a little larger."""
+    lengths = [max_len, r.randint(max_len // 4, max_len - 1)]
+    r.shuffle(lengths)
+    tables_t, tables = random_tables(r, lengths, 16, pad=0)
+    num_blocks = int(tables_t.max()) + 3
+    g = torch.Generator().manual_seed(r.randrange(2**31))
+    q = torch.randn(2, 2, 16, generator=g).to(torch.float16)
+    k = torch.randn(num_blocks, 16, 1, 16, generator=g).to(torch.float16)
+    v = torch.randn(num_blocks, 16, 1, 16, generator=g).to(torch.float16)
+    return q, k, v, tables_t, tables, lengths
+
+
+@pytest.mark.check("tiled_kernel")
+def test_tiled_kernel_fits_a_gpu_at_long_sequences(student, pkk, rng):
+    r = rand(rng)
+    for max_len in TILED_LENGTHS:  # one call at a time: a kernel that does not fit pays for one compile
+        q, k, v, tables_t, tables, lengths = tiled_case(r, max_len)
+        what = f"paged_attention_triton on fp16 sequences of {lengths[0]:,} and {lengths[1]:,} tokens"
+        run = student.kernel_resources(pkk.paged_attention_triton, q, k, v, tables_t,
+                                       torch.tensor(lengths, dtype=torch.int32))
+        check_attention(run.out, attention_oracle(q, k, v, tables, lengths, None), q, lengths, 5e-3, what)
+        assert run.handed == [True], (
+            f"{what}: the output was never handed to a kernel launch (launches: {testing.show(run.launches)}): "
+            "allocate the output, pass it to your kernel, and return that same tensor"
+        )
+        kernelmodel.assert_fit(run.resources, what, hint=TILED_HINT)
 
 
 # --------------------------------------------------------------------------------------------------
