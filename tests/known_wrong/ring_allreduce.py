@@ -32,6 +32,28 @@ _SIDE_CHANNEL = """    rank, world = comm.rank, comm.world_size
 _SIDE_CHANNEL_LOSES = ["allreduce", "float_order", "layouts", "volume", "distributed", "allreduce_public",
                        "volume_public"]
 
+# The textbook all-reduces: the same numbers, bit for bit (each chunk summed in the ring order from the full inputs),
+# computed without the ring. They replace ring_allreduce only, so its two phases stay the reference's. The signature
+# is the ring's messages: every check that runs ring_allreduce reads them (the simulated ranks' counted trace, and
+# the real processes' digests), so each of these loses all of those checks and keeps the phases'.
+
+
+def _ring_order_from_inputs(indent: str) -> str:
+    """Source lines that write into `flat` each chunk summed in the ring order from `inputs`, every rank's full
+    tensor: chunk c is ((x_c + x_(c+1)) + ...) + x_(c-1), the contract's numbers, bit for bit."""
+    return "\n".join(indent + line for line in [
+        "for c, chunk in enumerate(split_chunks(flat, world)):",
+        "    parts = [x.tensor_split(world)[c] for x in inputs]",
+        "    acc = parts[c].clone()",
+        "    for hop in range(1, world):",
+        "        acc = acc + parts[(c + hop) % world]",
+        "    chunk.copy_(acc)",
+    ])
+
+
+_TEXTBOOK_LOSES = _SIDE_CHANNEL_LOSES
+_TEXTBOOK_KEEPS = ["reduce_scatter", "all_gather", "rs_public", "ag_public"]
+
 MUTANTS = [
     Mutant(
         name="wrong_recv_chunk",
@@ -204,5 +226,93 @@ MUTANTS = [
 
     dist.all_reduce(tensor)""")],
         loses=["allreduce", "float_order", "layouts", "volume", "distributed", "allreduce_public", "volume_public"],
+    ),
+    # Textbook: right numbers, technique skipped (issue 36). Each sums in the ring order from the full inputs, so
+    # its results equal the contract's bit for bit (tests/test_ring_allreduce_signature.py shows it in-process);
+    # only its messages give it away.
+    Mutant(
+        name="textbook_allgather_then_sum",
+        why="every rank passes its whole tensor around the ring (an all-gather of full tensors, (N - 1) n elements "
+            "per rank) and sums all N copies locally, in the ring order",
+        edits=[(_ALLREDUCE_BODY, """    rank, world = comm.rank, comm.world_size
+    right, left = neighbours(comm)
+    with flat_view(tensor) as flat:
+        inputs = [flat.clone() if j == rank else torch.empty_like(flat) for j in range(world)]
+        for step in range(world - 1):
+            comm.send_recv(inputs[(rank - step) % world], right, inputs[(rank - step - 1) % world], left)
+""" + _ring_order_from_inputs(" " * 8))],
+        loses=_TEXTBOOK_LOSES,
+        keeps=_TEXTBOOK_KEEPS,
+    ),
+    Mutant(
+        name="textbook_root_reduce",
+        why="rank 0 receives every rank's whole tensor, sums them in the ring order and sends the sum back to each: "
+            "rank 0 moves (N - 1) n elements each way",
+        edits=[(_ALLREDUCE_BODY, """    rank, world = comm.rank, comm.world_size
+    with flat_view(tensor) as flat:
+        nothing = torch.empty(0, dtype=flat.dtype)
+        if rank == 0:
+            inputs = [flat.clone()] + [torch.empty_like(flat) for _ in range(1, world)]
+            for peer in range(1, world):
+                comm.send_recv(nothing, peer, inputs[peer], peer)
+""" + _ring_order_from_inputs(" " * 12) + """
+            for peer in range(1, world):
+                comm.send_recv(flat, peer, nothing, peer)
+        else:
+            comm.send_recv(flat, 0, nothing, 0)
+            comm.send_recv(nothing, 0, flat, 0)""")],
+        loses=_TEXTBOOK_LOSES,
+        keeps=_TEXTBOOK_KEEPS,
+    ),
+    Mutant(
+        name="textbook_direct_exchange",
+        why="reduce-scatter and all-gather by direct exchange: at step s rank r sends to rank (r + s) % N the chunk "
+            "that rank finishes, and later its own finished chunk: 2(N - 1) messages of one chunk, the ring's volume "
+            "when N divides n, but not the ring (every pair of ranks talks)",
+        edits=[(_ALLREDUCE_BODY, """    rank, world = comm.rank, comm.world_size
+    with flat_view(tensor) as flat:
+        chunks = split_chunks(flat, world)
+        mine = (rank + 1) % world  # the chunk this rank finishes, as in the ring
+        copies = {rank: chunks[mine].clone()}
+        for step in range(1, world):
+            dst, src = (rank + step) % world, (rank - step) % world
+            copies[src] = torch.empty_like(chunks[mine])
+            comm.send_recv(chunks[(dst + 1) % world], dst, copies[src], src)
+        acc = copies[mine].clone()
+        for hop in range(1, world):
+            acc = acc + copies[(mine + hop) % world]
+        chunks[mine].copy_(acc)
+        for step in range(1, world):
+            dst, src = (rank + step) % world, (rank - step) % world
+            comm.send_recv(chunks[mine], dst, chunks[(src + 1) % world], src)""")],
+        loses=_TEXTBOOK_LOSES,
+        keeps=_TEXTBOOK_KEEPS,
+    ),
+    # Contract clauses drawn on every grade since issue 36 (before, by chance or not at all).
+    Mutant(
+        name="returns_the_tensor",
+        why="ring_allreduce and ring_all_gather return the tensor as well as writing it in place; the contract says "
+            "they return None",
+        edits=[("    if comm.world_size == 1:\n        return\n", "    if comm.world_size == 1:\n        return tensor\n"),
+               (_ALLREDUCE_BODY, _ALLREDUCE_BODY + "\n    return tensor"),
+               ("            comm.send_recv(chunks[send_idx], right, chunks[recv_idx], left)  # overwrite: it is final",
+                "            comm.send_recv(chunks[send_idx], right, chunks[recv_idx], left)  # overwrite: it is final\n"
+                "    return tensor")],
+        loses=["layouts", "all_gather"],
+        keeps=["allreduce", "float_order", "volume", "reduce_scatter"],
+    ),
+    Mutant(
+        name="phases_skip_copy_back",
+        why="ring_reduce_scatter and ring_all_gather work on tensor.reshape(-1) and never copy it back: right when "
+            "ring_allreduce hands them its flat buffer, lost on a non-contiguous tensor given to them directly",
+        edits=[("    right, left = neighbours(comm)\n    with flat_view(tensor) as flat:\n        chunks = split_chunks(flat, world)\n"
+                "        inbox",
+                "    right, left = neighbours(comm)\n    with contextlib.nullcontext(tensor.reshape(-1)) as flat:\n"
+                "        chunks = split_chunks(flat, world)\n        inbox"),
+               ("    with flat_view(tensor) as flat:\n        chunks = split_chunks(flat, world)\n        for step",
+                "    with contextlib.nullcontext(tensor.reshape(-1)) as flat:\n        chunks = split_chunks(flat, world)\n"
+                "        for step")],
+        loses=["reduce_scatter", "all_gather"],
+        keeps=["allreduce", "float_order", "layouts", "volume", "rs_public", "ag_public"],
     ),
 ]

@@ -18,6 +18,48 @@ the very copy it delivers, and the ranks see only rank, world_size and send_recv
 trace is not theirs to rewrite without the introspection that the trusted scan fails. Small runs keep a
 copy of every message (a failure names the first that left the ring and what it holds instead); large
 ones and real processes keep a digest of each (grader.support.ring_allreduce.message_digest).
+
+The signature (issue 36): the ring's messages. Each rank sends 2(N - 1) messages of one chunk (about n/N elements),
+to its right neighbour, in the order the contract gives, each the ring's partial sum (reduce-scatter) or a finished
+chunk (all-gather). The textbook all-reduce computes the same numbers from whole tensors: an all-gather of full
+tensors and a local sum, a root that sums and broadcasts, or a direct exchange between every pair of ranks. Summed in
+the ring order, each gives the contract's results bit for bit (tests/test_ring_allreduce_contract.py), so the
+results alone cannot tell it from the ring; the counted trace can. The checks that see it: `volume` and
+`volume_public` (counts and sizes of the messages, per rank and phase, then the trace), and the trace check inside
+every other test that runs ring_allreduce (allreduce, float_order, layouts, distributed, allreduce_public). The
+bit-exact ring order (`float_order`) is the ring's arithmetic, not its signature: a rank that holds every input can
+sum in that order too; a sum in rank order (known-wrong gather_broadcast) fails it as well.
+
+Contract clauses (README "The contract") and the tests that draw them. "every run" = every test below that sends
+a message, through assert_ring_messages / trace_divergence; "generated" = the test_generated_* of each function.
+
+| clause | drawn by |
+| --- | --- |
+| comm: rank, world_size, send_recv and nothing else (RankView) | every run; tests/test_ring_comm.py |
+| send_recv: a mismatch (dtype, length), a deadlock, an out-of-range or own rank, overlapping buffers, a lost message raise CommError (the course's errors, not the student's) | tests/test_ring_comm.py, tests/test_ring_allreduce_contract.py; on the student's side: known-wrong negative_modulo, skips_empty_chunks |
+| flat = the row-major order of tensor.reshape(-1) | test_transposed, test_shapes, test_allreduce_exact_transposed, test_*_any_layout, generated (6 layouts) |
+| chunks as torch.tensor_split: first n % N one longer, empty when n < N | lengths() 0, 1, N - 1, N + 1, 1009 in test_reduce_scatter, test_allreduce_exact, test_ring_order; message sizes in order in test_allreduce_volume; generated length classes; known-wrong torch_chunk, remainder_in_last_chunk |
+| ring_reduce_scatter: step s sends chunk (r - s) % N right, adds chunk (r - s - 1) % N from the left | every run of it: test_reduce_scatter, test_reduce_scatter_keeps_the_dtype_and_shape, test_reduce_scatter_any_layout, test_phase_volume, generated; known-wrong wrong_recv_chunk, step_sign, reversed_ring |
+| ring_reduce_scatter returns (rank + 1) % N; that chunk complete, the others unspecified (not compared) | test_reduce_scatter, test_reduce_scatter_any_layout, generated, rs_public |
+| ring_all_gather: step s sends chunk (owned - s) % N, overwrites chunk (owned - s - 1) % N | test_all_gather (stale values never zero), test_all_gather_any_layout, test_phase_volume, generated; known-wrong all_gather_adds |
+| owned = (rank + k) % N for any k shared by all ranks | test_all_gather, test_all_gather_any_layout, generated (k at random), test_phase_volume (k = 2), ag_public (k = 0, 1) |
+| ring_all_gather returns None | check_all_gather_case: test_all_gather_any_layout, generated (since issue 36); known-wrong returns_the_tensor |
+| ring_allreduce: in place, the sum over ranks; a reduce-scatter then an all-gather on one flat buffer | test_allreduce_*, test_ring_order*, every run's trace |
+| ring_allreduce returns None | test_writes_into_the_callers_tensor (a returned tensor passed before issue 36); known-wrong returns_the_tensor |
+| in place, any layout: a non-contiguous tensor chunked in row-major order and copied back, for all three functions | ring_allreduce: test_transposed, test_shapes, test_allreduce_exact_transposed, generated; the phases: test_reduce_scatter_any_layout, test_all_gather_any_layout (every layout, every grade, since issue 36), generated; known-wrong no_copy_back, phases_skip_copy_back |
+| any shape: 0-d, n = 0 | test_shapes (0-d, [0, 3]), lengths() 0, test_*_any_layout (0-d), generated; distributed n = 0 |
+| dtypes float32, float64, bfloat16, int64, kept | test_allreduce_exact (int64, float64), test_ring_order (float32, bfloat16), test_reduce_scatter (float32, int64), test_reduce_scatter_keeps_the_dtype_and_shape (bfloat16), test_all_gather (float32, bfloat16, int64), generated (all four, each function; assert_kept_dtype_and_shape) |
+| sums in ring order in the tensor's dtype: float32 and bfloat16 bit for bit | test_ring_order, test_ring_order_large, generated ring order, test_reduce_scatter (float32 owned chunk), distributed; every message's dtype; known-wrong float32_accumulator |
+| int64 and integer-valued float64: the exact sum | test_allreduce_exact, _transposed, _large, generated (values that decode to ranks and position) |
+| one message per step, even empty; N - 1 per phase; 2n - len(chunk (r+1)%N) - len(chunk (r+2)%N) elements; N = 1 sends none | test_allreduce_volume, test_phase_volume, test_world_size_one_is_a_no_op, volume_public, every run's trace (too few or too many exchanges); known-wrong skips_empty_chunks, whole_buffer_ring, gather_broadcast, textbook_* |
+| no library collectives | the `ra` fixture (forbid=forbidden_collectives()) in every test; known-wrong calls_all_reduce |
+| comm.send_recv the only channel; every message the ring's | every run, simulated and real (digests); known-wrong side_channel_files, side_channel_module_global, textbook_* |
+| torch.distributed: the same ring_allreduce on real processes (gloo) | test_real_processes (N = 2, 3, 4: results, message counts, every message's digest), allreduce_public (N = 2) |
+| sizes beyond one buffer | n = 2^20 + 3: test_allreduce_large, test_ring_order_large, test_real_processes[4] |
+
+Not drawn, and named by no clause: values the contract does not constrain (non-finite floats, int64 sums that
+overflow), NCCL (run_distributed(backend="nccl") is offered to students, never graded), and ring_reduce_scatter or
+ring_all_gather on real processes (only ring_allreduce runs there).
 """
 
 from __future__ import annotations
@@ -497,7 +539,6 @@ def test_writes_into_the_callers_tensor(student, ra, rng):
     run = student.drive(SIMULATED, ra.ring_allreduce, [x.clone() for x in xs], trace=True)
     for r in range(3):
         ret = run["returns"][r]
-        assert ret is None or isinstance(ret, torch.Tensor), f"rank {r} returned {type(ret).__name__}; return None"
         got = run["outputs"][r]
         if torch.equal(got, xs[r]) and isinstance(ret, torch.Tensor):
             pytest.fail(f"rank {r} returned the result but left its input unchanged: ring_allreduce works in place")
@@ -505,6 +546,7 @@ def test_writes_into_the_callers_tensor(student, ra, rng):
             f"rank {r}: the caller's tensor does not hold the sum: {first_wrong(got, want, 3)}. ring_allreduce works "
             "in place: the result goes into the tensor it was given"
         )
+        assert_returns_none(run, r, "ring_allreduce, N=3, int64 [4, 6]", "ring_allreduce")
     assert_ring_messages(run, flat_copies(xs), "allreduce", "ring_allreduce, N=3, int64 [4, 6]")
 
 
@@ -923,6 +965,14 @@ def assert_kept_dtype_and_shape(run: dict, case: RingCase, what: str) -> None:
         )
 
 
+def assert_returns_none(run: dict, r: int, what: str, fn: str) -> None:
+    ret = run["returns"][r]
+    assert ret is None, (
+        f"{what}: rank {r}'s {fn} returned {show(ret) if isinstance(ret, torch.Tensor) else repr(ret)}, expected None: "
+        "it works in place, on the caller's tensor, and returns nothing (like torch.distributed's collectives)"
+    )
+
+
 def check_generated_allreduce(student, ra, rng: torch.Generator, dtypes: list, trials: int) -> None:
     rnd = seeded(rng)
     for trial in range(trials):
@@ -960,39 +1010,82 @@ def test_generated_ring_order(student, ra, rng):
     check_generated_allreduce(student, ra, rng, [torch.float32, torch.bfloat16], trials=32)
 
 
+def check_reduce_scatter_case(student, ra, case: RingCase) -> None:
+    """ring_reduce_scatter on a case's tensors, as laid out: the returned index, the owned chunk exact (in the ring
+    order), written into the caller's tensor, dtype and shape kept, and every message the ring's."""
+    world, n = case.world, case.flats[0].numel()
+    run = traced_run(student, ra.ring_reduce_scatter, case)
+    what = f"ring_reduce_scatter, {case.label}"
+    assert_kept_dtype_and_shape(run, case, what)
+    for r in range(world):
+        owned = run["returns"][r]
+        assert owned == (r + 1) % world, (
+            f"{what}: rank {r} returned {owned!r}, expected (r + 1) % N = {(r + 1) % world}: after N - 1 steps the "
+            "chunk that started on rank r + 1 has gone once around the ring and ends, complete, on rank r"
+        )
+        lo, hi = bounds(n, world, owned)
+        want = ring_order_sum(case.flats, [owned])
+        got = run["outputs"][r].reshape(-1)
+        if not torch.equal(got[lo:hi], want[lo:hi]):
+            full = got.clone()
+            full[lo:hi] = want[lo:hi]  # only the owned chunk is promised
+            first = trace_divergence(run, case.flats, "reduce_scatter", 1)
+            pytest.fail(
+                result_divergence(got, full, case, r, what + f", owned chunk {owned}")
+                + ". "
+                + (
+                    f"The first message that left the ring: {first}"
+                    if first
+                    else "Every message matched the ring: add the last incoming chunk into this rank's own copy, and copy a "
+                    "non-contiguous tensor's flat copy back"
+                )
+            )
+    assert_ring_messages(run, case.flats, "reduce_scatter", what)
+
+
 @pytest.mark.check("reduce_scatter")
 def test_generated_reduce_scatter_ownership(student, ra, rng):
     rnd = seeded(rng)
     for trial in range(32):
         case = generated_ring_case(rnd, trial, [torch.float32, torch.int64, torch.bfloat16, torch.float64], rng)
-        world, n = case.world, case.flats[0].numel()
-        run = traced_run(student, ra.ring_reduce_scatter, case)
-        what = f"ring_reduce_scatter, {case.label}"
-        assert_kept_dtype_and_shape(run, case, what)
-        for r in range(world):
-            owned = run["returns"][r]
-            assert owned == (r + 1) % world, (
-                f"{what}: rank {r} returned {owned!r}, expected (r + 1) % N = {(r + 1) % world}: after N - 1 steps the "
-                "chunk that started on rank r + 1 has gone once around the ring and ends, complete, on rank r"
-            )
-            lo, hi = bounds(n, world, owned)
-            want = ring_order_sum(case.flats, [owned])
-            got = run["outputs"][r].reshape(-1)
-            if not torch.equal(got[lo:hi], want[lo:hi]):
-                full = got.clone()
-                full[lo:hi] = want[lo:hi]  # only the owned chunk is promised
-                first = trace_divergence(run, case.flats, "reduce_scatter", 1)
-                pytest.fail(
-                    result_divergence(got, full, case, r, what + f", owned chunk {owned}")
-                    + ". "
-                    + (
-                        f"The first message that left the ring: {first}"
-                        if first
-                        else "Every message matched the ring: add the last incoming chunk into this rank's own copy, and copy a "
-                        "non-contiguous tensor's flat copy back"
-                    )
+        check_reduce_scatter_case(student, ra, case)
+
+
+def with_final_chunks(flats: list[torch.Tensor], shift: int, rng: torch.Generator) -> list[torch.Tensor]:
+    """Rank r holds chunk (r + shift) % N final (values none of the ranks' stale copies hold), the rest stale."""
+    world, n = len(flats), flats[0].numel()
+    final = (torch.randint(-1000, 1000, (n,), generator=rng) * 4 - 1).to(flats[0].dtype)
+    out = [x.clone() for x in flats]
+    for r in range(world):
+        lo, hi = bounds(n, world, (r + shift) % world)
+        out[r][lo:hi] = final[lo:hi]
+    return out
+
+
+def check_all_gather_case(student, ra, case: RingCase, shift: int) -> None:
+    """ring_all_gather with owned = (rank + shift) % N on a case whose ranks hold their owned chunk final: every
+    rank ends with every final chunk, written into the caller's tensor, returns None, every message the ring's."""
+    world, n = case.world, case.flats[0].numel()
+    finals = [case.flats[(c - shift) % world][slice(*bounds(n, world, c))] for c in range(world)]
+    final = torch.cat(finals) if finals else case.flats[0]
+    run = traced_run(student, ra.ring_all_gather, case, rank_args=[((r + shift) % world,) for r in range(world)])
+    what = f"ring_all_gather, owned = (rank + {shift}) % N, {case.label}"
+    assert_kept_dtype_and_shape(run, case, what)
+    for r in range(world):
+        if not torch.equal(run["outputs"][r].reshape(-1), final):
+            first = trace_divergence(run, case.flats, "all_gather", shift, finals)
+            pytest.fail(
+                result_divergence(run["outputs"][r], final, case, r, what, case.flats[r], sums=False)
+                + ". "
+                + (
+                    f"The first message that left the ring: {first}"
+                    if first
+                    else "Every message matched the ring: store each incoming chunk in place (overwrite), at chunk "
+                    "(owned - s - 1) % N, and copy a non-contiguous tensor's flat copy back"
                 )
-        assert_ring_messages(run, case.flats, "reduce_scatter", what)
+            )
+        assert_returns_none(run, r, what, "ring_all_gather")
+    assert_ring_messages(run, case.flats, "all_gather", what, shift=shift, finals=finals)
 
 
 @pytest.mark.check("all_gather")
@@ -1001,40 +1094,57 @@ def test_generated_all_gather(student, ra, rng):
     for trial in range(32):
         world = ring_world(trial)
         shift = rnd.randrange(world)
-
-        def with_final_chunks(flats: list[torch.Tensor]) -> list[torch.Tensor]:
-            """Rank r holds chunk (r + shift) % N final (values none of the ranks' stale copies hold), the rest stale."""
-            n = flats[0].numel()
-            final = (torch.randint(-1000, 1000, (n,), generator=rng) * 4 - 1).to(flats[0].dtype)
-            out = [x.clone() for x in flats]
-            for r in range(world):
-                lo, hi = bounds(n, world, (r + shift) % world)
-                out[r][lo:hi] = final[lo:hi]
-            return out
-
         case = generated_ring_case(
-            rnd, trial, [torch.float32, torch.int64, torch.bfloat16, torch.float64], rng, with_final_chunks
+            rnd,
+            trial,
+            [torch.float32, torch.int64, torch.bfloat16, torch.float64],
+            rng,
+            lambda flats: with_final_chunks(flats, shift, rng),  # noqa: B023 - called at once, in this iteration
         )
-        n = case.flats[0].numel()
-        finals = [case.flats[(c - shift) % world][slice(*bounds(n, world, c))] for c in range(world)]
-        final = torch.cat(finals) if finals else case.flats[0]
-        run = traced_run(student, ra.ring_all_gather, case, rank_args=[((r + shift) % world,) for r in range(world)])
-        what = f"ring_all_gather, owned = (rank + {shift}) % N, {case.label}"
-        assert_kept_dtype_and_shape(run, case, what)
-        for r in range(world):
-            if not torch.equal(run["outputs"][r].reshape(-1), final):
-                first = trace_divergence(run, case.flats, "all_gather", shift, finals)
-                pytest.fail(
-                    result_divergence(run["outputs"][r], final, case, r, what, case.flats[r], sums=False)
-                    + ". "
-                    + (
-                        f"The first message that left the ring: {first}"
-                        if first
-                        else "Every message matched the ring: store each incoming chunk in place (overwrite), at chunk "
-                        "(owned - s - 1) % N, and copy a non-contiguous tensor's flat copy back"
-                    )
-                )
-        assert_ring_messages(run, case.flats, "all_gather", what, shift=shift, finals=finals)
+        check_all_gather_case(student, ra, case, shift)
+
+
+# --------------------------------------------------------------------------------------------------
+# The two phases on any layout, every time: the generated cases draw a layout at random, so a given seed may miss
+# one; these draw each, for both phases, on every grade (the contract's "In place, any layout" is for all three).
+
+PHASE_LAYOUTS = ["transposed", "permuted 3-D", "column slice", "strided slice", "offset view"]
+
+
+def phase_layout_cases(world: int, rng: torch.Generator, values=None) -> list[RingCase]:
+    """One case per layout of PHASE_LAYOUTS (n = 12 (N + 1): a 3-D shape exists), and a 0-d case (n = 1, so every
+    chunk but chunk 0 is empty), all int64 with `exact_values`, or values(flats) of those."""
+    rnd = seeded(rng)
+    cases = []
+    for layout in [*PHASE_LAYOUTS, "0-d"]:
+        n = 1 if layout == "0-d" else 12 * (world + 1)
+        offset = rnd.randrange(1000)
+        flats = exact_values(world, n, offset)
+        if values is not None:
+            flats = values(flats)
+        if layout == "0-d":
+            shaped = [(f.reshape(()).clone(), "0-d") for f in flats]
+        else:
+            layout_seed = rnd.randrange(2**31)
+            shaped = [laid_out(f, layout, random.Random(layout_seed)) for f in flats]
+            assert shaped[0][1].startswith(layout), f"test setup: {layout} made {shaped[0][1]}"
+        cases.append(RingCase(world, [x for x, _ in shaped], flats, f"N={world}, n={n}, int64, {shaped[0][1]}", offset))
+    return cases
+
+
+@pytest.mark.check("reduce_scatter")
+@pytest.mark.parametrize("world", [2, 3, 5])
+def test_reduce_scatter_any_layout(student, ra, rng, world):
+    for case in phase_layout_cases(world, rng):
+        check_reduce_scatter_case(student, ra, case)
+
+
+@pytest.mark.check("all_gather")
+@pytest.mark.parametrize("world", [2, 3, 5])
+def test_all_gather_any_layout(student, ra, rng, world):
+    shift = int(torch.randint(0, world, (1,), generator=rng))
+    for case in phase_layout_cases(world, rng, lambda flats: with_final_chunks(flats, shift, rng)):
+        check_all_gather_case(student, ra, case, shift)
 
 
 # --------------------------------------------------------------------------------------------------
