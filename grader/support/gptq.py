@@ -16,6 +16,13 @@ watched from before the student's file was imported): work done outside torch mu
 weights out, and the test bounds that count far below one copy of W. It runs beside the student's
 code, so it is theirs to forge; the trusted static scan (grader/harness/tamper.py) fails a file that
 reaches for the dispatch-mode machinery.
+
+The same pass tallies the matrix factorisations the call runs (Cholesky, LU, inverse, solves, QR, eigen- and
+singular-value decompositions: `FACTORISING` and `SOLVING`, the aten operators every torch.linalg entry point
+reaches), with their arithmetic: n^3 for factoring an [n, n] matrix (whatever the method's constant), n^2 k for
+a solve against k right-hand sides with a factor already made. That is GPTQ's other half (section 4, "Step 3:
+Cholesky reformulation"): the inverse Hessian is factored ONCE, so its factorisations cost a few d^3 in all,
+where the textbook OBQ loop re-inverts the Hessian of the remaining columns for every column (d^4 / 4).
 """
 
 from __future__ import annotations
@@ -38,6 +45,56 @@ _NO_DATA = {
     "aten::lift_fresh", "aten::_unsafe_view", "aten::view", "aten::_reshape_alias",
     "aten::set_", "aten::resize_", "aten::is_nonzero",
 }
+
+
+# Operators that factor a matrix (n^3 for [n, n], m * n * min(m, n) for [m, n]; times the batch), each with the
+# index of the matrix it factors. The public torch.linalg and torch entry points reach these (measured under a
+# TorchDispatchMode, torch 2.x): linalg.cholesky(_ex), torch.cholesky, cholesky_inverse, linalg.inv(_ex),
+# torch.inverse, matrix_power(-1), tensorinv, linalg.solve, pinv, lu_factor, lu, qr, eigh, eigvalsh, eig,
+# eigvals, svd, svdvals, cond, ldl_factor, det, slogdet, lstsq, matrix_exp, geqrf and householder_product.
+FACTORISING = {
+    "aten::linalg_cholesky_ex": 0, "aten::cholesky": 0, "aten::cholesky_inverse": 0, "aten::linalg_inv_ex": 0,
+    "aten::_linalg_solve_ex": 0, "aten::linalg_solve_ex": 0, "aten::linalg_solve": 0, "aten::linalg_pinv": 0,
+    "aten::linalg_lu_factor_ex": 0, "aten::linalg_lu": 0, "aten::_lu_with_info": 0, "aten::linalg_qr": 0,
+    "aten::_linalg_eigh": 0, "aten::linalg_eig": 0, "aten::_linalg_eigvals": 0, "aten::_linalg_svd": 0,
+    "aten::linalg_ldl_factor_ex": 0, "aten::_linalg_det": 0, "aten::_linalg_slogdet": 0, "aten::linalg_lstsq": 0,
+    "aten::linalg_matrix_exp": 0, "aten::geqrf": 0, "aten::linalg_householder_product": 0, "aten::ormqr": 0,
+}
+# Operators that solve with a factor already made: n^2 k, (index of the [n, n] factor, index of the right-hand
+# sides [n, k]).
+SOLVING = {
+    "aten::linalg_solve_triangular": (0, 1), "aten::triangular_solve": (1, 0), "aten::cholesky_solve": (1, 0),
+    "aten::_cholesky_solve_helper": (1, 0), "aten::linalg_lu_solve": (0, 2), "aten::lu_solve": (1, 0),
+    "aten::linalg_ldl_solve": (0, 2),
+}
+
+
+def _matrix(value: Any) -> tuple[int, int, int] | None:
+    """(batch, rows, cols) of a matrix argument, or None."""
+    if not isinstance(value, torch.Tensor) or value.dim() < 2:
+        return None
+    return math.prod(value.shape[:-2]), value.shape[-2], value.shape[-1]
+
+
+def factorisation_flops(name: str, args: tuple, kwargs: dict) -> tuple[int, int] | None:
+    """(arithmetic, n) of one factorising or solving operator (n: the size of the matrix it works on), or None
+    for any other operator."""
+    if name in FACTORISING:
+        shape = _matrix(args[FACTORISING[name]] if args else None)
+        if shape is None:
+            return None
+        batch, m, n = shape
+        return batch * m * n * min(m, n), max(m, n)
+    if name in SOLVING:
+        a, b = SOLVING[name]
+        factor = _matrix(args[a] if a < len(args) else None)
+        rhs = args[b] if b < len(args) else None
+        if factor is None or not isinstance(rhs, torch.Tensor):
+            return None
+        batch, n, _ = factor
+        k = rhs.shape[-1] if rhs.dim() >= 2 else 1
+        return batch * n * n * k, n
+    return None
 
 
 def distinct_elements(t: torch.Tensor) -> int:
@@ -81,10 +138,19 @@ class TrafficCounter(TorchDispatchMode):
         self.read = 0
         self.written = 0
         self.ops: dict[str, list[int]] = {}  # aten name -> [elements read, elements written]
+        self.factor_flops = 0  # the arithmetic of the factorisations and solves (FACTORISING, SOLVING)
+        self.factorisations: dict[str, list[int]] = {}  # aten name -> [calls, arithmetic, largest n]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        work = factorisation_flops(func._schema.name, args, kwargs)
+        if work is not None:
+            self.factor_flops += work[0]
+            tally = self.factorisations.setdefault(func._schema.name.removeprefix("aten::"), [0, 0, 0])
+            tally[0] += 1
+            tally[1] += work[0]
+            tally[2] = max(tally[2], work[1])
         arguments = _arguments_of(func)
         if arguments is None:
             return out
@@ -115,14 +181,17 @@ def count_traffic(fn: Callable, W: torch.Tensor, H: torch.Tensor, **kwargs: Any)
     """Run ``fn(W, H, **kwargs)`` and add up the elements its operations read and wrote.
 
     Returns {"result": fn's return value, "read": elements read, "written": elements written,
-    "ops": {aten name: [read, written]}, "host_reads": tensor elements read back into Python or numpy}.
+    "ops": {aten name: [read, written]}, "host_reads": tensor elements read back into Python or numpy,
+    "factor_flops": the arithmetic of its factorisations and solves, "factorisations": {aten name: [calls,
+    arithmetic, largest n]}}.
     """
     counter = TrafficCounter()
     with reads_counted() as host, counter:
         result = fn(W, H, **kwargs)
     return {"result": tuple(result) if isinstance(result, tuple) else result, "read": counter.read,
             "written": counter.written, "ops": {name: list(v) for name, v in counter.ops.items()},
-            "host_reads": host.reads}
+            "host_reads": host.reads, "factor_flops": counter.factor_flops,
+            "factorisations": {name: list(v) for name, v in counter.factorisations.items()}}
 
 
 # --------------------------------------------------------------------------------------------------

@@ -6,7 +6,36 @@ _CHOLESKY = "U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.chole
 _TAIL = "        W[:, i2:] -= Err1 @ U[i1:i2, i2:]  # the lazy batch: the block's feedback to the rest, at once"
 _IN_BLOCK = "            W1[:, i:] -= err[:, None] * U1[i, i:][None, :]  # feedback inside the block, now"
 
+# A textbook submission (the same numbers, the technique skipped) keeps every check of the numbers.
+_CORRECTNESS = ["quantizer_public", "hessian_public", "gptq_public", "quantizer", "hessian", "validation", "obq_oracle",
+                "diagonal", "block_invariance", "damping_dead", "act_order", "quality"]
+
 MUTANTS = [
+    Mutant(
+        name="textbook_obq",
+        why="I computed each column's feedback row the textbook (OBQ) way: for every column, invert the Hessian of the "
+            "columns still to be quantised and scale its first row. Same numbers as the Cholesky factor, no "
+            "factorisation done once",
+        edits=[(_CHOLESKY, "U = torch.zeros_like(H)\n"
+                           "        for k in range(cols):  # the Hessian of the remaining columns, inverted anew\n"
+                           "            Hinv = torch.linalg.inv(H[k:, k:])\n"
+                           "            U[k, k:] = Hinv[0] / Hinv[0, 0].sqrt()")],
+        loses=["factor_once", "lazy_batch"],
+        keeps=_CORRECTNESS,
+    ),
+    Mutant(
+        name="textbook_obs_downdate",
+        why="I kept the inverse of the remaining columns' Hessian up to date instead: after each column I remove it by "
+            "the OBS update H_F^-1 - H_F^-1[:, 0] H_F^-1[0, :] / H_F^-1[0, 0], as OBQ does. One inversion, but a "
+            "pass over the whole remaining inverse for every column",
+        edits=[(_CHOLESKY, "U = torch.zeros_like(H)\n"
+                           "        Hinv = torch.cholesky_inverse(torch.linalg.cholesky(H))\n"
+                           "        for k in range(cols):  # remove column k from the inverse (OBS), for every column\n"
+                           "            U[k, k:] = Hinv[0] / Hinv[0, 0].sqrt()\n"
+                           "            Hinv = Hinv[1:, 1:] - torch.outer(Hinv[1:, 0], Hinv[0, 1:]) / Hinv[0, 0]")],
+        loses=["factor_once", "lazy_batch"],
+        keeps=_CORRECTNESS,
+    ),
     Mutant(
         name="lower_cholesky_factor",
         why="I took the lower Cholesky factor of H^-1, so row i of it holds nothing right of the diagonal",
@@ -217,5 +246,49 @@ MUTANTS = [
         edits=[("perm = torch.sort(torch.diag(H), descending=True, stable=True).indices",
                 "perm = torch.sort(torch.diag(H), stable=True).indices.flip(0)")],
         loses=["act_order"],
+    ),
+    # Contract clauses drawn since issue 36 (the table at the head of grader/hidden/gptq/test_hidden.py).
+    Mutant(
+        name="half_precision_block_copy",
+        why="I kept each block's working copy in W's own dtype, so an fp16 W gets its in-block updates rounded to "
+            "fp16 (the contract does all the arithmetic in fp32)",
+        edits=[("        W1 = W[:, i1:i2].clone()  # this block", "        W1 = W[:, i1:i2].to(dtype)  # this block"),
+               ("        Err1 = torch.zeros_like(W1)", "        Err1 = torch.zeros_like(W1, dtype=torch.float32)")],
+        loses=["obq_oracle"],
+    ),
+    Mutant(
+        name="group_size_zero_as_groups",
+        why="I took only group_size == -1 to mean \"no groups\"; the contract says group_size <= 0",
+        edits=[("    grouped = group_size > 0\n", "    grouped = group_size != -1\n")],
+        loses=["obq_oracle"],
+    ),
+    Mutant(
+        name="integer_weights_accepted",
+        why="I checked that W is 2-D but not that it is floating point: an integer W is quantised as if it were one",
+        edits=[("W.dim() != 2 or not W.is_floating_point()", "W.dim() != 2")],
+        loses=["validation"],
+    ),
+    Mutant(
+        name="inf_not_rejected",
+        why="I rejected NaN in W and H, but not inf",
+        edits=[("    if not torch.isfinite(W).all():\n        raise ValueError(\"W holds NaN or inf\")",
+                "    if torch.isnan(W).any():\n        raise ValueError(\"W holds NaN\")"),
+               ("    if not torch.isfinite(H).all():\n        raise ValueError(\"H holds NaN or inf\")",
+                "    if torch.isnan(H).any():\n        raise ValueError(\"H holds NaN\")")],
+        loses=["validation"],
+    ),
+    Mutant(
+        name="block_size_not_checked",
+        why="I did not check block_size: range() rejects 0 by itself, but a negative block_size runs no block at all "
+            "and a float one fails with a TypeError",
+        edits=[("    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:\n"
+                "        raise ValueError(f\"block_size must be a positive int, found {block_size!r}\")\n", "")],
+        loses=["validation"],
+    ),
+    Mutant(
+        name="negative_percdamp_accepted",
+        why="I did not check percdamp: a negative one undamps H, and the call returns",
+        edits=[("    if not percdamp >= 0:\n        raise ValueError(f\"percdamp must be >= 0, found {percdamp!r}\")\n", "")],
+        loses=["validation"],
     ),
 ]

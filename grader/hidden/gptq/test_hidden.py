@@ -9,11 +9,56 @@ midpoint, or a zero point fit from one). There, and only there, a float32 implem
 other way, and that row then follows another, equally valid path: a row may differ only from such a
 tie on. The loop then runs again taking the code's side at each of its ties, and the whole of Q, the
 grids and the loss must equal that path.
+
+Contract clauses (exercises/gptq/README.md, "The contract", and the stub's docstrings) and the tests that draw
+them. "public" names exercises/gptq/test_public.py; "harness" the grader's own checks on every call.
+
+| clause | drawn by |
+| --- | --- |
+| fit_quantizer: fp32 (scale, zero), each [rows] | test_fit_quantizer_follows_the_rules; test_generated_grids_with_ties; public |
+| asymmetric grid: xmin, xmax clamped to hold 0; scale; zero = round(-xmin / scale), whole | test_fit_quantizer_follows_the_rules (rows with no negative, no positive value); test_generated_grids_with_ties |
+| symmetric grid for EVERY row, zero = (maxq + 1) / 2 | test_fit_quantizer_follows_the_rules; test_generated_grids_with_ties; public |
+| an all-zero row uses [-1, 1] | test_fit_quantizer_follows_the_rules; test_rtn_is_on_grid_and_matches_the_rules; test_generated_grids_with_ties; test_all_zero_row_and_original_weights; generated problems |
+| quantize: clamp(round(x / scale) + zero), round half to even, in fp32 | test_generated_grids_with_ties (exact midpoints and a few ulps off) |
+| bits: an int from 2 to 8 (every width) | test_fit_quantizer_follows_the_rules (2, 3, 4, 8); test_generated_grids_with_ties and generated problems (2..8) |
+| all arithmetic in fp32 whatever W's dtype; Q keeps W's dtype and shape | test_rtn_keeps_the_dtype (RTN); test_half_precision_weights_are_quantised_in_fp32 (GPTQ, fp16 and bf16); public |
+| Q on W's device | speed_cuda's timed rep (CUDA); a CPU grade has one device |
+| scale, zero fp32 [rows, n_groups], n_groups = ceil(cols / group_size), last group partial | assert_grid_matches in every oracle comparison; ORACLE_CASES (40 columns in groups of 12); test_rtn_is_on_grid_and_matches_the_rules; test_half_precision_weights_are_quantised_in_fp32 (dtype) |
+| group_size <= 0: one grid per row (-1 and 0) | ORACLE_CASES (-1 and 0); test_rtn_is_on_grid_and_matches_the_rules (-1 and 0); generated problems |
+| g_idx int64 [cols], j // group_size, zeros without groups | assert_g_idx and assert_on_grid in every oracle comparison; public |
+| loss: a Python float, sum of (w - q)^2 / d^2 / 2; RTN returns None | assert_matches_oracle (loss=True cases); test_diagonal_hessian_is_rtn; test_rtn_is_on_grid_and_matches_the_rules |
+| accumulate_hessian: (2 / (n + m)) sum x x^T and n + m; n counts rows; leading dims flattened | test_hessian_streams_random_batches; test_hessian_flattens_leading_dims_and_counts_rows; public |
+| a batch of 0 rows changes nothing | test_hessian_streams_random_batches |
+| fp16 x accumulated in fp32; H stays fp32 | test_hessian_accumulates_fp16_inputs_in_fp32 |
+| H may be updated in place; nothing else is modified (gptq_quantize leaves W and H alone) | harness (course.yaml `mutates`), every call; test_all_zero_row_and_original_weights; public |
+| H on W's device | a caller's precondition; a CPU grade has one device (not drawn) |
+| 1. dead columns: H[i, i] = 1, W[:, i] = 0, Q[:, i] exactly 0, grids fit without them; H = 0 | test_dead_columns_quantise_to_zero; test_no_calibration_data_at_all; generated problems (dead features) |
+| 2. static groups fit on the original order, before any update | test_act_order_matches_the_textbook_order; generated problems (static groups with and without act-order) |
+| 3. act_order: stable descending sort of diag(H) | test_act_order_matches_the_textbook_order; test_act_order_differs_from_natural_order; test_generated_act_order_problems_match_the_textbook_loop (equal diagonals) |
+| 4. damping: percdamp * mean(diag(H)) (relative); percdamp = 0 accepted | test_scaling_h_changes_nothing; generated problems (0.01, 0.05, 0.2); test_diagonal_hessian_is_rtn (loss); public (percdamp=0) |
+| 5. U = cholesky(cholesky_inverse(cholesky(H)), upper=True), ONCE (the signature) | every oracle comparison (the numbers); test_the_inverse_hessian_is_factored_once (once: factorisation arithmetic and traffic at d and 8 d) |
+| 6. without groups, one grid per row on the fixed, permuted W | every oracle comparison with group_size <= 0 (grids compared); test_dead_columns_quantise_to_zero |
+| 7. the column loop in blocks; dynamic groups fit from the current weights | test_matches_the_textbook_loop; test_generated_problems_match_the_textbook_loop; test_block_size_does_not_change_q; test_the_lazy_batch_is_real (traffic) |
+| 8. act_order: Q un-permuted | test_act_order_is_permutation_equivariant; test_diagonal_hessian_is_rtn (act_order); test_act_order_matches_the_textbook_order |
+| compatible block and group sizes accepted | test_compatible_block_and_group_sizes_are_accepted; test_block_size_does_not_change_q |
+| ValueError: W not a 2-D floating tensor | test_bad_inputs_raise_value_error (a 1-D W, an int32 W) |
+| ValueError: H not [cols, cols] | test_bad_inputs_raise_value_error ([5, 5], [6, 5]) |
+| ValueError: NaN or inf in W or H | test_bad_inputs_raise_value_error (NaN in W and H, inf in W, -inf in H; quantize_rtn: NaN) |
+| ValueError: bits outside 2..8 | test_bad_inputs_raise_value_error (1, 9; quantize_rtn: 9) |
+| ValueError: block_size not a positive int | test_bad_inputs_raise_value_error (0, -4, 2.5) |
+| ValueError: percdamp < 0 | test_bad_inputs_raise_value_error (-0.01) |
+| ValueError: act_order with groups but not static_groups | test_bad_inputs_raise_value_error |
+| ValueError: dynamic groups where neither size divides the other | test_bad_inputs_raise_value_error (block 3, group 4) |
+| quality: beats RTN on correlated inputs; groups tame outliers (the README's claims) | test_beats_rtn_on_correlated_inputs; test_groups_tame_an_outlier |
+| speed on CUDA | test_speed_against_the_matmul_ceiling |
+
+Each error case is beside calls of the same function that succeed in the same grade (grader/harness/ledger.py).
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -191,6 +236,7 @@ def assert_matches_oracle(
     loss: bool = True,
     grid_note: str = "",
     oracle: Oracle | None = None,
+    reinvert: bool = True,
 ) -> Oracle:
     """gptq_quantize's result against the textbook loop, up to the loop's own rounding ties.
 
@@ -199,11 +245,12 @@ def assert_matches_oracle(
     then Q (every row, to its end), the grids and the loss must equal that path exactly. Grids fit
     before the loop (no groups, static groups) do not depend on the path and are checked first. Returns
     the first, unfollowed oracle (`oracle`, if given, computed beforehand with the same parameters; its
-    ties serve comparisons of the code against itself)."""
+    ties serve comparisons of the code against itself). `reinvert=False` runs the loop in its OBS-downdate form,
+    for large layers."""
     params = dict(
         bits=bits, group_size=group_size, percdamp=percdamp, sym=sym, act_order=act_order, static_groups=static_groups
     )
-    oracle = oracle or obq64(W, H, **params)
+    oracle = oracle or obq64(W, H, **params, reinvert=reinvert)
     fixed_grids = group_size <= 0 or static_groups
     cols = W.shape[1]
     gs = group_size if group_size > 0 else cols
@@ -222,7 +269,7 @@ def assert_matches_oracle(
     )
     path = oracle
     if oracle.ties.any():
-        path = obq64(W, H, **params, follow=res)
+        path = obq64(W, H, **params, follow=res, reinvert=reinvert)
         assert_same_q(
             on_grid(res, path.scale[:, g_idx]),
             path.Q,
@@ -294,7 +341,7 @@ def test_fit_quantizer_follows_the_rules(gq, rng, bits, sym):
 
 @pytest.mark.check("quantizer")
 @pytest.mark.parametrize(
-    "bits,group_size,sym", [(4, -1, False), (3, 8, False), (2, 5, True), (8, 16, False), (4, 7, True)]
+    "bits,group_size,sym", [(4, -1, False), (3, 8, False), (2, 5, True), (8, 16, False), (4, 7, True), (3, 0, True)]
 )
 def test_rtn_is_on_grid_and_matches_the_rules(gq, rng, bits, group_size, sym):
     W = torch.randn(9, 37, generator=rng) * 0.05
@@ -559,6 +606,13 @@ def test_bad_inputs_raise_value_error(gq, rng):
         "NaN in W": lambda: gq.gptq_quantize(W.index_fill(1, torch.tensor([0]), float("nan")), H),
         "NaN in H": lambda: gq.gptq_quantize(W, H.index_fill(0, torch.tensor([2]), float("nan"))),
         "a 1-D W": lambda: gq.gptq_quantize(W[0], H),
+        "an integer W (int32)": lambda: gq.gptq_quantize((W * 10).to(torch.int32), H),
+        "inf in W": lambda: gq.gptq_quantize(W.index_fill(1, torch.tensor([3]), float("inf")), H),
+        "-inf in H": lambda: gq.gptq_quantize(W, H.index_fill(1, torch.tensor([4]), float("-inf"))),
+        "block_size=0": lambda: gq.gptq_quantize(W, H, block_size=0),
+        "block_size=-4": lambda: gq.gptq_quantize(W, H, block_size=-4),
+        "block_size=2.5 (not an int)": lambda: gq.gptq_quantize(W, H, block_size=2.5),
+        "percdamp=-0.01": lambda: gq.gptq_quantize(W, H, percdamp=-0.01),
         "block_size=3 with group_size=4": lambda: gq.gptq_quantize(W, H, group_size=4, block_size=3),
         "act_order with groups but static_groups=False": lambda: gq.gptq_quantize(W, H, group_size=2, act_order=True),
         "quantize_rtn with bits=9": lambda: gq.quantize_rtn(W, bits=9),
@@ -597,6 +651,7 @@ ORACLE_CASES = [
     (16, 40, 8, -1, 128, False),
     (16, 40, 4, 12, 24, False),  # a partial last group (4 columns) and a partial last block
     (10, 48, 3, 16, 4, True),
+    (12, 30, 3, 0, 8, False),  # group_size <= 0, not only -1: one grid per row
 ]
 
 
@@ -617,6 +672,35 @@ def test_matches_the_textbook_loop(gq, rng, rows, cols, bits, group_size, block_
         sym=sym,
         grid_note=" (groups are fit from the weights as updated so far)",
     )
+
+
+@pytest.mark.check("obq_oracle")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_weights_are_quantised_in_fp32(gq, rng, dtype):
+    W, H = correlated_layer(rng, 12, 48, 150)
+    W = W.to(dtype)
+    res = gq.gptq_quantize(W, H, bits=4, group_size=16, block_size=8)
+    what = f"gptq_quantize of a {dtype} W [12, 48] (bits=4, group_size=16, block_size=8)"
+    assert isinstance(res.Q, torch.Tensor) and res.Q.dtype == dtype and res.Q.shape == W.shape, (
+        f"{what}: Q should keep W's dtype {dtype} and shape [12, 48], found "
+        f"{res.Q.dtype if isinstance(res.Q, torch.Tensor) else type(res.Q).__name__} "
+        f"{tuple(res.Q.shape) if isinstance(res.Q, torch.Tensor) else ''}"
+    )
+    assert res.scale.dtype == torch.float32 and res.zero.dtype == torch.float32, (
+        f"{what}: scale and zero are fp32 whatever W's dtype, found {res.scale.dtype}, {res.zero.dtype}"
+    )
+    full = gq.gptq_quantize(W.float(), H, bits=4, group_size=16, block_size=8)
+    # The contract: all the arithmetic in fp32. So the result is the fp32 run on the same values, Q cast back.
+    why = (
+        f"The contract does all the arithmetic in fp32 whatever W's dtype, so a {dtype} W must give exactly what "
+        "W.float() gives, with Q cast back to W's dtype at the end. Convert W to fp32 once, before the loop, and "
+        "keep every working copy (the block, the errors) in fp32"
+    )
+    assert_equal(res.Q, full.Q.to(dtype), what=f"{what}: Q against your own run on W.float(), cast", hint=why)
+    assert_equal(res.scale, full.scale, what=f"{what}: scale against your own run on W.float()", hint=why)
+    assert_equal(res.zero, full.zero, what=f"{what}: zero against your own run on W.float()", hint=why)
+    assert_close(res.loss, full.loss, atol=0.0, rtol=1e-6, what=f"{what}: loss against your run on W.float()", hint=why)
+    assert_matches_oracle(full, W.float(), H, f"{what}, run on W.float()", bits=4, group_size=16)
 
 
 @pytest.mark.check("obq_oracle")
@@ -1059,6 +1143,114 @@ def test_the_lazy_batch_is_real(student, gq, rng):
 
 
 # --------------------------------------------------------------------------------------------------
+# factor_once: GPTQ's signature
+
+
+# The signature (Frantar et al., 2022, section 4, "Step 3: Cholesky reformulation"): the inverse Hessian is factored
+# ONCE, U = chol(chol_inverse(chol(H)))^T, and column i then reads row i of U: the Hessian costs a few d^3 of
+# arithmetic and a few d^2 of memory traffic in all, however many columns there are. The textbook computation of the
+# same numbers (OBQ, Frantar & Alistarh, 2022; obq64 in oracle.py) re-inverts the Hessian of the remaining columns for
+# every column (d factorisations, d^4 / 4 arithmetic), or removes each column from the inverse by the OBS update, or
+# solves against the remaining Hessian per column: every variant touches an O(d^2) slice of the Hessian per column,
+# about d^3 / 3 elements of traffic in all.
+#
+# The instrument is grader.support.gptq.count_traffic, one run per size beside the student's code: the memory
+# traffic (elements read and written by every aten operation) and the arithmetic of the factorisations and solves
+# (n^3 to factor an [n, n] matrix, n^2 k for a solve with k right-hand sides: FACTORISING and SOLVING there). Few
+# rows, so that the Hessian's work dominates (the rows' work is lazy_batch's business), at two widths d and 8 d, d
+# drawn from the seed. Judged on the growth from d to 8 d AND on the budget at 8 d, so that padding the small run
+# cannot hide a steep growth. Measured in-process (the counts are deterministic; d = 64 and 512, 8 rows, B = 32):
+#   factorisations' arithmetic at 8 d, in (8 d)^3 / its growth: the reference 3.0 / 512 (exactly 8^3), inv + chol
+#   2.0 / 512; a re-inversion per column (known-wrong textbook_obq) 128.5 / 3986, a solve or a Cholesky factor per
+#   column about the same; the OBS downdate 1.0 / 512 by torch.addr, 2.0 / 512 by torch.outer (it inverts once:
+#   the traffic sees it); a re-inversion per block of 32 columns 9.0 / 2055.
+#   traffic at 8 d, in (8 d)^2 / its growth: the reference 25.3 / 40 (25.0-25.6 / 39-43 over d = 56 to 72), inv +
+#   chol 23.3 / 39; a re-inversion per column 366 / 285, the OBS downdate by torch.addr 367 / 282, by torch.outer
+#   and a subtraction (known-wrong textbook_obs_downdate) 1049 / 399; a re-inversion per block 46 / 68 (the
+#   arithmetic sees that one).
+FACTOR_SHAPE = (8, 32)  # rows, block_size
+FACTOR_BAR = 8.0  # factorisations' arithmetic at the large size, in d^3 (the reference: 3)
+FACTOR_GROWTH = 2.0 * 8**3  # and its growth from d to 8 d (the reference: exactly 8^3)
+TRAFFIC_BAR = 80.0  # elements read and written at the large size, in d^2 (the reference: 25)
+TRAFFIC_GROWTH = 100.0  # and their growth from d to 8 d (the reference: 40; d^2 alone would be 64)
+
+
+class Counted(NamedTuple):
+    """A QuantResult as the counted run returned it (a tuple)."""
+
+    Q: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor
+    g_idx: torch.Tensor
+    loss: float | None
+
+
+def factorisations(out: dict) -> str:
+    calls = sorted(out["factorisations"].items(), key=lambda kv: -kv[1][1])
+    if not calls:
+        return "none"
+    return ", ".join(f"{name} x{count} (largest {n} x {n})" for name, (count, _, n) in calls[:4])
+
+
+@pytest.mark.check("factor_once")
+def test_the_inverse_hessian_is_factored_once(student, gq, rng):
+    rows, block = FACTOR_SHAPE
+    small = int(torch.randint(56, 73, (1,), generator=rng))
+    big = 8 * small
+    counted = {}
+    for cols in (small, big):
+        W, H = correlated_layer(rng, rows, cols, 2 * cols, spread=1.0)
+        out = student.drive("grader.support.gptq:count_traffic", gq.gptq_quantize, W, H, bits=4, block_size=block)
+        counted[cols] = (W, H, out)
+    # The counts are taken beside the student's code; no trusted cross-check exists on the CPU (AUTHORING.md, "What
+    # each structural check can and cannot prove"), so a file that tampers with them fails.
+    student.assert_untampered(gq.gptq_quantize, "the count of your code's factorisations and memory traffic")
+    for cols, (_, _, out) in counted.items():
+        host_reads = out["host_reads"]
+        assert type(host_reads) is int and 0 <= host_reads <= host_read_budget(cols), (
+            f"your gptq_quantize read {show(host_reads)} tensor elements back into Python or numpy (.numpy(), "
+            f".tolist(), numpy.asarray ...) on a [{rows}, {cols}] layer; at most {host_read_budget(cols)} may be (a few "
+            "per column). The count sees torch's operators only, so the Hessian's factorisation and the column loop "
+            "must stay in torch tensors"
+        )
+    low, high = counted[small][2], counted[big][2]
+    arithmetic, growth = high["factor_flops"] / big**3, high["factor_flops"] / max(low["factor_flops"], 1)
+    assert arithmetic <= FACTOR_BAR and growth <= FACTOR_GROWTH, (
+        f"on a [{rows}, {big}] layer your gptq_quantize's factorisations and solves cost {arithmetic:.1f} d^3 "
+        f"(d = {big}; counting n^3 to factor an [n, n] matrix, n^2 k for a solve), {growth:.0f} times as much as at "
+        f"d = {small}. They were: {factorisations(high)}. GPTQ factors the Hessian once: at most {FACTOR_BAR:g} d^3 "
+        f"here, growing like d^3, at most {FACTOR_GROWTH:.0f} times from d to 8 d (the reference: 3 d^3, exactly 512 "
+        "times). Re-inverting (or re-solving, or re-factoring) the Hessian of the remaining columns for every column "
+        "is the textbook OBQ loop, d^4 / 4: compute U = cholesky(cholesky_inverse(cholesky(H)), upper=True) once, "
+        "after damping, and give column i row i of U"
+    )
+    total_high, total_low = high["read"] + high["written"], low["read"] + low["written"]
+    traffic, growth = total_high / big**2, total_high / max(total_low, 1)
+    assert traffic <= TRAFFIC_BAR and growth <= TRAFFIC_GROWTH, (
+        f"on a [{rows}, {big}] layer your gptq_quantize read and wrote {traffic:.0f} elements per entry of H, summed "
+        f"over every operation of the call, {growth:.0f} times as many as at d = {small}. Busiest, per entry of H: "
+        f"{busiest(high['ops'], big**2)}. With the Hessian factored once, the call moves a few d^2 (at most "
+        f"{TRAFFIC_BAR:g} d^2 here, growing at most {TRAFFIC_GROWTH:g} times from d to 8 d; the reference: 25 d^2, 40 "
+        "times). Touching the remaining columns' Hessian (or its inverse) for every column, to remove the column from "
+        "it by the OBS update or to solve with it, moves about d^3 / 3 elements: the textbook OBQ loop. Column i "
+        "needs only row i of U, computed once"
+    )
+    for cols, (W, H, out) in counted.items():  # the counted runs must be right, every row
+        res = out["result"]
+        assert isinstance(res, tuple) and len(res) == 5, (
+            f"the counted run on a [{rows}, {cols}] layer should return a QuantResult, found {type(res).__name__}"
+        )
+        assert_matches_oracle(
+            Counted(*res),
+            W,
+            H,
+            f"the counted run on a [{rows}, {cols}] layer (block_size={block})",
+            bits=4,
+            reinvert=cols <= 128,
+        )
+
+
+# --------------------------------------------------------------------------------------------------
 # speed_cuda
 #
 # The bar: achieved FLOP/s of the error feedback as a fraction of a large bf16 matmul's throughput,
@@ -1108,6 +1300,7 @@ def assert_timed_quantisation(out, W, H):
         f"gptq_quantize's Q should be a tensor of W's shape {tuple(W.shape)}, found "
         f"{tuple(Q.shape) if isinstance(Q, torch.Tensor) else type(Q).__name__}"
     )
+    assert Q.device == W.device, f"Q should be on W's device {W.device}, found {Q.device}"
     assert bool(torch.isfinite(Q).all()), "Q holds NaN or inf"
     rtn = output_error(W, rtn_rule(W.cpu(), 4)[0].to(W.device), H)
     gptq = output_error(W, Q.to(W.device), H)
