@@ -28,6 +28,11 @@ def failing_messages(tmp_path, name: str, check_id: str) -> tuple[dict, str]:
     ("round_half_away_from_zero", "quantizer", ["generated case", "exactly a midpoint", "half to EVEN"], []),
     # Equal diag(H) entries come only from the generated act-order problems.
     ("descending_by_flipping_an_ascending_sort", "act_order", ["generated problem", "diag(H) ties", "stable sort"], []),
+    # The textbook loops: the signature's message names what was counted and the computation it is.
+    ("textbook_obq", "factor_once", ["linalg_inv_ex x", "textbook OBQ loop", "once"], []),
+    ("textbook_obs_downdate", "factor_once", ["elements per entry of H", "OBS update", "textbook OBQ loop"], []),
+    # fp16 weights: the message names the fp32 rule, against the code's own fp32 run.
+    ("half_precision_block_copy", "obq_oracle", ["W.float()", "in fp32"], []),
 ])
 def test_a_message_names_the_cause(tmp_path, name, check_id, words, not_words):
     check, text = failing_messages(tmp_path, name, check_id)
