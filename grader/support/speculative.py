@@ -96,6 +96,23 @@ def generate(
     return {"tokens": tokens, "reported_calls": reported, "target_calls": target_calls, "draft_calls": draft_calls}
 
 
+def accept_rows(
+    fn: Callable, case_of_row: torch.Tensor, draft: torch.Tensor, draft_probs: torch.Tensor,
+    target_probs: torch.Tensor, generator: torch.Generator,
+) -> Any:
+    """Call the student's ``speculative_accept`` on a batch built here from a few cases.
+
+    Row b has the draft tokens ``draft[b]`` (sent as uint8: a small vocabulary) and the probabilities of
+    case ``case_of_row[b]``: ``draft_probs[case]`` [gamma, V] and ``target_probs[case]`` [gamma + 1, V].
+    The statistical tests send hundreds of thousands of rows of a handful of cases; built here, the
+    probabilities cross the process boundary once per case instead of once per row. The student's
+    function gets dense, contiguous int64 and float tensors of its own, as in a direct call, and its
+    result comes back as it is (the grader checks and counts it).
+    """
+    rows = case_of_row.long()
+    return fn(draft.long(), draft_probs[rows], target_probs[rows], generator)
+
+
 def global_rng_untouched(fn: Callable, *args: Any) -> tuple[Any, bool]:
     """Call ``fn(*args)`` and report whether torch's global CPU generator was left as it was."""
     before = torch.get_rng_state()

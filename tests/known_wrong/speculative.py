@@ -1,8 +1,74 @@
-"""Known-wrong submissions for speculative decoding: the bugs students really make."""
+"""Known-wrong submissions for speculative decoding: the bugs students really make.
+
+The signature check is `coupling` (the maximal coupling of draft and target: keep x with probability
+min(1, p/q), redraw a rejected position from norm(max(0, p - q)), tokens per target call as equation 1).
+`textbook` and `textbook_always_reject` emit every position with the target's law but skip the coupling: they
+lose `coupling` and keep the correctness checks. `one_percent_bias` and `acceptance_one_point_low` move about 1%
+of the probability mass in some cases, the resolution the statistical tests state."""
 
 from tests.known_wrong import Mutant
 
+CORRECTNESS = ["distribution", "accept_rules", "generate", "greedy", "formulas", "reproducible", "vectorised"]
+
 MUTANTS = [
+    Mutant(
+        name="textbook",
+        why="I sampled y_i from the target at every position and kept the draft token while it equalled y_i, emitting "
+            "y_i at the first mismatch: every position comes out with the target's law, without min(1, p/q) or the "
+            "residual (it keeps a draft only with probability p(x), so fewer tokens per target call)",
+        edits=[(
+            "    u = _uniform_open_closed((B, gamma), generator, device)\n"
+            "    accepted = (q_x > 0) & (u * q_x <= p_x)\n",
+            "    V = target_probs.shape[-1]\n"
+            "    y = torch.multinomial(target_probs.reshape(-1, V).float(), 1, generator=generator).reshape(B, gamma + 1)\n"
+            "    accepted = (q_x > 0) & (draft_tokens.long() == y[:, :gamma])\n",
+        ), (
+            "    extra = torch.multinomial(residual, 1, generator=generator).squeeze(1)  # normalises internally\n",
+            "    extra = y[rows, num_accepted]\n",
+        )],
+        loses=["coupling", "accept_public", "generate_public"],
+        keeps=CORRECTNESS,
+    ),
+    Mutant(
+        name="textbook_always_reject",
+        why="I rejected every draft token and sampled the one token from the target p: each emitted token has the "
+            "target's law, but a target call yields one token, as if there were no draft",
+        edits=[
+            ("accepted = (q_x > 0) & (u * q_x <= p_x)", "accepted = torch.zeros_like(q_x, dtype=torch.bool)"),
+            ("residual = (p_next - q_next).clamp(min=0)", "residual = p_next"),
+        ],
+        loses=["coupling", "accept_public", "accept_rules", "generate_public"],
+        keeps=["distribution", "generate"],
+    ),
+    Mutant(
+        name="one_percent_bias",
+        why="my residual leaned toward its most likely token: I moved 1% of the probability from the residual's second "
+            "most likely token to its most likely one (a cell off by 0.01)",
+        edits=[(
+            "    mass = residual.sum(dim=-1, keepdim=True)\n",
+            "    if residual.shape[-1] > 1:\n"
+            "        normed = residual / residual.sum(dim=-1, keepdim=True).clamp(min=1e-30)\n"
+            "        top = normed.topk(2, dim=-1)\n"
+            "        step = torch.minimum(top.values[:, 1:], torch.full_like(top.values[:, 1:], 0.01))\n"
+            "        normed = normed.scatter_add(-1, top.indices[:, :1], step).scatter_add(-1, top.indices[:, 1:], -step)\n"
+            "        residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, normed, residual)\n"
+            "    mass = residual.sum(dim=-1, keepdim=True)\n",
+        )],
+        loses=["coupling"],
+    ),
+    Mutant(
+        name="acceptance_one_point_low",
+        why="where p(x) < q(x) I kept the draft with probability p/q - 0.01, a point below min(1, p/q)",
+        edits=[("accepted = (q_x > 0) & (u * q_x <= p_x)",
+                "accepted = (q_x > 0) & (u * q_x <= torch.where(p_x < q_x, (p_x - 0.01 * q_x).clamp(min=0), p_x))")],
+        loses=["coupling"],
+    ),
+    Mutant(
+        name="acceptance_times_0_99",
+        why="I kept the draft with probability min(1, p/q) * 0.99",
+        edits=[("accepted = (q_x > 0) & (u * q_x <= p_x)", "accepted = (q_x > 0) & (u * q_x <= 0.99 * p_x)")],
+        loses=["coupling"],
+    ),
     Mutant(
         name="p_and_q_swapped",
         why="I mixed up which letter is the target: accept with u <= q(x)/p(x), resample from max(0, q - p)",
@@ -266,5 +332,50 @@ MUTANTS = [
         why="I reported model calls of both models as target calls",
         edits=[("        target_calls += 1\n", "        target_calls += 1 + gamma\n")],
         loses=["generate_public", "generate"],
+    ),
+    Mutant(
+        name="formulas_return_tensors_for_floats",
+        why="I turned alpha into a tensor first, so a float alpha gives a 0-d tensor, not a float",
+        edits=[("    total = alpha * 0 + 1.0  # the k = 0 term, with alpha's type and shape\n",
+                "    alpha = torch.as_tensor(alpha, dtype=torch.float64)\n"
+                "    total = alpha * 0 + 1.0  # the k = 0 term, with alpha's type and shape\n")],
+        loses=["formulas"],
+    ),
+    Mutant(
+        name="acceptance_rate_sums_dim_2",
+        why="I summed over dim 2 (the vocabulary of a [B, gamma, V] tensor), not over the last dim",
+        edits=[("return torch.minimum(p, q).sum(dim=-1)", "return torch.minimum(p, q).sum(dim=2)")],
+        loses=["formulas"],
+    ),
+    Mutant(
+        name="greedy_argmax_in_float32",
+        why="greedy: I cast the target to float32 before the argmax, so float64 values 1e-12 apart tie",
+        edits=[("best = target_probs.argmax(dim=-1)                                     # [B, gamma + 1]",
+                "best = target_probs.float().argmax(dim=-1)                             # [B, gamma + 1]")],
+        loses=["greedy"],
+    ),
+    Mutant(
+        name="gamma_zero_takes_the_argmax",
+        why="with gamma = 0 there is nothing to verify, so I returned the target's most likely token",
+        edits=[("    B, gamma = draft_tokens.shape\n    device = target_probs.device\n",
+                "    B, gamma = draft_tokens.shape\n    device = target_probs.device\n"
+                "    if gamma == 0:\n"
+                "        return target_probs[:, 0].argmax(-1, keepdim=True), torch.zeros(B, dtype=torch.long, device=device)\n")],
+        loses=["accept_rules"],
+    ),
+    Mutant(
+        name="loop_one_draft_call_too_many",
+        why="my loop called the draft model once more after the gamma drafts (for q at the bonus position), a draft "
+            "call per step that the contract does not make",
+        edits=[("        # Verify: ONE call of the big model scores all gamma drafts and the position after them.\n",
+                "        draft(seq[:, : int(length.max()) + gamma])\n"
+                "        # Verify: ONE call of the big model scores all gamma drafts and the position after them.\n")],
+        loses=["generate"],
+    ),
+    Mutant(
+        name="generate_counts_calls_in_a_tensor",
+        why="I counted the target calls in a tensor and returned it, not a Python int",
+        edits=[("    target_calls = 0\n", "    target_calls = torch.zeros((), dtype=torch.long)\n")],
+        loses=["generate"],
     ),
 ]
