@@ -21,12 +21,13 @@ def failing_messages(tmp_path, name: str, check_id: str) -> tuple[dict, str]:
 
 
 @pytest.mark.parametrize("name,check_id,words", [
-    # Only the generated nearly-empty residual (mass 2^-24) shows it: the outcome is impossible, and the message says why.
-    ("residual_fallback_with_a_tolerance", "accept_rules",
+    # Only the generated nearly-empty residual (mass 2^-24) shows it: the outcome is impossible under the rule (not
+    # for every exact sampler: p > 0 there), and the message says why.
+    ("residual_fallback_with_a_tolerance", "coupling",
      ["nearly empty residual", "which has probability 0", "max(0, p - q) = 0", "no tolerance"]),
-    # Counted per case against the exact law of (accepted drafts, extra token).
-    ("one_coin_per_row_for_every_position", "distribution",
-     ["generated call", "drafts accepted", "one fresh u per row and position"]),
+    # Counted per position and drafted token against min(1, p/q), and per case against the law of accepted drafts.
+    ("one_coin_per_row_for_every_position", "coupling",
+     ["drafts accepted", "one fresh u per row and position", "min(1, p/q)"]),
     # Ties for the largest target probability come only from the generated lattice rows.
     ("greedy_ties_to_the_highest_id", "greedy", ["have a tie for the largest probability", "LOWEST id"]),
 ])

@@ -223,7 +223,7 @@ MUTANTS = [
             "mass 2^-24 is still the residual: only the generated nearly-empty-residual cases catch it)",
         edits=[("residual = torch.where(mass > 0, residual, p_next)",
                 "residual = torch.where(mass > 1e-6, residual, p_next)")],
-        loses=["accept_rules"],
+        loses=["coupling"],
     ),
     Mutant(
         name="one_coin_per_row_for_every_position",

@@ -332,7 +332,7 @@ def accept_in_chunks(student, sm, case_of_row, draft, q, p, rng, where: str):
             ACCEPT_DRIVER, sm.speculative_accept, case_of_row[rows].to(torch.uint8), d.to(torch.uint8), q, p,
             fresh_generator(rng),
         )
-        assert_outputs(tokens, num_accepted, *d.shape, where)
+        assert_outputs(tokens, num_accepted, d.shape[0], d.shape[1], where)
         check_layout(tokens, num_accepted, d, V)
         yield rows, tokens, num_accepted
 
@@ -380,7 +380,8 @@ class NamedRuns:
     failed fails every test that reads it, with the same error."""
 
     def __init__(self, student, sm, seed: int):
-        self.student, self.sm, self.seed, self.done = student, sm, seed, {}
+        self.student, self.sm, self.seed = student, sm, seed
+        self.done: dict[str, NamedRun | BaseException] = {}
 
     def get(self, kind: str) -> NamedRun:
         if kind not in self.done:
@@ -492,10 +493,10 @@ def test_acceptance_rate_over_the_last_dim_of_any_shape(sm, rng, shape):
     q = torch.softmax(torch.randn(shape, generator=rng) * 2, -1)
     got = sm.acceptance_rate(p, q)
     assert isinstance(got, torch.Tensor) and tuple(got.shape) == shape[:-1], (
-        f"acceptance_rate of two {list(shape)} tensors: expected a tensor of shape {list(shape[:-1])} (the sum runs over "
+        f"acceptance_rate of two {show(shape)} tensors: expected a tensor of shape {show(shape[:-1])} (the sum runs over "
         f"the LAST dim, whatever the leading dims), found {described(got)}"
     )
-    assert_close(got, oracle_acceptance(p, q), atol=1e-6, what=f"acceptance_rate {list(shape)}",
+    assert_close(got, oracle_acceptance(p, q), atol=1e-6, what=f"acceptance_rate {show(shape)}",
                  hint="It is sum over the last dim of min(p(x), q(x))")
 
 
