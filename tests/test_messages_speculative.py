@@ -27,7 +27,7 @@ def failing_messages(tmp_path, name: str, check_id: str) -> tuple[dict, str]:
      ["nearly empty residual", "which has probability 0", "max(0, p - q) = 0", "no tolerance"]),
     # Counted per position and drafted token against min(1, p/q), and per case against the law of accepted drafts.
     ("one_coin_per_row_for_every_position", "coupling",
-     ["drafts accepted", "one fresh u per row and position", "min(1, p/q)"]),
+     ["rows that reached it", "one fresh u per row and position", "min(1, p/q)"]),
     # Ties for the largest target probability come only from the generated lattice rows.
     ("greedy_ties_to_the_highest_id", "greedy", ["have a tie for the largest probability", "LOWEST id"]),
 ])
