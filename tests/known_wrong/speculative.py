@@ -19,8 +19,9 @@ MUTANTS = [
         edits=[(
             "    u = _uniform_open_closed((B, gamma), generator, device)\n"
             "    accepted = (q_x > 0) & (u * q_x <= p_x)\n",
-            "    V = target_probs.shape[-1]\n"
-            "    y = torch.multinomial(target_probs.reshape(-1, V).float(), 1, generator=generator).reshape(B, gamma + 1)\n"
+            "    cdf = target_probs.double().cumsum(-1)  # y_i ~ p_i at every position, by the inverse CDF\n"
+            "    u = torch.rand(B, gamma + 1, 1, generator=generator, device=device, dtype=torch.float64) * cdf[..., -1:]\n"
+            "    y = (u >= cdf).sum(-1)\n"
             "    accepted = (q_x > 0) & (draft_tokens.long() == y[:, :gamma])\n",
         ), (
             "    extra = torch.multinomial(residual, 1, generator=generator).squeeze(1)  # normalises internally\n",

@@ -63,9 +63,9 @@ tests' only chance failures are below 2^-999.
 Power (smallest_shift, smallest_shift_for): a test detects a move of delta of probability mass between two
 outcomes of a case when it then fails with probability at least 1 - MISS = 0.999. With N_NAMED = 320,000 rows
 per named case, distribution and coupling detect delta = 0.0096 (the worst pair of cells, near 1/2); each
-generated family gets the fewest FAMILY_ROWS (40,000 to 320,000) whose exact table gives delta <= 0.01; the
-whole sequences the fewest SEQUENCE_ROWS per prefix that give delta <= 0.01 on both tables (100,000 on most
-seeds). The target-call count over whole generations is coarse (an acceptance off by about 0.065): the same law,
+generated family gets the fewest FAMILY_ROWS (40,000 to 320,000) whose exact table gives delta <= 0.01 (320,000
+give 0.0096 on any table); the whole sequences the fewest SEQUENCE_ROWS per prefix that give delta <= 0.01 on both
+tables (100,000 on most seeds; 400,000 give 0.0088 on any table). The target-call count over whole generations is coarse (an acceptance off by about 0.065): the same law,
 accepted drafts per target call, is resolved to 1% by the named cases. Before issue 36 the named cases resolved
 0.017 and the generated cases 0.11. The inputs and the generators come from the run's seed.
 """
