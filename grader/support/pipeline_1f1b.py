@@ -2,10 +2,24 @@
 
 Autograd keeps a forward's activations as the graph's *saved tensors* until a backward through that
 graph frees them. `census` wraps every saved tensor (torch.autograd.graph.saved_tensors_hooks) in a
-small token that knows which forward call saved it, and counts, per pipeline stage, the forwards that
-still have a token alive. A forward pre-hook on each model piece starts a new forward call; the loss
-module's saved tensors belong to the forward running at the time (the last piece's). The peak of that
-count per stage is what the schedule promises: the microbatches whose forward ran and backward has not.
+small token that knows which forward call saved it. A forward pre-hook on each model piece starts a new
+forward call; the loss module's saved tensors belong to the forward running at the time (the last
+piece's). A forward call counts as many microbatches as its input has microbatches' rows (one for a
+microbatch, m for the whole batch pushed through at once). Two counts per pipeline stage come back:
+
+- `peak`: the most microbatches whose forward calls still have a token alive: what autograd holds. The
+  peak of that count is what the schedule promises, the microbatches whose forward ran and backward has not.
+- `held`: the same, where a call also stays alive while any storage it saved and made itself (not a
+  parameter, buffer, microbatch, target or its own input) is alive. A backward without retain_graph drops
+  the tokens whatever the executor keeps; an executor that keeps the microbatch's output after its
+  backward (a dict entry it never pops, a list of outputs) keeps the storage, and this count sees it.
+- `left`: `held` once the call has returned and the garbage collector has run: a finished step holds nothing.
+
+What it cannot see: a copy the executor makes itself outside autograd (a clone of an output kept in a
+list) is no saved tensor; a piece whose saved tensors are all its input and parameters (a bare Linear in
+the middle of the model) shows only its tokens; and a forward run other than through the piece's
+__call__ (piece.forward(x)) fires no pre-hook, so nothing it saves is counted (the test asks that
+something was).
 
 `schedule_digest` and `simulate_packed` serve the grader's own clock on the linear-work checks: a
 schedule of 8192 ops costs a quarter of a second to send back as lists of tuples, far more than making
@@ -19,41 +33,94 @@ import contextlib
 import gc
 import hashlib
 import itertools
+import math
 import weakref
 from typing import Any, Callable, Sequence
 
 import torch
 
+_TENSOR_STORAGE = torch._C.TensorBase.untyped_storage  # the unpatched method: one Python object per live storage
+
+
+def _storage(t: Any) -> Any:
+    """The storage of a dense tensor (the same Python object while the storage lives), else None."""
+    if not isinstance(t, torch.Tensor) or t.layout != torch.strided or t.device.type == "meta":
+        return None
+    try:
+        return _TENSOR_STORAGE(t)
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+class _Call:
+    """One forward call of a model piece: its stage, how many microbatches it carries, what it holds."""
+
+    __slots__ = ("stage", "weight", "tokens", "storages", "inputs", "held")
+
+    def __init__(self, stage: int, weight: int, inputs: list):
+        self.stage, self.weight = stage, weight
+        self.tokens = 0  # saved-tensor tokens alive
+        self.storages: set[int] = set()  # ids of the storages it saved and made itself, while alive
+        self.inputs = inputs  # weak references to its inputs' storages (never its own)
+        self.held = False
+
 
 class _Census:
-    def __init__(self, num_stages: int):
+    def __init__(self, num_stages: int, rows: int | None, excluded: Sequence[Any]):
         self.num_stages = num_stages
-        self.current: tuple[int, int] | None = None  # (stage, forward call id) saving tensors now
-        self.next_call = 0
-        self.tokens: dict[int, int] = {}  # forward call id -> live saved tensors
-        self.live = [0] * num_stages  # forward calls with a live saved tensor, per stage
+        self.rows = rows  # rows of one microbatch
+        self._excluded = [s for s in excluded if s is not None]  # kept alive: their ids must not be reused
+        self.excluded = {id(s) for s in self._excluded}
+        self.current: _Call | None = None  # the forward call saving tensors now
+        self.live = [0] * num_stages  # microbatches with a token alive, per stage
         self.peak = [0] * num_stages
+        self.held = [0] * num_stages  # microbatches with a token or a storage of their own alive, per stage
+        self.held_peak = [0] * num_stages
 
-    def start_forward(self, piece: int) -> None:
-        self.current = (piece % self.num_stages, self.next_call)
-        self.next_call += 1
+    def start_forward(self, piece: int, args: tuple) -> None:
+        first = args[0] if args else None
+        weight = 1
+        if isinstance(first, torch.Tensor) and first.dim() > 0 and self.rows:
+            weight = max(1, math.ceil(first.shape[0] / self.rows))
+        inputs = [weakref.ref(s) for s in map(_storage, args) if s is not None]
+        self.current = _Call(piece % self.num_stages, weight, inputs)
 
     def pack(self, tensor: torch.Tensor) -> Any:
         token = _Token(tensor)
-        if self.current is not None:
-            stage, call = self.current
-            if self.tokens.get(call, 0) == 0:
-                self.live[stage] += 1
-                self.peak[stage] = max(self.peak[stage], self.live[stage])
-            self.tokens[call] = self.tokens.get(call, 0) + 1
-            weakref.finalize(token, self.release, stage, call)
+        call = self.current
+        if call is None:
+            return token
+        if call.tokens == 0:
+            self.live[call.stage] += call.weight
+            self.peak[call.stage] = max(self.peak[call.stage], self.live[call.stage])
+        call.tokens += 1
+        weakref.finalize(token, self.release, call)
+        storage = _storage(tensor)
+        if (storage is not None and id(storage) not in self.excluded and id(storage) not in call.storages
+                and not any(ref() is storage for ref in call.inputs)):
+            call.storages.add(id(storage))
+            weakref.finalize(storage, self.drop, call, id(storage))
+        self._update(call)
         return token
 
-    def release(self, stage: int, call: int) -> None:
-        self.tokens[call] -= 1
-        if self.tokens[call] == 0:
-            del self.tokens[call]
-            self.live[stage] -= 1
+    def release(self, call: _Call) -> None:
+        call.tokens -= 1
+        if call.tokens == 0:
+            self.live[call.stage] -= call.weight
+        self._update(call)
+
+    def drop(self, call: _Call, key: int) -> None:
+        call.storages.discard(key)
+        self._update(call)
+
+    def _update(self, call: _Call) -> None:
+        held = call.tokens > 0 or bool(call.storages)
+        if held and not call.held:
+            self.held[call.stage] += call.weight
+            self.held_peak[call.stage] = max(self.held_peak[call.stage], self.held[call.stage])
+        elif call.held and not held:
+            self.held[call.stage] -= call.weight
+        call.held = held
 
 
 class _Token:
@@ -63,11 +130,23 @@ class _Token:
         self.tensor = tensor
 
 
+def _owned_storages(stages: Sequence[torch.nn.Module], loss_fn: Any, microbatches: Sequence[Any],
+                    targets: Sequence[Any]) -> list:
+    """The storages no forward call makes: parameters and buffers, the microbatches and the targets."""
+    tensors: list = []
+    for module in [*stages, loss_fn]:
+        if isinstance(module, torch.nn.Module):
+            tensors += [*module.parameters(), *module.buffers()]
+    tensors += [*microbatches, *targets]
+    return [_storage(t) for t in tensors]
+
+
 def census(run_pipeline: Callable, stages: Sequence[torch.nn.Module], microbatches: Sequence[torch.Tensor],
            targets: Sequence[torch.Tensor], schedule: Sequence[Sequence[tuple]], loss_fn: torch.nn.Module,
-           dirty_grads: bool = False) -> tuple[Any, list[int], list[int]]:
+           dirty_grads: bool = False) -> tuple[Any, list[int], list[int], list[int]]:
     """Call ``run_pipeline(stages, microbatches, targets, schedule, loss_fn)`` and return
-    ``(its result, peak live forwards per stage, live forwards per stage at the end)``.
+    ``(its result, peak microbatches autograd held per stage, peak microbatches held per stage by autograd or
+    by the storages their forwards saved, microbatches still held per stage at the end)``.
 
     With `dirty_grads`, every parameter first gets a stale gradient (as after an earlier step), which
     a correct run_pipeline zeroes before it starts.
@@ -76,8 +155,10 @@ def census(run_pipeline: Callable, stages: Sequence[torch.nn.Module], microbatch
         for piece in stages:
             for q in piece.parameters():
                 q.grad = torch.full_like(q, 100.0)
-    counter = _Census(len(schedule))
-    hooks = [piece.register_forward_pre_hook(lambda _m, _a, i=i: counter.start_forward(i))
+    first = microbatches[0] if len(microbatches) else None
+    rows = first.shape[0] if isinstance(first, torch.Tensor) and first.dim() > 0 else None
+    counter = _Census(len(schedule), rows, _owned_storages(stages, loss_fn, microbatches, targets))
+    hooks = [piece.register_forward_pre_hook(lambda _m, args, i=i: counter.start_forward(i, args))
              for i, piece in enumerate(stages)]
     try:
         with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda token: token.tensor):
@@ -85,8 +166,9 @@ def census(run_pipeline: Callable, stages: Sequence[torch.nn.Module], microbatch
     finally:
         for hook in hooks:
             hook.remove()
+        counter.current = None
     gc.collect()  # forwards the student dropped without a backward are freed now, not counted as live
-    return result, list(counter.peak), list(counter.live)
+    return result, list(counter.peak), list(counter.held_peak), list(counter.held)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -198,6 +198,7 @@ MUTANTS = [
                ("torch.autograd.backward(y, None if c == last else grad_inbox.pop((mb, c)))",
                 "torch.autograd.backward(y, None if c == last else grad_inbox.pop((mb, c)), retain_graph=True)")],
         loses=["run_pipeline_memory"],
+        keeps=["run_pipeline", "run_pipeline_public"],
     ),
     Mutant(
         name="all_forwards_first",
@@ -236,3 +237,162 @@ MUTANTS += [
     ),
 ]
 
+
+# ---- the signature: right numbers, technique skipped (issue 36) ----
+# run_pipeline_memory's census (grader/support/pipeline_1f1b.py) counts, per stage, the microbatches whose forward
+# calls autograd still holds (a forward of the whole batch counts m) and the storages those forwards saved; the
+# peaks the 1F1B check reads come from the trusted simulator.
+MUTANTS += [
+    Mutant(
+        name="textbook",
+        why="run_pipeline checks the schedule, then pushes the whole batch through the pieces in one forward and one "
+            "backward (the loss the mean of the microbatches' losses) and reports the schedule's peaks: the right loss "
+            "and gradients, every activation held at once",
+        edits=[("    for s, (kind, mb, c) in _walk(plan):\n        if kind == \"F\":",
+                "    for _ in _walk(plan):  # a deadlock still raises; the order is not used\n        pass\n"
+                "    peak = [_peak_in_flight(row) for row in plan.ops]\n"
+                "    out = torch.cat(list(microbatches))\n"
+                "    for piece in stages:\n        out = piece(out)\n"
+                "    n = len(microbatches[0])\n"
+                "    batch_loss = sum(loss_fn(out[i * n:(i + 1) * n], targets[i]) for i in range(m)) / m\n"
+                "    batch_loss.backward()\n    total_loss = batch_loss.item()\n"
+                "    for s, (kind, mb, c) in []:\n        if kind == \"F\":")],
+        loses=["run_pipeline_memory"],
+        keeps=["run_pipeline", "run_pipeline_public"],
+    ),
+    Mutant(
+        name="forwards_first_reports_the_schedule",
+        why="run_pipeline runs every forward of the walk, then every backward (GPipe, whatever the schedule), and "
+            "reports the peaks the schedule would have: the right loss, gradients and reported peaks",
+        edits=[("for s, (kind, mb, c) in _walk(plan):\n        if kind == \"F\":",
+                "for s, (kind, mb, c) in sorted(_walk(plan), key=lambda item: item[1][0] == \"B\"):\n        if kind == \"F\":"),
+               ("return PipelineRun(total_loss, grads, peak)",
+                "return PipelineRun(total_loss, grads, [_peak_in_flight(row) for row in plan.ops])")],
+        loses=["run_pipeline_memory"],
+        keeps=["run_pipeline", "run_pipeline_public"],
+    ),
+    Mutant(
+        name="keeps_outputs_after_backward",
+        why="reads each microbatch's (input, output) at its backward without popping it: autograd frees the graph, "
+            "but every output a forward saved stays alive in the dict until the step ends",
+        edits=[("x, y = saved.pop((mb, c))", "x, y = saved[(mb, c)]")],
+        loses=["run_pipeline_memory"],
+        keeps=["run_pipeline", "run_pipeline_public"],
+    ),
+    Mutant(
+        name="1f1b_is_gpipe",
+        why="one_f_one_b_schedule returns GPipe's order: a valid schedule with the same makespan and bubble, that "
+            "holds all m microbatches on every stage",
+        edits=[('    """1F1B (PipeDream-Flush): warm up with p - s - 1 forwards, then alternate, then drain."""\n',
+                '    """1F1B (PipeDream-Flush): warm up with p - s - 1 forwards, then alternate, then drain."""\n'
+                '    return gpipe_schedule(num_stages, num_microbatches)\n')],
+        loses=["one_f_one_b", "schedules_public"],
+    ),
+    Mutant(
+        name="interleaved_all_forwards_first",
+        why="the interleaved schedule warms up with every forward (GPipe over the chunks): valid, and every stage "
+            "holds all m v (microbatch, chunk) pairs",
+        edits=[("warmup = min(2 * (p - s - 1) + (v - 1) * p, total)", "warmup = total")],
+        loses=["interleaved", "schedules_public"],
+    ),
+]
+
+# ---- contract clauses drawn for issue 36 (one mutant each) ----
+MUTANTS += [
+    Mutant(
+        name="1f1b_accepts_float_sizes",
+        why="one_f_one_b_schedule checks only that p and m are at least 1: 2.0 stages get past it",
+        edits=[("    _check_positive(num_stages=num_stages, num_microbatches=num_microbatches)\n"
+                "    p, m = num_stages, num_microbatches\n    schedule = []\n",
+                "    if num_stages < 1 or num_microbatches < 1:\n"
+                "        raise ValueError(f\"sizes must be >= 1, found {num_stages}, {num_microbatches}\")\n"
+                "    p, m = num_stages, num_microbatches\n    schedule = []\n")],
+        loses=["one_f_one_b"],
+    ),
+    Mutant(
+        name="interleaved_accepts_no_microbatches",
+        why="the interleaved schedule checks p, v and m % p, but not m itself: m = 0 passes m % p == 0 and gives "
+            "empty stages",
+        edits=[("    _check_positive(num_stages=num_stages, num_microbatches=num_microbatches, num_chunks=num_chunks)\n",
+                "    _check_positive(num_stages=num_stages, num_chunks=num_chunks)\n")],
+        loses=["interleaved"],
+    ),
+    Mutant(
+        name="negative_times_accepted",
+        why="simulate never checks its times: a negative forward_time is simulated as if it were one",
+        edits=[('        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:\n'
+                '            raise ValueError(f"{name} must be a number >= 0, found {value!r}")\n', "        pass\n")],
+        loses=["simulate"],
+    ),
+    Mutant(
+        name="empty_pipeline_takes_no_time",
+        why="simulate answers a schedule whose stages hold no ops with a makespan of 0 instead of refusing it",
+        edits=[("    plan = _plan(schedule)\n    p, v = plan.num_stages, plan.num_chunks\n",
+                "    if isinstance(schedule, list) and schedule and not any(schedule):\n"
+                "        return SimResult(0.0, 0.0, [0] * len(schedule), [[] for _ in schedule])\n"
+                "    plan = _plan(schedule)\n    p, v = plan.num_stages, plan.num_chunks\n")],
+        loses=["simulate"],
+    ),
+    Mutant(
+        name="float_ids_accepted",
+        why="an op's microbatch and chunk are checked to be >= 0 but not to be ints: ('F', 1.5) gets past, and "
+            "fails later with a TypeError",
+        edits=[("if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in op[1:]):",
+                "if any(x < 0 for x in op[1:]):")],
+        loses=["simulate"],
+    ),
+    Mutant(
+        name="long_ops_accepted",
+        why="an op is checked to have at least two items: ('F', 0, 0, 0) is taken for an interleaved op",
+        edits=[("len(op) not in (2, 3)", "len(op) < 2")],
+        loses=["simulate"],
+    ),
+    Mutant(
+        name="default_times_equal",
+        why="simulate's backward_time defaults to 1.0, the forward's, not the contract's 2.0",
+        edits=[("backward_time: float = 2.0", "backward_time: float = 1.0")],
+        loses=["simulate"],
+    ),
+    Mutant(
+        name="pieces_not_counted",
+        why="run_pipeline never compares the pieces with the schedule: a piece too many is given a zero gradient, "
+            "one too few fails with an IndexError",
+        edits=[("    if len(stages) != p * v:\n", "    if False:\n")],
+        loses=["run_pipeline"],
+    ),
+    Mutant(
+        name="microbatches_not_counted",
+        why="run_pipeline never compares the microbatches and targets with the schedule: extra ones are ignored",
+        edits=[("    if len(microbatches) != m or len(targets) != m:\n", "    if False:\n")],
+        loses=["run_pipeline"],
+    ),
+    Mutant(
+        name="missing_op_accepted",
+        why="the schedule's ops are checked for duplicates but not for completeness: a stage that never runs a "
+            "backward nothing waits on is run (and timed) without it",
+        edits=[('                        raise ValueError(f"stage {s} never runs {_show((kind, mb, c), arity)}")\n',
+                "                        pass\n")],
+        loses=["run_pipeline", "simulate"],
+    ),
+    Mutant(
+        name="mse_hardcoded",
+        why="run_pipeline scores every microbatch with mean squared error, whatever loss_fn it is handed",
+        edits=[("y = loss_fn(y, targets[mb]) / m  # mean over microbatches",
+                "y = torch.nn.functional.mse_loss(y, targets[mb]) / m  # mean over microbatches")],
+        loses=["run_pipeline"],
+    ),
+    Mutant(
+        name="casts_to_float32",
+        why="run_pipeline feeds the first piece microbatches[mb].float(): a float64 model cannot take them",
+        edits=[("x = microbatches[mb] if c == 0 else", "x = microbatches[mb].float() if c == 0 else")],
+        loses=["run_pipeline"],
+    ),
+    Mutant(
+        name="skips_parameters_without_gradient",
+        why="run_pipeline returns the gradients that exist, leaving out a frozen parameter's instead of giving it "
+            "zeros",
+        edits=[("[(q.grad if q.grad is not None else torch.zeros_like(q)).detach().clone() for q in stage.parameters()]",
+                "[q.grad.detach().clone() for q in stage.parameters() if q.grad is not None]")],
+        loses=["run_pipeline"],
+    ),
+]

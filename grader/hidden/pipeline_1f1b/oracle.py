@@ -10,8 +10,9 @@
   Makespan, bubble fraction (p * makespan - busy) / (p * makespan) and peak live activations per stage.
 - `event_oracle`: the README's contract rule by rule (returning a `Verdict`), then one event at a time:
   of the stages whose next op has all its inputs, the one that can start it earliest starts it.
-- `full_batch_oracle`: the loss and gradients of the whole batch through a float64 copy of the model, in
-  one go (what a pipeline's accumulated microbatch gradients must equal).
+- `full_batch_oracle`: the loss (mean squared error, or cross-entropy over class ids) and gradients of the
+  whole batch through a float64 copy of the model, in one go (what a pipeline's accumulated microbatch
+  gradients must equal).
 """
 
 from __future__ import annotations
@@ -296,11 +297,16 @@ def event_oracle(schedule, tf: float, tb: float, p2p: float) -> Verdict:
     )
 
 
-def full_batch_oracle(stages, xs, ys):
-    """The whole batch through a float64 copy of the model in one go: loss and gradients."""
+def full_batch_oracle(stages, xs, ys, loss: str = "mse"):
+    """The whole batch through a float64 copy of the model in one go: loss and gradients. `loss` is "mse" (the
+    mean squared error against float targets) or "cross_entropy" (class ids, int64 targets, kept as they are)."""
     model = copy.deepcopy(torch.nn.Sequential(*stages)).double()
     model.zero_grad(set_to_none=True)
-    loss = torch.nn.functional.mse_loss(model(torch.cat(xs).double()), torch.cat(ys).double())
-    loss.backward()
+    out = model(torch.cat(xs).double())
+    if loss == "cross_entropy":
+        value = torch.nn.functional.cross_entropy(out, torch.cat(ys))
+    else:
+        value = torch.nn.functional.mse_loss(out, torch.cat(ys).double())
+    value.backward()
     grads = [[q.grad if q.grad is not None else torch.zeros_like(q) for q in piece.parameters()] for piece in model]
-    return float(loss.detach()), grads
+    return float(value.detach()), grads

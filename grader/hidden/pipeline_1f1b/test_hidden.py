@@ -519,6 +519,29 @@ def test_1f1b_backwards_are_first_in_first_out(pm):
 
 
 @pytest.mark.check("one_f_one_b")
+def test_1f1b_holds_at_most_min_p_minus_s_m_microbatches(pm):
+    """The point of 1F1B: stage s holds at most min(p - s, m) microbatches' activations (GPipe holds m), counted by
+    the trusted simulator along each stage's list."""
+    for p, m in GRID:
+        got = as_ops(pm.one_f_one_b_schedule(p, m))
+        assert len(got) == p, f"one_f_one_b_schedule({p}, {m}) returned {len(got)} stages, expected {p}"
+        peaks = trusted_simulate(got)["peaks"] if is_valid(got) else None
+        want = [min(p - s, m) for s in range(p)]
+        if peaks is None:
+            pytest.fail(f"one_f_one_b_schedule({p}, {m}) cannot run (test_1f1b_is_valid_for_every_size says why)")
+        more = [s for s in range(p) if peaks[s] > want[s]]
+        assert not more, (
+            f"one_f_one_b_schedule({p}, {m}): stage {more[0]} has up to {peaks[more[0]]} microbatches in flight "
+            f"(forward run, backward not yet), where 1F1B holds at most min(p - s, m) = {want[more[0]]}; per stage "
+            f"{peaks} against {want}. A schedule that runs more forwards before its backwards is valid, and takes as "
+            "long, but it keeps more activations: the warm-up is p - s - 1 forwards, then one forward and one backward"
+        )
+        assert peaks == want, (
+            f"one_f_one_b_schedule({p}, {m}): peak microbatches in flight per stage are {peaks}, expected {want}"
+        )
+
+
+@pytest.mark.check("one_f_one_b")
 def test_1f1b_exact_order_and_peak_memory(pm):
     for p, m in GRID:
         got = as_ops(pm.one_f_one_b_schedule(p, m))
@@ -553,10 +576,10 @@ def test_1f1b_work_is_linear(student, pm):
 @pytest.mark.check("one_f_one_b")
 def test_1f1b_rejects_bad_sizes(pm):
     must_accept("one_f_one_b_schedule(2, 3)", lambda: pm.one_f_one_b_schedule(2, 3))
-    for args in [(0, 3), (2, 0), (2, -3)]:
+    for args in [(0, 3), (2, 0), (2, -3), (2.0, 3), (2, 3.0)]:
         with pytest.raises(ValueError):
             pm.one_f_one_b_schedule(*args)
-            pytest.fail(f"one_f_one_b_schedule{args} should raise ValueError")
+            pytest.fail(f"one_f_one_b_schedule{args} should raise ValueError: sizes are positive ints")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -654,12 +677,16 @@ def test_interleaved_work_is_linear(student, pm):
 
 
 @pytest.mark.check("interleaved")
-@pytest.mark.parametrize("args", [(4, 6, 2), (4, 8, 1), (3, 5, 2), (0, 4, 2), (2, 4, 0)])
+@pytest.mark.parametrize(
+    "args", [(4, 6, 2), (4, 8, 1), (3, 5, 2), (0, 4, 2), (2, 4, 0), (2, 0, 2), (-2, 4, 2), (2.0, 4, 2), (2, 4, 2.0)]
+)
 def test_interleaved_rejects_bad_sizes(pm, args):
     must_accept("interleaved_schedule(2, 4, 2)", lambda: pm.interleaved_schedule(2, 4, 2))
     with pytest.raises(ValueError):
         pm.interleaved_schedule(*args)
-        pytest.fail(f"interleaved_schedule{args} should raise ValueError: it needs m % p == 0 and v >= 2")
+        pytest.fail(
+            f"interleaved_schedule{args} should raise ValueError: sizes are positive ints, with m % p == 0 and v >= 2"
+        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -866,6 +893,8 @@ def test_simulate_known_schedules_with_random_costs(pm, rng):
     for p, m in [(1, 3), (3, 2), (4, 8), (5, 5)]:
         tf, tb, p2p = rnd.uniform(0.5, 2), rnd.uniform(0.5, 3), rnd.choice([0.0, rnd.uniform(0.05, 0.5)])
         for name, sched in [("gpipe", expected_gpipe(p, m)), ("1F1B", expected_1f1b(p, m))]:
+            compare_sim(pm.simulate(sched), trusted_simulate(sched, 1.0, 2.0, 0.0),
+                        f"simulate({name} p={p} m={m}) with the default times (t_f=1, t_b=2, p2p=0)")
             got = pm.simulate(sched, tf, tb, p2p)
             compare_sim(
                 got,
@@ -1001,6 +1030,13 @@ def test_simulate_names_the_stuck_ops(pm, case):
         ([[("F", 0), ("B", 0, 0)]], "plain and interleaved ops mixed"),
         ([[("X", 0), ("B", 0)]], "an op that is neither F nor B"),
         ([[("F", -1), ("B", -1)]], "a negative microbatch"),
+        ([[], []], "two stages and no ops"),
+        ([[("F", 1.5), ("B", 1.5)]], "a microbatch id that is not an int"),
+        ([[("F", 0, 0.0), ("B", 0, 0.0)]], "a chunk id that is not an int"),
+        ([[("F",), ("B",)]], "ops without a microbatch"),
+        ([[("F", 0, 0, 0), ("B", 0, 0, 0)]], "ops of four items"),
+        ([["F0", "B0"]], "ops spelled as strings"),
+        ([[("F", 0), ("B", 0)], "F0"], "a stage that is not a list of ops"),
     ],
 )
 def test_simulate_rejects_malformed_schedules(pm, sched, why):
@@ -1008,6 +1044,16 @@ def test_simulate_rejects_malformed_schedules(pm, sched, why):
     with pytest.raises(ValueError):
         pm.simulate(sched)
         pytest.fail(f"simulate({sched}) should raise ValueError: {why}")
+
+
+@pytest.mark.check("simulate")
+@pytest.mark.parametrize("times", [(-1.0, 2.0, 0.0), (1.0, -0.5, 0.0), (1.0, 2.0, -0.25)])
+def test_simulate_rejects_negative_times(pm, times):
+    sched = expected_1f1b(2, 2)
+    must_accept("simulate(1F1B p=2 m=2, 1.0, 2.0, 0.5)", lambda: pm.simulate(sched, 1.0, 2.0, 0.5))
+    with pytest.raises(ValueError):
+        pm.simulate(sched, *times)
+        pytest.fail(f"simulate(1F1B p=2 m=2, {times[0]}, {times[1]}, {times[2]}) should raise ValueError: a time is >= 0")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1299,8 +1345,11 @@ def batch(rng: torch.Generator, m: int, n: int = 5, d_in: int = 6, d_out: int = 
     return xs, ys
 
 
-def check_run(run, stages, xs, ys, what: str) -> None:
-    want_loss, want_grads = full_batch_oracle(stages, xs, ys)
+def check_run(run, stages, xs, ys, what: str, loss: str = "mse", tol: tuple = (1e-5, 1e-4)) -> None:
+    """The student's PipelineRun against the full-batch oracle: the mean loss as a float, every piece's gradients
+    in parameters() order, in each parameter's dtype (`loss` names loss_fn for the oracle; `tol` is (atol, rtol))."""
+    want_loss, want_grads = full_batch_oracle(stages, xs, ys, loss)
+    atol, rtol = tol
     fields = getattr(run, "_fields", ())
     assert isinstance(fields, tuple) and fields == ("loss", "grads", "peak_activations"), (
         f"{what}: run_pipeline should return the PipelineRun NamedTuple (loss, grads, peak_activations), "
@@ -1312,38 +1361,58 @@ def check_run(run, stages, xs, ys, what: str) -> None:
         pytest.fail(
             f"{what}: loss is {run.loss:.6g}, m = {m} times the mean {want_loss:.6g}: divide each microbatch's loss by m"
         )
-    assert math.isclose(run.loss, want_loss, rel_tol=1e-4, abs_tol=1e-6), (
+    assert math.isclose(run.loss, want_loss, rel_tol=max(rtol, 1e-9), abs_tol=1e-6), (
         f"{what}: loss {run.loss:.6g}, expected the mean {want_loss:.6g}"
     )
-    assert len(run.grads) == len(want_grads), f"{what}: grads for {len(run.grads)} pieces, expected {len(want_grads)}"
-    for c, (got_c, want_c) in enumerate(zip(run.grads, want_grads)):
+    grads = plain_list(run.grads, f"{what}: grads")
+    assert len(grads) == len(want_grads), f"{what}: grads for {len(grads)} pieces, expected {len(want_grads)}"
+    for c, (got_c, want_c) in enumerate(zip(grads, want_grads)):
+        params = list(stages[c].parameters())
+        got_c = plain_list(got_c, f"{what}: piece {c}'s gradients")
         assert len(got_c) == len(want_c), (
-            f"{what}: piece {c} has {len(want_c)} parameters, found {len(got_c)} gradients"
+            f"{what}: piece {c} has {len(want_c)} parameters, found {len(got_c)} gradients (one per parameter, "
+            "in parameters() order, zeros for a parameter that got none)"
         )
         for i, (g, w) in enumerate(zip(got_c, want_c)):
             assert isinstance(g, torch.Tensor), (
                 f"{what}: piece {c} grad {i} should be a tensor, found {type(g).__name__} {show(g)}"
+                + (": a parameter that got no gradient (frozen, or unused) gets zeros" if g is None else "")
             )
             assert tuple(g.shape) == tuple(w.shape), (
                 f"{what}: piece {c} grad {i} has shape {tuple(g.shape)}, expected {tuple(w.shape)}"
             )
-            if m > 1 and is_close(g, w * m, atol=1e-6, rtol=1e-4) and not is_close(g, w, atol=1e-6, rtol=1e-4):
+            assert g.dtype == params[i].dtype, (
+                f"{what}: piece {c} grad {i} is {g.dtype}, its parameter {params[i].dtype}: a gradient comes back "
+                "in its parameter's dtype (run the pieces in the dtype they hold, cast nothing)"
+            )
+            if m > 1 and is_close(g, w * m, atol=atol, rtol=rtol) and not is_close(g, w, atol=atol, rtol=rtol):
                 pytest.fail(
                     f"{what}: piece {c} grad {i} is m = {m} times too large: divide each microbatch's loss by m before its backward"
                 )
             assert_close(
                 g,
                 w,
-                atol=1e-5,
-                rtol=1e-4,
+                atol=atol,
+                rtol=rtol,
                 what=f"{what}: piece {c} parameter {i} gradient, against the full-batch one",
                 hint="Did you zero the gradients first, send each piece the detached output of the one before, and "
                 "backpropagate the gradient the next piece sent back?",
             )
 
 
-def drive(student, pm, stages, xs, ys, sched):
-    return student.drive(DRIVER, pm.run_pipeline, stages, xs, ys, sched, torch.nn.MSELoss())
+def check_reported_peaks(run, sched, what: str) -> None:
+    """peak_activations as the contract defines it: per stage, the most (mb, chunk) pairs in flight."""
+    want = trusted_simulate(sched)["peaks"]
+    peaks = peaks_of(run.peak_activations, len(sched), what)
+    assert peaks == want, (
+        f"{what}: peak_activations {show(peaks)}, expected {want}: per STAGE, the most (microbatch, chunk) pairs "
+        "whose forward ran and whose backward has not"
+    )
+
+
+def drive(student, pm, stages, xs, ys, sched, loss_fn=None):
+    return student.drive(DRIVER, pm.run_pipeline, stages, xs, ys, sched,
+                         torch.nn.MSELoss() if loss_fn is None else loss_fn)
 
 
 @pytest.mark.check("run_pipeline")
@@ -1352,8 +1421,10 @@ def test_run_pipeline_matches_full_batch_gradients(student, pm, rng, seed, kind)
     stages = mlp_stages(seed)
     xs, ys = batch(rng, 8)
     sched = expected_1f1b(4, 8) if kind == "1f1b" else expected_gpipe(4, 8)
-    run, _, _ = drive(student, pm, stages, xs, ys, sched)
-    check_run(run, stages, xs, ys, f"run_pipeline(4-stage MLP, 8 microbatches, {kind})")
+    run, *_ = drive(student, pm, stages, xs, ys, sched)
+    what = f"run_pipeline(4-stage MLP, 8 microbatches, {kind})"
+    check_run(run, stages, xs, ys, what)
+    check_reported_peaks(run, sched, what)
 
 
 @pytest.mark.check("run_pipeline")
@@ -1363,7 +1434,7 @@ def test_run_pipeline_random_schedules(student, pm, rng, seed):
         stages = mlp_stages(seed + p, widths=(6, 9, 11, 7)[:p] + (3,))
         xs, ys = batch(rng, m)
         sched = random_valid_schedule(rnd, p, m)
-        run, _, _ = drive(student, pm, stages, xs, ys, sched)
+        run, *_ = drive(student, pm, stages, xs, ys, sched)
         check_run(run, stages, xs, ys, f"run_pipeline(p={p}, m={m}, schedule {sched})")
 
 
@@ -1371,7 +1442,7 @@ def test_run_pipeline_random_schedules(student, pm, rng, seed):
 def test_run_pipeline_zeroes_the_gradients_first(student, pm, rng, seed):
     stages = mlp_stages(seed)
     xs, ys = batch(rng, 4)
-    run, _, _ = student.drive(
+    run, *_ = student.drive(
         DRIVER, pm.run_pipeline, stages, xs, ys, expected_1f1b(4, 4), torch.nn.MSELoss(), dirty_grads=True
     )
     _, want_grads = full_batch_oracle(stages, xs, ys)
@@ -1394,14 +1465,10 @@ def test_run_pipeline_interleaved_chunks(student, pm, rng, seed):
     p, m, v = 2, 4, 2
     stages = mlp_stages(seed, widths=(6, 8, 10, 8, 3))
     xs, ys = batch(rng, m)
-    run, _, _ = drive(student, pm, stages, xs, ys, expected_interleaved(p, m, v))
+    sched = expected_interleaved(p, m, v)
+    run, *_ = drive(student, pm, stages, xs, ys, sched)
     check_run(run, stages, xs, ys, "run_pipeline(4 chunks on 2 stages, interleaved schedule)")
-    want = trusted_simulate(expected_interleaved(p, m, v))["peaks"]
-    peaks = peaks_of(run.peak_activations, p, "interleaved run")
-    assert peaks == want, (
-        f"interleaved run: peak_activations {show(peaks)}, expected {want} per STAGE "
-        "(each counts the (mb, chunk) pairs alive on that stage)"
-    )
+    check_reported_peaks(run, sched, "interleaved run (each stage counts the (mb, chunk) pairs alive on it)")
 
 
 @pytest.mark.check("run_pipeline")
@@ -1411,8 +1478,42 @@ def test_run_pipeline_with_your_own_1f1b(student, pm, rng, seed):
     sched = as_ops(pm.one_f_one_b_schedule(4, 8))
     if not is_valid(sched):  # graded by the 1F1B checks; here only the executor is graded
         sched = expected_1f1b(4, 8)
-    run, _, _ = drive(student, pm, stages, xs, ys, sched)
+    run, *_ = drive(student, pm, stages, xs, ys, sched)
     check_run(run, stages, xs, ys, "run_pipeline(4-stage MLP, 8 microbatches, your one_f_one_b_schedule(4, 8))")
+
+
+@pytest.mark.check("run_pipeline")
+def test_run_pipeline_scores_with_the_loss_fn_it_is_given(student, pm, rng, seed):
+    """loss_fn is an argument: cross-entropy over class ids (int64 targets) gives other gradients than MSE."""
+    p, m, classes = 3, 6, 5
+    stages = mlp_stages(seed, widths=(6, 9, 8, classes))
+    xs = [torch.randn(4, 6, generator=rng) for _ in range(m)]
+    ys = [torch.randint(0, classes, (4,), generator=rng) for _ in range(m)]
+    run, *_ = drive(student, pm, stages, xs, ys, expected_1f1b(p, m), torch.nn.CrossEntropyLoss())
+    check_run(run, stages, xs, ys, "run_pipeline(3 stages, 6 microbatches, loss_fn = CrossEntropyLoss(), int64 "
+              "class targets): score each microbatch with the loss_fn you are handed", loss="cross_entropy")
+
+
+@pytest.mark.check("run_pipeline")
+def test_run_pipeline_in_float64(student, pm, rng, seed):
+    """A float64 model and batch: gradients in float64, as exact as float64 allows."""
+    p, m, v = 2, 4, 2
+    stages = [piece.double() for piece in mlp_stages(seed, widths=(6, 8, 10, 8, 3))]
+    xs, ys = batch(rng, m)
+    xs, ys = [x.double() for x in xs], [y.double() for y in ys]
+    run, *_ = drive(student, pm, stages, xs, ys, expected_interleaved(p, m, v))
+    check_run(run, stages, xs, ys, "run_pipeline(a float64 model, 4 chunks on 2 stages, interleaved)",
+              tol=(1e-12, 1e-10))
+
+
+@pytest.mark.check("run_pipeline")
+def test_run_pipeline_gives_zeros_to_a_parameter_without_gradient(student, pm, rng, seed):
+    """A frozen parameter (requires_grad False) gets no gradient: its entry is zeros, in parameters() order."""
+    stages = mlp_stages(seed, widths=(6, 9, 8, 3))
+    stages[1][0].bias.requires_grad_(False)
+    xs, ys = batch(rng, 3)
+    run, *_ = drive(student, pm, stages, xs, ys, expected_1f1b(3, 3))
+    check_run(run, stages, xs, ys, "run_pipeline(3 stages, piece 1's bias frozen: requires_grad=False)")
 
 
 @pytest.mark.check("run_pipeline")
@@ -1429,45 +1530,111 @@ def test_run_pipeline_refuses_a_deadlock(pm, seed):
         pytest.fail("run_pipeline ran a schedule that deadlocks; it should raise ValueError naming the stuck ops")
 
 
-@pytest.mark.check("run_pipeline_memory")
-@pytest.mark.parametrize("kind", ["1f1b", "gpipe", "own"])
-def test_run_pipeline_reports_the_schedules_peaks(student, pm, rng, seed, kind):
-    p, m = 4, 8
-    stages = mlp_stages(seed)
-    xs, ys = batch(rng, m)
+MISMATCHES = [
+    ("three pieces for a 2-stage plain schedule", 3, 2, 2, "plain"),
+    ("one piece for a 2-stage plain schedule", 1, 2, 2, "plain"),
+    ("two pieces for an interleaved schedule of 2 stages x 2 chunks", 2, 2, 2, "interleaved"),
+    ("3 microbatches for a schedule of 2", 2, 3, 2, "plain"),
+    ("1 microbatch for a schedule of 2", 2, 1, 2, "plain"),
+    ("3 targets for a schedule of 2 microbatches", 2, 2, 3, "plain"),
+    ("a schedule that never runs ('B', 1) on stage 0", 2, 2, 2, "missing"),
+]
+
+
+@pytest.mark.check("run_pipeline")
+@pytest.mark.parametrize("case", MISMATCHES, ids=[c[0] for c in MISMATCHES])
+def test_run_pipeline_refuses_what_does_not_match_the_schedule(pm, seed, case):
+    why, pieces, n_x, n_y, kind = case
+    widths = (6, 8, 7, 9, 3)
+    valid = [[("F", 0), ("F", 1), ("B", 0), ("B", 1)], [("F", 0), ("B", 0), ("F", 1), ("B", 1)]]
+    xs, ys = [torch.ones(2, 6)] * 2, [torch.zeros(2, 3)] * 2
+    must_accept(
+        "run_pipeline on a valid 2-stage schedule, 2 pieces, 2 microbatches",
+        lambda: pm.run_pipeline(mlp_stages(seed, widths=(6, 8, 3)), xs, ys, valid, torch.nn.MSELoss()),
+    )
+    sched = {
+        "plain": valid,
+        "interleaved": expected_interleaved(2, 2, 2),
+        "missing": [[("F", 0), ("F", 1), ("B", 0)], [("F", 0), ("B", 0), ("F", 1), ("B", 1)]],
+    }[kind]
+    stages = mlp_stages(seed, widths=widths[:pieces] + (3,))
+    xs, ys = [torch.ones(2, 6)] * n_x, [torch.zeros(2, 3)] * n_y
+    with pytest.raises(ValueError):
+        pm.run_pipeline(stages, xs, ys, sched, torch.nn.MSELoss())
+        pytest.fail(
+            f"run_pipeline ran with {why}: it should raise ValueError (a schedule of p stages and v chunks needs p v "
+            "pieces, one microbatch and one target per microbatch id, and every op of every stage once)"
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# run_pipeline_memory: the signature. The executor holds, per stage, the activations of the microbatches the
+# schedule has in flight and no more: counted by the census (grader/support/pipeline_1f1b.py) in autograd's saved
+# tensors and in the storages they hold, where the student's code runs, behind the tamper gate.
+
+
+def memory_case(kind: str, pm, seed: int) -> tuple:
+    """(schedule, pieces, microbatch count, label) for a census run. Every case holds fewer microbatches than m on
+    some stage, so a run that pushes every forward first, or the whole batch at once, shows more."""
+    if kind == "1f1b":
+        return expected_1f1b(4, 8), mlp_stages(seed), 8, "1F1B, p=4, m=8"
     if kind == "own":
-        sched = as_ops(pm.one_f_one_b_schedule(p, m))
-        sched = sched if is_valid(sched) else expected_1f1b(p, m)
+        sched = as_ops(pm.one_f_one_b_schedule(3, 7))
+        sched = sched if is_valid(sched) else expected_1f1b(3, 7)
+        return sched, mlp_stages(seed, widths=(6, 9, 11, 3)), 7, "your one_f_one_b_schedule(3, 7)"
+    if kind == "interleaved":
+        return (expected_interleaved(2, 4, 2), mlp_stages(seed, widths=(6, 8, 10, 8, 3)), 4,
+                "interleaved, p=2, m=4, v=2")
+    rnd = random.Random(seed + 29)
+    for _ in range(200):  # a random valid order that keeps some stage below all m microbatches
+        sched = random_valid_schedule(rnd, 4, 6)
+        if min(trusted_simulate(sched)["peaks"]) < 6:
+            break
     else:
-        sched = expected_1f1b(p, m) if kind == "1f1b" else expected_gpipe(p, m)
-    run, measured, _ = drive(student, pm, stages, xs, ys, sched)
-    # `measured` is the census's count, taken beside the student's code; no trusted cross-check exists for it
-    # (AUTHORING.md, "What each structural check can and cannot prove"), so a file that tampers with it fails.
+        sched = expected_1f1b(4, 6)
+    return sched, mlp_stages(seed), 6, f"a random valid schedule, p=4, m=6: [{show_schedule(sched)}]"
+
+
+@pytest.mark.check("run_pipeline_memory")
+@pytest.mark.parametrize("kind", ["1f1b", "own", "interleaved", "random"])
+def test_run_pipeline_holds_what_the_schedule_holds(student, pm, rng, seed, kind):
+    sched, stages, m, label = memory_case(kind, pm, seed)
+    p = len(sched)
+    xs, ys = batch(rng, m)
+    run, measured, held, left = drive(student, pm, stages, xs, ys, sched)
+    # The census's counts come from beside the student's code; no trusted cross-check exists for them
+    # (AUTHORING.md, "What each structural check can and cannot prove"), so a file that tampers with them fails.
     student.assert_untampered(pm.run_pipeline, "the saved activations the census counted")
     want = trusted_simulate(sched)["peaks"]
-    peaks = peaks_of(run.peak_activations, p, f"run_pipeline({kind} schedule, p={p}, m={m})")
+    what = f"run_pipeline({label})"
+    peaks = peaks_of(run.peak_activations, p, what)
     assert peaks == want, (
-        f"run_pipeline({kind} schedule, p={p}, m={m}) reported peak_activations {show(peaks)}; "
-        f"the schedule keeps at most {want} microbatches alive per stage"
+        f"{what} reported peak_activations {show(peaks)}; the schedule keeps at most {want} microbatches alive per stage"
     )
     assert any(measured), (
-        "no activation saved by autograd was seen during run_pipeline: run each piece as piece(x) (its forward "
-        "hooks must fire, so not piece.forward(x)), with gradients enabled"
+        f"{what}: no activation saved by autograd was seen: run each piece as piece(x) (its forward hooks must fire, "
+        "so not piece.forward(x)), with gradients enabled"
+    )
+    more = [s for s in range(p) if measured[s] > want[s]]
+    assert not more, (
+        f"{what}: autograd held the saved activations of up to {measured} microbatches per stage at once (a forward "
+        f"of the whole batch counts m), but the schedule needs only {want}: stage {more[0]} held {measured[more[0]]}. "
+        "Run each op when the schedule says, one microbatch per forward, and let a microbatch's graph go as soon as "
+        "its backward ran (no retain_graph, no extra references)."
     )
     assert measured == want, (
-        f"run_pipeline({kind} schedule, p={p}, m={m}): autograd held the saved activations of up to {measured} "
-        f"microbatches per stage at once, but the schedule needs only {want}. Run each op when the schedule says, "
-        "and let a microbatch's graph go as soon as its backward ran (no retain_graph, no extra references)."
+        f"{what}: autograd held the saved activations of up to {measured} microbatches per stage, fewer than the "
+        f"schedule's {want}: keep each microbatch's graph from its forward to its backward (no forward under "
+        "torch.no_grad, no recomputation), one microbatch per forward"
     )
-
-
-@pytest.mark.check("run_pipeline_memory")
-def test_run_pipeline_frees_everything(student, pm, rng, seed):
-    stages = mlp_stages(seed)
-    xs, ys = batch(rng, 6)
-    _, _, left = drive(student, pm, stages, xs, ys, expected_1f1b(4, 6))
-    student.assert_untampered(pm.run_pipeline, "the saved activations the census counted")
-    assert left == [0, 0, 0, 0], (
-        f"after run_pipeline returned, the saved activations of {left} microbatches per stage were still alive: "
-        "a finished step should hold no graph"
+    kept = [s for s in range(p) if held[s] > want[s] + 1]
+    assert not kept, (
+        f"{what}: autograd released each graph at its backward, but the tensors those forwards saved stayed alive: "
+        f"up to {held} microbatches' per stage (the schedule's {want}, and one more allowed for a variable that "
+        f"outlives its backward until the stage's next op). Stage {kept[0]} kept {held[kept[0]]}. After a backward, "
+        "drop every reference to that microbatch's input and output (pop them from your dicts, keep no list of outputs)."
+    )
+    assert left == [0] * p, (
+        f"{what}: after run_pipeline returned, the activations of {left} microbatches per stage were still alive: a "
+        "finished step holds no graph and no activation"
     )
