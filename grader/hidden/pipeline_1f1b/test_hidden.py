@@ -5,6 +5,45 @@ The oracles live in oracle.py and are naive on purpose: schedules transcribed fr
 moves, another that starts one op at a time, earliest first, and gradients of the whole batch in float64.
 None of them comes from the reference solution. Generated cases (random sizes, random valid and broken
 schedules) are drawn from the run's seed; a failure names the first divergence and its usual cause.
+
+Contract clauses (exercises/pipeline_1f1b/README.md, "The contract") and the tests that draw them:
+
+| clause | tests |
+| --- | --- |
+| ops `("F"/"B", mb)`; interleaved `("F"/"B", mb, chunk)`, global chunk ids, chunk c on stage c % p | test_interleaved_chunks_live_on_their_stage; every exact-order test (as_ops, first_difference) |
+| a schedule is a list of one list of ops per stage, run in order | test_*_exact_order*, test_*_generated_sizes_op_by_op; test_simulate_rejects_malformed_schedules (a stage that is not a list) |
+| dependencies F(mb, c) <- F(mb, c - 1); B(mb, c) <- F(mb, c), B(mb, c + 1) | test_1f1b_is_valid_for_every_size, test_interleaved_is_valid (trusted simulator); test_simulate_* (two oracles) |
+| gpipe_schedule: per stage F0..F(m-1), B0..B(m-1); peak m | test_gpipe_lists_every_forward_then_every_backward, test_gpipe_generated_sizes_op_by_op, test_gpipe_makespan_and_bubble |
+| 1F1B: w = min(p - s - 1, m), F/B pairs, w backwards; F and B in order 0..m-1 | test_1f1b_warmup_counts, test_1f1b_backwards_are_first_in_first_out, test_1f1b_exact_order_and_peak_memory, test_1f1b_generated_sizes_op_by_op |
+| 1F1B holds at most min(p - s, m) on stage s (the signature, schedule side) | test_1f1b_holds_at_most_min_p_minus_s_m_microbatches, test_1f1b_exact_order_and_peak_memory |
+| GPipe and 1F1B: makespan (m + p - 1)(t_f + t_b), bubble (p - 1)/(m + p - 1) | test_gpipe_makespan_and_bubble, test_1f1b_makespan_and_bubble |
+| interleaved: warm-up min(2(p - s - 1) + (v - 1)p, m v), k-th forward / backward formulas | test_interleaved_exact_order, test_interleaved_generated_sizes_op_by_op |
+| interleaved bubble (p - 1)/(v m + p - 1) (the signature, bubble side) | test_interleaving_shrinks_the_bubble_by_v |
+| p, m: positive ints, else ValueError (gpipe, 1F1B): zero, negative, float | test_gpipe_rejects_bad_sizes, test_1f1b_rejects_bad_sizes |
+| interleaved ValueError: a size not a positive int (zero, negative, float; m = 0), v < 2, m % p != 0 | test_interleaved_rejects_bad_sizes |
+| p = 1, m < p, m = p, m = p - 1 | GRID and INTERLEAVED_GRID (p from 1), plain_sizes, interleaved_sizes |
+| simulate defaults (1.0, 2.0, 0.0) | test_simulate_known_schedules_with_random_costs; test_simulate_is_linear_* (makespans) |
+| simulate: p = len(schedule), m = largest mb + 1, v = (largest chunk + 1) / p | test_simulate_random_valid_schedules, test_simulate_interleaved_schedules, test_simulate_against_an_event_by_event_oracle |
+| cost model: stage free, each dependency done, p2p only across stages, F = t_f / v, B = t_b / v | test_simulate_known_schedules_with_random_costs, test_simulate_interleaved_schedules, test_simulate_against_an_event_by_event_oracle (start_cause, duration_cause) |
+| makespan, bubble_fraction, peak_activations, timeline (start, end, op spelled as in the schedule) | sim_divergence in every simulate test |
+| ValueError: an empty schedule, no ops | test_simulate_rejects_malformed_schedules ([], [[], []]) |
+| ValueError: not an op (kind, arity, int ids >= 0, type) | test_simulate_rejects_malformed_schedules |
+| ValueError: plain and interleaved mixed; missing, twice, misplaced; chunks not a multiple of p | test_simulate_rejects_malformed_schedules, test_simulate_flags_exactly_the_invalid_schedules, test_simulate_against_an_event_by_event_oracle |
+| ValueError: a negative time | test_simulate_rejects_negative_times |
+| ValueError: a deadlock, naming each stuck op by its repr | test_simulate_names_the_stuck_ops, test_simulate_against_an_event_by_event_oracle |
+| simulate and the schedules: work linear in the ops | test_*_work_is_linear, test_simulate_is_linear_* |
+| run_pipeline arguments: p pieces (plain) or p v (interleaved); m microbatches and targets | test_run_pipeline_matches_full_batch_gradients, test_run_pipeline_interleaved_chunks |
+| run_pipeline ValueError: as simulate (a deadlock, a missing op, an op twice, an empty schedule) | test_run_pipeline_refuses_a_deadlock, test_run_pipeline_refuses_what_does_not_match_the_schedule |
+| run_pipeline ValueError: pieces, microbatches or targets that do not match the schedule | test_run_pipeline_refuses_what_does_not_match_the_schedule |
+| loss_fn(last output, targets[i]) / m, the loss_fn handed (MSE; cross-entropy, int64 targets) | test_run_pipeline_matches_full_batch_gradients, test_run_pipeline_scores_with_the_loss_fn_it_is_given |
+| dtypes: float32 or float64 model and microbatches, gradients in the parameter's dtype | check_run (every run_pipeline test), test_run_pipeline_in_float64 |
+| 1. gradients zeroed first | test_run_pipeline_zeroes_the_gradients_first |
+| 2. the ops in an order that respects the schedule (any valid one) | test_run_pipeline_random_schedules, test_run_pipeline_with_your_own_1f1b; test_run_pipeline_holds_what_the_schedule_holds |
+| 3./4. detached inputs, backward with the next piece's gradient, every reference dropped after B | check_run; test_run_pipeline_holds_what_the_schedule_holds (the census: autograd's hold and the saved storages) |
+| 5. loss a float (the mean), grads per piece in parameters() order, zeros for a parameter with none | check_run, test_run_pipeline_gives_zeros_to_a_parameter_without_gradient |
+| 5. peak_activations per stage, (mb, chunk) pairs | check_reported_peaks (1F1B, GPipe, interleaved), test_run_pipeline_holds_what_the_schedule_holds |
+| the executor holds per stage what the schedule has in flight, nothing afterwards (the signature) | test_run_pipeline_holds_what_the_schedule_holds |
+| microbatches all the same batch size | the caller's promise: every test keeps it, none breaks it |
 """
 
 from __future__ import annotations
@@ -1538,6 +1577,8 @@ MISMATCHES = [
     ("1 microbatch for a schedule of 2", 2, 1, 2, "plain"),
     ("3 targets for a schedule of 2 microbatches", 2, 2, 3, "plain"),
     ("a schedule that never runs ('B', 1) on stage 0", 2, 2, 2, "missing"),
+    ("a schedule that runs ('F', 1) twice on stage 1", 2, 2, 2, "twice"),
+    ("an empty schedule", 2, 2, 2, "empty"),
 ]
 
 
@@ -1556,6 +1597,8 @@ def test_run_pipeline_refuses_what_does_not_match_the_schedule(pm, seed, case):
         "plain": valid,
         "interleaved": expected_interleaved(2, 2, 2),
         "missing": [[("F", 0), ("F", 1), ("B", 0)], [("F", 0), ("B", 0), ("F", 1), ("B", 1)]],
+        "twice": [[("F", 0), ("F", 1), ("B", 0), ("B", 1)], [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 1)]],
+        "empty": [],
     }[kind]
     stages = mlp_stages(seed, widths=widths[:pieces] + (3,))
     xs, ys = [torch.ones(2, 6)] * n_x, [torch.zeros(2, 3)] * n_y
