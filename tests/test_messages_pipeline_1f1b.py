@@ -55,6 +55,15 @@ CASES = [
     (("chunk_cost_not_split",), [
         ("simulate", "test_simulate_against_an_event_by_event_oracle", ["first divergence at time", "1/v"]),
     ]),
+    # the signature (issue 36): the census says which hold it saw, and what to change
+    (("textbook",), [
+        ("run_pipeline_memory", "test_run_pipeline_holds_what_the_schedule_holds", [
+            "a forward of the whole batch counts m", "the schedule needs only", "one microbatch per forward"]),
+    ]),
+    (("keeps_outputs_after_backward",), [
+        ("run_pipeline_memory", "test_run_pipeline_holds_what_the_schedule_holds", [
+            "released each graph at its backward", "stayed alive", "drop every reference"]),
+    ]),
 ]
 
 
