@@ -201,6 +201,10 @@ def grade_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed:
     problem = syntax_error((files_dir or root / "exercises" / exercise.id) / exercise.file)
     if problem is not None:
         entry["status"] = "ungradable"
+        if not (result.get("device") or {}).get("gpu"):  # as a run would have reported them: not graded here
+            for check in entry["checks"]:
+                if check["cuda"] and check["status"] == "pending":
+                    check.update(status="not_graded", points=0.0, message="not graded: no CUDA device")
         results.close_exercise(result, exercise.id, problem)
         return
     short = memory_shortfall(exercise) if opts.mode == "sandbox" else None

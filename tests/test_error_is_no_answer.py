@@ -107,8 +107,13 @@ def test_a_file_that_is_not_python_source_scores_zero_with_the_reason(tmp_path, 
     folder = hand_in(tmp_path, source)
     reason = syntax_error(folder / FILE)
     assert reason and ("not Python source" in reason or "does not compile" in reason), f"{kind}: {reason}"
-    ex = all_zero(grade_folder(folder, [EXERCISE], checks=["softmax", "normalizer"]), kind)
+    result = grade_folder(folder, [EXERCISE], checks=["softmax", "normalizer"])
+    ex = all_zero(result, kind)
     assert ex["status"] == "ungradable" and ex["message"] == reason, (ex["status"], ex["message"])
+    if not result["device"].get("gpu"):  # the CUDA checks read as a run would report them here: not graded
+        speed = checks_of(result, EXERCISE)["triton_speed"]
+        assert speed["status"] == "not_graded", speed
+        assert result["gradable_max_score"] == 90, result["gradable_max_score"]
 
 
 def test_a_large_binary_file_is_refused_before_it_is_parsed(tmp_path):
