@@ -401,4 +401,15 @@ MUTANTS += [
                                     'PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32", num_warps=1,')],
         loses=["triton_speed"],
     ),
+    Mutant(
+        name="sm_scale_zero_is_the_default",
+        why="`sm_scale or 1 / sqrt(D)`: a scale of 0 (uniform weights) silently becomes the default",
+        edits=[('"""One decode step: each sequence\'s single query attends to its cached keys through its block table."""\n'
+                "    B, Hq, D, block_size, Hkv = _check_shapes(q, k_cache, v_cache, block_tables, seq_lens)\n"
+                "    scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale",
+                '"""One decode step: each sequence\'s single query attends to its cached keys through its block table."""\n'
+                "    B, Hq, D, block_size, Hkv = _check_shapes(q, k_cache, v_cache, block_tables, seq_lens)\n"
+                "    scale = sm_scale or 1.0 / math.sqrt(D)")],
+        loses=["attention"],
+    ),
 ]

@@ -96,8 +96,9 @@ paged_attention(q, k_cache, v_cache, block_tables, seq_lens, sm_scale=None) -> [
     test_paged_attention_matches_the_oracle (Hq/Hkv = 1, 4, 6, 2)
 - float32, float16, bfloat16 in, q's dtype out, computed in float32 (to 1e-5, 5e-3, 3e-2 of the fp64 oracle):
     test_paged_attention_matches_the_oracle
-- sm_scale, default 1 / sqrt(D):
-    public test_paged_attention_scale; test_paged_attention_matches_the_oracle (0.3 and the default)
+- sm_scale, default 1 / sqrt(D), any float (0 included: uniform weights over the visible positions):
+    public test_paged_attention_scale; test_paged_attention_matches_the_oracle (0.3, 0.0 and the default);
+    test_paged_attention_triton_matches_the_oracle (0.45, 0.0 and the default)
 - an empty sequence gives zeros, not NaN:
     test_paged_attention_matches_the_oracle, test_paged_attention_all_empty
 - vectorised:
@@ -1485,6 +1486,7 @@ ATTENTION_CASES = [
     (3, 6, 1, 12, 3, torch.float32, 20, 0.3),
     (4, 8, 2, 16, 8, torch.float16, 40, None),
     (4, 8, 4, 16, 4, torch.bfloat16, 40, None),
+    (3, 4, 2, 16, 4, torch.float32, 25, 0.0),  # any float: 0 weighs every visible position alike
 ]
 
 
@@ -1597,6 +1599,7 @@ TRITON_CASES = [
     (3, 8, 2, 16, 4, torch.float32, [150, 64, 1], None, torch.int64),
     (2, 6, 1, 24, 5, torch.float16, [131, 40], None, torch.int32),
     (4, 4, 2, 8, 8, torch.float32, [8, 16, 0, 97], 0.45, torch.int64),
+    (2, 4, 2, 8, 4, torch.float32, [19, 33], 0.0, torch.int32),  # 0 is a scale, not "the default"
 ]
 
 
