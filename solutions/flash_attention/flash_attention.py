@@ -68,10 +68,13 @@ def _scale(sm_scale: float | None, head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
 
 
-def _blocks(head_dim: int) -> dict:
-    """Tile sizes and launch options (INTERPRETER_BLOCKS under the CPU interpreter)."""
+def _blocks(head_dim: int, dtype: torch.dtype) -> dict:
+    """Tile sizes and launch options (INTERPRETER_BLOCKS under the CPU interpreter). Each was compiled for sm_90
+    and spills nothing (README.md, "Performance notes")."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         return dict(INTERPRETER_BLOCKS)
+    if dtype == torch.float32:  # "ieee" fp32 products run on the FMA units, operands in registers: small tiles
+        return dict(BLOCK_M=32, BLOCK_N=32 if head_dim <= 64 else 16, num_warps=4, num_stages=2)
     if head_dim <= 64:
         return dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3)
     return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
@@ -197,7 +200,7 @@ def flash_attention_forward(
     lse = torch.empty((batch, h_q, n_q), dtype=torch.float32, device=q.device)
     if o.numel() == 0:
         return o, lse
-    cfg = _blocks(head_dim)
+    cfg = _blocks(head_dim, q.dtype)
     grid = (triton.cdiv(n_q, cfg["BLOCK_M"]), batch * h_q)
     _fwd_kernel[grid](q, k, v, o, lse, scale * LOG2E.value, n_q, n_k, h_q, h_kv,
                       HEAD_DIM=head_dim, CAUSAL=bool(causal), PRECISION=_precision(q.dtype), **cfg)
@@ -340,13 +343,20 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, sm_scale, qk_scale, N_Q, N_K, H_
     tl.store(DQ + q_off, (dq * sm_scale).to(DQ.dtype.element_ty), mask=row_ok[:, None])
 
 
-def _bwd_blocks(head_dim: int) -> tuple[dict, dict]:
-    """(dK/dV config, dQ config): the dK/dV kernel wants long key tiles, the dQ kernel long query tiles."""
+def _bwd_blocks(head_dim: int, dtype: torch.dtype) -> tuple[dict, dict]:
+    """(dK/dV config, dQ config): the dK/dV kernel wants long key tiles, the dQ kernel long query tiles. The dK/dV
+    kernel holds two fp32 accumulators of BLOCK_N x D, so it takes 8 warps (4 spilled at bf16, D = 64 causal) and
+    16-row query tiles at D = 128 (32 spilled); none of these spills on sm_90."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         return dict(INTERPRETER_BLOCKS), dict(INTERPRETER_BLOCKS)
-    warps = 4 if head_dim <= 64 else 8
-    return (dict(BLOCK_M=32, BLOCK_N=128, num_warps=warps, num_stages=3),
-            dict(BLOCK_M=128, BLOCK_N=32, num_warps=warps, num_stages=3))
+    if dtype == torch.float32:  # FMA products, operands in registers: small tiles (see _blocks)
+        return (dict(BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=2),
+                dict(BLOCK_M=32, BLOCK_N=32 if head_dim <= 64 else 16, num_warps=4, num_stages=2))
+    if head_dim <= 64:
+        return (dict(BLOCK_M=32, BLOCK_N=128, num_warps=8, num_stages=3),
+                dict(BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=3))
+    return (dict(BLOCK_M=16, BLOCK_N=128, num_warps=8, num_stages=3),
+            dict(BLOCK_M=128, BLOCK_N=32, num_warps=8, num_stages=3))
 
 
 def flash_attention_backward(
@@ -364,7 +374,7 @@ def flash_attention_backward(
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
 
-    kv_cfg, q_cfg = _bwd_blocks(head_dim)
+    kv_cfg, q_cfg = _bwd_blocks(head_dim, q.dtype)
     precision = _precision(q.dtype)
     delta = torch.empty_like(lse)
     _bwd_delta_kernel[(triton.cdiv(n_q, DELTA_ROWS), batch * h_q)](o, do, delta, n_q, HEAD_DIM=head_dim,

@@ -2,7 +2,7 @@
 
 from tests.known_wrong import Mutant
 
-_LAUNCH = """    cfg = _blocks(head_dim)
+_LAUNCH = """    cfg = _blocks(head_dim, q.dtype)
     grid = (triton.cdiv(n_q, cfg["BLOCK_M"]), batch * h_q)
     _fwd_kernel[grid](q, k, v, o, lse, scale * LOG2E.value, n_q, n_k, h_q, h_kv,
                       HEAD_DIM=head_dim, CAUSAL=bool(causal), PRECISION=_precision(q.dtype), **cfg)
@@ -253,7 +253,7 @@ _NUMPY_FORWARD = """    import numpy as np
     return o, lse
 """
 
-_KERNEL_BACKWARD = """    kv_cfg, q_cfg = _bwd_blocks(head_dim)
+_KERNEL_BACKWARD = """    kv_cfg, q_cfg = _bwd_blocks(head_dim, q.dtype)
     precision = _precision(q.dtype)
     delta = torch.empty_like(lse)
     _bwd_delta_kernel[(triton.cdiv(n_q, DELTA_ROWS), batch * h_q)](o, do, delta, n_q, HEAD_DIM=head_dim,
@@ -316,5 +316,102 @@ MUTANTS += [
           "    return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)\n",
           "    return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)\n")],
         loses=["forward_speed"],
+    ),
+]
+
+
+# --------------------------------------------------------------------------------------------------
+# The signature (issue "Right verdicts II"): right numbers, the technique skipped. Each keeps the correctness
+# checks and loses only the check that observes the signature.
+
+_PROBS_KERNEL = '''
+
+@triton.jit
+def _probs_kernel(Q, K, LSE, P, qk_scale, N_Q, N_K, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+    # One tile of one head's P = exp(scale q k^T - lse), written to memory for the backward pass.
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + offs_m[:, None] * HEAD_DIM + offs_d[None, :], mask=offs_m[:, None] < N_Q, other=0.0)
+    kt = tl.load(K + offs_n[None, :] * HEAD_DIM + offs_d[:, None], mask=offs_n[None, :] < N_K, other=0.0)
+    lse = tl.load(LSE + offs_m, mask=offs_m < N_Q, other=float("inf")) * LOG2E
+    p = tl.math.exp2(tl.dot(q, kt) * qk_scale - lse[:, None])
+    tl.store(P + offs_m[:, None] * N_K + offs_n[None, :], p, mask=(offs_m[:, None] < N_Q) & (offs_n[None, :] < N_K))
+
+
+def _probabilities(q, k, lse, sm_scale):
+    """Each head's P as one flat fp32 buffer of Nq * Nk elements per (batch, query head)."""
+    q, k = q.contiguous(), k.contiguous()
+    batch, h_q, n_q, head_dim = q.shape
+    h_kv, n_k = k.shape[1], k.shape[2]
+    probs = []
+    for b in range(batch):
+        for h in range(h_q):
+            p = torch.empty(n_q * n_k, dtype=torch.float32, device=q.device)
+            _probs_kernel[(triton.cdiv(n_q, 64), triton.cdiv(n_k, 64))](
+                q[b, h], k[b, h // (h_q // h_kv)], lse[b, h], p, _scale(sm_scale, head_dim) * LOG2E.value, n_q, n_k,
+                HEAD_DIM=head_dim, BLOCK_M=64, BLOCK_N=64)
+            probs.append(p)
+    return probs
+
+
+# --------------------------------------------------------------------------------------------------
+# Autograd
+'''
+_AUTOGRAD_HEADER = "\n\n# --------------------------------------------------------------------------------------------------\n# Autograd\n"
+_SAVE = "        ctx.save_for_backward(q, k, v, o, lse)  # O(N) memory: lse replaces the N x N matrix P\n"
+_UNPACK = "        q, k, v, o, lse = ctx.saved_tensors\n"
+
+MUTANTS += [
+    Mutant(
+        name="one_tile_forward",
+        why="the textbook kernel: the whole key range is one tile (BLOCK_N = next_power_of_2(Nk)), so its loop runs "
+            "once; right numbers under the interpreter, where a tile may be any width, but on a GPU a program cannot "
+            "hold 8,192 keys",
+        edits=[("    cfg = _blocks(head_dim, q.dtype)\n",
+                "    cfg = _blocks(head_dim, q.dtype)\n    cfg[\"BLOCK_N\"] = triton.next_power_of_2(n_k)  # every key in one tile\n")],
+        loses=["tiled_kernel"],
+        keeps=["forward_public", "causal_public", "forward", "causal", "lse", "stability", "structure"],
+    ),
+    Mutant(
+        name="saves_probabilities",
+        why="FlashAttention.forward also writes each head's P (one flat fp32 buffer per head, which no guard on "
+            "Nq x Nk shapes sees) and saves it for the backward pass, as autograd through the textbook formula does",
+        edits=[(_AUTOGRAD_HEADER, _PROBS_KERNEL),
+               (_SAVE, "        ctx.save_for_backward(q, k, v, o, lse, *_probabilities(q, k, lse, sm_scale))\n"),
+               (_UNPACK, "        q, k, v, o, lse = ctx.saved_tensors[:5]\n")],
+        loses=["saved_for_backward"],
+        keeps=["backward_public", "backward", "gqa", "structure"],
+    ),
+    Mutant(
+        name="keeps_probabilities_on_ctx",
+        why="FlashAttention.forward writes each head's P and keeps it on ctx (ctx.probs) rather than saving it with "
+            "save_for_backward: autograd's saved-tensor hooks never see it",
+        edits=[(_AUTOGRAD_HEADER, _PROBS_KERNEL),
+               (_SAVE, _SAVE + "        ctx.probs = _probabilities(q, k, lse, sm_scale)\n")],
+        loses=["saved_for_backward"],
+    ),
+]
+
+# Contract clauses the hidden tests newly draw (issue "Right verdicts II"): the ValueErrors of check_inputs beyond
+# the head dim, and strided q, k, v, o in the backward pass.
+MUTANTS += [
+    Mutant(
+        name="forward_checks_only_the_head_dim",
+        why="validates the head dim itself (the one error the README names) instead of calling check_inputs, so a "
+            "forward with Hq not a multiple of Hkv, mismatched shapes or dtypes runs and returns numbers",
+        edits=[("    check_inputs(q, k, v)\n    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()\n",
+                "    if q.shape[-1] not in SUPPORTED_HEAD_DIMS:\n"
+                "        raise ValueError(f\"head dim must be one of {SUPPORTED_HEAD_DIMS}, found {q.shape[-1]}\")\n"
+                "    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()\n")],
+        loses=["forward"],
+    ),
+    Mutant(
+        name="backward_assumes_contiguous_inputs",
+        why="makes dO contiguous in the backward pass (the autograd step can hand a strided one) but passes q, k, v "
+            "and o to the kernels as they come, which address them as contiguous [B, H, N, D]",
+        edits=[("    q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do))\n", "    do = do.contiguous()\n")],
+        loses=["backward"],
     ),
 ]

@@ -10,6 +10,58 @@ Without CUDA the kernels run under TRITON_INTERPRET=1 on small shapes, in fp16 a
 interpreter cannot do bf16 tl.dot, triton-lang/triton#11584); bf16, realistic sizes, memory and
 speed run on CUDA only. The oracles are in oracle.py; the speed checks' shapes, FLOPs and SDPA baselines
 are grader/cases/flash_attention.py's, shared with the benchmark.
+
+The technique's signature, and the checks that observe it on the CPU:
+
+- forward: the tiles a program holds and its loop over key tiles. Under the interpreter a program may hold a tile of
+  any width, so `tiled_kernel` compiles every launch for a real GPU (grader.kernelmodel: sm_90, no GPU needed), as
+  launched, at key ranges (and, for the backward pass, query ranges) of 8,192: a program that holds the whole range
+  as one tile cannot live in a GPU's registers (K and V of 8,192 keys at D = 64 are 2 MiB, against 256 KiB of
+  registers a block).
+- backward: what the forward pass leaves for it (q, k, v, o, lse: O(N D) bytes, never the Nq x Nk probabilities)
+  and the recomputation of P tile by tile. `saved_for_backward` measures the bytes autograd saved, the bytes still
+  alive between the passes among those the forward wrote, and the bytes the backward adds, at Nq = Nk = 1,024 with
+  D = 16 (one head's P in fp16 is 2 MiB, the allowances about 0.3 and 0.7 MiB).
+
+Contract clauses (README.md, "The contract") and the tests that draw them:
+
+- q [B, Hq, Nq, D], k, v [B, Hkv, Nk, D]; o q's shape and dtype; lse fp32 [B, Hq, Nq]:
+    every check_forward call (test_forward, test_causal, test_gqa_forward, ...), test_generated_causal_alignments
+- GQA, query head h reads KV head h // (Hq // Hkv): Hkv = Hq (most tests), Hkv = 1 and ratios 3 and 6:
+    test_gqa_forward, test_gqa_backward; Hkv = 1 or 2 of 2 in the generated alignments and the backward function tests
+- any strides: forward: test_forward_strided_inputs (transposed [B, N, H, D] views, every other feature, k and v
+    from one packed kv tensor); backward: test_backward_function_with_exact_o_and_lse (strided dO),
+    test_backward_function_with_strided_inputs (q, k, v, o transposed, dO strided)
+- D in {16, 32, 64, 128}: FORWARD_CASES, BACKWARD_CASES; any other D raises ValueError:
+    test_forward_rejects_unsupported_head_dims (8, 48, 256)
+- the other ValueErrors (check_inputs): not 4-D, k and v of different shapes, batch or D that differ, Hq not a
+    multiple of Hkv, dtypes outside fp16 / bf16 / fp32 or not shared: test_forward_rejects_inputs_outside_the_contract
+- fp16 and fp32: every CPU test; bf16: test_bf16, test_realistic_sizes (CUDA only; the interpreter's bf16 tl.dot is
+    wrong, triton-lang/triton#11584)
+- Nq, Nk any positive lengths, not multiples of a tile, Nq != Nk (1 to 300, and 8,192): FORWARD_CASES, CAUSAL_CASES,
+    BACKWARD_CASES, the generated alignments, test_tiled_forward_fits_a_gpu, test_tiled_backward_fits_a_gpu
+- sm_scale None means 1 / sqrt(D) (most tests); 0, negative, large used as given: test_forward_sm_scale,
+    test_lse_is_the_logsumexp_of_the_scaled_scores, test_backward_sm_scale
+- fp32 state whatever the dtype: test_long_fp16_rows_need_an_fp32_accumulator, test_scores_shifted_by_minus_1e4;
+    fp32 at full precision (ieee, not TF32): test_realistic_sizes (CUDA only; the interpreter ignores it)
+- causal bottom-right, j <= i + Nk - Nq: test_causal (Nq < Nk, =, >), test_causal_decode_row_sees_every_key,
+    test_generated_causal_alignments (+ _lse, _backward)
+- lse the natural-log logsumexp of the scaled, masked scores: test_lse_is_the_logsumexp_of_the_scaled_scores,
+    test_generated_causal_alignments_lse, check_forward(check_lse=True)
+- rows that see no key: o = 0 and lse = +inf: test_causal_rows_before_the_first_key_are_zero,
+    test_lse_is_plus_inf_for_rows_that_see_no_key, the generated alignments; dq = 0 there: test_backward,
+    test_generated_causal_alignments_backward
+- backward: dq, dk, dv with their inputs' dtypes and shapes, the group's sums for dk, dv: test_backward,
+    test_gqa_backward, the backward function tests
+- FlashAttention.apply(q, k, v, causal, sm_scale) -> o, differentiable: every training_step (test_backward, ...)
+- never the Nq x Nk matrix, no library softmax or attention: test_forward_never_builds_the_score_matrix,
+    test_backward_never_builds_the_score_matrix (and the forbidden-call guard in every call)
+- the work in Triton kernels: every test (the kernel rule); test_kernels_write_every_output (the launches),
+    test_forward_tile_loop_runs_inside_the_kernel (the host's operations do not grow with the lengths)
+- the tiles a program holds, the loop over key (and query) tiles: test_tiled_forward_fits_a_gpu,
+    test_tiled_backward_fits_a_gpu (`tiled_kernel`)
+- saved for the backward pass: q, k, v, o and lse, never P; P recomputed: test_saved_for_backward_is_linear
+    (`saved_for_backward`)
 """
 
 from __future__ import annotations
@@ -20,7 +72,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grader import blocks, rehearsal, speed, testing
+from grader import blocks, kernelmodel, rehearsal, speed, testing
 from grader.cases import flash_attention as cases
 from grader.harness.probes import KERNELS_ONLY
 from grader.hidden.flash_attention.oracle import grads_from_lse, naive_attention, naive_grads, scores
@@ -176,19 +228,63 @@ def test_forward_sm_scale(fa, rng, device, sm_scale):
     )
 
 
+def strided_qkv(rng, device, layout: str, n_q: int = 40, n_k: int = 70, d: int = 32, dtype=FP32):
+    """q [1, 2, n_q, d], k, v [1, 2, n_k, d] as views that are not contiguous: "transposed" ([B, N, H, D] tensors
+    viewed as [B, H, N, D], as models hold them), "every other feature" (a feature stride of 2), "packed kv" (k and
+    v two slices of one [B, N, 2, H, D] tensor)."""
+    if layout == "transposed":
+        q, k, v = (torch.randn(1, n, 2, d, generator=rng).transpose(1, 2) for n in (n_q, n_k, n_k))
+    elif layout == "every other feature":
+        q, k, v = (torch.randn(1, 2, n, 2 * d, generator=rng)[..., ::2] for n in (n_q, n_k, n_k))
+    else:
+        q = torch.randn(1, n_q, 2, d, generator=rng).transpose(1, 2)
+        kv = torch.randn(1, n_k, 2, 2, d, generator=rng)
+        k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
+    return [t.to(device=device, dtype=dtype) for t in (q, k, v)]  # .to keeps the strides
+
+
+STRIDED_LAYOUTS = ["transposed", "every other feature", "packed kv"]
+
+
 @pytest.mark.check("forward")
-def test_forward_strided_inputs(fa, rng, device):
-    # q, k, v as models hold them: [B, N, H, D] tensors viewed as [B, H, N, D].
-    q = torch.randn(1, 40, 2, 32, generator=rng).to(device).transpose(1, 2)
-    k = torch.randn(1, 70, 2, 32, generator=rng).to(device).transpose(1, 2)
-    v = torch.randn(1, 70, 2, 32, generator=rng).to(device).transpose(1, 2)
+@pytest.mark.parametrize("layout", STRIDED_LAYOUTS)
+def test_forward_strided_inputs(fa, rng, device, layout):
+    q, k, v = strided_qkv(rng, device, layout)
     check_forward(
         fa,
         q,
         k,
         v,
-        what="o for transposed [B, N, H, D] inputs",
-        hint="address q, k, v with their strides, or make them contiguous first",
+        what=f"o for {layout} q, k, v (strides {q.stride()}, {k.stride()}, {v.stride()})",
+        hint="q, k and v may have any strides: address them with their strides, or make them contiguous first",
+    )
+
+
+BAD_INPUTS = {  # what check_inputs refuses (README.md, "The contract"), as (q, k, v) shapes and dtypes
+    "3-D q": (((2, 4, 16), FP32), ((1, 2, 3, 16), FP32), ((1, 2, 3, 16), FP32)),
+    "k and v of different lengths": (((1, 2, 4, 16), FP32), ((1, 2, 3, 16), FP32), ((1, 2, 5, 16), FP32)),
+    "q and k of different batch sizes": (((2, 2, 4, 16), FP32), ((1, 2, 3, 16), FP32), ((1, 2, 3, 16), FP32)),
+    "q and k of different head dims": (((1, 2, 4, 32), FP32), ((1, 2, 3, 16), FP32), ((1, 2, 3, 16), FP32)),
+    "Hq = 3 query heads over Hkv = 2": (((1, 3, 4, 16), FP32), ((1, 2, 3, 16), FP32), ((1, 2, 3, 16), FP32)),
+    "float64 inputs": (((1, 2, 4, 16), torch.float64), ((1, 2, 3, 16), torch.float64), ((1, 2, 3, 16), torch.float64)),
+    "fp16 q with fp32 k and v": (((1, 2, 4, 16), FP16), ((1, 2, 3, 16), FP32), ((1, 2, 3, 16), FP32)),
+}
+
+
+@pytest.mark.check("forward")
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_forward_rejects_inputs_outside_the_contract(fa, rng, device, case):
+    # Scored only beside a working kernel, as the head-dim check below.
+    check_forward(fa, *make_qkv(rng, 1, 2, 2, 4, 3, 16, FP32, device), what="o for a 4 x 3 problem, D = 16")
+    q, k, v = (torch.zeros(shape, dtype=dtype, device=device) for shape, dtype in BAD_INPUTS[case])
+    try:
+        fa.flash_attention_forward(q, k, v)
+    except ValueError:
+        return
+    raise AssertionError(
+        f"flash_attention_forward returned for {case} (q {str(q.dtype)[6:]} {tuple(q.shape)}, k {str(k.dtype)[6:]} "
+        f"{tuple(k.shape)}, v {str(v.dtype)[6:]} {tuple(v.shape)}): inputs outside the contract raise ValueError. "
+        "Call check_inputs(q, k, v) (given) before anything else"
     )
 
 
@@ -517,6 +613,34 @@ def test_backward_function_with_exact_o_and_lse(fa, rng, device, causal, dtype):
         assert_close(got, r, lo, f"{name} from flash_attention_backward (causal={causal})", BACKWARD_HINT)
 
 
+@pytest.mark.check("backward")
+@pytest.mark.parametrize("layout,dtype", [("transposed", FP32), ("every other feature", FP16), ("packed kv", FP32)])
+def test_backward_function_with_strided_inputs(fa, rng, device, layout, dtype):
+    # flash_attention_backward with q, k, v, o and dO that are not contiguous (the contract's "any strides"), fed
+    # the oracle's o and lse.
+    q, k, v = strided_qkv(rng, device, layout, 50, 90, 32, dtype)
+    qc, kc, vc = q.cpu(), k.cpu(), v.cpu()
+    o, lse = naive_attention(qc, kc, vc, True)
+    o = o.to(dtype).transpose(1, 2).contiguous().transpose(1, 2).to(device)  # [B, N, H, D] memory
+    do = torch.randn(1, 50, 2, 32, generator=rng).to(dtype).transpose(1, 2).to(device)
+    what = f"{layout} q, k, v (strides {q.stride()}, {k.stride()}, {v.stride()}), o {o.stride()}, dO {do.stride()}"
+    dq, dk, dv = fa.flash_attention_backward(q, k, v, o, lse.float().to(device), do, causal=True)
+    ref = naive_grads(qc, kc, vc, do.cpu(), True)
+    low = naive_grads(qc, kc, vc, do.cpu(), True, dtype=dtype)
+    for name, got, inp, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), (q, k, v), ref, low):
+        assert got.dtype == inp.dtype and tuple(got.shape) == tuple(inp.shape), (
+            f"{name} for {what}: must have its input's dtype and shape {inp.dtype} {tuple(inp.shape)}, found "
+            f"{got.dtype} {tuple(got.shape)}"
+        )
+        assert_close(
+            got,
+            r,
+            lo,
+            f"{name} from flash_attention_backward, {what}",
+            "q, k, v, o and dO may have any strides: address them with their strides, or make them contiguous first",
+        )
+
+
 # --------------------------------------------------------------------------------------------------
 # structure: no Nq x Nk matrix, no library attention, the tile loop inside the kernel
 # (Nq, Nk, B, H and D are all distinct here, so no honest tensor has an Nq x Nk pair of dims.)
@@ -596,6 +720,139 @@ def test_kernels_write_every_output(student, fa, rng, device):
     ref = naive_grads(q.cpu(), k.cpu(), v.cpu(), do.cpu(), True)
     for name, got, r in zip(("dq", "dk", "dv"), backward["out"], ref):
         testing.assert_close(got, r, atol=1e-4, rtol=1e-5, what=f"{name} with its launches recorded")
+
+
+# --------------------------------------------------------------------------------------------------
+# tiled_kernel: the signature of the forward kernel is the tile of keys a program holds and its loop over the key
+# tiles; of the backward kernels, the same over keys (dq) and over queries (dk, dv). Under the interpreter a
+# program may hold a tile of any width, and a kernel whose one tile is the whole key range (BLOCK_N =
+# next_power_of_2(Nk), no loop) gives the same numbers. So every launch is also compiled for a real GPU
+# (grader.kernelmodel: Triton's compiler and the ptxas in its wheel, for sm_90, no GPU needed), exactly as it was
+# launched (constexprs, num_warps, num_stages), at ranges a program cannot hold: 8,192 keys of D = 64 in fp16 are
+# 1 MiB of K and 1 MiB of V, against the 256 KiB of registers a block has, so any one-tile program spills far past
+# the 512 bytes a thread the model allows, whatever its warps. The reference's 64 x 64 tiles (4 warps, under the
+# interpreter) take 124 to 170 registers and spill nothing (README.md, "Performance notes").
+#
+# The forward pass is tried at 512 keys first: a one-tile kernel of 64 query rows already spills there (1,168 bytes
+# a thread at 4 warps), and its compile takes seconds, where the 64 x 8,192 tile runs ptxas past the model's
+# timeout (two minutes); an honest kernel's launches at both sizes are one compile (both lengths are multiples of
+# 16, so Triton specialises them alike), paid once. Interpreter time of the reference, loaded 2-core machine:
+# forward 0.2 s and 2 s, backward 4-6 s at each shape.
+
+TILED_FORWARD = ((16, 512, False), (16, 8192, True))  # (Nq, Nk, causal)
+TILED_BACKWARD = ((16, 8192, False), (8192, 16, True))  # long keys: the dq kernel's loop; long queries: dk, dv's
+TILED_D = 64
+TILE_HINT = (
+    "Keep each program's tiles fixed (BLOCK_M query rows, BLOCK_N keys: 16 to 128 each, whatever the lengths) and "
+    "loop over the other range inside the kernel: the forward and dq kernels over key tiles, the dk/dv kernel over "
+    "query tiles. The tiles you launch under TRITON_INTERPRET=1 are the ones judged: pick sizes a GPU can hold "
+    "there too."
+)
+
+
+@pytest.mark.check("tiled_kernel")
+def test_tiled_forward_fits_a_gpu(student, fa, rng, device):
+    for n_q, n_k, causal in TILED_FORWARD:  # one call at a time: a kernel that does not fit pays for one compile
+        q, k, v = make_qkv(rng, 1, 1, 1, n_q, n_k, TILED_D, FP16, device)
+        what = f"flash_attention_forward, fp16, Nq x Nk = {n_q:,} x {n_k:,}, D = {TILED_D}, causal={causal}"
+        run = student.kernel_resources(fa.flash_attention_forward, q, k, v, causal)
+        assert isinstance(run.out, (tuple, list)) and len(run.out) == 2, f"{what}: expected (o, lse), found {show(run.out)}"
+        o, lse = run.out
+        assert isinstance(o, torch.Tensor) and o.dtype == q.dtype and tuple(o.shape) == tuple(q.shape), (
+            f"{what}: o must have q's dtype and shape {q.dtype} {tuple(q.shape)}, found {show(o)}"
+        )
+        qc, kc, vc = q.cpu(), k.cpu(), v.cpu()
+        ref_o, ref_lse = naive_attention(qc, kc, vc, causal)
+        low_o, _ = naive_attention(qc, kc, vc, causal, dtype=q.dtype)
+        assert_close(o, ref_o, low_o, f"o for {what}", "Are all key tiles visited, the last one ragged?")
+        assert_lse(lse, ref_lse, f"lse for {what}")
+        kernelmodel.assert_fit(run.resources, what, hint=TILE_HINT)
+
+
+@pytest.mark.check("tiled_kernel")
+def test_tiled_backward_fits_a_gpu(student, fa, rng, device):
+    for n_q, n_k, causal in TILED_BACKWARD:
+        q, k, v = make_qkv(rng, 1, 1, 1, n_q, n_k, TILED_D, FP16, device)
+        qc, kc, vc = q.cpu(), k.cpu(), v.cpu()
+        o, lse = naive_attention(qc, kc, vc, causal)  # the oracle's: this test judges the backward pass alone
+        do = torch.randn(q.shape, generator=rng).to(device=device, dtype=FP16)
+        what = f"flash_attention_backward, fp16, Nq x Nk = {n_q:,} x {n_k:,}, D = {TILED_D}, causal={causal}"
+        run = student.kernel_resources(
+            fa.flash_attention_backward, q, k, v, o.to(device=device, dtype=FP16), lse.float().to(device), do, causal
+        )
+        assert isinstance(run.out, (tuple, list)) and len(run.out) == 3, (
+            f"{what}: expected (dq, dk, dv), found {show(run.out)}"
+        )
+        ref = naive_grads(qc, kc, vc, do.cpu(), causal)
+        low = naive_grads(qc, kc, vc, do.cpu(), causal, dtype=FP16)
+        for name, got, inp, r, lo in zip(("dq", "dk", "dv"), run.out, (q, k, v), ref, low):
+            assert isinstance(got, torch.Tensor) and got.dtype == inp.dtype and tuple(got.shape) == tuple(inp.shape), (
+                f"{what}: {name} must have its input's dtype and shape {inp.dtype} {tuple(inp.shape)}, found {show(got)}"
+            )
+            assert_close(got, r, lo, f"{name} for {what}", BACKWARD_HINT)
+        kernelmodel.assert_fit(run.resources, what, hint=TILE_HINT)
+
+
+# --------------------------------------------------------------------------------------------------
+# saved_for_backward: the backward pass's signature is what the forward pass leaves it, q, k, v, o and lse (O(N D)
+# bytes), never the Nq x Nk probabilities, and P recomputed tile by tile. The driver (grader.support.flash_attention:
+# saved_for_backward) runs FlashAttention.apply and o.backward(dO) and measures, in bytes: what autograd packed for
+# the backward pass (saved-tensor hooks; a saved view counts its whole storage), what is still alive once the
+# forward pass has returned among the storages its operations wrote (a tensor kept on ctx or in a global counts
+# too), and the most the backward pass adds at once. At Nq = Nk = 1,024, D = 16, fp16, one head's P is 2 MiB; the
+# reference saves 132 KiB (q, k, v, o, lse), keeps 36 KiB alive (o, lse) and adds 100 KiB in the backward (dq,
+# dk, dv, delta). Interpreter time of the reference: 5-10 s (causal).
+
+SAVED_SHAPE = (1, 1, 1, 1024, 1024, 16)  # B, Hq, Hkv, Nq, Nk, D
+
+
+@pytest.mark.check("saved_for_backward")
+def test_saved_for_backward_is_linear(student, fa, rng, device):
+    b, hq, hkv, n_q, n_k, d = SAVED_SHAPE
+    q, k, v = make_qkv(rng, b, hq, hkv, n_q, n_k, d, FP16, device)
+    do = torch.randn(q.shape, generator=rng).to(device=device, dtype=FP16)
+    got = student.drive(f"{DRIVERS}:saved_for_backward", fa.flash_attention, q, k, v, do, True, None)
+    student.assert_untampered(fa.flash_attention, "the census of what your forward pass saves")
+    o, dq, dk, dv = got["out"]
+    what = f"FlashAttention.apply, fp16, Nq x Nk = {n_q:,} x {n_k:,}, D = {d}, causal"
+    qc, kc, vc, doc = q.cpu(), k.cpu(), v.cpu(), do.cpu()
+    ref_o, _ = naive_attention(qc, kc, vc, True)
+    low_o, _ = naive_attention(qc, kc, vc, True, dtype=FP16)
+    assert_close(o, ref_o, low_o, f"o for {what}")
+    ref, low = naive_grads(qc, kc, vc, doc, True), naive_grads(qc, kc, vc, doc, True, dtype=FP16)
+    for name, grad, inp, r, lo in zip(("dq", "dk", "dv"), (dq, dk, dv), (q, k, v), ref, low):
+        assert grad is not None and grad.dtype == inp.dtype and tuple(grad.shape) == tuple(inp.shape), (
+            f"{what}: {name} must have its input's dtype and shape {inp.dtype} {tuple(inp.shape)}, found {show(grad)}"
+        )
+        assert_close(grad, r, lo, f"{name} for {what}", BACKWARD_HINT)
+
+    rows = b * hq * n_q
+    linear = sum(t.numel() * t.element_size() for t in (q, k, v, q))  # q, k, v and o as given
+    between = 2 * linear + 16 * rows  # twice over (a contiguous or fp32 copy), and four fp32 numbers a query row
+    p_head = n_q * n_k * 2  # one head's probabilities in fp16
+    kib = lambda n: f"{n / 1024:,.0f} KiB"  # noqa: E731
+    saved = ", ".join(f"{dtype} {tuple(shape)}" for shape, dtype, _ in got["saved"][:8])
+    lesson = (
+        "FlashAttention keeps q, k, v, o and lse (one fp32 number a query row) for the backward pass, O(N D) bytes, "
+        "and recomputes P = exp(scale q k^T - lse) one tile at a time inside the backward kernels; saving P (or S) "
+        f"costs Nq x Nk per head, here {kib(p_head)} in fp16"
+    )
+    assert got["saved_bytes"] <= between, (
+        f"{what}: FlashAttention.forward saved {kib(got['saved_bytes'])} for the backward pass ({saved}), against at "
+        f"most {kib(between)} (twice the bytes of q, k, v and o, plus 16 bytes a query row). {lesson}"
+    )
+    assert got["alive_bytes"] <= between, (
+        f"{what}: once the forward pass returned, {kib(got['alive_bytes'])} of the memory it wrote was still alive "
+        f"(o included, and anything kept on ctx or elsewhere), against at most {kib(between)} (twice the bytes of "
+        f"q, k, v and o, plus 16 bytes a query row). {lesson}"
+    )
+    linear_bwd = linear + do.numel() * do.element_size()
+    during = 4 * linear_bwd + 16 * rows
+    assert got["backward_bytes"] <= during, (
+        f"{what}: the backward pass allocated {kib(got['backward_bytes'])} at its peak, against at most {kib(during)} "
+        f"(four times the bytes of q, k, v, o and dO, plus 16 bytes a query row: dq, dk, dv, delta and copies). "
+        f"{lesson}; the backward kernels recompute each tile of P and dS on chip and never write them to memory"
+    )
 
 
 # --------------------------------------------------------------------------------------------------
