@@ -375,6 +375,16 @@ MUTANTS += [
         keeps=["forward_public", "causal_public", "forward", "causal", "lse", "stability", "structure"],
     ),
     Mutant(
+        name="one_tile_dq",
+        why="the dq kernel holds every key in one tile (BLOCK_N = next_power_of_2(Nk)) instead of looping over key "
+            "tiles: right gradients under the interpreter, but no GPU program holds 8,192 keys",
+        edits=[("    kv_cfg, q_cfg = _bwd_blocks(head_dim, q.dtype)\n",
+                "    kv_cfg, q_cfg = _bwd_blocks(head_dim, q.dtype)\n"
+                "    q_cfg = dict(q_cfg, BLOCK_N=triton.next_power_of_2(n_k))  # every key in one tile\n")],
+        loses=["tiled_kernel"],
+        keeps=["backward_public", "backward"],
+    ),
+    Mutant(
         name="saves_probabilities",
         why="FlashAttention.forward also writes each head's P (one flat fp32 buffer per head, which no guard on "
             "Nq x Nk shapes sees) and saves it for the backward pass, as autograd through the textbook formula does",

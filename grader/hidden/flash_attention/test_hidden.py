@@ -732,16 +732,17 @@ def test_kernels_write_every_output(student, fa, rng, device):
 # launched (constexprs, num_warps, num_stages), at ranges a program cannot hold: 8,192 keys of D = 64 in fp16 are
 # 1 MiB of K and 1 MiB of V, against the 256 KiB of registers a block has, so any one-tile program spills far past
 # the 512 bytes a thread the model allows, whatever its warps. The reference's 64 x 64 tiles (4 warps, under the
-# interpreter) take 124 to 170 registers and spill nothing (README.md, "Performance notes").
+# interpreter) take 122 to 170 registers and spill nothing (README.md, "Performance notes").
 #
-# The forward pass is tried at 512 keys first: a one-tile kernel of 64 query rows already spills there (1,168 bytes
-# a thread at 4 warps), and its compile takes seconds, where the 64 x 8,192 tile runs ptxas past the model's
-# timeout (two minutes); an honest kernel's launches at both sizes are one compile (both lengths are multiples of
-# 16, so Triton specialises them alike), paid once. Interpreter time of the reference, loaded 2-core machine:
-# forward 0.2 s and 2 s, backward 4-6 s at each shape.
+# Each pass is tried at 512 keys first: a one-tile kernel of 64 query rows already spills there (1,168 bytes a
+# thread at 4 warps), and its compile takes seconds, where the 64 x 8,192 tile runs ptxas past the model's timeout
+# (two minutes, not cached); an honest kernel's launches at every size are one compile (the lengths are multiples
+# of 16, so Triton specialises them alike), paid once. Time of the reference in-process on the loaded 2-core
+# machine, compiles cached: forward 6 s, backward 22 s (the interpreter; each compile adds 4-10 s when cold).
 
 TILED_FORWARD = ((16, 512, False), (16, 8192, True))  # (Nq, Nk, causal)
-TILED_BACKWARD = ((16, 8192, False), (8192, 16, True))  # long keys: the dq kernel's loop; long queries: dk, dv's
+# Long keys: the dq kernel's loop (512 first, as for the forward pass); long queries: the dk/dv kernel's loop.
+TILED_BACKWARD = ((16, 512, False), (16, 8192, False), (8192, 16, True))
 TILED_D = 64
 TILE_HINT = (
     "Keep each program's tiles fixed (BLOCK_M query rows, BLOCK_N keys: 16 to 128 each, whatever the lengths) and "
