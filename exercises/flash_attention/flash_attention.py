@@ -15,7 +15,10 @@ Conventions shared by every function here:
 - a query row that sees no key gets o = 0 and lse = +inf;
 - softmax statistics and accumulators are fp32 whatever the input dtype, and fp32 inputs are
   multiplied at full fp32 precision: tl.dot(a, b, input_precision="ieee"), never TF32;
-- the Nq x Nk score matrix is never written to memory, in the forward or the backward pass.
+- the Nq x Nk score matrix is never written to memory, in the forward or the backward pass, and the
+  forward pass leaves the backward pass only q, k, v, o and lse (never P);
+- each program holds tiles of a fixed size and loops over the rest of the range inside the kernel: the
+  tiles you launch, under the interpreter too, are compiled for a real GPU (sm_90) and must fit there.
 """
 
 from __future__ import annotations

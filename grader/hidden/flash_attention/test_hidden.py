@@ -737,8 +737,9 @@ def test_kernels_write_every_output(student, fa, rng, device):
 # Each pass is tried at 512 keys first: a one-tile kernel of 64 query rows already spills there (1,168 bytes a
 # thread at 4 warps), and its compile takes seconds, where the 64 x 8,192 tile runs ptxas past the model's timeout
 # (two minutes, not cached); an honest kernel's launches at every size are one compile (the lengths are multiples
-# of 16, so Triton specialises them alike), paid once. Time of the reference in-process on the loaded 2-core
-# machine, compiles cached: forward 6 s, backward 22 s (the interpreter; each compile adds 4-10 s when cold).
+# of 16, so Triton specialises them alike), paid once. Time of the reference in-process on the 2-core machine under
+# load from other jobs: forward 1-6 s, backward 5-22 s with its compiles cached (the interpreter), 5 s and 13 s
+# with them cold (four compiles of 1-3 s each at load 7; up to 10 s each at load 10).
 
 TILED_FORWARD = ((16, 512, False), (16, 8192, True))  # (Nq, Nk, causal)
 # Long keys: the dq kernel's loop (512 first, as for the forward pass); long queries: the dk/dv kernel's loop.
