@@ -59,8 +59,9 @@ def online_softmax(x: torch.Tensor, block_size: int = 1024) -> torch.Tensor:
     """Softmax over the last dim of an N-D tensor, reading x in column blocks of `block_size`.
 
     Two passes over the blocks: the first computes (m, l) with `online_normalizer` (call it once, handing
-    it the blocks), the second writes exp(x - m) / l block by block. Besides x and the output, hold only
-    a few blocks' worth of memory: convert to fp32 block by block, never the whole of x at once.
+    it the blocks), the second writes exp(x - m) / l block by block, with the (m, l) it returned. Besides
+    x and the output, hold only a few blocks' worth of memory: convert to fp32 block by block, never the
+    whole of x at once, and take no max, sum or exp over whole rows (not even in place on the output).
     Output has x's shape and dtype (fp16, bf16, fp32), computed in fp32. Rows of only -inf give zeros.
     An x with no elements (any dim of size 0) gives an empty tensor of x's shape and dtype.
 

@@ -21,11 +21,20 @@ On the CPU's small shapes both give the same numbers, so these drivers measure t
   (x's own storage is the input and never counts; the returned output's storage is subtracted from
   the moment it was made), records the largest number of x's elements one operation read (a block
   read is rows x block_size; `x - m` over whole rows is all of x), and records the calls online_softmax
-  made to the module's `online_normalizer` and the widths of the blocks it handed over.
+  made to the module's `online_normalizer` and the widths of the blocks it handed over. It also records the
+  widest operation: the most elements of any one tensor one operation reads, x's, the returned output's or
+  one the call made (an in-place operation reads its target; a store or fill into it, `_OVERWRITES`, and an
+  out= target do not; an indexing operation reads as many elements as it picks). A softmax of whole rows done
+  in place on the output holds no memory beyond the output and reads no more of x than a blockwise copy, so
+  only this figure sees it. With `scale_l`, each call of online_normalizer returns (m, scale_l * l) (the
+  driver's multiplication is neither held nor read): an output written from that state is divided by
+  scale_l, and one that discards the normaliser's result is not.
 
 What none of this sees: memory that no torch operation writes and no read-back route reads (a Triton
 kernel of the student's own that copies the stream into a buffer allocated before the call; on the
-CPU the interpreter's copies pass through torch, on CUDA they do not), and anything the student's
+CPU the interpreter's copies pass through torch, on CUDA they do not), work that no torch operation does
+(the same kernel taking a softmax of whole rows), the columns an operation spans (the widest operation
+counts elements: a few rows of many blocks each, within the bound, pass), and anything the student's
 process does to the driver itself (popping the dispatch mode, patching this module): the dispatch
 mode is checked to be where it was put at the end of the call, and the test calls
 `student.assert_untampered`, whose trusted scan flags the dispatch-mode machinery, frames,
@@ -51,7 +60,18 @@ _NO_DATA = frozenset({
     "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::detach", "aten::alias", "aten::lift_fresh",
     "aten::_unsafe_view", "aten::view", "aten::_reshape_alias", "aten::set_", "aten::resize_", "aten::is_nonzero",
     "aten::is_same_size", "aten::sym_size", "aten::sym_stride", "aten::sym_numel", "aten::sym_storage_offset",
+    # made like a tensor: its shape and dtype are read, never its values
+    "aten::zeros_like", "aten::ones_like", "aten::full_like", "aten::rand_like", "aten::randn_like",
+    "aten::new_empty", "aten::new_empty_strided", "aten::new_zeros", "aten::new_ones", "aten::new_full",
 })
+# In-place operations that overwrite their target without reading its values (a store, a fill): the target is
+# written, not read. Every other in-place operation (sub_, exp_, div_, ...) reads its target as well.
+_OVERWRITES = frozenset({
+    "aten::copy_", "aten::fill_", "aten::zero_", "aten::index_put_", "aten::_index_put_impl_", "aten::masked_fill_",
+    "aten::index_fill_", "aten::index_copy_", "aten::scatter_", "aten::masked_scatter_",
+})
+# Operations that read only the elements they pick from their first argument (as many as they return).
+_PICKS = frozenset({"aten::index", "aten::_unsafe_index", "aten::index_select", "aten::gather", "aten::take"})
 
 
 def _storage(t: torch.Tensor) -> Any:
@@ -75,6 +95,7 @@ def _elements(t: torch.Tensor) -> int:
 
 
 _WRITES: dict[Any, tuple[int, ...]] = {}
+_ONLY_WRITTEN: dict[Any, frozenset[str]] = {}
 
 
 def _written_arguments(func) -> tuple[int, ...]:
@@ -83,6 +104,31 @@ def _written_arguments(func) -> tuple[int, ...]:
         _WRITES[func] = tuple(i for i, a in enumerate(func._schema.arguments)
                               if a.alias_info is not None and a.alias_info.is_write)
     return _WRITES[func]
+
+
+def _only_written(func, name: str) -> frozenset[str]:
+    """Names of the arguments an operation writes without reading their values: out= targets, and the target
+    of an in-place store or fill (`_OVERWRITES`)."""
+    if func not in _ONLY_WRITTEN:
+        _ONLY_WRITTEN[func] = frozenset(
+            a.name for i, a in enumerate(func._schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write and (a.is_out or (i == 0 and name in _OVERWRITES))
+        )
+    return _ONLY_WRITTEN[func]
+
+
+def _read_arguments(func, name: str, args: tuple, kwargs: dict, out: Any) -> Iterator[tuple[torch.Tensor, int]]:
+    """(tensor, elements of it read) for every tensor an operation reads: its tensor arguments, less those it only
+    writes; an operation that picks elements (`_PICKS`) reads as many of its first argument as it returns."""
+    skip = _only_written(func, name)
+    returned = sum(_elements(t) for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+    for i, a in enumerate(func._schema.arguments):
+        if a.name in skip:
+            continue
+        value = args[i] if i < len(args) else kwargs.get(a.name)
+        for t in tree_leaves(value):
+            if isinstance(t, torch.Tensor):
+                yield t, (min(_elements(t), returned) if i == 0 and name in _PICKS else _elements(t))
 
 
 class _Held(TorchDispatchMode):
@@ -105,6 +151,9 @@ class _Held(TorchDispatchMode):
         self.scalar_reads = 0
         self.widest_read = 0  # the most elements of the watched storage one operation read
         self.read_total = 0  # elements of the watched storage read, summed over operations
+        self.widest_any = 0  # the most elements of any one tensor one operation read (when `widest` is set)
+        self.widest_op: tuple[str, tuple[int, ...], Any] | None = None  # (operator, shape, weakref to its storage)
+        self.widest = False
         self.paused = 0
 
     def note(self, storage: Any) -> None:
@@ -141,6 +190,12 @@ class _Held(TorchDispatchMode):
                     self.widest_read = max(self.widest_read, _elements(t))
                     self.read_total += _elements(t)
         out = func(*args, **kwargs)
+        if self.widest and not self.paused and name not in _NO_DATA and not getattr(func, "is_view", False):
+            for t, elements in _read_arguments(func, name, args, kwargs, out):
+                if elements > self.widest_any:
+                    self.widest_any = elements
+                    storage = _storage(t)
+                    self.widest_op = (name, tuple(t.shape), weakref.ref(storage) if storage is not None else None)
         if not self.paused:
             for t in tree_leaves(out):
                 if isinstance(t, torch.Tensor):
@@ -253,39 +308,71 @@ class _Recorded:
         return chunk
 
 
-def block_census(online_softmax: Callable, x: torch.Tensor, block_size: int) -> dict:
+def block_census(online_softmax: Callable, x: torch.Tensor, block_size: int, scale_l: float = 1.0) -> dict:
     """``online_softmax(x, block_size=block_size)`` with what it holds and reads recorded.
+
+    With ``scale_l`` other than 1, each call of the module's online_normalizer returns ``(m, scale_l * l)`` in place
+    of its ``(m, l)``: a submission whose output is built from that state comes out divided by ``scale_l``, and
+    one that computes (m, l) some other way and discards the normaliser's result does not.
 
     Returns {"out": its result, "peak_bytes": the most bytes alive at once among the storages it wrote,
     the returned output's left out, "widest_read": the most elements of x one operation read,
-    "read_total": elements of x read summed over operations, "normalizer_calls": [[shape of each chunk]
-    for each call of the module's online_normalizer], "reads", "scalar_reads"}.
+    "read_total": elements of x read summed over operations, "widest_any": the most elements of any one tensor
+    (x, the output, its own) one operation read, "widest_op": {"op", "shape", "whose"} of that operation or None,
+    "normalizer_calls": [[shape of each chunk] for each call of the module's online_normalizer],
+    "scaled": how many of those calls returned a state that was scaled, "reads", "scalar_reads"}.
     """
     found = getattr(online_softmax, "__globals__", None)  # where the name online_normalizer is looked up
     namespace: dict | None = found if isinstance(found, dict) and callable(found.get("online_normalizer")) else None
     calls: list[list] = []
+    scaled = [0]
+    held = _Held(excluded=[_storage(x)], watched=_storage(x))
+    held.widest = True
     if namespace is not None:
         original = namespace["online_normalizer"]
 
         def recorded(chunks: Any, *args: Any, **kwargs: Any) -> Any:
             log: list = []
             calls.append(log)
-            return original(_Recorded(chunks, log), *args, **kwargs)
+            state = original(_Recorded(chunks, log), *args, **kwargs)
+            if scale_l == 1.0 or not (isinstance(state, (tuple, list)) and len(state) == 2
+                                      and all(isinstance(t, torch.Tensor) for t in state)):
+                return state
+            held.paused += 1  # the driver's own operation: neither held nor read by the submission
+            try:
+                m, l = state
+                state = [m, l * scale_l] if isinstance(state, list) else (m, l * scale_l)
+            finally:
+                held.paused -= 1
+            scaled[0] += 1
+            return state
 
         namespace["online_normalizer"] = recorded
-    held = _Held(excluded=[_storage(x)], watched=_storage(x))
     try:
         out, reads = _census(held, lambda: online_softmax(x, block_size=block_size))
     finally:
         if namespace is not None:
             namespace["online_normalizer"] = original
     returned = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    widest_op = None
+    if held.widest_op is not None:
+        op, shape, ref = held.widest_op
+        storage = ref() if ref is not None else None
+        whose = "a tensor of online_softmax's own"
+        if storage is not None and storage is _storage(x):
+            whose = "x"
+        elif storage is not None and any(storage is _storage(t) for t in returned):
+            whose = "the output online_softmax returned"
+        widest_op = {"op": op, "shape": list(shape), "whose": whose}
     return {
         "out": out,
         "peak_bytes": held.peak(returned),
         "widest_read": held.widest_read,
         "read_total": held.read_total,
+        "widest_any": held.widest_any,
+        "widest_op": widest_op,
         "normalizer_calls": calls if namespace is not None else None,
+        "scaled": scaled[0],
         "reads": reads,
         "scalar_reads": held.scalar_reads,
     }

@@ -168,6 +168,14 @@ _NORMALIZER_LOOP = """    m = l = None
     if m is None:
         raise ValueError("online_normalizer needs at least one chunk, found none")
     return m, l"""
+_STATE_AND_WRITE = """    m, l = online_normalizer(rows[:, s : s + block_size] for s in starts)
+    shift = _safe_max(m)[:, None]
+    inv_l = torch.where(l > 0, 1.0 / l, torch.zeros_like(l))[:, None]  # fully masked rows -> zeros
+
+    out = torch.empty_like(rows)
+    for s in starts:
+        block = rows[:, s : s + block_size].float()
+        out[:, s : s + block_size] = (torch.exp(block - shift) * inv_l).to(x.dtype)"""
 _CORRECT = ["normalizer", "merge", "softmax", "stability", "normalizer_public", "merge_public", "softmax_public"]
 
 MUTANTS += [
@@ -210,6 +218,71 @@ MUTANTS += [
         m, l = merge_states(m, l, m_block, torch.exp(block - _safe_max(m_block)[:, None]).sum(dim=1))""")],
         loses=["streaming"],
         keeps=["softmax"],
+    ),
+    Mutant(
+        name="inplace_whole_rows_on_output",
+        why="calls online_normalizer on the blocks (the call the census looks for) but discards its (m, l), copies x "
+            "into the output block by block, then takes the softmax of whole rows in place on the output (fp32: "
+            "every row at once; fp16 and bf16: one row at a time through an fp32 copy of that row): the output and "
+            "x never count as held memory, so only the widest operation shows it",
+        edits=[(_STATE_AND_WRITE, """    online_normalizer(rows[:, s : s + block_size] for s in starts)  # its (m, l) discarded
+
+    out = torch.empty_like(rows)
+    for s in starts:
+        out[:, s : s + block_size] = rows[:, s : s + block_size]
+
+    def softmax_in_place(t):  # whole rows, in place
+        m = t.amax(-1, keepdim=True)
+        t.sub_(torch.where(m == NEG_INF, torch.zeros_like(m), m)).exp_()
+        l = t.sum(-1, keepdim=True)
+        t.div_(torch.where(l > 0, l, torch.ones_like(l)))
+
+    if out.dtype == torch.float32:
+        softmax_in_place(out)
+    else:
+        for r in range(out.shape[0]):
+            row = out[r].float()
+            softmax_in_place(row)
+            out[r] = row.to(out.dtype)""")],
+        loses=["streaming"],
+        keeps=_CORRECT,
+    ),
+    Mutant(
+        name="state_used_whole_rows_in_place",
+        why="takes (m, l) from online_normalizer as it should, copies x into the output block by block, then "
+            "writes exp(x - m) / l in place on whole rows of the output (fp32: every row at once; fp16 and bf16: "
+            "one row at a time through an fp32 copy of that row): the state is the normaliser's, but the second "
+            "pass is the textbook's, and only the widest operation shows it",
+        edits=[(_STATE_AND_WRITE, """    m, l = online_normalizer(rows[:, s : s + block_size] for s in starts)
+    shift = _safe_max(m)[:, None]
+    inv_l = torch.where(l > 0, 1.0 / l, torch.zeros_like(l))[:, None]  # fully masked rows -> zeros
+
+    out = torch.empty_like(rows)
+    for s in starts:
+        out[:, s : s + block_size] = rows[:, s : s + block_size]
+    if out.dtype == torch.float32:
+        out.sub_(shift).exp_().mul_(inv_l)  # whole rows, in place
+    else:
+        for r in range(out.shape[0]):
+            out[r] = (out[r].float().sub_(shift[r]).exp_().mul_(inv_l[r])).to(out.dtype)""")],
+        loses=["streaming"],
+        keeps=_CORRECT,
+    ),
+    Mutant(
+        name="normalizer_result_discarded",
+        why="calls online_normalizer on the blocks but throws its (m, l) away and finds (m, l) again with a blockwise "
+            "loop of its own: streaming and holding a few blocks, yet the state it writes with never came from "
+            "online_normalizer",
+        edits=[("    m, l = online_normalizer(rows[:, s : s + block_size] for s in starts)",
+                """    online_normalizer(rows[:, s : s + block_size] for s in starts)  # its (m, l) discarded
+    m = torch.full(rows.shape[:1], NEG_INF, dtype=torch.float32, device=x.device)
+    l = torch.zeros_like(m)
+    for s in starts:
+        block = rows[:, s : s + block_size].float()
+        m_block = block.amax(dim=1)
+        m, l = merge_states(m, l, m_block, torch.exp(block - _safe_max(m_block)[:, None]).sum(dim=1))""")],
+        loses=["streaming"],
+        keeps=_CORRECT,
     ),
     Mutant(
         name="max_clamped_at_minus_1e30",

@@ -54,9 +54,15 @@ online_softmax(x, block_size=1024) -> Tensor
     test_generated_masks_against_the_blocks (2-D and 3-D)
 - reads x in column blocks of block_size, the last one partial:
     test_softmax_block_sizes_that_do_not_divide_the_row, test_generated_masks_against_the_blocks,
-    test_softmax_reads_x_in_blocks (no one operation reads more than two blocks of x)
+    test_softmax_reads_x_in_blocks (no one operation reads more than two blocks' worth of x)
 - one pass for the normaliser, with online_normalizer:
     test_softmax_reads_x_in_blocks (one call, handed ceil(n / block_size) blocks)
+- writes the output with the (m, l) online_normalizer returned:
+    test_softmax_reads_x_in_blocks (online_normalizer made to return (m, 2 l): the output must come out halved)
+- writes the output block by block; no one operation reads more than a few blocks' worth of any tensor (x, the
+  output, its own), in place or not:
+    test_softmax_reads_x_in_blocks (the widest operation: at most two blocks' worth of x's rows, where one row
+    is 128 blocks)
 - holds a few blocks besides x and its output (the signature):
     test_softmax_reads_x_in_blocks (fp32 and fp16, n about 128 blocks)
 - output in x's dtype (fp16, bf16, fp32), computed in fp32:
@@ -102,7 +108,7 @@ from grader import blocks, kernelmodel, rehearsal, speed
 from grader.cases import online_softmax as cases
 from grader.harness.probes import KERNELS_ONLY
 from grader.hidden.online_softmax.oracle import naive_softmax, naive_state
-from grader.testing import OnceIterable, assert_close, assert_equal, mismatches, show
+from grader.testing import OnceIterable, assert_close, assert_equal, is_close, mismatches, show
 
 INF = float("inf")
 # Each name stands for all of the softmax's math at the dispatcher (grader.harness.probes.NORMALISER): the
@@ -476,7 +482,9 @@ def test_softmax_any_finite_magnitude(sm, rng, dtype, atol):
 # driver counts the earlier chunks still alive at each request (weak references to their storages) and the bytes
 # alive at once among the chunks and every storage the call writes (a dispatch mode puts a finaliser on each),
 # and the values read back into Python. online_softmax runs at n far beyond block_size, with the same bytes
-# (its input and output left out), the widest read of x by one operation, and its calls of online_normalizer.
+# (its input and output left out), the widest read by one operation of any tensor (x, the output, its own; an
+# in-place operation reads its target, a store or fill does not), its calls of online_normalizer, and whether its
+# output is built from their result (online_normalizer returns (m, 2 l) there, so the output must halve).
 # Bounds, against the reference's figures measured on this stream (rows = 16, widest chunk 16, n about 3000;
 # online_softmax: rows = 16, block_size 24-40, n about 128 blocks):
 #   earlier chunks alive at a request: at most STREAM_ALIVE (the reference: 1, its loop variable; the textbook
@@ -487,13 +495,17 @@ def test_softmax_any_finite_magnitude(sm, rng, dtype, atol):
 #   values read back into Python: at most 4 a chunk (the reference: 0; the stream kept as floats: rows x n);
 #   online_softmax: bytes alive at once beyond x and the output 4 * rows * (16 * block_size + 32) (the
 #     reference: 272 bytes a row in fp32 and 400 in fp16 at block_size 32, 2-3 blocks' worth; the textbook:
-#     48-64 KiB a row); one operation reads at most 2 * rows * block_size elements of x (the reference:
-#     rows * block_size; exp(x - m) over whole rows: all of x); one call of online_normalizer handed
-#     ceil(n / block_size) blocks of at most block_size columns.
+#     48-64 KiB a row); one operation reads at most 2 * rows * block_size elements of any one tensor (the
+#     reference: rows * block_size, a block of x; exp(x - m) over whole rows: all of x; a softmax in place on
+#     the output's whole rows: all of the output; one row at a time: n = 128 blocks, 4 times the bound at 16
+#     rows); one call of online_normalizer handed ceil(n / block_size) blocks of at most block_size columns;
+#     with that call's l doubled, the output times 2 is the softmax (the reference: exactly; a submission that
+#     discards (m, l) and finds it some other way: the softmax itself).
 
 STREAM_ROWS, STREAM_CHUNKS, STREAM_WIDEST = 16, 384, 16
 STREAM_ALIVE = 4
 READS_PER_CHUNK = 4
+NORMALIZER_SCALE = 2.0  # online_softmax's census: online_normalizer returns (m, 2 l), so the output must halve
 
 
 def held_bound(rows: int, width: int) -> int:
@@ -557,16 +569,18 @@ def test_softmax_reads_x_in_blocks(student, sm, rng, score, dtype, shape):
     n = block * 128 + int(torch.randint(1, block, (1,), generator=rng))
     rows = math.prod(shape)
     x = (torch.randn(*shape, n, generator=rng) * 3).to(dtype)
-    got = student.drive("grader.support.online_softmax:block_census", sm.online_softmax, x, block)
+    # online_normalizer's l comes back doubled (NORMALIZER_SCALE): an output built from its state is halved.
+    got = student.drive("grader.support.online_softmax:block_census", sm.online_softmax, x, block, NORMALIZER_SCALE)
     student.assert_untampered(sm.online_softmax, "the census of what online_softmax holds and reads")
+    widest = got["widest_op"] or {}
     score.metrics(
         peak_bytes_per_row=got["peak_bytes"] / rows,
         bound_bytes_per_row=held_bound(rows, block) / rows,
         widest_read_columns=got["widest_read"] / rows,
+        widest_op_elements_per_row=got["widest_any"] / rows,
         block_size=block,
     )
-    atol = 1e-3 if dtype == torch.float16 else 1e-6
-    assert_softmax(got["out"], x, atol, f"{str(dtype)[6:]} x of shape {tuple(x.shape)}, block_size={block}", block)
+    what = f"{str(dtype)[6:]} x of shape {tuple(x.shape)}, block_size={block}"
     calls = got["normalizer_calls"]
     assert calls is not None, (
         "online_softmax is not a function of your module that can call online_normalizer: define it with def, "
@@ -584,10 +598,39 @@ def test_softmax_reads_x_in_blocks(student, sm, rng, score, dtype, shape):
         f"online_softmax handed online_normalizer chunks of widths {show(torch.tensor(widths))} for n = {n} and "
         f"block_size = {block}: expected {want} blocks of {block} columns (the last partial), together every column"
     )
-    assert got["widest_read"] <= 2 * rows * block, (
-        f"one operation of online_softmax read {got['widest_read']} elements of x ({got['widest_read'] / rows:.0f} "
-        f"columns a row) where block_size = {block}, n = {n}: online_softmax reads x a block at a time, in both "
-        "passes; exp(x - m) over whole rows, or x.float() of all of x, reads the whole row at once"
+    assert got["scaled"] == 1, (
+        f"online_normalizer returned something other than a pair of tensors (m, l) when online_softmax called it "
+        f"on {what}: it returns (m, l), two fp32 tensors of one value a row"
+    )
+    atol = 1e-3 if dtype == torch.float16 else 1e-6
+    out = got["out"]
+    if isinstance(out, torch.Tensor) and out.shape == x.shape and is_close(
+        out, naive_softmax(x), atol=atol, rtol=accumulation_rtol(n, block)
+    ):
+        raise AssertionError(
+            f"online_softmax does not write its output with the state online_normalizer returned: on {what}, with "
+            f"online_normalizer made to return (m, {NORMALIZER_SCALE:g} l) instead of (m, l), its output should have "
+            f"come out divided by {NORMALIZER_SCALE:g}, and it came out the true softmax. The contract's second pass "
+            "writes exp(x - m) / l with the (m, l) that online_normalizer returned; do not discard it and compute "
+            "the normaliser (or the whole softmax) some other way"
+        )
+    assert isinstance(out, torch.Tensor), f"online_softmax returned {type(out).__name__} on {what}, not a tensor"
+    assert_softmax(
+        (out.double() * NORMALIZER_SCALE).to(out.dtype) if out.is_floating_point() else out,
+        x,
+        atol,
+        f"{what}, with online_normalizer made to return (m, {NORMALIZER_SCALE:g} l): your output times "
+        f"{NORMALIZER_SCALE:g} (it must be exp(x - m) / l, with the l it was handed)",
+        block,
+    )
+    assert got["widest_any"] <= 2 * rows * block, (
+        f"one operation of online_softmax ({widest.get('op', '?')} on {widest.get('whose', '?')}, shape "
+        f"{tuple(widest.get('shape', ()))}) read {got['widest_any']} elements at once, where block_size = {block} "
+        f"and x has {rows} rows of n = {n}: no one operation may read more than two blocks' worth of any tensor "
+        f"({2 * rows * block} elements, less than one whole row): of x, of the output, or of one of your own. "
+        "Both passes go a block at a time, and the second writes each block of the "
+        "output once: a max, a sum, an exp or a division over whole rows (even in place on the output, even one "
+        "row at a time) is the textbook computation, and x.float() of all of x reads it whole"
     )
     bound = held_bound(rows, block)
     assert got["peak_bytes"] <= bound, (
