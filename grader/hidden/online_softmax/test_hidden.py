@@ -604,13 +604,18 @@ def test_softmax_reads_x_in_blocks(student, sm, rng, score, dtype, shape):
     )
     atol = 1e-3 if dtype == torch.float16 else 1e-6
     out = got["out"]
-    if isinstance(out, torch.Tensor) and out.shape == x.shape and is_close(
-        out, naive_softmax(x), atol=atol, rtol=accumulation_rtol(n, block)
-    ):
+    # Rows of the true softmax sum to 1, rows written with the doubled l to 1/2: the sums tell the two apart
+    # whatever the tolerance on single elements.
+    if isinstance(out, torch.Tensor) and out.shape == x.shape and out.is_floating_point():
+        sums = out.double().sum(-1)
+        discarded = is_close(sums, torch.ones_like(sums), atol=0.05)
+    else:
+        discarded = False
+    if discarded:
         raise AssertionError(
             f"online_softmax does not write its output with the state online_normalizer returned: on {what}, with "
-            f"online_normalizer made to return (m, {NORMALIZER_SCALE:g} l) instead of (m, l), its output should have "
-            f"come out divided by {NORMALIZER_SCALE:g}, and it came out the true softmax. The contract's second pass "
+            f"online_normalizer made to return (m, {NORMALIZER_SCALE:g} l) instead of (m, l), its rows should have "
+            f"summed to 1/{NORMALIZER_SCALE:g}, and they summed to 1, as the true softmax does. The contract's second pass "
             "writes exp(x - m) / l with the (m, l) that online_normalizer returned; do not discard it and compute "
             "the normaliser (or the whole softmax) some other way"
         )
@@ -625,7 +630,7 @@ def test_softmax_reads_x_in_blocks(student, sm, rng, score, dtype, shape):
     )
     assert got["widest_any"] <= 2 * rows * block, (
         f"one operation of online_softmax ({widest.get('op', '?')} on {widest.get('whose', '?')}, shape "
-        f"{tuple(widest.get('shape', ()))}) read {got['widest_any']} elements at once, where block_size = {block} "
+        f"{show(widest.get('shape'))}) read {got['widest_any']} elements at once, where block_size = {block} "
         f"and x has {rows} rows of n = {n}: no one operation may read more than two blocks' worth of any tensor "
         f"({2 * rows * block} elements, less than one whole row): of x, of the output, or of one of your own. "
         "Both passes go a block at a time, and the second writes each block of the "
