@@ -63,7 +63,7 @@ def test_the_reference_spends_the_gate_and_the_buffers_exactly():
     for k, cf in ((1, 1.0), (2, 1.25)):
         cap = ref.expert_capacity(T, E, k, cf)
         work = support.expert_work(ref.moe_layer, x, gate, experts, k, cf)
-        assert work["rows"] == [cap] * E and work["calls"] == [1] * E
+        assert work["rows"] == [cap] * E and work["calls"] == [1] * E and work["uncounted"] == {}
         assert work["flops"] == 2 * T * d * E + E * cap * 4 * d * h
         y, _ = work["result"]
         assert torch.equal(y, ref.moe_layer(x, gate, experts, k, cf)[0].detach())
@@ -78,7 +78,7 @@ def test_dense_experts_are_seen_by_the_hooks_and_the_flops(tmp_path):
     assert work["flops"] == 2 * T * d * E + E * T * 4 * d * h
 
 
-def test_a_call_of_forward_escapes_the_hooks_not_the_flops():
+def test_a_call_of_forward_is_counted_as_a_call():
     T, E, d, h = 64, 4, 8, 16
     x, gate, experts = layer_inputs(T, E, d, h)
     ref = reference()
@@ -89,8 +89,124 @@ def test_a_call_of_forward_escapes_the_hooks_not_the_flops():
 
     work = support.expert_work(by_forward, x, gate, experts, 1, 1.0)
     cap = ref.expert_capacity(T, E, 1, 1.0)
-    assert work["rows"] == [0] * E
+    assert work["rows"] == [cap] * E and work["calls"] == [1] * E
     assert work["flops"] == 2 * T * d * E + E * cap * 4 * d * h
+    assert all("forward" not in vars(m) for m in experts)  # the driver put every forward back
+
+
+def test_the_rows_are_what_the_forward_body_computes_after_the_students_pre_hook():
+    """A pre-hook of the student's that hands the expert every token is seen: the count sits innermost."""
+    T, E, d, h = 64, 4, 8, 16
+    x, gate, experts = layer_inputs(T, E, d, h)
+    ref = reference()
+
+    def widened(x, gate_weight, experts, k, cf):
+        handles = [m.register_forward_pre_hook(lambda module, args: (x,)) for m in experts]
+        try:
+            return ref.moe_layer(x, gate_weight, experts, k, cf)
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    assert support.expert_work(widened, x, gate, experts, 1, 1.0)["rows"] == [T] * E
+
+
+def dense_inputs(T=64, d=8, h=16):
+    torch.manual_seed(2)
+    return torch.randn(T, d), torch.randn(h, d), torch.randn(h)
+
+
+# Every path from a public torch entry point to a matmul's arithmetic that the counter was checked on: the FLOPs
+# of x [T, d] times W.T [d, h] (2 T d h) or more, and nothing left uncounted.
+CONTRACTIONS = {
+    "linear": lambda x, W, b: torch.nn.functional.linear(x, W, b),
+    "einsum": lambda x, W, b: torch.einsum("td,hd->th", x, W),
+    "baddbmm": lambda x, W, b: torch.baddbmm(b[None, None], x[None], W.t()[None]),
+    "addbmm": lambda x, W, b: torch.addbmm(b, x[None], W.t()[None]),
+    "bilinear": lambda x, W, b: torch.nn.functional.bilinear(x, x.new_ones(x.shape[0], 1), W[:, :, None], b),
+    "mv": lambda x, W, b: torch.stack([W.mv(row) for row in x]),
+    "addmv": lambda x, W, b: torch.stack([torch.addmv(b, W, row) for row in x]),
+    "dot": lambda x, W, b: torch.stack([torch.stack([torch.dot(row, w) for w in W]) for row in x]),
+    "vdot": lambda x, W, b: torch.stack([torch.stack([torch.vdot(row, w) for w in W]) for row in x]),
+    "addmm_activation": lambda x, W, b: torch._addmm_activation(b, x, W.t(), use_gelu=True),
+    "vmap": lambda x, W, b: torch.func.vmap(lambda row: W @ row)(x),
+    "tensordot": lambda x, W, b: torch.tensordot(x, W, dims=([1], [1])),
+    "cdist": lambda x, W, b: torch.cdist(x, W),
+    "cdist_p1": lambda x, W, b: torch.cdist(x, W, p=1.0),
+    "embedding_bag": lambda x, W, b: torch.nn.functional.embedding_bag(
+        torch.arange(x.shape[1]).repeat(x.shape[0]), W.t().contiguous(), torch.arange(x.shape[0]) * x.shape[1],
+        mode="sum", per_sample_weights=x.reshape(-1)),
+    "conv1d": lambda x, W, b: torch.nn.functional.conv1d(x.t()[None], W[:, :, None]),
+}
+
+
+def test_every_contraction_is_counted_never_zero():
+    x, W, b = dense_inputs()
+    T, d = x.shape
+    h = W.shape[0]
+    for name, fn in CONTRACTIONS.items():
+        counter = support.WorkCounter()
+        with counter:
+            fn(x, W, b)
+        assert counter.uncounted == {}, (name, counter.uncounted)
+        assert counter.flops >= 2 * T * d * h, (name, counter.flops, sorted(counter.ops))
+
+
+def test_an_operator_without_a_formula_is_named_not_counted_as_zero():
+    x, W, b = dense_inputs()
+    counter = support.WorkCounter()
+    with counter:
+        torch.fft.rfft(x)
+        torch.linalg.matrix_exp(torch.randn(4, 4))  # a factorisation: gptq's tally counts its arithmetic
+    assert counter.uncounted == {"_fft_r2c": 1}
+    assert counter.flops > 0
+
+
+def test_the_reference_and_the_textbook_use_only_counted_operators(tmp_path):
+    x, gate, experts = layer_inputs()
+    for module in (reference(), mutant(tmp_path, "textbook_dense_experts"), mutant(tmp_path, "textbook_one_hot_dispatch")):
+        assert support.expert_work(module.moe_layer, x, gate, experts, 2, 1.25)["uncounted"] == {}
+
+
+def test_the_expert_allowance_is_exact():
+    """The hidden test's budget for the experts' own forwards (measured in the grader on copies of the modules)
+    is what the driver counts for the reference's expert calls."""
+    from grader.hidden.moe_router.test_hidden import expert_traffic
+
+    T, E, d, h = 256, 8, 16, 32
+    x, gate, experts = layer_inputs(T, E, d, h)
+    per_call, per_row = expert_traffic(experts[0], d)
+    for rows in (0, 1, 37, 64):
+        counter = support.WorkCounter()
+        with counter:
+            experts[0](torch.randn(rows, d))
+        assert counter.read + counter.written == per_call + rows * per_row
+
+
+def test_the_students_own_hooks_are_counted(tmp_path):
+    """Red team, issue 36: dense experts in a pre-hook of the student's kept full marks. Everything between
+    entering and leaving the call is counted now: the bilinear path's FLOPs and the elementwise path's elements."""
+    from grader.hidden.moe_router.test_hidden import expert_traffic, moved_budget
+
+    T, E, d, h = 256, 8, 16, 32
+    x, gate, experts = layer_inputs(T, E, d, h)
+    ref = reference()
+    cap = ref.expert_capacity(T, E, 1, 1.0)
+    honest = support.expert_work(ref.moe_layer, x, gate, experts, 1, 1.0)
+    per_call, per_row = expert_traffic(experts[0], d)
+    budget = moved_budget(T, E, d, 1, cap) + 64 * T * E + E * (per_call + cap * per_row)
+    assert honest["moved"] <= budget
+    bilinear = support.expert_work(mutant(tmp_path, "dense_in_a_pre_hook_via_bilinear").moe_layer, x, gate, experts, 1, 1.0)
+    assert bilinear["rows"] == [cap] * E  # the hook computes beside the counted rows
+    assert bilinear["flops"] >= 2 * T * d * E + E * T * 4 * d * h  # every expert on every token, counted
+    elementwise = support.expert_work(mutant(tmp_path, "dense_in_a_pre_hook_elementwise").moe_layer, x, gate, experts, 1, 1.0)
+    assert elementwise["flops"] == 2 * T * d * E + E * cap * 4 * d * h  # no matmul beyond the honest ones
+    assert elementwise["moved"] > 10 * budget  # the products it materialises: E * T * h * d and more
+    for name in ("dense_in_a_pre_hook_via_bilinear", "dense_in_a_forward_hook_via_addbmm"):
+        work = support.expert_work(mutant(tmp_path, name).moe_layer, x, gate, experts, 2, 1.25)
+        y, _ = work["result"]
+        torch.testing.assert_close(y, ref.moe_layer(x, gate, experts, 2, 1.25)[0].detach(), atol=1e-5, rtol=1e-5)
+        assert work["uncounted"] == {} and work["flops"] >= E * T * 4 * d * h
 
 
 def test_a_one_hot_dispatch_moves_far_more_than_the_reference(tmp_path):

@@ -55,6 +55,99 @@ MUTANTS = [
         keeps=["dispatch_public", "dispatch_combine", "layer_public", "layer"],
     ),
     Mutant(
+        name="dense_in_a_pre_hook_via_bilinear",
+        why="computes every expert on every token inside a forward pre-hook of its own on each expert, each Linear "
+            "as torch.nn.functional.bilinear with a ones column (aten._trilinear, for which torch has no FLOP "
+            "formula), keeps the rows of each buffer, and calls each expert on its buffer so that the hooks fire. "
+            "Red team, issue 36: 95/95 on the CPU while the FLOPs of an op without a formula counted zero and the "
+            "traffic inside the experts' calls (hooks included) was left out",
+        edits=[("    buffers = dispatch(x, routing, capacity)  # [E, capacity, d]\n"
+                "    expert_out = torch.stack([expert(buffers[e]) for e, expert in enumerate(experts)])  # a loop over experts\n",
+                "    buffers = dispatch(x, routing, capacity)  # [E, capacity, d]\n"
+                "    token_at = dispatch(torch.arange(num_tokens, dtype=x.dtype)[:, None], routing, capacity)[..., 0].long()\n"
+                "    out = [None] * len(experts)\n"
+                "\n"
+                "    def every_token(e):\n"
+                "        def hook(module, args):\n"
+                "            rows, ones = x, x.new_ones(num_tokens, 1)\n"
+                "            for layer in (module if isinstance(module, nn.Sequential) else [module]):  # each Linear as a bilinear form\n"
+                "                if isinstance(layer, nn.Linear):\n"
+                "                    rows = torch.nn.functional.bilinear(rows, ones, layer.weight[:, :, None], layer.bias)\n"
+                "                else:\n"
+                "                    rows = layer(rows)\n"
+                "            out[e] = rows[token_at[e]]  # every token computed; the buffer's rows kept\n"
+                "        return hook\n"
+                "\n"
+                "    handles = [expert.register_forward_pre_hook(every_token(e)) for e, expert in enumerate(experts)]\n"
+                "    for e, expert in enumerate(experts):  # a loop over experts: each call fires its hook\n"
+                "        expert(buffers[e])\n"
+                "    for handle in handles:\n"
+                "        handle.remove()\n"
+                "    expert_out = torch.stack(out)\n")],
+        loses=["sparse_experts"],
+        keeps=["layer_public", "layer", "dispatch_public", "dispatch_combine", "drops", "vectorised"],
+    ),
+    Mutant(
+        name="dense_in_a_forward_hook_via_addbmm",
+        why="computes every expert on every token in a forward hook of its own (after each expert's call), each "
+            "Linear as torch.addbmm over a batch of one (no FLOP formula in torch's counter), and returns the "
+            "buffer's rows from the hook in place of the expert's output",
+        edits=[("    buffers = dispatch(x, routing, capacity)  # [E, capacity, d]\n"
+                "    expert_out = torch.stack([expert(buffers[e]) for e, expert in enumerate(experts)])  # a loop over experts\n",
+                "    buffers = dispatch(x, routing, capacity)  # [E, capacity, d]\n"
+                "    token_at = dispatch(torch.arange(num_tokens, dtype=x.dtype)[:, None], routing, capacity)[..., 0].long()\n"
+                "\n"
+                "    def every_token(e):\n"
+                "        def hook(module, args, output):\n"
+                "            rows = x\n"
+                "            for layer in (module if isinstance(module, nn.Sequential) else [module]):\n"
+                "                if isinstance(layer, nn.Linear):\n"
+                "                    rows = torch.addbmm(layer.bias, rows[None], layer.weight.t()[None])\n"
+                "                else:\n"
+                "                    rows = layer(rows)\n"
+                "            return rows[token_at[e]]  # replaces the expert's output\n"
+                "        return hook\n"
+                "\n"
+                "    handles = [expert.register_forward_hook(every_token(e)) for e, expert in enumerate(experts)]\n"
+                "    expert_out = torch.stack([expert(buffers[e]) for e, expert in enumerate(experts)])  # a loop over experts\n"
+                "    for handle in handles:\n"
+                "        handle.remove()\n")],
+        loses=["sparse_experts"],
+        keeps=["layer_public", "layer", "dispatch_public", "dispatch_combine", "drops", "vectorised"],
+    ),
+    Mutant(
+        name="dense_in_a_pre_hook_elementwise",
+        why="computes every expert on every token inside a forward pre-hook of its own, each Linear as an "
+            "elementwise product summed over the features (no matmul: zero FLOPs by torch's convention, so only "
+            "the elements moved can see it); they were left out as the experts' own before the count took in "
+            "everything between entering and leaving the call",
+        edits=[("    buffers = dispatch(x, routing, capacity)  # [E, capacity, d]\n"
+                "    expert_out = torch.stack([expert(buffers[e]) for e, expert in enumerate(experts)])  # a loop over experts\n",
+                "    buffers = dispatch(x, routing, capacity)  # [E, capacity, d]\n"
+                "    token_at = dispatch(torch.arange(num_tokens, dtype=x.dtype)[:, None], routing, capacity)[..., 0].long()\n"
+                "    out = [None] * len(experts)\n"
+                "\n"
+                "    def every_token(e):\n"
+                "        def hook(module, args):\n"
+                "            rows = x\n"
+                "            for layer in (module if isinstance(module, nn.Sequential) else [module]):\n"
+                "                if isinstance(layer, nn.Linear):\n"
+                "                    rows = (rows[:, None, :] * layer.weight).sum(-1) + layer.bias\n"
+                "                else:\n"
+                "                    rows = layer(rows)\n"
+                "            out[e] = rows[token_at[e]]\n"
+                "        return hook\n"
+                "\n"
+                "    handles = [expert.register_forward_pre_hook(every_token(e)) for e, expert in enumerate(experts)]\n"
+                "    for e, expert in enumerate(experts):\n"
+                "        expert(buffers[e])\n"
+                "    for handle in handles:\n"
+                "        handle.remove()\n"
+                "    expert_out = torch.stack(out)\n")],
+        loses=["sparse_experts"],
+        keeps=["layer_public", "layer", "dispatch_public", "dispatch_combine", "drops", "vectorised"],
+    ),
+    Mutant(
         name="capacity_floor",
         why="rounds the capacity down: the last assignments of a fair share find no slot",
         edits=[("math.ceil(k * num_tokens * capacity_factor / num_experts)",
