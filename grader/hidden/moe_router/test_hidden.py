@@ -31,7 +31,8 @@ Contract clauses (exercises/moe_router/README.md, "The contract") and the tests 
 | combine: a dropped assignment contributes nothing, whatever the slot holds (inf, NaN) | test_combine_never_reads_dropped_or_empty_slots, test_generated_dispatch_and_combine_against_the_loops [dispatch_combine] |
 | moe_layer: (y, routing), logits = x @ gate_weight.T, route's defaults, experts[e](buffers[e]), combine; gradients to x, gate_weight, every expert parameter | test_layer_output_and_gradients [layer]; public test_moe_layer_matches_a_loop |
 | no Python loop over tokens (route, dispatch, combine, moe_layer) | test_route_is_vectorised, test_dispatch_and_combine_are_vectorised (lines, operators, read-backs, the grader's clock), test_layer_is_vectorised (lines, operators, read-backs) [vectorised] |
-| the work: each expert computes at most capacity rows; dispatch and combine move rows by index, no one-hot [T, E, capacity] | test_each_expert_computes_only_its_buffer, test_dispatch_and_combine_move_the_assignments_not_a_one_hot [sparse_experts] |
+| the work: each expert computes at most capacity rows; dispatch and combine move rows by index, no one-hot [T, E, capacity] | test_each_expert_computes_only_its_buffer (rows at each expert's forward; FLOPs and elements of everything in the call, hooks of the student's included; an operator the counter cannot count fails, assert_all_counted), test_dispatch_and_combine_move_the_assignments_not_a_one_hot [sparse_experts] |
+| near ties (probabilities an fp32 softmax's rounding can swap): either order, for the chosen experts and the probs policy's priority; exact ties keep the rules | `accepting` in assert_routing_matches, assert_choices_and_weights and check_route_decisions (the clock's T = 4096) [topk, drops, priority, vectorised, layer, capacity, aux]; tests/test_moe_router_ties.py |
 | Routing is the stub's named tuple (six fields) | as_routing / assert_fields in every route test |
 """
 
