@@ -162,6 +162,37 @@ def test_an_operator_without_a_formula_is_named_not_counted_as_zero():
     assert counter.flops > 0
 
 
+def test_ordinary_routing_and_indexing_operators_are_not_flagged():
+    """What a correct route, dispatch or combine may reasonably call: in-place forms too (masked_fill_ is tagged
+    through masked_fill), integer division, isin, sorting, scans, scatters and gathers. None may fail the check."""
+    T, E, k, d = 32, 4, 2, 5
+    x, logits, idx = torch.randn(T, d), torch.randn(T, E), torch.randint(0, E, (T, k))
+    calls = [
+        lambda: idx // 2, lambda: idx % 3, lambda: torch.div(idx, 2, rounding_mode="floor"),
+        lambda: torch.isin(idx, torch.tensor([1, 2])), lambda: torch.nn.functional.one_hot(idx, E).cumsum(0),
+        lambda: torch.bincount(idx.flatten(), minlength=E), lambda: idx.flatten().argsort(stable=True),
+        lambda: torch.searchsorted(torch.arange(10), idx), lambda: torch.unique(idx, return_counts=True),
+        lambda: torch.repeat_interleave(torch.arange(3), torch.tensor([1, 2, 3])),
+        lambda: x.new_zeros(E * 3, d).index_put_((torch.tensor([0, 1]),), x[:2], accumulate=True),
+        lambda: x.new_zeros(E * 3, d).index_add_(0, torch.tensor([0, 1]), x[:2]),
+        lambda: torch.zeros(E, d).scatter_add_(0, idx[:, :1].expand(T, d), x), lambda: torch.where(idx > 1),
+        lambda: torch.masked_select(x, x > 0), lambda: torch.topk(logits, k),
+        lambda: torch.sort(logits, dim=-1, descending=True, stable=True), lambda: logits.softmax(-1),
+        lambda: torch.logsumexp(logits, -1), lambda: torch.tensor([1, 2, 3]), lambda: logits.max(-1),
+        lambda: torch.take_along_dim(logits, idx, 1), lambda: logits.gather(1, idx),
+        lambda: torch.full_like(logits, float("-inf")).masked_fill_(logits > 0, 0), lambda: logits.scatter(1, idx, 0.0),
+        lambda: torch.zeros(3).index_copy_(0, torch.tensor([0]), torch.ones(1)), lambda: logits[0, 0].item(),
+        lambda: torch.stack([logits, logits]).unbind(0), lambda: torch.cat([logits, logits]).split(4),
+        lambda: torch.nn.functional.gelu(logits), lambda: logits.to(torch.bfloat16), lambda: torch.allclose(logits, logits),
+        lambda: torch.einsum("te->e", logits), lambda: torch.nn.functional.pad(x, (0, 1)),
+    ]
+    for i, call in enumerate(calls):
+        counter = support.WorkCounter()
+        with counter:
+            call()
+        assert counter.uncounted == {}, (i, counter.uncounted)
+
+
 def test_the_reference_and_the_textbook_use_only_counted_operators(tmp_path):
     x, gate, experts = layer_inputs()
     for module in (reference(), mutant(tmp_path, "textbook_dense_experts"), mutant(tmp_path, "textbook_one_hot_dispatch")):

@@ -246,7 +246,7 @@ TRAFFIC_BOUNDED = frozenset({
     "index_select", "gather", "scatter", "scatter_add", "scatter_reduce", "masked_scatter", "masked_select",
     "take", "take_along_dim", "put", "nonzero", "nonzero_static", "argwhere", "embedding", "one_hot",
     "bucketize", "searchsorted", "histc", "bincount", "unique", "_unique", "_unique2", "unique_consecutive",
-    "unique_dim", "segment_reduce", "addr",
+    "unique_dim", "segment_reduce", "addr", "isin", "masked_fill", "block_diag",
     # sorting and scans
     "sort", "argsort", "msort", "topk", "kthvalue", "mode", "median", "nanmedian", "cumsum", "cumprod", "cummax",
     "cummin", "_cummax_helper", "_cummin_helper", "logcumsumexp",
@@ -254,14 +254,35 @@ TRAFFIC_BOUNDED = frozenset({
     "_softmax", "softmax", "_log_softmax", "log_softmax", "_safe_softmax", "native_layer_norm", "layer_norm",
     "native_group_norm", "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
     "_fused_rms_norm", "rms_norm", "renorm",
+    # elementwise or one pass over their operands, not tagged pointwise or reduction
+    "floor_divide", "allclose", "trace", "dist", "diff", "logit", "xlogy", "cross", "histogram",
 })
+_BOUNDING_TAGS = (torch.Tag.pointwise, torch.Tag.reduction)
+
+
+def _packet_bounded(name: str) -> bool:
+    """Whether the aten operator `name` (an overload packet) is traffic-bounded by its name or its tags."""
+    if name in TRAFFIC_BOUNDED:
+        return True
+    packet = getattr(torch.ops.aten, name, None)
+    if packet is None or not hasattr(packet, "overloads"):
+        return False
+    return any(tag in getattr(packet, overload).tags for overload in packet.overloads() for tag in _BOUNDING_TAGS)
+
+
+_BOUNDED: dict[Any, bool] = {}
 
 
 def _traffic_bounded(func: Any) -> bool:
-    tags = getattr(func, "tags", ())
-    return (torch.Tag.pointwise in tags or torch.Tag.reduction in tags or bool(getattr(func, "is_view", False))
-            or func._schema.name in _NO_DATA or func.overloadpacket.__name__.rstrip("_") in TRAFFIC_BOUNDED
-            or func.overloadpacket.__name__ in TRAFFIC_BOUNDED)
+    """Whether an operator's arithmetic is bounded by the elements it moves: a view, a name on TRAFFIC_BOUNDED, or a
+    tag pointwise or reduction, on the operator or on its out-of-place form (masked_fill_ as masked_fill)."""
+    if func not in _BOUNDED:
+        name = func.overloadpacket.__name__
+        tags = getattr(func, "tags", ())
+        _BOUNDED[func] = (any(tag in tags for tag in _BOUNDING_TAGS) or bool(getattr(func, "is_view", False))
+                          or func._schema.name in _NO_DATA or _packet_bounded(name)
+                          or (name.endswith("_") and _packet_bounded(name.rstrip("_"))))
+    return _BOUNDED[func]
 
 
 class WorkCounter(TrafficCounter):
