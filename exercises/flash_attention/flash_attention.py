@@ -97,8 +97,8 @@ def flash_attention_backward(
     delta = rowsum(dO * O), dS = P * (dP - delta) where dP = dO v^T, then dq = sm_scale * dS k,
     dk = sm_scale * dS^T q and dv = P^T dO. The dk and dv of a KV head shared by several query heads
     are the sums over those query heads. Rows with lse = +inf contribute nothing. Never build the
-    Nq x Nk matrices P or dS in memory. Triton kernels are expected; a tiled PyTorch loop that never
-    builds an Nq x Nk matrix is correct but too slow for the speed points.
+    Nq x Nk matrices P or dS in memory. All of it, delta included, is Triton kernels: host code only
+    allocates, takes views and launches (README, "The rules").
     """
     raise NotImplementedError("flash_attention_backward: delta = rowsum(dO * O), then a dK/dV kernel and a dQ kernel")
 
