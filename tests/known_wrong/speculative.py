@@ -3,7 +3,9 @@
 The signature check is `coupling` (the maximal coupling of draft and target: keep x with probability
 min(1, p/q), redraw a rejected position from norm(max(0, p - q)), tokens per target call as equation 1).
 `textbook` and `textbook_always_reject` emit every position with the target's law but skip the coupling: they
-lose `coupling` and keep the correctness checks. `one_percent_bias` and `acceptance_one_point_low` move about 1%
+lose `coupling` and keep the correctness checks. `lockstep_rows` (the red team's) advances the whole batch by
+its smallest num_accepted + 1: every output keeps the target's law, and only the per-row call count in `coupling`
+sees it. `one_percent_bias` and `acceptance_one_point_low` move about 1%
 of the probability mass in some cases, the resolution the statistical tests state."""
 
 from tests.known_wrong import Mutant
@@ -306,6 +308,26 @@ MUTANTS = [
         edits=[("length = torch.where(active, length + num_accepted + 1, length)",
                 "length = torch.where(active, length + num_accepted, length)")],
         loses=["generate_public", "reproducible", "generate"],
+    ),
+    Mutant(
+        name="lockstep_rows",
+        why="my loop advanced every unfinished row by the batch's smallest num_accepted + 1, so the rows stay aligned "
+            "in one buffer (red team, kept 94/94 on the CPU: each row's output still follows the target, but one "
+            "row's rejection throws away what every other row kept; at B = 1000, alpha ~ 0.89, gamma = 4, 64 "
+            "tokens took 64 target calls instead of 23)",
+        edits=[("length = torch.where(active, length + num_accepted + 1, length)",
+                "step = int(num_accepted[active].min()) + 1  # advance the batch in lockstep\n"
+                "        length = torch.where(active, length + step, length)")],
+        loses=["coupling"],
+        keeps=CORRECTNESS + ["generate_public", "accept_public"],
+    ),
+    Mutant(
+        name="loop_stops_when_the_first_row_finishes",
+        why="my loop ran while the row with the MOST new tokens still needed some (max instead of min), so it "
+            "stopped when the fastest row was done and the slower rows returned the buffer's padding",
+        edits=[("while int((length - P).min()) < max_new_tokens:", "while int((length - P).max()) < max_new_tokens:")],
+        loses=["coupling", "generate"],
+        keeps=["distribution", "accept_rules", "greedy", "formulas", "vectorised", "generate_public"],
     ),
     Mutant(
         name="loop_target_off_by_one",

@@ -15,6 +15,9 @@ None of this is the solution.
 - `outcome_table`: P(n draft tokens accepted, then token x) for one case, by loops over positions and
   tokens in float64: accept with min(1, p(x) / q(x)), else draw from norm(max(0, p - q)) (p itself when
   that is empty), and the bonus token from p after gamma acceptances.
+- `one_hot_row_calls` / `one_hot_lockstep_calls`: with one-hot bigram models nothing is random, so a per-row
+  loop of the rule gives each row's own number of target calls exactly; and the calls of a batch whose rows
+  all advance by the smallest count (only for the message).
 """
 
 from __future__ import annotations
@@ -135,3 +138,44 @@ def outcome_table(draft: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> tupl
     for y in range(V):
         table[gamma, y] = reach * bonus[y] / sum(bonus)
     return table, accept
+
+
+def one_hot_row_calls(target_next: list[int], draft_next: list[int], last: int, gamma: int, new_tokens: int) -> int:
+    """Target calls ONE row needs when both models are one-hot bigrams (`*_next[t]`: the token after t).
+
+    A per-row loop of the rule: from the row's last token, drafts are kept while the draft's next token is the
+    target's (p(x) = q(x) = 1); the first draft whose token the target gives 0 is rejected (p(x) = 0) and the
+    residual is the target's own token; after gamma kept drafts the bonus is the target's next token. Either
+    way the row emits kept + 1 tokens of the target's chain, and its last token is the chain's next one.
+    """
+    made = calls = 0
+    while made < new_tokens:
+        calls += 1
+        context, kept = last, 0
+        while kept < gamma and draft_next[context] == target_next[context]:
+            context, kept = target_next[context], kept + 1
+        last, made = target_next[context], made + kept + 1
+    return calls
+
+
+def one_hot_lockstep_calls(
+    target_next: list[int], draft_next: list[int], lasts: list[int], gamma: int, new_tokens: int
+) -> int:
+    """Target calls of a batch (one-hot bigrams as above) whose unfinished rows all advance by the smallest
+    kept + 1 among them: the loop that does NOT advance each row by its own count (for the message)."""
+    made, lasts, calls = [0] * len(lasts), list(lasts), 0
+    while min(made) < new_tokens:
+        calls += 1
+        kept = []
+        for last in lasts:
+            context, k = last, 0
+            while k < gamma and draft_next[context] == target_next[context]:
+                context, k = target_next[context], k + 1
+            kept.append(k)
+        step = min(k for k, m in zip(kept, made) if m < new_tokens) + 1
+        for b, m in enumerate(made):
+            if m < new_tokens:
+                for _ in range(step):
+                    lasts[b] = target_next[lasts[b]]
+                made[b] = m + step
+    return calls

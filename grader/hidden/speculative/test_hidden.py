@@ -11,7 +11,9 @@ rejected position is redrawn from norm(max(0, p - q)), so a position is accepted
 and the tokens per target call follow equation 1. The `coupling` check observes exactly that: per drafted token
 the fraction kept, the law of the token drawn after a rejection, the law of the number of drafts accepted (named
 cases), the exact law of (n, x) given the drafts (generated families), outcomes only the rule forbids, p == q
-keeping every draft, and the target calls of whole generations (equation 1). What it cannot see: how the law is
+keeping every draft, the target calls of whole generations (equation 1), and, at B > 1, that each row advances by
+its own num_accepted + 1 (a batch advanced together by its smallest count keeps every output law and loses the
+speed-up). What it cannot see: how the law is
 produced (any code whose outputs have the rule's law, given the drafts, is the technique as far as a CPU can
 tell), a deviation below its resolution, and whether the work is fast (that is accept_speed's, on CUDA).
 
@@ -42,7 +44,9 @@ Contract clauses (README "The contract") and the tests that draw them:
 | greedy: keep drafts while they equal the argmax (ties: lowest id), then the argmax; the same layout | test_greedy_tables_from_vllm (gamma = 0 included), test_greedy_random_batches_match_a_per_row_loop, test_generated_greedy_against_a_per_row_loop, test_greedy_compares_float64_in_float64 |
 | generate: tokens [B, max_new_tokens] int64, no prefix, no -1 | check_generate_result, every generate test |
 | generate: each step gamma draft calls, then ONE target call; the count reported as an int | check_generate_result (draft calls = gamma x target calls; reported is an int equal to the counted calls) |
-| generate: rows advance by their own num_accepted + 1; the output follows the target | test_whole_sequences_are_distributed_as_the_target, test_tokens_per_target_call_match_equation_1 |
+| generate: each row advances by its own num_accepted + 1 | test_each_row_advances_by_its_own_count (B > 1, rows that keep different numbers of drafts, one-hot models: exactly the slowest row's target calls; advancing the batch by its smallest count takes max_new_tokens calls), test_tokens_per_target_call_match_equation_1 (B = 1), test_whole_sequences_are_distributed_as_the_target (a row advanced past what it kept emits padding) |
+| generate: the output follows the target | test_whole_sequences_are_distributed_as_the_target |
+| generate: finished rows may keep stepping or be frozen; extra tokens dropped | test_each_row_advances_by_its_own_count (rows finish at different calls; the loop must run until the slowest is done), test_whole_sequences_are_distributed_as_the_target |
 | generate: gamma = 0 is plain sampling; max_new_tokens = 0 gives [B, 0] and 0 calls | test_edge_cases_gamma_zero_and_nothing_to_generate |
 | generate: prefix not modified | the driver (grader.support.speculative.generate) fails a run that changed it |
 | generate: tens of thousands of rows | test_whole_sequences_are_distributed_as_the_target (100,000 rows a call) |
@@ -84,6 +88,8 @@ from grader.cases.speculative import ACCEPT
 from grader.hidden.speculative.oracle import (
     calls_distribution,
     greedy_oracle,
+    one_hot_lockstep_calls,
+    one_hot_row_calls,
     oracle_acceptance,
     oracle_tokens_per_step,
     outcome_table,
@@ -1713,6 +1719,65 @@ def test_target_equal_to_draft_accepts_every_draft(student, sm, rng):
             f"with target == draft every draft passes, so each step emits gamma + 1 = {gamma + 1} tokens: "
             f"{max_new} tokens need {want} target calls, found {result['target_calls'][0]}. " + TEXTBOOK
         )
+
+
+def rows_of_their_own(gamma: int, rng: torch.Generator):
+    """One-hot bigram models where rows keep different numbers of drafts, deterministically.
+
+    Tokens form two cycles under the target (t -> its successor with probability 1). On the FAST cycle
+    (3 tokens) the draft is the target: a row there keeps all gamma drafts at every step. On the TRAP cycle
+    (c tokens, c in gamma .. gamma + 2) the draft agrees except after one trap token, where it puts all its mass
+    on a token the target gives 0: a row there keeps drafts up to the trap, is rejected there and takes the
+    target's token. Token ids are shuffled. The rows' last prefix tokens cover every token of both cycles,
+    so at every step some row sits right at the trap (keeps 0) while others keep more.
+    Returns (target table, draft table, prefix, target_next, draft_next, the fast cycle's tokens)."""
+    c = gamma + int(torch.randint(0, 3, (1,), generator=rng))
+    V = c + 3
+    ids = torch.randperm(V, generator=rng).tolist()  # position on the cycles -> token id
+    target_next, draft_next = [0] * V, [0] * V
+    for cycle in (ids[:c], ids[c:]):
+        for k, t in enumerate(cycle):
+            target_next[t] = cycle[(k + 1) % len(cycle)]
+    draft_next[:] = target_next
+    trap = ids[int(torch.randint(0, c, (1,), generator=rng))]
+    draft_next[trap] = target_next[target_next[trap]]  # on the cycle, never the target's next token (c >= 2)
+    eye = torch.eye(V)
+    target, draft = eye[target_next], eye[draft_next]
+    per_token = 4
+    last = torch.tensor(ids).repeat(per_token)[torch.randperm(V * per_token, generator=rng)]
+    prefix = torch.cat([torch.randint(0, V, (len(last), 2), generator=rng), last[:, None]], dim=1)
+    return target, draft, prefix, target_next, draft_next, set(ids[c:])
+
+
+@pytest.mark.check("coupling")
+@pytest.mark.parametrize("gamma", [2, 4])
+def test_each_row_advances_by_its_own_count(student, sm, rng, gamma):
+    """B > 1 and rows that keep different numbers of drafts: each row's own target calls are known exactly
+    (one-hot models, nothing random), so a loop that advances every row by its own num_accepted + 1 makes
+    exactly the largest of them. A loop that advances the batch together is seen in the count."""
+    target, draft, prefix, target_next, draft_next, fast_tokens = rows_of_their_own(gamma, rng)
+    max_new = 30
+    V, B = target.shape[-1], prefix.shape[0]
+    result = student.drive(DRIVER, sm.speculative_generate, target, draft, prefix, gamma, max_new, new_seed(rng))
+    check_generate_result(result, B, max_new, V, gamma)
+    lasts = prefix[:, -1].tolist()
+    own = [one_hot_row_calls(target_next, draft_next, last, gamma, max_new) for last in lasts]
+    want, found = max(own), result["target_calls"][0]
+    together = one_hot_lockstep_calls(target_next, draft_next, lasts, gamma, max_new)
+    fast = sorted({n for n, last in zip(own, lasts) if last in fast_tokens})
+    trap = [n for n, last in zip(own, lasts) if last not in fast_tokens]
+    seen = "that is what advancing every row by the batch's smallest num_accepted + 1 gives" if found == together else (
+        f"advancing every row by the batch's smallest num_accepted + 1 would take {together}")
+    assert found == want, (
+        f"B = {B} rows, gamma = {gamma}, {max_new} new tokens, one-hot target and draft (nothing random): rows whose "
+        f"draft equals the target keep every draft and emit gamma + 1 = {gamma + 1} tokens per call, rows that "
+        "meet a token the target forbids keep the drafts before it and emit the target's token there. Each row on "
+        f"its own needs a known number of target calls: {'/'.join(map(str, fast))} on the cycle where the draft is the target, "
+        f"{min(trap)} to {max(trap)} on the cycle with the forbidden token, so a loop that advances each row by its own num_accepted + 1 "
+        f"makes exactly {want} calls, the slowest row's. Found {found} ({seen}). Keep one length per row and add "
+        "that row's own num_accepted + 1 to it; one row's rejection must not hold back the others: "
+        "advancing all rows together throws away the drafts the other rows kept, and the speed-up with them."
+    )
 
 
 @pytest.mark.check("generate")
