@@ -66,6 +66,7 @@ $(VENV)/.test-deps: $(BIN)/grader pyproject.toml
 
 JOBS   ?= 2
 test: $(VENV)/.test-deps          ## the project's own tests (JOBS=n parallel processes)
+	@$(BIN)/python -c "import sys, torch, triton; print(f'tests on Python {sys.version.split()[0]}, torch {torch.__version__} ({\"CUDA \" + torch.version.cuda if torch.version.cuda else \"CPU\"} build), triton {triton.__version__}')"
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadgroup --durations=25 tests
 
 gpu-check: setup                  ## every CUDA check proved and calibrated on this GPU; DRY=1: the CPU rehearsal

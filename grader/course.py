@@ -107,8 +107,11 @@ class Exercise(_Model):
     time_limit_s: float = Field(gt=0, description="wall-clock limit for grading the whole exercise")
     call_timeout_s: float = Field(gt=0, description="wall-clock limit for one call into student code")
     memory_mb: int | None = Field(None, gt=0, description="the memory a whole grade of this exercise needs at its "
-                                                           "peak (grader, tests, worker), measured; a machine that "
-                                                           "allows less does not grade it")
+                                                           "peak (grader, tests, worker) with a CPU build of torch, "
+                                                           "measured; a machine that allows less does not grade it")
+    memory_mb_cuda_torch: int | None = Field(
+        None, gt=0, description="the same peak with a CUDA build of torch (host memory; each process that imports "
+                                "it costs about twice the CPU build's), measured; falls back to memory_mb")
     checks: list[Check] = Field(min_length=1)
     hints: list[Hint] = Field(default_factory=list)
     parts: list[Part] = Field(default_factory=list, description="smaller practice rounds within the exercise")
@@ -154,6 +157,10 @@ class Exercise(_Model):
                 f"points ({self.points:g}) must equal the sum of its checks' points, found {total:g}"
             )
         return self
+
+    def memory_needed(self, cuda_torch: bool) -> int | None:
+        """The measured peak of a whole grade for this build of torch (python -m grader.bench.memory)."""
+        return (self.memory_mb_cuda_torch or self.memory_mb) if cuda_torch else self.memory_mb
 
     @property
     def public_cpu_checks(self) -> list[str]:

@@ -245,20 +245,47 @@ def grade_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed:
         results.grader_failure(result, exercise.id, grader_faults[0])
 
 
+def torch_is_cuda_build() -> bool:
+    """Whether the installed torch is a CUDA build (GPU or not): its processes need about twice the host memory.
+
+    Read from torch/version.py's text, without importing torch: the trusted side never pays for torch's import,
+    which would count in the very peak this answer is for."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        try:
+            tree = ast.parse((Path(folder) / "version.py").read_text())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            target = node.target if isinstance(node, ast.AnnAssign) else (
+                node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+            if isinstance(target, ast.Name) and target.id == "cuda" and isinstance(node.value, ast.Constant):
+                return node.value.value is not None
+    return False
+
+
 def memory_shortfall(exercise: Exercise) -> str | None:
     """Why this machine cannot grade `exercise` for want of memory, or None. A grade killed by the OOM killer
     part-way (Gradescope's default is 768 MiB) would read as the student's crash; so an exercise whose measured
-    peak (course.yaml ``memory_mb``) does not fit the limit is not graded at all: an error of the grade, with
-    what to set. ``GRADER_IGNORE_MEMORY=1`` grades anyway."""
-    if exercise.memory_mb is None or os.environ.get("GRADER_IGNORE_MEMORY") == "1":
+    peak for this build of torch (course.yaml ``memory_mb``, or ``memory_mb_cuda_torch`` with a CUDA build) does
+    not fit the limit is not graded at all: an error of the grade, with what to set. ``GRADER_IGNORE_MEMORY=1``
+    grades anyway."""
+    if os.environ.get("GRADER_IGNORE_MEMORY") == "1":
+        return None
+    cuda_torch = torch_is_cuda_build()
+    needs = exercise.memory_needed(cuda_torch)
+    if needs is None:
         return None
     from grader.harness.cgroup import memory_limit_mb
 
     limit = memory_limit_mb()
-    if limit is None or limit >= exercise.memory_mb:
+    if limit is None or limit >= needs:
         return None
+    figure = "memory_mb_cuda_torch, with this machine's CUDA build of torch" if cuda_torch else "memory_mb"
     return (f"this machine lets a grade use {limit:,} MiB of memory, and grading {exercise.id} needs about "
-            f"{exercise.memory_mb:,} MiB at its peak (measured; course.yaml memory_mb), so it was not graded: raise "
+            f"{needs:,} MiB at its peak (measured; course.yaml {figure}), so it was not graded: raise "
             "the memory limit (on Gradescope, the autograder's memory setting) and regrade")
 
 

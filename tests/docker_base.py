@@ -36,24 +36,35 @@ class BaseImageError(RuntimeError):
 
 
 def runtime_distributions(root: Path) -> list[importlib.metadata.Distribution]:
-    """The installed distributions pyproject.toml's runtime dependencies need, transitively."""
+    """The installed distributions pyproject.toml's runtime dependencies need, transitively, extras included.
+
+    A CUDA build of torch asks for `cuda-toolkit[cudart,cublas,...]`, whose libraries (libcudart and the rest)
+    are requirements of those extras only: a walk that ignored extras left them out, and torch could not be
+    imported in the image."""
     import tomllib
 
-    todo = list(tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"])
+    todo = [Requirement(r) for r in tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]]
     seen: dict[str, importlib.metadata.Distribution] = {}
+    extras_seen: dict[str, set[str]] = {}
     while todo:
-        req = Requirement(todo.pop())
-        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-            continue
+        req = todo.pop()
         key = req.name.lower().replace("_", "-")
-        if key in seen:
+        new_extras = set(req.extras) - extras_seen.get(key, set())
+        if key in seen and not new_extras:
             continue
         try:
-            dist = importlib.metadata.distribution(req.name)
+            dist = seen.get(key) or importlib.metadata.distribution(req.name)
         except importlib.metadata.PackageNotFoundError:
             raise BaseImageError(f"expected {req.name} installed in this environment, found none") from None
+        # the first visit walks the plain requirements; any visit walks the extras not walked before
+        extras = ([""] if key not in seen else []) + sorted(new_extras)
         seen[key] = dist
-        todo.extend(dist.requires or [])
+        extras_seen.setdefault(key, set()).update(req.extras)
+        for text in dist.requires or []:
+            dep = Requirement(text)
+            if dep.marker is None and "" in extras or dep.marker is not None and any(
+                    dep.marker.evaluate({"extra": extra}) for extra in extras):
+                todo.append(dep)
     return sorted(seen.values(), key=lambda d: d.metadata["Name"].lower())
 
 

@@ -45,7 +45,11 @@ def _print_memory(course, exercises: list[str] | None) -> None:
     """For the instructor's log: the memory this assignment's grade needs, against what the container allows."""
     from grader.harness.cgroup import memory_limit_mb
 
-    needs = max((e.memory_mb or 0 for e in course.exercises if not exercises or e.id in exercises), default=0)
+    from grader.runner import torch_is_cuda_build
+
+    cuda_torch = torch_is_cuda_build()
+    needs = max((e.memory_needed(cuda_torch) or 0 for e in course.exercises if not exercises or e.id in exercises),
+                default=0)
     limit = memory_limit_mb()
     if needs:
         verdict = "" if limit is None or limit >= needs else " - too little: raise the autograder's memory setting"

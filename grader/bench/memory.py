@@ -1,0 +1,120 @@
+"""Measure each exercise's memory figure (course.yaml ``memory_mb``) with the torch that is installed.
+
+    python -m grader.bench.memory [--exercise ID ...] [--seed 5] [--out peaks.json]
+
+Grades the reference of each exercise, one exercise per grade, in a memory cgroup of its own (root only:
+cgroup v2's ``memory.peak`` or v1's ``memory.max_usage_in_bytes``), and prints the peak of the whole grade
+(grader, pytest and worker together, as a Gradescope container counts them) next to course.yaml's figure.
+The torch build matters: importing a CUDA build of torch costs each process about twice the memory of the
+CPU build, so the figures in course.yaml are for the CUDA build a grading machine has (README.md, "Memory").
+A peak above ``memory_mb`` exits 1: the figure would let a platform grade with too little memory, and a grade
+killed part-way reads as the student's crash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from grader.course import find_root, load_course
+
+V2 = Path("/sys/fs/cgroup")
+
+
+def torch_build() -> str:
+    """The installed torch, as a grade's figures depend on it: '2.14.1+cu130 (CUDA build)'."""
+    import torch
+
+    return f"{torch.__version__} ({'CUDA' if torch.version.cuda else 'CPU'} build)"
+
+
+def _new_group() -> tuple[Path, str]:
+    """A fresh memory cgroup with no limit, and the file that holds its peak."""
+    name = f"grader-memory-{secrets.token_hex(4)}"
+    on_v2 = (V2 / "cgroup.controllers").exists() and "memory" in (V2 / "cgroup.controllers").read_text().split()
+    group = (V2 if on_v2 else V2 / "memory") / name
+    group.mkdir()
+    return group, "memory.peak" if on_v2 else "memory.max_usage_in_bytes"
+
+
+def _remove(group: Path) -> None:
+    for pid in (group / "cgroup.procs").read_text().split():
+        try:
+            os.kill(int(pid), 9)
+        except (ProcessLookupError, ValueError):
+            pass
+    try:
+        group.rmdir()
+    except OSError:
+        pass
+
+
+def measure(root: Path, exercise_id: str, seed: int) -> tuple[int, float, str]:
+    """(peak MiB, score, state) of one grade of the reference of `exercise_id`, run in a cgroup of its own."""
+    group, peak_file = _new_group()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "result.json"
+            # The memory check of the grade itself would refuse an exercise above this machine's limit: off here.
+            env = {**os.environ, "GRADER_IGNORE_MEMORY": "1"}
+            script = (f"echo $$ > {group}/cgroup.procs && exec {sys.executable} -m grader grade "
+                      f"{root / 'solutions'} -e {exercise_id} --seed {seed} --out {out}")
+            proc = subprocess.run(["sh", "-c", script], cwd=root, env=env, capture_output=True, text=True)
+            if not out.is_file():
+                raise RuntimeError(f"the grade of {exercise_id} wrote no result (exit {proc.returncode}): "
+                                   f"{(proc.stdout + proc.stderr)[-1500:]}")
+            result = json.loads(out.read_text())
+        peak = int((group / peak_file).read_text()) >> 20
+        return peak, result["score"], result["state"]
+    finally:
+        _remove(group)
+
+
+def suggested(peak_mb: int) -> int:
+    """The figure to put in course.yaml: the peak with 15% room, rounded up to 50 MiB."""
+    return 50 * math.ceil(peak_mb * 1.15 / 50)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--exercise", "-e", action="append", help="an exercise id (default: all)")
+    parser.add_argument("--seed", type=int, default=5)
+    parser.add_argument("--out", type=Path, help="also write the figures as JSON")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        print("grader.bench.memory makes a memory cgroup per grade, which needs root", file=sys.stderr)
+        return 2
+    root = find_root()
+    course = load_course(root)
+    ids = args.exercise or [e.id for e in course.exercises]
+    build = torch_build()
+    table = Table(title=f"a whole grade's peak memory, reference solutions, torch {build}")
+    for col in ("exercise", "score", "peak MiB", "course.yaml memory_mb", "suggested", "verdict"):
+        table.add_column(col)
+    rows, ok = [], True
+    for exercise_id in ids:
+        declared = course.exercise(exercise_id).memory_mb
+        peak, score, state = measure(root, exercise_id, args.seed)
+        fits = declared is not None and peak <= declared
+        ok &= fits
+        rows.append({"exercise": exercise_id, "peak_mb": peak, "memory_mb": declared, "score": score, "state": state})
+        table.add_row(exercise_id, f"{score:g} ({state})", str(peak), str(declared), str(suggested(peak)),
+                      "[green]within[/]" if fits else "[red]above: raise memory_mb[/]")
+    Console().print(table)
+    if args.out:
+        args.out.write_text(json.dumps({"torch": build, "seed": args.seed, "exercises": rows}, indent=2))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
