@@ -11,7 +11,7 @@ BIN    := $(VENV)/bin
 EX     ?=
 SUB    ?= solutions
 
-.PHONY: setup demo check hint progress notebook interview interview-check interview-done grade test bench gpu-check validate release image clean
+.PHONY: setup demo check hint progress notebook interview interview-check interview-done grade test test-short bench gpu-check validate release image clean
 
 $(BIN)/grader: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,15 @@ JOBS   ?= 2
 test: $(VENV)/.test-deps          ## the project's own tests (JOBS=n parallel processes)
 	@$(BIN)/python -c "import sys, torch, triton; print(f'tests on Python {sys.version.split()[0]}, torch {torch.__version__} ({\"CUDA \" + torch.version.cuda if torch.version.cuda else \"CPU\"} build), triton {triton.__version__}')"
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadgroup --durations=25 tests
+
+# The short suite CI runs on every other tested torch (grader/torchbuild.py TESTED): the guards and probes,
+# the hostile files, the tamper scan, the torch check, every reference and stub, one exercise's known-wrongs.
+SHORT_TESTS ?= tests/test_probes.py tests/test_hostile.py tests/test_error_is_no_answer.py tests/test_tamper.py \
+               tests/test_memory_limit.py tests/test_torchbuild.py tests/test_scoring.py
+test-short: $(VENV)/.test-deps    ## the short suite, e.g. on another torch: make test-short VENV=.venv-2.14 TORCH=torch==2.14.1
+	@$(BIN)/python -c "import sys, torch, triton; print(f'short suite on Python {sys.version.split()[0]}, torch {torch.__version__} ({\"CUDA \" + torch.version.cuda if torch.version.cuda else \"CPU\"} build), triton {triton.__version__}')"
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadgroup --durations=10 $(SHORT_TESTS) \
+		-k "not test_known_wrong_submission_loses_its_checks or online_softmax"
 
 gpu-check: setup                  ## every CUDA check proved and calibrated on this GPU; DRY=1: the CPU rehearsal
 	$(BIN)/grader gpu-check $(if $(DRY),--dry-run)

@@ -1,7 +1,8 @@
 """Finish the grading image (run once, as root, by docker/Dockerfile's RUN step).
 
-1. Installs the Python packages pyproject.toml asks for that the base image lacks (the base brings
-   torch and triton; pip runs only when something is missing, so a complete base needs no network).
+1. Installs the Python packages pyproject.toml asks for that the base image lacks or has outside the
+   range pyproject.toml gives (the tested range: a base whose torch CI does not test gets the tested one);
+   pip runs only when something is missing, so a complete base needs no network.
 2. Puts /opt/course on every Python's path (a .pth file), so `python -I -m grader...` finds it.
 3. Creates the users `grader` (owns the hidden checks and the solutions) and `student` (the
    sandboxed worker runs as it).
@@ -25,17 +26,19 @@ PRIVATE = [COURSE / "grader" / "hidden", COURSE / "solutions"]
 USERS = {"grader": 10001, "student": 10002}
 
 
-def requirements() -> list[tuple[str, str, tuple[int, ...]]]:
-    """(requirement as written, distribution name, lower bound) for each runtime dependency."""
+def requirements() -> list[tuple[str, str, tuple[int, ...], tuple[int, ...] | None]]:
+    """(requirement as written, distribution name, lower bound, upper bound or None) for each runtime dependency."""
     import tomllib
 
     deps = tomllib.loads((COURSE / "pyproject.toml").read_text())["project"]["dependencies"]
     found = []
     for dep in deps:
-        m = re.fullmatch(r"\s*([A-Za-z0-9_.-]+)\s*(?:>=\s*([0-9.]+))?\s*", dep)
+        m = re.fullmatch(r"\s*([A-Za-z0-9_.-]+)\s*(?:>=\s*([0-9.]+))?\s*(?:,\s*<\s*([0-9.]+))?\s*", dep)
         if not m:
-            raise SystemExit(f"install.py: expected dependencies written as NAME or NAME>=X.Y, found {dep!r}")
-        found.append((dep, m.group(1), tuple(int(x) for x in (m.group(2) or "0").split("."))))
+            raise SystemExit(f"install.py: expected dependencies written as NAME, NAME>=X.Y or NAME>=X.Y,<Z.W, "
+                             f"found {dep!r}")
+        upper = tuple(int(x) for x in m.group(3).split(".")) if m.group(3) else None
+        found.append((dep.strip(), m.group(1), tuple(int(x) for x in (m.group(2) or "0").split(".")), upper))
     return found
 
 
@@ -51,13 +54,14 @@ def version_tuple(text: str) -> tuple[int, ...]:
 
 def install_missing() -> None:
     missing = []
-    for spec, name, lower in requirements():
+    for spec, name, lower, upper in requirements():
         try:
             have = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             missing.append(spec)
             continue
-        if version_tuple(have) < lower:
+        # outside the tested range (a base image's torch older or newer than CI tests): the tested one replaces it
+        if version_tuple(have) < lower or upper is not None and version_tuple(have) >= upper:
             missing.append(spec)
     if not missing:
         print("install.py: every Python requirement is in the base image")

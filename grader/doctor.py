@@ -11,7 +11,7 @@ import os
 import shutil
 import subprocess
 
-from grader import results
+from grader import results, torchbuild
 
 STUDENT_USER = "student"  # the unprivileged user the sandboxed worker runs as (grader/scale/container.py)
 
@@ -25,6 +25,9 @@ def doctor() -> dict:
         proc = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                               capture_output=True, text=True, timeout=30)
         report["driver"] = proc.stdout.strip().splitlines()[0] if proc.returncode == 0 and proc.stdout.strip() else None
+    build = torchbuild.installed()
+    report["torch_tested"] = (f"yes: {torchbuild.TESTED[build.release]}" if build and build.tested else
+                              "no: grading refuses it without --allow-untested-torch")
     try:
         import pwd
 

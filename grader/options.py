@@ -45,6 +45,9 @@ class GradeOptions:
     # Stop each check at its first test below full marks; the check's later tests score zero, "not run". For
     # the project's own tests of known-wrong submissions, which need only know that a check lost points.
     first_failure: bool = False
+    # Grade on a torch that CI does not test (grader/torchbuild.py), with a warning in the result; without it,
+    # such a grade is an error of the grade.
+    allow_untested_torch: bool = False
 
     def __post_init__(self) -> None:
         if self.tests not in TESTS:
@@ -64,7 +67,8 @@ class GradeOptions:
         """The options of a command whose parser `add_grade_options` filled."""
         return cls(exercises=args.exercise or None, seed=args.seed, tests=args.tests, checks=args.check or None,
                    call_timeout_s=args.call_timeout, time_limit_s=args.time_limit, isolate=not args.no_isolate,
-                   user=args.user, log_dir=Path(args.log_dir).absolute() if args.log_dir else None)
+                   user=args.user, log_dir=Path(args.log_dir).absolute() if args.log_dir else None,
+                   allow_untested_torch=args.allow_untested_torch)
 
     def host_only_flags(self) -> list[str]:
         """The flags set here that only the local backend can honour."""
@@ -117,5 +121,8 @@ def add_grade_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--user", default="auto",
                        help="as root, the worker's identity: 'auto' (a uid of its own per grade) or an account's "
                             "name (local backend only)")
+    group.add_argument("--allow-untested-torch", action="store_true",
+                       help="grade on a torch the course's tests do not run on (grader doctor names it); every "
+                            "result then carries a warning")
     group.add_argument("--log-dir", help="keep each exercise's pytest output in this folder (local backend only; "
                                          "a batch keeps one sub-folder per submission)")
