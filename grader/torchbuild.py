@@ -51,10 +51,14 @@ def installed() -> TorchBuild | None:
             continue
         values: dict[str, object] = {}
         for node in tree.body:
-            target = node.target if isinstance(node, ast.AnnAssign) else (
-                node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
-            if isinstance(target, ast.Name) and isinstance(node.value, ast.Constant):
-                values[target.id] = node.value.value
+            if isinstance(node, ast.AnnAssign):
+                target, value = node.target, node.value
+            elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target, value = node.targets[0], node.value
+            else:
+                continue
+            if isinstance(target, ast.Name) and isinstance(value, ast.Constant):
+                values[target.id] = value.value
         if isinstance(values.get("__version__"), str):
             cuda = values.get("cuda")
             return TorchBuild(str(values["__version__"]), cuda if isinstance(cuda, str) else None)
