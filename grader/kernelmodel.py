@@ -56,6 +56,9 @@ from typing import Any, Iterable
 TARGET = ("cuda", 90, 32)  # H100-class: sm_90, warps of 32 threads
 STACK_LIMIT = 512  # bytes of spilled state per thread: more is a tile that lives in local memory, not registers
 SHARED_LIMIT = 232448  # bytes of shared memory a block may have on sm_90 (227 KiB, with the opt-in)
+# Per architecture (a `target` other than TARGET: resources(..., target=("cuda", 80, 32))): the opt-in maximum of
+# dynamic shared memory per block, sm_80 (A100) 163 KiB, sm_90 (H100, H200) 227 KiB.
+SHARED_LIMITS = {80: 166912, 90: SHARED_LIMIT}
 COMPILE_TIMEOUT_S = 120.0
 MAX_VARIANTS = 16  # distinct compiles modelled per call; a call that launches more is refused, not compiled
 MODEL_VERSION = 1  # part of every cache key: bump when the generated module or the child's output changes
@@ -88,10 +91,15 @@ class LaunchResources:
     launches: int = 1
     seconds: float = 0.0
     cached: bool = False
+    arch: int = TARGET[1]  # the compute capability compiled for: 90 is sm_90
 
     @property
     def threads(self) -> int:
         return self.num_warps * TARGET[2]
+
+    @property
+    def shared_limit(self) -> int:
+        return SHARED_LIMITS.get(self.arch, SHARED_LIMIT)
 
     def problems(self) -> list[str]:
         """What does not fit, in words (empty when it fits)."""
@@ -101,14 +109,14 @@ class LaunchResources:
             return [f"the GPU compiler did not finish within {COMPILE_TIMEOUT_S:.0f} s: ptxas takes that long when a "
                     "program's tiles overflow the registers by far, so the model counts it as not fitting"]
         if self.error is not None:
-            return [f"it does not compile for sm_90: {self.error}"]
+            return [f"it does not compile for sm_{self.arch}: {self.error}"]
         found = []
         if self.stack is not None and self.stack > STACK_LIMIT:
             found.append(f"each of its {self.threads} threads spills {self.stack:,} bytes of its state to local memory "
                          f"(stack), over the {STACK_LIMIT} bytes allowed ({self.registers} registers per thread)")
-        if self.shared is not None and self.shared > SHARED_LIMIT:
-            found.append(f"it asks for {self.shared:,} bytes of shared memory, over the {SHARED_LIMIT:,} bytes "
-                         "(227 KiB) an sm_90 block may have")
+        if self.shared is not None and self.shared > self.shared_limit:
+            found.append(f"it asks for {self.shared:,} bytes of shared memory, over the {self.shared_limit:,} bytes "
+                         f"({self.shared_limit // 1024} KiB) an sm_{self.arch} block may have")
         return found
 
     def fits(self) -> bool:
@@ -283,10 +291,11 @@ def _normalised(source: KernelSource, kernel: str, arguments: dict) -> dict:
     return out
 
 
-def _compile(module_path: str, kernel: str, arguments: dict, options: dict, timeout: float) -> tuple[dict, float]:
+def _compile(module_path: str, kernel: str, arguments: dict, options: dict, timeout: float,
+             target: tuple = TARGET) -> tuple[dict, float]:
     """One compile in a fresh process: (the child's answer, or {"timed_out": True} / {"error": ...}; seconds)."""
     request = json.dumps({"module": module_path, "kernel": kernel, "arguments": arguments, "options": options,
-                          "target": list(TARGET)})
+                          "target": list(target)})
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRITON_")}
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kernelmodel-") as scratch:
@@ -337,14 +346,15 @@ def _variant(launch: dict) -> tuple[str, dict, dict] | None:
 
 
 def resources(path: str | Path, launches: Iterable[dict], stop_at_misfit: bool = True,
-              timeout: float = COMPILE_TIMEOUT_S) -> list[LaunchResources]:
+              timeout: float = COMPILE_TIMEOUT_S, target: tuple = TARGET) -> list[LaunchResources]:
     """Each distinct compile among `launches` (as grader.support.kernels:launches records them) of the kernels
     in the student's file at `path`, in launch order, with the toolchain's figures.
 
     `stop_at_misfit`: once one variant does not fit, the rest are listed as not compiled (a grade pays for one
     slow compile, not for every launch of a kernel that spills). The file is read here, as text; a file the
     tamper scan flags is not compiled (its kernels may hold more than Triton), and neither is a launch whose
-    arguments the worker could not describe."""
+    arguments the worker could not describe. `target` is (backend, compute capability, warp size): TARGET, sm_90,
+    for every grade; ("cuda", 80, 32) compiles for sm_80 (tests/test_reference_kernels_compile.py)."""
     from grader.harness import tamper
 
     path = Path(path)
@@ -373,7 +383,7 @@ def resources(path: str | Path, launches: Iterable[dict], stop_at_misfit: bool =
             continue
         kernel, arguments, options = found
         normal = _normalised(source, kernel, arguments)
-        key = hashlib.sha256(json.dumps([MODEL_VERSION, _triton_version(), list(TARGET), source.digest, kernel, normal,
+        key = hashlib.sha256(json.dumps([MODEL_VERSION, _triton_version(), list(target), source.digest, kernel, normal,
                                          options], sort_keys=True, default=str).encode()).hexdigest()
         counts[key] = counts.get(key, 0) + 1
         if key in variants:
@@ -381,7 +391,8 @@ def resources(path: str | Path, launches: Iterable[dict], stop_at_misfit: bool =
         order.append(key)
         constexprs = {name: _shown(arguments.get(name)) for name, annotated in
                       (source.params(kernel) if kernel in source.kernels else []) if annotated and name in arguments}
-        stub = LaunchResources(kernel, constexprs, int(options.get("num_warps", 4)), int(options.get("num_stages", 3)))
+        stub = LaunchResources(kernel, constexprs, int(options.get("num_warps", 4)), int(options.get("num_stages", 3)),
+                               arch=int(target[1]))
         variants[key] = (stub, kernel, arguments, options)
     if len(order) > MAX_VARIANTS:
         first = variants[order[0]][0]
@@ -409,7 +420,7 @@ def resources(path: str | Path, launches: Iterable[dict], stop_at_misfit: bool =
                                                    f"in {source.filename}: the model compiles the kernels of your file"))
                 misfit = True
                 continue
-            result = _answer(key, source, module_path, kernel, arguments, options, stub, timeout)
+            result = _answer(key, source, module_path, kernel, arguments, options, stub, timeout, target)
             results.append(result)
             misfit = misfit or not result.fits()
     return results
@@ -424,7 +435,7 @@ def _shown(desc: Any) -> Any:
 
 
 def _answer(key: str, source: KernelSource, module_path: str, kernel: str, arguments: dict, options: dict,
-            stub: LaunchResources, timeout: float) -> LaunchResources:
+            stub: LaunchResources, timeout: float, target: tuple = TARGET) -> LaunchResources:
     with _LOCK:
         answer = _MEMORY.get(key)
     cached = answer is not None
@@ -433,7 +444,7 @@ def _answer(key: str, source: KernelSource, module_path: str, kernel: str, argum
         answer = _disk_get(key)
         cached = answer is not None
     if answer is None:
-        answer, seconds = _compile(module_path, kernel, arguments, options, timeout)
+        answer, seconds = _compile(module_path, kernel, arguments, options, timeout, target)
         if not answer.get("timed_out") and answer.get("stage") != "crash":
             _disk_put(key, answer)  # timeouts and crashes depend on the machine's load: never kept
         with _LOCK:
