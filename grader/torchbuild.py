@@ -51,6 +51,8 @@ def installed() -> TorchBuild | None:
             continue
         values: dict[str, object] = {}
         for node in tree.body:
+            target: ast.expr
+            value: ast.expr | None
             if isinstance(node, ast.AnnAssign):
                 target, value = node.target, node.value
             elif isinstance(node, ast.Assign) and len(node.targets) == 1:

@@ -168,7 +168,7 @@ def launches(dtypes=DTYPES) -> list[Launch]:
             for launch in make(dtype)]
 
 
-def measure(found: list[Launch], archs=ARCHS, jobs: int | None = None) -> dict[tuple[str, int], object]:
+def measure(found: list[Launch], archs=ARCHS, jobs: int | None = None) -> dict[tuple[str, int], kernelmodel.LaunchResources]:
     """{(launch id, arch): kernelmodel.LaunchResources}, compiled on `jobs` threads (each compile is a process)."""
     from grader.harness import tamper
 
