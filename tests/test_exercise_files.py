@@ -69,3 +69,20 @@ def test_the_code_a_stub_gives_is_the_solutions_own(exercise_id):
         assert _without_docstrings(node) == _without_docstrings(theirs[name]), (
             f"{name} in exercises/{exercise_id}/{exercise.file} differs from the solution's (docstrings aside): "
             "the stub's given code must be exactly what the reference runs, or a student debugs a different program")
+
+
+@pytest.mark.parametrize("exercise_id", IDS)
+def test_every_exercise_names_its_signature_and_maps_its_contract(exercise_id):
+    """What full marks certify (AUTHORING.md): the README's "How it is graded" names the technique's signature,
+    the check that observes it and what that check cannot see; the hidden test module opens with the contract's
+    clauses and the tests that draw each."""
+    readme = (ROOT / "exercises" / exercise_id / "README.md").read_text()
+    graded = readme.split("## How it is graded", 1)[-1]
+    assert "## How it is graded" in readme and re.search(r"\bsignature\b", graded, re.I), (
+        f"exercises/{exercise_id}/README.md: 'How it is graded' should name the technique's signature and its check")
+    assert re.search(r"cannot see|does not see|can't see", graded, re.I), (
+        f"exercises/{exercise_id}/README.md: 'How it is graded' should say what the signature's check cannot see")
+    module = ast.get_docstring(ast.parse((ROOT / "grader" / "hidden" / exercise_id / "test_hidden.py").read_text()))
+    assert module and re.search(r"contract clauses?|clause by clause", module, re.I), (
+        f"grader/hidden/{exercise_id}/test_hidden.py should open with the contract-clause table: every clause of "
+        "the README's contract and the tests that draw it")
