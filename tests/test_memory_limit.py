@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from grader.bench.memory import remove_group
 from tests.conftest import COURSE, ROOT, grade_folder
 
 pytestmark = pytest.mark.xdist_group("memory_limit")
@@ -68,16 +68,11 @@ def test_an_exercise_that_does_not_fit_is_an_error_of_the_grade_not_a_score(tmp_
 
 
 def _memory_cgroup(limit_mb: int) -> Path | None:
-    """A fresh memory cgroup of `limit_mb` (v2, or v1's memory controller), or None where none can be made."""
-    name = f"grader-test-{secrets.token_hex(4)}"
-    v2 = Path("/sys/fs/cgroup")
-    on_v2 = (v2 / "cgroup.controllers").exists() and "memory" in (v2 / "cgroup.controllers").read_text().split()
-    parent, limit_file = (v2, "memory.max") if on_v2 else (v2 / "memory", "memory.limit_in_bytes")
+    """A fresh memory cgroup of `limit_mb`, or None where none can be made."""
+    from grader.bench.memory import new_group
+
     try:
-        group = parent / name
-        group.mkdir()
-        (group / limit_file).write_text(str(limit_mb << 20))
-        return group
+        return new_group(limit_mb)[0]
     except OSError:
         return None
 
@@ -115,12 +110,4 @@ def test_a_gradescope_sized_grade_gets_full_marks_or_is_refused(tmp_path):
         refused = out[too_big[0]]
         assert refused["gradable"] is False and "raise the memory limit" in refused["exercises"][0]["message"]
     finally:
-        for pid in (group / "cgroup.procs").read_text().split():
-            try:
-                os.kill(int(pid), 9)
-            except (ProcessLookupError, ValueError):
-                pass
-        try:
-            group.rmdir()
-        except OSError:
-            pass
+        remove_group(group)

@@ -38,16 +38,20 @@ def torch_build() -> str:
     return f"{torch.__version__} ({'CUDA' if torch.version.cuda else 'CPU'} build)"
 
 
-def _new_group() -> tuple[Path, str]:
-    """A fresh memory cgroup with no limit, and the file that holds its peak."""
+def new_group(limit_mb: int | None = None) -> tuple[Path, str]:
+    """A fresh memory cgroup (v2, or v1's memory controller), limited to `limit_mb` if given, and the file that
+    holds its peak. Raises OSError where none can be made."""
     name = f"grader-memory-{secrets.token_hex(4)}"
     on_v2 = (V2 / "cgroup.controllers").exists() and "memory" in (V2 / "cgroup.controllers").read_text().split()
     group = (V2 if on_v2 else V2 / "memory") / name
     group.mkdir()
+    if limit_mb is not None:
+        (group / ("memory.max" if on_v2 else "memory.limit_in_bytes")).write_text(str(limit_mb << 20))
     return group, "memory.peak" if on_v2 else "memory.max_usage_in_bytes"
 
 
-def _remove(group: Path) -> None:
+def remove_group(group: Path) -> None:
+    """Kill what is left in `group` and remove it."""
     for pid in (group / "cgroup.procs").read_text().split():
         try:
             os.kill(int(pid), 9)
@@ -61,7 +65,7 @@ def _remove(group: Path) -> None:
 
 def measure(root: Path, exercise_id: str, seed: int) -> tuple[int, float, str]:
     """(peak MiB, score, state) of one grade of the reference of `exercise_id`, run in a cgroup of its own."""
-    group, peak_file = _new_group()
+    group, peak_file = new_group()
     try:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "result.json"
@@ -77,7 +81,7 @@ def measure(root: Path, exercise_id: str, seed: int) -> tuple[int, float, str]:
         peak = int((group / peak_file).read_text()) >> 20
         return peak, result["score"], result["state"]
     finally:
-        _remove(group)
+        remove_group(group)
 
 
 def suggested(peak_mb: int) -> int:
