@@ -34,7 +34,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from grader import __version__, report, results, selfstudy
+from grader import __version__, exitcodes, report, results, selfstudy
 from grader.options import GradeOptions, OptionsError, add_grade_options
 from grader.course import CourseError, find_root, load_course
 from grader.runner import grade, grade_exercise
@@ -83,8 +83,10 @@ def cmd_grade(args: argparse.Namespace) -> int:
             console.print(f"result written to {out}", markup=False, highlight=False)
     if result.get("state") == "error":  # the grading machine failed on it: not a score
         err.print(Text("error: " + inert("; ".join(result.get("format_errors") or ["the grade failed"]))))
-        return 1
-    return 0
+        return exitcodes.GRADER_FAILED
+    if result.get("gradable") is False:  # graded to the end: the submission itself could not be (its reason is above)
+        return exitcodes.NEEDS_ATTENTION
+    return exitcodes.DONE
 
 
 def grade_in_container(course, root: Path, source: Path, out: Path | None, opts: GradeOptions, backend) -> dict:

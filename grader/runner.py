@@ -469,6 +469,14 @@ def _grade(course: Course, root: Path, source: Path, out: Path | None, opts: Gra
                                     seed=seed, mode=opts.mode, exercise_message=f"the submission could not be read: {exc}")
         save(result)
         return result
+    except Exception as exc:  # noqa: BLE001 -- the grader failed while staging (StagingFault, or a bug): its error, not the student's
+        reason = f"staging the submission failed ({type(exc).__name__}: {str(exc).strip()[:300]})"
+        result = results.ungradable(course, exercises, submission_id or Path(source).name, reason, suite_sha=suite,
+                                    seed=seed, mode=opts.mode, by="grader", retry="grade it again")
+        result["state"] = "error"
+        results.finish(result)
+        save(result)
+        return result
 
     result = results.new_result(course, sub.id, sub.sha256, suite, seed, opts.mode, exercises)
     result["warnings"].extend(inert(note, 2000) for note in sub.notes)

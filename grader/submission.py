@@ -47,9 +47,10 @@ import tarfile
 import tempfile
 import zipfile
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO, BinaryIO, Callable
+from typing import IO, BinaryIO, Callable, Iterator
 
 from grader.course import Course, Exercise
 from grader.notebook import NotebookError, build_module, contract_names, notebook_names
@@ -77,6 +78,39 @@ _CHUNK = 1 << 16
 
 class SubmissionError(ValueError):
     """The submission cannot be graded at all (a bad archive, a link, nothing found)."""
+
+
+class StagingFault(RuntimeError):
+    """The grading machine failed while it read a submission (its disk full, out of memory or file
+    descriptors, an I/O error): an error of the grade, to be done again, never the student's fault."""
+
+
+# An OSError with one of these says the machine is short of something or broken, whatever file it was
+# reading or writing: never a property of the student's material.
+MACHINE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.EMFILE, errno.ENFILE, errno.EIO,
+                            errno.EROFS})
+
+
+@contextmanager
+def student_material(what: str) -> Iterator[None]:
+    """Read the student's material inside this block. Whatever it raises, of any type, is the
+    material's: a SubmissionError that names `what` and the exception ("not gradable", that student
+    alone). The exceptions are the machine's own failures (`MACHINE_ERRNOS`, MemoryError), which become
+    a StagingFault, and KeyboardInterrupt or SystemExit, which pass. Archive, notebook and codec
+    libraries raise many types; none is listed, so a new one cannot escape as a crash of the batch."""
+    try:
+        yield
+    except (SubmissionError, StagingFault):
+        raise
+    except MemoryError:
+        raise StagingFault(f"{what}: the grading machine ran out of memory") from None
+    except OSError as exc:
+        if exc.errno in MACHINE_ERRNOS:
+            raise StagingFault(f"{what}: the grading machine failed ({exc.strerror or exc})") from None
+        raise SubmissionError(f"{what} ({exc.strerror or type(exc).__name__})") from None
+    except Exception as exc:
+        detail = str(exc).strip()[:200]
+        raise SubmissionError(f"{what} ({type(exc).__name__}{': ' + detail if detail else ''})") from None
 
 
 @dataclass
@@ -189,10 +223,8 @@ def read_candidate(root_fd: int, parts: tuple[str, ...]) -> bytes | None:
     """The bytes of ``root/parts...``: each folder on the way opened relative to the last, never
     following a link. None when the path leads nowhere; SubmissionError when it leads through or to
     something that cannot be trusted, or cannot be read."""
-    try:
+    with student_material(f"{'/'.join(parts)!r} in the submission cannot be read"):
         return _read_candidate(root_fd, parts)
-    except OSError as exc:
-        raise SubmissionError(f"{'/'.join(parts)!r} in the submission cannot be read: {exc.strerror}") from None
 
 
 def _read_candidate(root_fd: int, parts: tuple[str, ...]) -> bytes | None:
@@ -562,15 +594,15 @@ def unpack(archive: Path, dest: Path, wanted: set[str] | None = None) -> Path:
                                   f"{MAX_ARCHIVE_BYTES >> 20} MiB; refused")
         out = _Unpacker(dest, st.st_size, wanted)
         try:
-            if name.endswith(".zip"):
-                _unpack_zip(raw, st.st_size, out)
-            else:
-                _unpack_tar(raw, st.st_size, out)
-        except SubmissionError:
-            raise
-        except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, OSError, RuntimeError, NotImplementedError,
-                struct.error, ValueError, UnicodeError, OverflowError) as exc:
-            raise SubmissionError(f"{archive.name}: not a readable archive ({type(exc).__name__}: {str(exc)[:200]})") from None
+            with student_material(f"{archive.name}: not a readable archive"):
+                if name.endswith(".zip"):
+                    _unpack_zip(raw, st.st_size, out)
+                else:
+                    _unpack_tar(raw, st.st_size, out)
+        except SubmissionError as exc:  # the reason names the archive, whoever raised it
+            if archive.name in str(exc):
+                raise
+            raise SubmissionError(f"{archive.name}: {exc}") from None
     return out.root()
 
 
@@ -604,14 +636,16 @@ def _contract(root: Path | None, exercise: Exercise) -> list[str] | None:
 def _from_notebook(root: Path | None, exercise: Exercise, parts: tuple[str, ...], data: bytes) -> tuple[bytes, list[str]]:
     """The module a notebook of the submission stands for, as bytes, and notes; SubmissionError if it cannot be built."""
     shown = "/".join(parts)
-    try:
-        source, notes = build_module(data, parts[-1], _contract(root, exercise))
-        built = source.encode("utf-8")
-    except NotebookError as exc:
-        raise SubmissionError(f"{shown!r} in the submission (the notebook for {exercise.id}): {exc}; refused") from None
-    except UnicodeEncodeError:
-        raise SubmissionError(f"{shown!r} in the submission (the notebook for {exercise.id}): expected text, found "
-                              f"a cell with characters that are not valid Unicode (lone surrogates); refused") from None
+    contract = _contract(root, exercise)
+    with student_material(f"{shown!r} in the submission (the notebook for {exercise.id}) cannot be read"):
+        try:
+            source, notes = build_module(data, parts[-1], contract)
+            built = source.encode("utf-8")
+        except NotebookError as exc:
+            raise SubmissionError(f"{shown!r} in the submission (the notebook for {exercise.id}): {exc}; refused") from None
+        except UnicodeEncodeError:
+            raise SubmissionError(f"{shown!r} in the submission (the notebook for {exercise.id}): expected text, found "
+                                  f"a cell with characters that are not valid Unicode (lone surrogates); refused") from None
     return built, [f"{exercise.id}: graded the code cells of {shown} as {exercise.file} (a line number in a message "
                    f"counts in that file, where each cell follows a '# cell N' line)"] + [
         f"{exercise.id}: {note}" for note in notes]

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from grader import proctree, results
+from grader import exitcodes, proctree, results
 from grader.options import GradeOptions
 from grader.scale import batch, discover, resume
 from grader.scale.backend import JobRun
@@ -271,7 +271,9 @@ def test_cli_resumes_regrades_and_notices_changed_options(tmp_path):
     runs = []
     for extra in ([], [], ["--call-timeout", "9"], ["--call-timeout", "9", "--regrade"]):
         run = cli(*common, *extra)
-        assert run.returncode == 0, run.stdout + run.stderr
+        assert run.returncode == exitcodes.NEEDS_ATTENTION, (
+            "both submissions are not gradable: the batch finishes and exits 3 (students to chase)\n"
+            + run.stdout + run.stderr)
         runs.append(json.loads((out / "summary.json").read_text())["run"])
     assert [sorted(r["graded"]) for r in runs] == [["ann", "ben"], [], ["ann", "ben"], ["ann", "ben"]]
     assert runs[2]["why"]["ann"] == "graded with other options or another backend"

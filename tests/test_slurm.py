@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from grader import results
+from grader import exitcodes, results
 from grader.options import GradeOptions
 from grader.scale import slurm
 from grader.cli import main as grader_main
@@ -268,7 +268,7 @@ def test_killed_tasks_are_failed_and_resubmitting_completes_the_set(cluster, tmp
     wait_for("both tasks to end", lambda: all(rows_by_id(out)[i].state == "failed" for i in ("cancelled", "killed")))
 
     status = grader_slurm("--status", str(out))
-    assert status.returncode == 0, status.stderr
+    assert status.returncode == exitcodes.GRADER_FAILED, f"two tasks failed: exit 1 (rerun them)\n{status.stderr}"
     assert "done 1  running 0  pending 0  failed 2  (of 3)" in status.stdout, status.stdout
     rows = rows_by_id(out)
     assert rows["cancelled"].slurm == f"{job}_0 CANCELLED", rows["cancelled"]
@@ -315,7 +315,7 @@ def test_a_task_slurm_has_forgotten_without_a_result_is_failed(cluster, tmp_path
                 "jobs": [{"job_id": "987654321", "indices": [0], "submitted_at": results.now()}], "conflicts": []}
     results.write_atomic(slurm.manifest_path(out), manifest)
     status = grader_slurm("--status", str(out))
-    assert status.returncode == 0, status.stderr
+    assert status.returncode == exitcodes.GRADER_FAILED, f"a task with no result failed: exit 1\n{status.stderr}"
     assert "failed 1" in status.stdout and "unknown to Slurm" in status.stdout, status.stdout
     lost = result_of(out, "lost")
     assert lost["state"] != "complete" and "Slurm no longer knows task 987654321_0" in lost["format_errors"][0]

@@ -51,7 +51,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.text import Text
 
-from grader import results
+from grader import exitcodes, results
 from grader.course import Course, CourseError, Exercise, find_root, load_course
 from grader.harness import identity
 from grader.options import GradeOptions, OptionsError, add_grade_options
@@ -103,8 +103,12 @@ def conflict_result(course: Course, exercises: list[Exercise], sub_id: str, path
     """Two entries claim one id, or the entry is a symbolic link: a complete, not-gradable result that
     names them."""
     if len(paths) == 1:
-        reason = (f"expected a folder or an archive at {paths[0].name}, found a symbolic link "
-                  f"(to {os.readlink(paths[0])!r}); links are never followed: hand in a copy")
+        try:
+            target = f" (to {os.readlink(paths[0])!r})"
+        except OSError:  # gone, or replaced, since the folder was listed
+            target = ""
+        reason = (f"expected a folder or an archive at {paths[0].name}, found a symbolic link{target}; links are "
+                  "never followed: hand in a copy")
     else:
         reason = (f"expected one submission named {sub_id!r}, found {len(paths)}: "
                   f"{', '.join(p.name for p in paths)}; keep one and {then}")
@@ -205,8 +209,11 @@ def run_batch(course: Course, root: Path, opts: BatchOptions, backend: Backend |
         if opts.regrade or opts.only:
             reason = "--regrade" if opts.regrade else "--only"
         else:
-            reason = staleness(read_result(out), entry.id, sha, suite, exercise_ids, grade_opts.seed,
-                               state.get(entry.id), key)
+            try:
+                reason = staleness(read_result(out), entry.id, sha, suite, exercise_ids, grade_opts.seed,
+                                   state.get(entry.id), key)
+            except Exception as exc:  # noqa: BLE001 -- a result file no grade of ours wrote: grade it again
+                reason = f"its last result could not be read ({type(exc).__name__}: {str(exc)[:200]})"
         if reason is None:
             skipped.append(entry.id)
             continue
@@ -392,10 +399,17 @@ def cmd_batch(args: argparse.Namespace) -> int:
         report = run_batch(course, root, opts, backend=backend)
     except (BatchError, CourseError, BackendError, OptionsError) as exc:
         err.print(Text.assemble(("error:", "red"), " ", inert(str(exc))))
-        return 2
+        return exitcodes.BAD_INPUT
     if report.interrupted:
-        return 130
-    return 1 if report.internal_errors else 0
+        return exitcodes.INTERRUPTED
+    return batch_status(report)
+
+
+def batch_status(report: BatchReport) -> int:
+    """The batch's exit status (grader/exitcodes.py), over every submission, those kept from an earlier run
+    too: 1 when the grader failed on any, else 3 when any is not gradable, else 0."""
+    failed = set(report.internal_errors) | {s["id"] for s in report.summary["internal_error"]}
+    return exitcodes.of(len(failed), len(report.summary["not_gradable"]))
 
 
 def add_commands(subparsers) -> None:

@@ -114,19 +114,25 @@ def content_fingerprint(course: Course, entry: Entry, exercise_ids: list[str]) -
     """(the submission hash a result graded now would record, a key for the state file).
 
     A readable submission: its hash, exactly as the runner computes it. An unreadable one records
-    an empty hash, so the key holds the hash of the archive's bytes: replacing a bad archive with
-    another bad archive is noticed. (None, None) if even that fails: grade it and see.
+    an empty hash, so the key holds the hash of the archive's bytes (replacing a bad archive with
+    another bad archive is noticed), or for a folder the hash of the reason it was refused (a folder
+    changed so that it reads, or fails otherwise, is noticed). (None, None) if even that fails: grade
+    it and see.
 
     Bounded like the grade itself: `locate` refuses any archive within its limits (count, sizes,
     ratio, headers) without unpacking more than they allow, and the raw hash reads at most
-    `submission.RAW_HASH_BYTES` of a plain file (never a FIFO or a link).
+    `submission.RAW_HASH_BYTES` of a plain file (never a FIFO or a link). Never raises: a submission
+    it cannot fingerprint is graded, and the grade says what is wrong with it.
     """
     try:
         sub = locate(course, entry.path, exercise_ids, entry.id)
-    except SubmissionError:
+    except SubmissionError as exc:
         raw = raw_digest(entry.path)
-        return ("", "raw:" + raw) if raw is not None else (None, None)
-    except OSError:
+        if raw is not None:
+            return "", "raw:" + raw
+        # A folder: its reason stands for it (the same reason, the same not-gradable result).
+        return "", "refused:" + hashlib.sha256(str(exc).encode("utf-8", "surrogateescape")).hexdigest()
+    except Exception:  # noqa: BLE001 -- whatever else went wrong (the machine, a bug) shows when it is graded
         return None, None
     sub.cleanup()
     return sub.sha256, sub.sha256

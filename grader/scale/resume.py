@@ -37,6 +37,10 @@ def staleness(result: dict | None, sub_id: str, expected_sha: str | None, suite:
     """Why `result` must be graded again, or None when it is current."""
     if result is None:
         return "no result yet"
+    try:
+        results.validate(result)
+    except Exception as exc:  # noqa: BLE001 -- a file no grade of ours wrote (edited, cut short): grade it again
+        return f"its last result is not a valid result ({type(exc).__name__})"
     if result.get("state") != "complete":
         return "the last grade failed on the grader's side" if result.get("state") == "error" else "the last grade did not finish"
     if (result.get("submission") or {}).get("id") != sub_id:

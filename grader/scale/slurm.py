@@ -45,14 +45,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from grader import results
+from grader import exitcodes, results
 from grader.options import GradeOptions, OptionsError, add_grade_options
 from grader.results import read_result
 from grader.scale import batch
 from grader.scale.backend import BACKENDS, Job
 from grader.scale.backends import make_backend
 from grader.scale.batch import BatchOptions
-from grader.scale.discover import Entry, content_fingerprint, describe_entries, discover
+from grader.scale.discover import Entry, describe_entries, discover
 from grader.scale.errors import BatchError
 from grader.scale.summary import classify, one_line, print_summary, summarize, write_summary
 from grader.course import Course, CourseError, find_root, load_course
@@ -324,14 +324,14 @@ def submit(course: Course, root: Path, submissions: Path, out_dir: Path, grade: 
 
 
 def failure_result(course: Course, root: Path, manifest: dict, task: dict, reason: str) -> dict:
-    """The result of a task that did not finish: what it graded, and why it stopped (state "running")."""
+    """The result of a task that did not finish: what it graded, and why it stopped (state "running").
+    It never reads the submission again: what made the grade fail may be in it, and a result to be
+    graded again needs no hash of it."""
     grade = GradeOptions.from_json(manifest["options"])
     exercises = selected_exercises(course, grade)
-    entry = Entry(task["id"], Path(task["path"]))
-    sha, _ = content_fingerprint(course, entry, [e.id for e in exercises])
-    job = Job(entry.id, entry.path, Path(manifest["results"]) / f"{entry.id}.json", grade, 0)
+    job = Job(task["id"], Path(task["path"]), Path(manifest["results"]) / f"{task['id']}.json", grade, 0)
     retry = f"`grader slurm --resubmit-failed {manifest['results']}` grades it again"
-    return batch.internal_error_result(course, exercises, job, suite_sha256(root, exercises), sha, reason, retry=retry)
+    return batch.internal_error_result(course, exercises, job, suite_sha256(root, exercises), None, reason, retry=retry)
 
 
 def task_gpu(runtime: str, env: Mapping[str, str] | None = None) -> str | None:
@@ -478,9 +478,10 @@ def task_rows(course: Course, manifest: dict) -> list[Row]:
         i, sub_id = task["index"], task["id"]
         job = latest.get(i)
         result = read_result(out_dir / f"{sub_id}.json")
-        finished = _time((result or {}).get("finished_at"))
+        kind, reason = classify(result)  # "no_result" also for a file that is not a valid result
+        finished = _time((result or {}).get("finished_at")) if kind != "no_result" else None
         submitted = _time(job["submitted_at"]) if job else None
-        current = (result is not None and result.get("state") == "complete"
+        current = (kind != "no_result" and result is not None and result.get("state") == "complete"
                    and (result.get("submission") or {}).get("id") == sub_id
                    and finished is not None and (submitted is None or finished >= submitted))
         if job is None:
@@ -489,7 +490,6 @@ def task_rows(course: Course, manifest: dict) -> list[Row]:
         name = f"{job['job_id']}_{i}"
         state = states.get((job["job_id"], i))
         slurm = f"{name} {state}" if state else f"{name} (unknown to Slurm now)"
-        kind, reason = classify(result)
         if state in PENDING_STATES:
             rows.append(Row(i, sub_id, "pending", slurm, "waiting for a node", result))
         elif state in RUNNING_STATES and not current:
@@ -521,7 +521,7 @@ def record_failures(course: Course, root: Path, manifest: dict, rows: list[Row])
         if result is not None and result.get("state") == "complete":
             continue  # complete, from an earlier grade: never overwritten here; a resubmitted task replaces it
         name = row.slurm.split()[0]
-        if results.failed_by_grader(result) and name in result["failure"]["reason"]:
+        if results.failed_by_grader(result) and name in str(result["failure"].get("reason")):
             continue  # the task (or an earlier --status) already said why
         task = manifest["tasks"][row.index]
         results.write_atomic(out_dir / f"{row.id}.json", failure_result(course, root, manifest, task, row.detail))
@@ -604,8 +604,11 @@ def cmd_slurm(args: argparse.Namespace) -> int:
             root = find_root()
             course = load_course(root)
             if args.status:
-                status(course, root, Path(args.status), console)
-                return 0
+                rows, summary = status(course, root, Path(args.status), console)
+                if summary is None:  # still pending or running: nothing to chase yet
+                    return exitcodes.DONE
+                failed = {r.id for r in rows if r.state == "failed"} | {s["id"] for s in summary["internal_error"]}
+                return exitcodes.of(len(failed), len(summary["not_gradable"]))
             resubmit_failed(course, root, Path(args.resubmit_failed), opts, console)
             return 0
         if not args.submissions or not args.out:
@@ -622,8 +625,8 @@ def cmd_slurm(args: argparse.Namespace) -> int:
                image=args.image, dry_run=args.dry_run, console=err if args.dry_run else console)
     except (BatchError, CourseError, OptionsError) as exc:
         err.print(Text.assemble(("error:", "red"), " ", inert(str(exc))), soft_wrap=True)  # paths stay whole
-        return 2
-    return 0
+        return exitcodes.BAD_INPUT
+    return exitcodes.DONE
 
 
 def add_commands(subparsers) -> None:

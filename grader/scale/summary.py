@@ -50,6 +50,10 @@ def classify(result: dict | None) -> tuple[str, str]:
     """(kind, reason): graded, not_gradable, internal_error, unfinished or no_result."""
     if result is None:
         return "no_result", "no result yet"
+    try:  # a result file no grade of ours wrote (edited, truncated by a full disk) is no result
+        results.validate(result)
+    except Exception as exc:  # noqa: BLE001 -- jsonschema's errors, or a value it cannot even walk
+        return "no_result", f"its result file is not a valid result ({type(exc).__name__}: {str(exc)[:160]}): grade it again"
     errors = "; ".join(result.get("format_errors") or [])
     if result.get("state") != "complete":
         if results.failed_by_grader(result):
