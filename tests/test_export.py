@@ -146,10 +146,11 @@ def test_load_results_skips_malformed_files_and_says_what_was_expected(tmp_path)
 def test_cli_export_names_each_skipped_file_and_fails_only_when_nothing_is_valid(tmp_path, capsys):
     write(tmp_path / "ok", "alice.json", make_result("alice"))
     write(tmp_path / "ok", "bob.json", "not json")
-    assert cli("export", str(tmp_path / "ok"), "--format", "csv") == 0
+    # finished, but bob's file is no result: 3 ("some students need attention"), not 0 (grader/export/README.md)
+    assert cli("export", str(tmp_path / "ok"), "--format", "csv") == 3
     out, err = capsys.readouterr()
     assert out.startswith("student,submission,online_softmax,") and "\nalice,alice," in out
-    assert "skipped bob.json: not valid JSON" in err and "1 file(s) skipped" in err
+    assert "skipped bob.json: not valid JSON" in err and "1 student(s) exported, 1 with problems: bob" in err
 
     write(tmp_path / "bad", "bob.json", "not json")
     assert cli("export", str(tmp_path / "bad"), "--format", "gradescope") == 2
@@ -636,7 +637,7 @@ def test_bundle_holds_the_course_and_never_the_solutions(tmp_path):
 def test_cli_feedback_for_a_folder_and_gradescope_bundle(tmp_path, monkeypatch, capsys):
     write(tmp_path / "res", "alice.json", make_result("alice"))
     write(tmp_path / "res", "bob.json", {"schema": "llm-efficiency-lab/result/v1"})
-    assert cli("feedback", str(tmp_path / "res"), "--out", str(tmp_path / "pages"), "--no-plot") == 0
+    assert cli("feedback", str(tmp_path / "res"), "--out", str(tmp_path / "pages"), "--no-plot") == 3  # bob skipped
     assert [p.name for p in (tmp_path / "pages").iterdir()] == ["alice.html"]
     assert "skipped bob.json: does not match the result schema" in capsys.readouterr().err
     assert cli("feedback", str(tmp_path / "res" / "bob.json")) == 2

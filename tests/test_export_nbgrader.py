@@ -14,6 +14,7 @@ import functools
 import csv
 import datetime as dt
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -192,15 +193,18 @@ def test_timestamp_files_give_each_assignment_its_time_and_each_csv_row_the_late
     for student in ("alice", "bob", "carol", "erin"):
         write(res, f"{student}.json", make_result(student))  # online_softmax and paged_kv (missing)
     out = tmp_path / "grades.csv"
+    # carol's late is left empty for want of a time: the export finishes, and says she needs attention (3)
     assert cli("export", str(res), "--format", "csv", "--out", str(out), "--due", "2026-12-01T00:00:00+00:00",
-               "--submitted-times", str(submitted)) == 0
+               "--submitted-times", str(submitted)) == 3
     late = {row["student"]: row["late"] for row in csv.DictReader(out.read_text().splitlines())}
     assert late == {"alice": "yes", "bob": "yes", "carol": "", "erin": "no"}  # alice's paged_kv came late
-    assert "no submission time for 'carol'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no submission time for 'carol'" in err and "4 student(s) exported, 1 with problems: carol" in err
 
     db = tmp_path / "gradebook.db"
     assert cli("export", str(res), "--format", "nbgrader", "--out", str(db), "--due", "2026-12-01T00:00:00+00:00",
-               "--submitted-times", str(submitted)) == 0
+               "--submitted-times", str(submitted)) == 3
+    assert f"carol: {EXERCISE} written without a submission time (none in the submission times)" in capsys.readouterr().err
     with api.Gradebook(f"sqlite:///{db}") as gb:
         assert gb.find_assignment(EXERCISE).duedate == dt.datetime(2026, 12, 1)
         assert gb.find_submission(EXERCISE, "alice").total_seconds_late == 0  # its own time, not the row's
@@ -208,17 +212,21 @@ def test_timestamp_files_give_each_assignment_its_time_and_each_csv_row_the_late
         assert gb.find_submission(EXERCISE, "carol").timestamp is None
 
 
-def test_a_bad_timestamp_file_is_named(tmp_path):
-    submitted = nbgrader_tree(tmp_path, {("alice", EXERCISE): "yesterday at noon"})
-    with pytest.raises(ExportError, match=r"submitted/alice/online_softmax/timestamp.txt: expected a time as nbgrader "
-                                          r"submit writes it .* found 'yesterday at noon'"):
-        read_nbgrader_timestamps(submitted)
+def test_a_bad_timestamp_file_costs_that_students_time_alone_and_is_named(tmp_path):
+    """It used to stop the whole read (ExportError): one student's file is the student's, not the class's."""
+    submitted = nbgrader_tree(tmp_path, {("alice", EXERCISE): "yesterday at noon",
+                                         ("bob", EXERCISE): "2026-12-01 23:59:00 UTC"})
+    times = read_nbgrader_timestamps(submitted)
+    assert dict(times.exercises) == {("bob", EXERCISE): dt.datetime(2026, 12, 1, 23, 59, tzinfo=UTC)}
+    assert list(times.unknown) == [("alice", EXERCISE)]
+    assert re.search(r"skipped .*submitted/alice/online_softmax/timestamp.txt: .*expected a time as nbgrader submit "
+                     r"writes it .* found 'yesterday at noon'", times.unknown["alice", EXERCISE])
     with pytest.raises(ValueError, match=r"unknown time zone 'CEST' \(an abbreviation"):
         parse_nbgrader_time("2026-12-01 23:59:00 CEST")
     empty = tmp_path / "empty" / "submitted"
     empty.mkdir(parents=True)
     with pytest.raises(ExportError, match="expected nbgrader's submitted/<student>/<assignment>/timestamp.txt"):
-        read_nbgrader_timestamps(empty)
+        read_nbgrader_timestamps(empty)  # no time at all: that is the whole source, not one student
 
 
 # --------------------------------------------------------------------------------------------------
@@ -310,8 +318,10 @@ def test_feedback_is_not_written_where_release_feedback_could_not_take_it(tmp_pa
     submitted = nbgrader_tree(tmp_path / "course", {("alice", EXERCISE): "2026-11-30 10:00:00 UTC"})
     write(tmp_path / "res", "alice.json", make_result("alice"))
     write(tmp_path / "res", "bob.json", make_result("bob"))
-    assert cli("feedback", str(tmp_path / "res"), "--nbgrader", str(tmp_path / "course"), "--no-plot") == 0
+    # finished, no page for either: both need attention (3)
+    assert cli("feedback", str(tmp_path / "res"), "--nbgrader", str(tmp_path / "course"), "--no-plot") == 3
     err = capsys.readouterr().err
+    assert "0 student(s) exported, 2 with problems: alice, bob" in err
     assert "alice/online_softmax: submission_secret.txt not in" in err
     assert "bob/online_softmax: no submitted/bob/online_softmax/ folder" in err
     assert "paged_kv" not in err  # not submitted, nothing to say

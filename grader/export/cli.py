@@ -4,20 +4,27 @@
   grader feedback RESULT.json|RESULTS_DIR [--out feedback.html|FOLDER | --nbgrader COURSE_DIR]
   grader gradescope-bundle [--out autograder.zip] [--exercise ID]... [--tests all|public]
 
-Every command returns 0 when it wrote its output (files it had to skip are listed on stderr), 2 for bad
-input (a message says what was expected and what was found). `python -m grader.export` runs them too.
+`export` and `feedback` handle each student on their own (grader/export/isolate.py): whatever goes wrong with
+one student's material (a malformed result file, a submission time nobody can read, an error while rendering
+their row or page) costs that student alone, with a warning naming the student and the file. Each ends with
+"N student(s) exported, K with problems: a, b, c" and returns 0 when every student was exported whole,
+3 (`PARTIAL`) when it finished but some students need attention, 2 for bad input to the whole export (a
+message says what was expected and what was found). `python -m grader.export` runs them too.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime as dt
+import io
 import sys
 from pathlib import Path
 from typing import Any
 
 from grader import results
 from grader.course import CourseError
+from grader.export.isolate import BAD_INPUT, OK, PARTIAL, Problems, per_student
 from grader.export.load import ExportError, Loaded, Skipped, load_results, read_result
 from grader.text import inert
 
@@ -51,11 +58,28 @@ def _matching(course: Any, loaded: list[Loaded]) -> Any:
     return course
 
 
-def _report_skipped(skipped: list[Skipped]) -> None:
+def _skipped_are_problems(skipped: list[Skipped], problems: Problems) -> None:
     for item in skipped:
-        _say(str(item))
-    if skipped:
-        _say(f"{len(skipped)} file(s) skipped: each must be one student's result, as `grader grade --out` writes it")
+        problems.add(item.path.stem, str(item))
+
+
+def _finish(problems: Problems, exported: int) -> int:
+    """Every student's problem, then the count line; the exit status (OK or PARTIAL)."""
+    for message in problems.messages():
+        _say(f"warning: {message}")
+    _say(problems.count_line(exported))
+    return PARTIAL if problems else OK
+
+
+def _times(path: str | None, problems: Problems) -> Any:
+    if not path:
+        return None
+    from grader.export.times import read_submission_times
+
+    times = read_submission_times(Path(path))
+    for (student, _exercise), message in times.unknown.items():
+        problems.add(student, message)
+    return times
 
 
 def _due(text: str | None, settings: Any) -> dt.datetime | None:
@@ -72,30 +96,32 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     root, course = _course()
     settings = load_settings(root, course)
+    problems = Problems()
     loaded, skipped = load_results(Path(args.results_dir))
-    _report_skipped(skipped)
+    _skipped_are_problems(skipped, problems)
     if not loaded:
+        for item in skipped:
+            _say(str(item))
         raise ExportError(f"expected at least one valid result in {args.results_dir}, found {len(skipped)} malformed file(s)")
     course = _matching(course, loaded)
-    submitted = None
-    if args.submitted_times:
-        from grader.export.times import read_submission_times
-
-        submitted = read_submission_times(Path(args.submitted_times))
+    due = _due(args.due, settings)  # a bad --due stops the export before anything is written
+    submitted = _times(args.submitted_times, problems)
     results_dir = Path(args.results_dir)
+    exported = 0
     if args.format == "csv":
         from grader.export.csv_gradebook import to_csv
 
         warnings: list[str] = []
-        text = to_csv(loaded, course, _due(args.due, settings), submitted, checks=args.checks, warnings=warnings)
+        text = to_csv(loaded, course, due, submitted, checks=args.checks, warnings=warnings, problems=problems)
         for warning in warnings:
             _say(f"warning: {warning}")
+        exported = max(0, len(list(csv.reader(io.StringIO(text)))) - 1)  # rows past the header
         if args.out in (None, "-"):
             sys.stdout.write(text)
         else:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(text, encoding="utf-8")
-            _say(f"CSV gradebook of {len(loaded)} student(s) written to {args.out}")
+            _say(f"CSV gradebook of {exported} student(s) written to {args.out}")
     elif args.format in ("gradescope", "prairielearn"):
         if args.format == "gradescope":
             from grader.export.gradescope import to_gradescope
@@ -107,15 +133,18 @@ def cmd_export(args: argparse.Namespace) -> int:
             render = lambda r: to_prairielearn(r, settings)
         out = Path(args.out) if args.out else results_dir / args.format
         for item in loaded:
-            results.write_atomic(out / item.student / "results.json", render(item.result))
-        _say(f"{args.format} results.json for {len(loaded)} student(s) written to {out}/<student>/results.json")
+            with per_student(problems, item.student, item.path, f"its {args.format} results.json") as outcome:
+                results.write_atomic(out / item.student / "results.json", render(item.result))
+            exported += not outcome.failed
+        _say(f"{args.format} results.json for {exported} student(s) written to {out}/<student>/results.json")
     else:
         from grader.export.nbgrader_gradebook import to_nbgrader
 
         target = args.out or str(results_dir / "gradebook.db")
         url = target if "://" in target else f"sqlite:///{Path(target).resolve()}"
         notes: list[str] = []
-        summary = to_nbgrader(loaded, url, course, args.course_id, submitted, _due(args.due, settings), notes)
+        summary = to_nbgrader(loaded, url, course, args.course_id, submitted, due, notes, problems)
+        exported = summary.students
         for note in notes:
             _say(f"warning: {note}")
         _say(f"nbgrader gradebook {url}: {summary.students} student(s), {summary.assignments} assignment(s), "
@@ -127,7 +156,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         if summary.skipped:
             _say(f"  {summary.skipped} exercise(s) not written (the grading machine failed on them, or their grade did "
                  "not finish): regrade them")
-    return 0
+    return _finish(problems, exported)
 
 
 def cmd_feedback(args: argparse.Namespace) -> int:
@@ -137,18 +166,24 @@ def cmd_feedback(args: argparse.Namespace) -> int:
     source = Path(args.result)
     if args.nbgrader:
         return _nbgrader_feedback(args, source, course)
+    problems = Problems()
     if source.is_dir():
         loaded, skipped = load_results(source)
-        _report_skipped(skipped)
+        _skipped_are_problems(skipped, problems)
         if not loaded:
+            for item in skipped:
+                _say(str(item))
             raise ExportError(f"expected at least one valid result in {source}, found {len(skipped)} malformed file(s)")
         out = Path(args.out) if args.out else source / "feedback"
         out.mkdir(parents=True, exist_ok=True)
+        written = 0
         for item in loaded:
-            (out / f"{item.student}.html").write_text(
-                render_feedback(item.result, _matching(course, [item]), plots=not args.no_plot), encoding="utf-8")
-        _say(f"{len(loaded)} feedback page(s) written to {out}/")
-        return 0
+            with per_student(problems, item.student, item.path, "its feedback page") as outcome:
+                page = render_feedback(item.result, _matching(course, [item]), plots=not args.no_plot)
+                (out / f"{item.student}.html").write_text(page, encoding="utf-8")
+            written += not outcome.failed
+        _say(f"{written} feedback page(s) written to {out}/")
+        return _finish(problems, written)
     if not source.is_file():
         raise ExportError(f"expected a result file (or a folder of them) at {source}, found nothing there")
     try:
@@ -157,10 +192,12 @@ def cmd_feedback(args: argparse.Namespace) -> int:
         raise ExportError(f"{source}: {exc}") from None
     out = Path(args.out) if args.out else source.with_suffix(".html")
     out.parent.mkdir(parents=True, exist_ok=True)
-    page = render_feedback(result, _matching(course, [Loaded(source.stem, source, result)]), plots=not args.no_plot)
-    out.write_text(page, encoding="utf-8")
-    _say(f"feedback page written to {out}")
-    return 0
+    with per_student(problems, source.stem, source, "its feedback page") as outcome:
+        page = render_feedback(result, _matching(course, [Loaded(source.stem, source, result)]), plots=not args.no_plot)
+        out.write_text(page, encoding="utf-8")
+    if not outcome.failed:
+        _say(f"feedback page written to {out}")
+    return _finish(problems, 0 if outcome.failed else 1)
 
 
 def _nbgrader_feedback(args: argparse.Namespace, source: Path, course: Any) -> int:
@@ -168,9 +205,10 @@ def _nbgrader_feedback(args: argparse.Namespace, source: Path, course: Any) -> i
 
     if args.out:
         raise ExportError("--nbgrader writes COURSE_DIR/feedback/<student>/<exercise>/<exercise>.html: expected no --out")
+    problems = Problems()
     if source.is_dir():
         loaded, skipped = load_results(source)
-        _report_skipped(skipped)
+        _skipped_are_problems(skipped, problems)
     else:
         try:
             loaded = [Loaded(source.stem, source, read_result(source))]
@@ -178,12 +216,14 @@ def _nbgrader_feedback(args: argparse.Namespace, source: Path, course: Any) -> i
             raise ExportError(f"{source}: {exc}") from None
     if not loaded:
         raise ExportError(f"expected at least one valid result in {source}, found none")
-    report = write_nbgrader_feedback(loaded, Path(args.nbgrader), _matching(course, loaded), plots=not args.no_plot)
+    report = write_nbgrader_feedback(loaded, Path(args.nbgrader), _matching(course, loaded), plots=not args.no_plot,
+                                     problems=problems)
     for warning in report.warnings:
         _say(f"warning: {warning}")
     _say(f"{len(report.written)} nbgrader feedback page(s) written under {Path(args.nbgrader) / 'feedback'}/; "
          f"deliver them with `nbgrader release_feedback ASSIGNMENT`")
-    return 0
+    students = {page.parent.parent.name for page in report.written}
+    return _finish(problems, len(students))
 
 
 def cmd_bundle(args: argparse.Namespace) -> int:
@@ -205,7 +245,7 @@ def _guard(fn):
             return fn(args)
         except (ExportError, CourseError) as exc:
             _say(f"error: {exc}")
-            return 2
+            return BAD_INPUT
     return run
 
 

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from grader.export.checks import pts
+from grader.export.isolate import Problems, per_student, usable
 from grader.export.load import Loaded
 from grader.export.times import SubmissionTimes, as_times, aware
 from grader.text import inert
@@ -86,30 +87,50 @@ def check_columns(loaded: Iterable[Loaded], course: Any = None) -> list[str]:
 
 def to_csv(loaded: list[Loaded], course: Any = None, due: dt.datetime | None = None,
            submitted: SubmissionTimes | Mapping[str, dt.datetime] | None = None, checks: bool = False,
-           warnings: list[str] | None = None) -> str:
+           warnings: list[str] | None = None, problems: Problems | None = None) -> str:
     """The gradebook as CSV text; `warnings` (when given) collects what an instructor should know (a student
     with no submission time while a due date is set). `submitted`: {student: time}, or the times of
-    grader/export/times.py (nbgrader's timestamp.txt: a row's time is the latest of its exercises')."""
+    grader/export/times.py (nbgrader's timestamp.txt: a row's time is the latest of its exercises').
+
+    With `problems` (grader/export/isolate.py), each student's row is made on its own: one that raises is
+    left out and recorded there, and a student whose `late` is left empty is recorded there too (in place of
+    `warnings`); without it an exception goes to the caller."""
     times = as_times(submitted)
-    exercises = exercise_columns(loaded, course)
-    per_check = check_columns(loaded, course) if checks else []
+    said = (lambda student, text: problems.add(student, text)) if problems is not None else \
+        (lambda student, text: warnings.append(text) if warnings is not None else None)
+    rows_of = usable(problems, sorted(loaded, key=lambda x: x.student), "its exercises and checks",
+                     lambda item: (exercise_columns([item]), check_columns([item])))  # else the student has no row
+    exercises = exercise_columns(rows_of, course)
+    per_check = check_columns(rows_of, course) if checks else []
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(FIXED_BEFORE + [_text(e) for e in exercises] + FIXED_AFTER + [_text(c) for c in per_check])
-    for item in sorted(loaded, key=lambda x: x.student):
-        r = item.result
-        graded = [ex for ex in r["exercises"] if ex["id"] in exercises]
-        cents = cents_that_add_up([float(ex["score"]) for ex in graded])
-        scores = {ex["id"]: _cents(c) for ex, c in zip(graded, cents)}
-        when = times.when(item.student, [ex["id"] for ex in r["exercises"]]) if times is not None else None
-        if due is not None and when is None and times is not None and warnings is not None:
-            warnings.append(f"no submission time for {inert(item.student)!r} in the submission times: its 'late' is empty")
-        late = "" if due is None or when is None else ("yes" if when > aware(due) else "no")
-        check_points = {f"{ex['id']}/{c['id']}": pts(c["points"]) for ex in r["exercises"] for c in ex["checks"]}
-        writer.writerow([_text(item.student), _text(r["submission"]["id"]), *(scores.get(e, "") for e in exercises),
-                         _cents(sum(cents)), pts(r["max_score"]), pts(r["gradable_max_score"]),
-                         "yes" if r.get("gradable") is False else "no",
-                         "no" if r["state"] == "complete" else "yes",
-                         late, r["seed"], _text(r.get("finished_at") or ""),
-                         *(check_points.get(c, "") for c in per_check)])
+    for item in rows_of:
+        with per_student(problems, item.student, item.path, "its CSV row"):
+            row = _row(item, exercises, per_check, due, times, said)
+            writer.writerow(row)  # whole, or not at all: _row raises before anything is written
     return buffer.getvalue()
+
+
+def _row(item: Loaded, exercises: list[str], per_check: list[str], due: dt.datetime | None,
+         times: SubmissionTimes | None, said: Any) -> list[Any]:
+    """One student's row of the gradebook."""
+    r = item.result
+    graded = [ex for ex in r["exercises"] if ex["id"] in exercises]
+    cents = cents_that_add_up([float(ex["score"]) for ex in graded])
+    scores = {ex["id"]: _cents(c) for ex, c in zip(graded, cents)}
+    ids = [ex["id"] for ex in r["exercises"]]
+    unreadable = times.unreadable(item.student, ids) if times is not None else []
+    when = times.when(item.student, ids) if times is not None and not unreadable else None
+    if due is not None and unreadable:
+        said(item.student, f"{inert(item.student)!r}: its 'late' is empty: its submission time could not be read")
+    elif due is not None and when is None and times is not None:
+        said(item.student, f"no submission time for {inert(item.student)!r} in the submission times: its 'late' is empty")
+    late = "" if due is None or when is None else ("yes" if when > aware(due) else "no")
+    check_points = {f"{ex['id']}/{c['id']}": pts(c["points"]) for ex in r["exercises"] for c in ex["checks"]}
+    return [_text(item.student), _text(r["submission"]["id"]), *(scores.get(e, "") for e in exercises),
+            _cents(sum(cents)), pts(r["max_score"]), pts(r["gradable_max_score"]),
+            "yes" if r.get("gradable") is False else "no",
+            "no" if r["state"] == "complete" else "yes",
+            late, r["seed"], _text(r.get("finished_at") or ""),
+            *(check_points.get(c, "") for c in per_check)]

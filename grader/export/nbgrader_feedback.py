@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from grader.export.feedback import exercise_result, render_feedback
+from grader.export.isolate import Problems, per_student, usable
 from grader.export.load import Loaded
 from grader.export.times import TIMESTAMP_FILE, nbgrader_folders, read_small_file
 
@@ -42,32 +44,47 @@ class FeedbackReport:
 
 
 def write_nbgrader_feedback(loaded: list[Loaded], course_dir: Path, course: Any = None,
-                            plots: bool = True) -> FeedbackReport:
+                            plots: bool = True, problems: Problems | None = None) -> FeedbackReport:
+    """Each result's pages; with `problems` (grader/export/isolate.py) each student and exercise is written on
+    its own: one that raises, or that gets no page, is recorded there (else in the report's warnings)."""
     course_dir = Path(course_dir)
-    folders = nbgrader_folders(course_dir / "submitted")
+    folders = nbgrader_folders(course_dir / "submitted", problems)
     report = FeedbackReport()
-    for item in loaded:
+
+    def warn(student: str, text: str) -> None:
+        problems.add(student, text) if problems is not None else report.warnings.append(text)
+
+    for item in usable(problems, loaded, "its exercises", lambda item: [ex["id"] for ex in item.result["exercises"]]):
         for ex in item.result["exercises"]:
-            submitted = folders.get((item.student, ex["id"]))
-            if submitted is None:
-                if ex["status"] != "missing":
-                    report.warnings.append(f"{item.student}/{ex['id']}: no submitted/{item.student}/{ex['id']}/ "
-                                           "folder (nbgrader collect makes it): no feedback page written")
-                continue
-            copied = {name: read_small_file(submitted / name, 4096) for name in NEEDED}
-            absent = [name for name, text in copied.items() if text is None]
-            if absent:
-                report.warnings.append(f"{item.student}/{ex['id']}: {' and '.join(absent)} not in {submitted} "
-                                       "(nbgrader submit writes them; release_feedback needs both): no page written")
-                continue
-            out = course_dir / "feedback" / submitted.parent.name / ex["id"]
-            out.mkdir(parents=True, exist_ok=True)
-            for name, text in copied.items():
-                _write(out / name, text or "")
-            page = out / f"{ex['id']}.html"
-            _write(page, render_feedback(exercise_result(item.result, ex["id"]), course, plots=plots))
-            report.written.append(page)
+            with per_student(problems, item.student, item.path, f"its {ex['id']} feedback page"):
+                page = _one_page(item, ex, folders, course_dir, course, plots, warn)
+                if page is not None:
+                    report.written.append(page)
     return report
+
+
+def _one_page(item: Loaded, ex: dict, folders: dict[tuple[str, str], Path], course_dir: Path, course: Any,
+              plots: bool, warn: Callable[[str, str], None]) -> Path | None:
+    submitted = folders.get((item.student, ex["id"]))
+    if submitted is None:
+        if ex["status"] != "missing":
+            warn(item.student, f"{item.student}/{ex['id']}: no submitted/{item.student}/{ex['id']}/ "
+                               "folder (nbgrader collect makes it): no feedback page written")
+        return None
+    copied = {name: read_small_file(submitted / name, 4096) for name in NEEDED}
+    absent = [name for name, text in copied.items() if text is None]
+    if absent:
+        warn(item.student, f"{item.student}/{ex['id']}: {' and '.join(absent)} not in {submitted} "
+                           "(nbgrader submit writes them; release_feedback needs both): no page written")
+        return None
+    page_text = render_feedback(exercise_result(item.result, ex["id"]), course, plots=plots)  # before any file
+    out = course_dir / "feedback" / submitted.parent.name / ex["id"]
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in copied.items():
+        _write(out / name, text or "")
+    page = out / f"{ex['id']}.html"
+    _write(page, page_text)
+    return page
 
 
 def _write(path: Path, text: str) -> None:

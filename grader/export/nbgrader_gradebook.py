@@ -42,6 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from grader.export.isolate import Problems, per_student, usable
 from grader.export.load import ExportError, Loaded
 from grader.export.times import SubmissionTimes, as_times, aware
 from grader.results import failed_by_grader
@@ -74,14 +75,21 @@ def _gradebook():
 
 def to_nbgrader(loaded: list[Loaded], db_url: str, course: Any = None, course_id: str = "default_course",
                 submitted: SubmissionTimes | Mapping[str, dt.datetime] | None = None,
-                due: dt.datetime | None = None, warnings: list[str] | None = None) -> NbgraderSummary:
+                due: dt.datetime | None = None, warnings: list[str] | None = None,
+                problems: Problems | None = None) -> NbgraderSummary:
     """Write every result into the gradebook at `db_url` (e.g. ``sqlite:////path/gradebook.db``); `warnings`
-    (when given) collects what the instructor should know (scores cleared, exercises left for a regrade)."""
+    (when given) collects what the instructor should know (scores cleared, exercises left for a regrade).
+
+    With `problems` (grader/export/isolate.py) each student is written in a transaction of its own: one whose
+    rows raise is rolled back (the gradebook keeps what it held for that student) and recorded there, with the
+    students whose exercises were left for a regrade or whose submission time could not be read; the others
+    are written. Without it an exception goes to the caller."""
     bad = [item.path.name for item in loaded if inert(item.student) != item.student]
     if bad:
         raise ExportError(f"expected student ids (result file names) of plain text, found control characters or "
                           f"escape sequences in {', '.join(repr(name) for name in bad[:5])}; rename those files")
     api = _gradebook()
+    loaded = usable(problems, loaded, "its exercises and checks", lambda item: _grade_cells([item], None))
     times = as_times(submitted)
     said = warnings if warnings is not None else []
     cells = _grade_cells(loaded, course)
@@ -95,36 +103,89 @@ def to_nbgrader(loaded: list[Loaded], db_url: str, course: Any = None, course_id
             gb.update_or_create_notebook(exercise_id, exercise_id)
             for check_id, max_score in checks.items():
                 gb.update_or_create_grade_cell(check_id, exercise_id, exercise_id, max_score=max_score, cell_type="code")
+        gb.db.commit()  # the assignments and cells, before any student's rows
+        written = 0
         for item in sorted(loaded, key=lambda x: x.student):
-            gb.update_or_create_student(item.student)
-            for ex in item.result["exercises"]:
-                if ex["id"] not in cells:
-                    continue  # nobody submitted it: no assignment
-                why = _not_a_verdict(item.result, ex)
-                if why:
-                    said.append(f"{item.student}: {ex['id']} not written ({why}); the gradebook keeps what it held")
-                    skipped += 1
-                    continue
-                when = times.when(item.student, [ex["id"]]) if times is not None else None
-                resubmitted = when is not None and _stored_time(api, gb, ex["id"], item.student) not in (None, _naive(when))
-                gb.update_or_create_submission(ex["id"], item.student, **({"timestamp": _utc(when).isoformat()} if when else {}))
-                for check in ex["checks"]:
-                    grade = _find_or_add_grade(api, gb, check["id"], ex["id"], item.student)
-                    grade.needs_manual_grade = False
-                    if check["status"] != "not_graded":
-                        grade.auto_score = float(check["points"])
-                        graded += 1
-                    elif grade.auto_score is not None and not resubmitted:
-                        kept += 1
-                    else:
-                        if grade.auto_score is not None:
-                            said.append(f"{item.student}: {ex['id']}/{check['id']} had {grade.auto_score:g} from an "
-                                        "earlier export, for an earlier submission; this result did not grade it "
-                                        "(needs CUDA, or not selected): cleared, export a grade of it for the new one")
-                        grade.auto_score = None
-                        empty += 1
-            gb.db.commit()
-    return NbgraderSummary(len(loaded), len(cells), graded, kept, empty, skipped)
+            notes: list[str] = []
+            writing = False
+            with per_student(problems, item.student, item.path, "its nbgrader gradebook rows") as outcome:
+                plan = _plan_student(item, cells, times, due, notes, problems)  # everything read from the student's result
+                writing = True
+                try:
+                    counts = _write_student(api, gb, item.student, plan, notes)
+                    gb.db.commit()
+                except BaseException:
+                    gb.db.rollback()
+                    raise
+            if outcome.failed:
+                if writing and problems is not None:
+                    problems.add(item.student, f"{item.student}: nbgrader's API commits as it goes, so the gradebook may "
+                                               "hold part of this export's rows for them: export again once this is fixed")
+                continue
+            said.extend(notes)
+            written += 1
+            graded, kept, empty, skipped = (a + b for a, b in zip((graded, kept, empty, skipped), counts))
+    return NbgraderSummary(written, len(cells), graded, kept, empty, skipped)
+
+
+@dataclass(frozen=True)
+class _Submission:
+    exercise: str
+    when: dt.datetime | None
+    checks: list[tuple[str, float | None]]  # (check id, points; None: this result did not grade it)
+
+
+def _plan_student(item: Loaded, cells: dict[str, dict[str, float]], times: SubmissionTimes | None,
+                  due: dt.datetime | None, notes: list[str], problems: Problems | None) -> tuple[list[_Submission], int]:
+    """What one student's result asks to write (their submissions, each check's points), and how many exercises
+    are left for a regrade; all of the student's material is read here, before anything is written."""
+    plan, skipped = [], 0
+    for ex in item.result["exercises"]:
+        if ex["id"] not in cells:
+            continue  # nobody submitted it: no assignment
+        why = _not_a_verdict(item.result, ex)
+        if why:
+            note = f"{item.student}: {ex['id']} not written ({why}); the gradebook keeps what it held"
+            problems.add(item.student, note) if problems is not None else notes.append(note)
+            skipped += 1
+            continue
+        unreadable = times.unreadable(item.student, [ex["id"]]) if times is not None else []
+        when = times.when(item.student, [ex["id"]]) if times is not None and not unreadable else None
+        late_unknown = unreadable or (due is not None and ex["status"] != "missing")  # not submitted: no time, rightly
+        if times is not None and when is None and late_unknown and problems is not None:
+            why = "it could not be read" if unreadable else "none in the submission times"
+            problems.add(item.student, f"{item.student}: {ex['id']} written without a submission time ({why}): "
+                                       "nbgrader reads it as on time")
+        checks = [(str(c["id"]), None if c["status"] == "not_graded" else float(c["points"])) for c in ex["checks"]]
+        plan.append(_Submission(str(ex["id"]), when, checks))
+    return plan, skipped
+
+
+def _write_student(api, gb, student: str, plan: tuple[list[_Submission], int],
+                   notes: list[str]) -> tuple[int, int, int, int]:
+    """One student's submissions and grades; (graded, kept, not graded, skipped) counts."""
+    submissions, skipped = plan
+    graded = kept = empty = 0
+    gb.update_or_create_student(student)
+    for sub in submissions:
+        resubmitted = sub.when is not None and _stored_time(api, gb, sub.exercise, student) not in (None, _naive(sub.when))
+        gb.update_or_create_submission(sub.exercise, student, **({"timestamp": _utc(sub.when).isoformat()} if sub.when else {}))
+        for check_id, points in sub.checks:
+            grade = _find_or_add_grade(api, gb, check_id, sub.exercise, student)
+            grade.needs_manual_grade = False
+            if points is not None:
+                grade.auto_score = points
+                graded += 1
+            elif grade.auto_score is not None and not resubmitted:
+                kept += 1
+            else:
+                if grade.auto_score is not None:
+                    notes.append(f"{student}: {sub.exercise}/{check_id} had {grade.auto_score:g} from an "
+                                 "earlier export, for an earlier submission; this result did not grade it "
+                                 "(needs CUDA, or not selected): cleared, export a grade of it for the new one")
+                grade.auto_score = None
+                empty += 1
+    return graded, kept, empty, skipped
 
 
 def _not_a_verdict(result: dict, ex: dict) -> str | None:

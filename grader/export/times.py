@@ -16,6 +16,13 @@ nbgrader export gives each assignment its own.
 Every time is timezone-aware; one written without a zone is taken as UTC. A ``timestamp.txt`` is read
 like a student's file (nbgrader's submit runs as the student): a plain file only, never through a symbolic
 link, at most `MAX_TIMESTAMP_BYTES`.
+
+One student's time that cannot be read (a CSV row or a ``timestamp.txt`` in a format nobody expected, or any
+error while reading it: grader/export/isolate.py) costs that student's time alone: it is left out and
+`SubmissionTimes.unknown` says why, naming the student and the file; the exports leave that student's
+lateness empty and count the student as one with problems. Only a source that is no source at all (nothing
+there, a CSV without the ``student`` and ``submitted_at`` columns, a ``submitted/`` folder without any
+``timestamp.txt``) stops the export (ExportError).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grader.export.isolate import Problems, per_student
 from grader.export.load import ExportError
 from grader.text import inert
 
@@ -41,16 +49,24 @@ _UTC_NAMES = {"UTC", "GMT", "Z", "UCT"}
 
 @dataclass(frozen=True)
 class SubmissionTimes:
-    """Submission times by student (a CSV file) and by (student, exercise) (nbgrader's folder)."""
+    """Submission times by student (a CSV file) and by (student, exercise) (nbgrader's folder). `unknown`:
+    the times that could not be read, by (student, exercise) or (student, None) for a student's only time,
+    each with the warning that says why (naming the student and the file)."""
 
     students: Mapping[str, dt.datetime] = field(default_factory=dict)
     exercises: Mapping[tuple[str, str], dt.datetime] = field(default_factory=dict)
     source: str = ""
+    unknown: Mapping[tuple[str, str | None], str] = field(default_factory=dict)
 
     def when(self, student: str, exercise_ids: Iterable[str]) -> dt.datetime | None:
         """The latest time of `student`'s exercises among `exercise_ids`, else the student's own time."""
         per_exercise = [self.exercises[student, e] for e in exercise_ids if (student, e) in self.exercises]
         return max(per_exercise) if per_exercise else self.students.get(student)
+
+    def unreadable(self, student: str, exercise_ids: Iterable[str]) -> list[str]:
+        """Why `student`'s time for these exercises is not known, if it could not be read (else [])."""
+        keys = [(student, None), *((student, e) for e in exercise_ids)]
+        return [self.unknown[k] for k in keys if k in self.unknown]
 
 
 def as_times(value: SubmissionTimes | Mapping[str, dt.datetime] | None) -> SubmissionTimes | None:
@@ -69,32 +85,60 @@ def read_submission_times(path: Path) -> SubmissionTimes:
     path = Path(path)
     if path.is_dir():
         return read_nbgrader_timestamps(path)
-    return SubmissionTimes(students=read_times_csv(path), source=str(path))
+    return read_times_csv(path)
 
 
-def read_times_csv(path: Path) -> dict[str, dt.datetime]:
-    """A CSV with columns ``student`` and ``submitted_at`` (ISO 8601), as an LMS export gives them."""
+def _shown(text: str) -> str:
+    """A student's text quoted in a warning: inert and short (a line can be kilobytes)."""
+    return repr(inert(text.strip(), 60))
+
+
+def parse_csv_time(text: str) -> dt.datetime:
+    """A ``submitted_at`` cell: ISO 8601, timezone-aware (a time without a zone is UTC)."""
+    return aware(dt.datetime.fromisoformat(text.strip()))
+
+
+def read_times_csv(path: Path) -> SubmissionTimes:
+    """A CSV with columns ``student`` and ``submitted_at`` (ISO 8601), as an LMS export gives them. A row whose
+    time cannot be read costs that student's time alone (`SubmissionTimes.unknown`)."""
     try:
-        rows = list(csv.DictReader(Path(path).read_text(encoding="utf-8").splitlines()))
+        # undecodable bytes become U+FFFD: they cost the row that holds them, not the file
+        lines = Path(path).read_bytes().decode("utf-8", "replace").splitlines()
     except OSError as exc:
         raise ExportError(f"cannot read the submission times at {path}: {exc.strerror}; expected a CSV file with "
                           "columns student,submitted_at or nbgrader's submitted/ folder") from None
-    if rows and not {"student", "submitted_at"} <= set(rows[0]):
-        raise ExportError(f"{path}: expected columns 'student' and 'submitted_at', found {list(rows[0])}")
-    times = {}
-    for n, row in enumerate(rows, 2):
-        try:
-            times[row["student"]] = aware(dt.datetime.fromisoformat(row["submitted_at"].strip()))
-        except (TypeError, ValueError, AttributeError):
-            raise ExportError(f"{path}, line {n}: expected an ISO 8601 time in submitted_at, "
-                              f"found {row['submitted_at']!r}") from None
-    return times
+    header = next(csv.reader(lines[:1]), [])
+    if lines and not {"student", "submitted_at"} <= set(header):
+        raise ExportError(f"{path}: expected columns 'student' and 'submitted_at', found {[inert(h, 60) for h in header[:10]]}")
+    times: dict[str, dt.datetime] = {}
+    unknown: dict[tuple[str, str | None], str] = {}
+    problems = Problems()  # per_student's record; each failure's message goes to `unknown`
+    for n, line in enumerate(lines[1:], 2):
+        if not line.strip():
+            continue
+        student = f"line {n}"
+        with per_student(problems, student, f"{path}, line {n}", "its submission time") as outcome:
+            # one line at a time: a line the csv module refuses (a field over its size limit) is that line's alone
+            row = dict(zip(header, next(csv.reader([line]), [])))
+            student = row.get("student") or student
+            if "submitted_at" not in row:
+                raise ExportError(f"expected a submitted_at cell, found only {len(row)} cell(s)")
+            try:
+                times[student] = parse_csv_time(row["submitted_at"])
+            except ValueError as exc:
+                raise ExportError(f"expected an ISO 8601 time in submitted_at (2026-12-01T23:59:00+00:00), "
+                                  f"found {_shown(row['submitted_at'])} ({inert(exc, 80)}); the time of "
+                                  f"{inert(student, 60)!r} is unknown") from None
+        if outcome.failed:
+            times.pop(student, None)
+            unknown[student, None] = outcome.message
+    return SubmissionTimes(students=times, source=str(path), unknown=unknown)
 
 
-def nbgrader_folders(submitted: Path) -> dict[tuple[str, str], Path]:
+def nbgrader_folders(submitted: Path, problems: Problems | None = None) -> dict[tuple[str, str], Path]:
     """(student id, assignment) -> nbgrader's ``submitted/<student>/<assignment>`` folder. The student id is the
     one ``grader batch SUBMITTED`` gives the student's folder; folders that are links or dot files are left out,
-    as the batch leaves them."""
+    as the batch leaves them. With `problems`, a student's folder that cannot be listed is that student's problem."""
     from grader.scale.discover import submission_id
 
     submitted = Path(submitted)
@@ -103,31 +147,44 @@ def nbgrader_folders(submitted: Path) -> dict[tuple[str, str], Path]:
                           f"found {'a file' if submitted.exists() else 'nothing'} there")
     found: dict[tuple[str, str], Path] = {}
     for student in sorted(submitted.iterdir()):
-        if student.name.startswith((".", "__MACOSX")) or student.is_symlink() or not student.is_dir():
-            continue
-        for assignment in sorted(student.iterdir()):
-            if assignment.is_dir() and not assignment.is_symlink() and not assignment.name.startswith("."):
-                found[submission_id(student), assignment.name] = assignment
+        with per_student(problems, student.name, student, "its submitted/ folder"):
+            if student.name.startswith((".", "__MACOSX")) or student.is_symlink() or not student.is_dir():
+                continue
+            sid = submission_id(student)
+            for assignment in sorted(student.iterdir()):
+                if assignment.is_dir() and not assignment.is_symlink() and not assignment.name.startswith("."):
+                    found[sid, assignment.name] = assignment
     return found
 
 
 def read_nbgrader_timestamps(submitted: Path) -> SubmissionTimes:
-    """Every ``submitted/<student>/<assignment>/timestamp.txt`` under `submitted`."""
+    """Every ``submitted/<student>/<assignment>/timestamp.txt`` under `submitted`; one that cannot be read costs
+    that student's time for that assignment alone (`SubmissionTimes.unknown`)."""
     times: dict[tuple[str, str], dt.datetime] = {}
-    for key, folder in nbgrader_folders(submitted).items():
-        text = read_small_file(folder / TIMESTAMP_FILE)
-        if text is None or not text.strip():
-            continue  # nbgrader too reads a missing or empty timestamp as "no time"
-        try:
-            times[key] = parse_nbgrader_time(text)
-        except ValueError as exc:
-            raise ExportError(f"{folder / TIMESTAMP_FILE}: expected a time as nbgrader submit writes it "
-                              f"(2026-12-01 23:59:00.123456 UTC) or ISO 8601, found {inert(text.strip())[:60]!r} "
-                              f"({exc})") from None
-    if not times:
+    unknown: dict[tuple[str, str | None], str] = {}
+    folders_problems = Problems()
+    folders = nbgrader_folders(submitted, folders_problems)
+    for student, messages in folders_problems.by_student.items():
+        unknown[student, None] = "; ".join(messages)
+    for key, folder in folders.items():
+        path = folder / TIMESTAMP_FILE
+        with per_student(Problems(), key[0], path, f"its {key[1]} submission time") as outcome:
+            text = read_small_file(path)
+            if text is None or not text.strip():
+                continue  # nbgrader too reads a missing or empty timestamp as "no time"
+            try:
+                times[key] = parse_nbgrader_time(text)
+            except ValueError as exc:
+                raise ExportError(f"expected a time as nbgrader submit writes it (2026-12-01 23:59:00.123456 UTC) "
+                                  f"or ISO 8601, found {_shown(text)} ({inert(exc, 80)}); {key[0]}'s {key[1]} "
+                                  "has no submission time") from None
+        if outcome.failed:
+            times.pop(key, None)
+            unknown[key] = outcome.message
+    if not times and not unknown:
         raise ExportError(f"expected nbgrader's submitted/<student>/<assignment>/{TIMESTAMP_FILE} under {submitted}, "
                           "found none")
-    return SubmissionTimes(exercises=times, source=str(submitted))
+    return SubmissionTimes(exercises=times, source=str(submitted), unknown=unknown)
 
 
 def read_small_file(path: Path, limit: int = MAX_TIMESTAMP_BYTES) -> str | None:
