@@ -116,19 +116,21 @@ def read_times_csv(path: Path) -> SubmissionTimes:
     for n, line in enumerate(lines[1:], 2):
         if not line.strip():
             continue
-        student = f"line {n}"
-        with per_student(problems, student, f"{path}, line {n}", "its submission time") as outcome:
-            # one line at a time: a line the csv module refuses (a field over its size limit) is that line's alone
+        where = f"{path}, line {n}"
+        # one line at a time: a line the csv module refuses (a field over its size limit) is that line's alone
+        row: dict[str, str] = {}
+        with per_student(problems, f"line {n}", where, "its row") as outcome:
             row = dict(zip(header, next(csv.reader([line]), [])))
-            student = row.get("student") or student
-            if "submitted_at" not in row:
-                raise ExportError(f"expected a submitted_at cell, found only {len(row)} cell(s)")
-            try:
-                times[student] = parse_csv_time(row["submitted_at"])
-            except ValueError as exc:
-                raise ExportError(f"expected an ISO 8601 time in submitted_at (2026-12-01T23:59:00+00:00), "
-                                  f"found {_shown(row['submitted_at'])} ({inert(exc, 80)}); the time of "
-                                  f"{inert(student, 60)!r} is unknown") from None
+        student = row.get("student") or f"line {n}"
+        if not outcome.failed:
+            with per_student(problems, student, where, f"the submission time of {inert(student, 60)!r}") as outcome:
+                if "submitted_at" not in row:
+                    raise ExportError(f"expected a submitted_at cell, found only {len(row)} cell(s)")
+                try:
+                    times[student] = parse_csv_time(row["submitted_at"])
+                except ValueError as exc:
+                    raise ExportError(f"expected an ISO 8601 time (2026-12-01T23:59:00+00:00), found "
+                                      f"{_shown(row['submitted_at'])} ({inert(exc, 80)})") from None
         if outcome.failed:
             times.pop(student, None)
             unknown[student, None] = outcome.message
@@ -168,7 +170,7 @@ def read_nbgrader_timestamps(submitted: Path) -> SubmissionTimes:
         unknown[student, None] = "; ".join(messages)
     for key, folder in folders.items():
         path = folder / TIMESTAMP_FILE
-        with per_student(Problems(), key[0], path, f"its {key[1]} submission time") as outcome:
+        with per_student(Problems(), key[0], path, f"the {key[1]} submission time of {inert(key[0], 60)!r}") as outcome:
             text = read_small_file(path)
             if text is None or not text.strip():
                 continue  # nbgrader too reads a missing or empty timestamp as "no time"
@@ -176,8 +178,7 @@ def read_nbgrader_timestamps(submitted: Path) -> SubmissionTimes:
                 times[key] = parse_nbgrader_time(text)
             except ValueError as exc:
                 raise ExportError(f"expected a time as nbgrader submit writes it (2026-12-01 23:59:00.123456 UTC) "
-                                  f"or ISO 8601, found {_shown(text)} ({inert(exc, 80)}); {key[0]}'s {key[1]} "
-                                  "has no submission time") from None
+                                  f"or ISO 8601, found {_shown(text)} ({inert(exc, 80)})") from None
         if outcome.failed:
             times.pop(key, None)
             unknown[key] = outcome.message
