@@ -59,8 +59,8 @@ def _matching(course: Any, loaded: list[Loaded]) -> Any:
 
 
 def _skipped_are_problems(skipped: list[Skipped], problems: Problems) -> None:
-    for item in skipped:
-        problems.add(item.path.stem, str(item))
+    for bad in skipped:
+        problems.add(bad.path.stem, str(bad))
 
 
 def _finish(problems: Problems, exported: int) -> int:
@@ -100,8 +100,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     loaded, skipped = load_results(Path(args.results_dir))
     _skipped_are_problems(skipped, problems)
     if not loaded:
-        for item in skipped:
-            _say(str(item))
+        for bad in skipped:
+            _say(str(bad))
         raise ExportError(f"expected at least one valid result in {args.results_dir}, found {len(skipped)} malformed file(s)")
     course = _matching(course, loaded)
     due = _due(args.due, settings)  # a bad --due stops the export before anything is written
@@ -171,8 +171,8 @@ def cmd_feedback(args: argparse.Namespace) -> int:
         loaded, skipped = load_results(source)
         _skipped_are_problems(skipped, problems)
         if not loaded:
-            for item in skipped:
-                _say(str(item))
+            for bad in skipped:
+                _say(str(bad))
             raise ExportError(f"expected at least one valid result in {source}, found {len(skipped)} malformed file(s)")
         out = Path(args.out) if args.out else source / "feedback"
         out.mkdir(parents=True, exist_ok=True)
