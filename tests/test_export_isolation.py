@@ -20,13 +20,15 @@ from pathlib import Path
 
 import pytest
 
+from grader import exitcodes
 from grader.export import csv_gradebook, feedback, gradescope, nbgrader_feedback, prairielearn, times
 from tests.test_export import cli, make_result, write
 
 STUDENTS = ("alice", "bob", "carol")
 DUE = "2026-12-01T00:00:00+00:00"
 GOOD_TIMES = {"alice": "2026-11-30 10:00:00 UTC", "bob": "2026-11-30 11:00:00 UTC", "carol": "2026-12-02 09:00:00 UTC"}
-PARTIAL = 3
+PARTIAL = exitcodes.NEEDS_ATTENTION  # some students' material could not be used
+GRADER_FAILED = exitcodes.GRADER_FAILED  # the grader failed on some student: the others are exported all the same
 
 
 class Unforeseen(Exception):
@@ -87,6 +89,13 @@ def files(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): p.read_text() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+def assert_bob_is_skipped(err: str, file: str) -> None:
+    line = next((line for line in err.splitlines() if "skipped" in line and file in line), None)
+    assert line is not None and "Unforeseen" in line and "internal error" not in err, \
+        f"expected bob's file {file!r} named as skipped, with the exception's type, and no internal error:\n{err}"
+    assert "with problems: bob" in err.splitlines()[-1], f"expected the count line last; stderr:\n{err}"
+
+
 def assert_bob_is_an_internal_error(err: str, file: str, students: str = "bob") -> None:
     assert "internal error of the grader while exporting bob (Unforeseen: injected" in err, \
         f"expected bob's failure named as the grader's own, with its type; stderr:\n{err}"
@@ -104,7 +113,7 @@ def test_csv_row_fault_costs_bob_his_row_alone(results, tmp_path, monkeypatch, c
     assert cli("export", str(results), "--format", "csv", "--out", str(clean)) == 0
     assert capsys.readouterr().err.splitlines()[-1] == "3 student(s) exported, 0 with problems"
     monkeypatch.setattr(csv_gradebook, "_row", faulty(csv_gradebook._row))
-    assert cli("export", str(results), "--format", "csv", "--out", str(broken)) == PARTIAL
+    assert cli("export", str(results), "--format", "csv", "--out", str(broken)) == GRADER_FAILED
     assert_bob_is_an_internal_error(capsys.readouterr().err, "bob.json")
     expected = csv_rows(clean)
     del expected["bob"]
@@ -116,7 +125,7 @@ def test_csv_row_fault_costs_bob_his_row_alone(results, tmp_path, monkeypatch, c
 def test_results_json_fault_costs_bob_his_file_alone(fmt, module, renderer, results, tmp_path, monkeypatch, capsys):
     assert cli("export", str(results), "--format", fmt, "--out", str(tmp_path / "clean")) == 0
     monkeypatch.setattr(module, renderer, faulty(getattr(module, renderer)))
-    assert cli("export", str(results), "--format", fmt, "--out", str(tmp_path / "broken")) == PARTIAL
+    assert cli("export", str(results), "--format", fmt, "--out", str(tmp_path / "broken")) == GRADER_FAILED
     err = capsys.readouterr().err
     assert_bob_is_an_internal_error(err, "bob.json")
     assert f"{fmt} results.json for 2 student(s) written" in err
@@ -127,16 +136,16 @@ def test_results_json_fault_costs_bob_his_file_alone(fmt, module, renderer, resu
 def test_feedback_pages_fault_costs_bob_his_page_alone(results, tmp_path, monkeypatch, capsys):
     assert cli("feedback", str(results), "--out", str(tmp_path / "clean"), "--no-plot") == 0
     monkeypatch.setattr(feedback, "render_feedback", faulty(feedback.render_feedback))
-    assert cli("feedback", str(results), "--out", str(tmp_path / "broken"), "--no-plot") == PARTIAL
+    assert cli("feedback", str(results), "--out", str(tmp_path / "broken"), "--no-plot") == GRADER_FAILED
     assert_bob_is_an_internal_error(capsys.readouterr().err, "bob.json")
     expected = files(tmp_path / "clean")
     del expected["bob.html"]
     assert files(tmp_path / "broken") == expected
 
 
-def test_one_feedback_page_that_cannot_be_rendered_is_partial_not_a_crash(results, tmp_path, monkeypatch, capsys):
+def test_one_feedback_page_that_cannot_be_rendered_is_the_graders_error_not_a_crash(results, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(feedback, "render_feedback", faulty(feedback.render_feedback))
-    assert cli("feedback", str(results / "bob.json"), "--out", str(tmp_path / "bob.html")) == PARTIAL
+    assert cli("feedback", str(results / "bob.json"), "--out", str(tmp_path / "bob.html")) == GRADER_FAILED
     assert_bob_is_an_internal_error(capsys.readouterr().err, "bob.json")
     assert not (tmp_path / "bob.html").exists()
 
@@ -145,7 +154,7 @@ def test_nbgrader_feedback_fault_costs_bob_his_pages_alone(results, tmp_path, mo
     clean, broken = nbgrader_course(tmp_path / "clean"), nbgrader_course(tmp_path / "broken")
     assert cli("feedback", str(results), "--nbgrader", str(clean), "--no-plot") == 0
     monkeypatch.setattr(nbgrader_feedback, "render_feedback", faulty(nbgrader_feedback.render_feedback))
-    assert cli("feedback", str(results), "--nbgrader", str(broken), "--no-plot") == PARTIAL
+    assert cli("feedback", str(results), "--nbgrader", str(broken), "--no-plot") == GRADER_FAILED
     assert_bob_is_an_internal_error(capsys.readouterr().err, "bob.json")
     expected = {name: text for name, text in files(clean / "feedback").items() if not name.startswith("bob/")}
     assert files(broken / "feedback") == expected, "no half-written folder for bob, the others' pages unchanged"
@@ -159,7 +168,7 @@ def test_times_csv_fault_costs_bob_his_late_flag_alone(results, tmp_path, monkey
     monkeypatch.setattr(times, "parse_csv_time", faulty(times.parse_csv_time))
     assert cli("export", str(results), "--format", "csv", "--out", str(broken), "--due", DUE,
                "--submitted-times", str(source)) == PARTIAL
-    assert_bob_is_an_internal_error(capsys.readouterr().err, "times.csv, line 3")
+    assert_bob_is_skipped(capsys.readouterr().err, "times.csv, line 3")
     expected = csv_rows(clean)
     assert expected["bob"]["late"] == "no", "the test needs bob's flag to be known without the fault"
     expected["bob"]["late"] = ""
@@ -174,7 +183,7 @@ def test_nbgrader_timestamp_fault_costs_bob_his_late_flag_alone(results, tmp_pat
     monkeypatch.setattr(times, "read_small_file", faulty(times.read_small_file))
     assert cli("export", str(results), "--format", "csv", "--out", str(broken), "--due", DUE,
                "--submitted-times", str(submitted)) == PARTIAL
-    assert_bob_is_an_internal_error(capsys.readouterr().err, "submitted/bob/online_softmax/timestamp.txt")
+    assert_bob_is_skipped(capsys.readouterr().err, "submitted/bob/online_softmax/timestamp.txt")
     expected = csv_rows(clean)
     expected["bob"]["late"] = ""
     assert csv_rows(broken) == expected
@@ -186,7 +195,7 @@ def test_a_student_folder_that_cannot_be_listed_costs_that_student_alone(results
     submitted = nbgrader_course(tmp_path / "course") / "submitted"
     monkeypatch.setattr(discover, "submission_id", faulty(discover.submission_id))
     assert cli("export", str(results), "--format", "csv", "--out", str(tmp_path / "g.csv"), "--due", DUE,
-               "--submitted-times", str(submitted)) == PARTIAL
+               "--submitted-times", str(submitted)) == GRADER_FAILED
     assert_bob_is_an_internal_error(capsys.readouterr().err, "submitted/bob")
     late = {s: row["late"] for s, row in csv_rows(tmp_path / "g.csv").items()}
     assert late == {"alice": "no", "bob": "", "carol": "yes"}
@@ -227,7 +236,7 @@ def test_nbgrader_gradebook_fault_costs_bob_his_rows_alone(step, arg, note, nbgr
     args = ["--format", "nbgrader", "--due", DUE, "--submitted-times", str(submitted)]
     assert cli("export", str(results), *args, "--out", str(tmp_path / "clean.db")) == 0
     monkeypatch.setattr(nbgrader_gradebook, step, faulty(getattr(nbgrader_gradebook, step), arg))
-    assert cli("export", str(results), *args, "--out", str(tmp_path / "broken.db")) == PARTIAL
+    assert cli("export", str(results), *args, "--out", str(tmp_path / "broken.db")) == GRADER_FAILED
     err = capsys.readouterr().err
     assert_bob_is_an_internal_error(err, "bob.json")
     assert "2 student(s), 1 assignment(s)" in err

@@ -7,9 +7,10 @@
 `export` and `feedback` handle each student on their own (grader/export/isolate.py): whatever goes wrong with
 one student's material (a malformed result file, a submission time nobody can read, an error while rendering
 their row or page) costs that student alone, with a warning naming the student and the file. Each ends with
-"N student(s) exported, K with problems: a, b, c" and returns 0 when every student was exported whole,
-3 (`PARTIAL`) when it finished but some students need attention, 2 for bad input to the whole export (a
-message says what was expected and what was found). `python -m grader.export` runs them too.
+"N student(s) exported, K with problems: a, b, c" and returns (grader/exitcodes.py) 0 when every student was
+exported whole, 1 when it finished but the grader itself failed on some student, 3 when it finished but some
+students' material could not be used, 2 for bad input to the whole export (a message says what was expected
+and what was found). `python -m grader.export` runs them too.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 from grader import results
 from grader.course import CourseError
-from grader.export.isolate import BAD_INPUT, OK, PARTIAL, Problems, per_student
+from grader.export.isolate import BAD_INPUT, Problems, per_student
 from grader.export.load import ExportError, Loaded, Skipped, load_results, read_result
 from grader.text import inert
 
@@ -64,11 +65,11 @@ def _skipped_are_problems(skipped: list[Skipped], problems: Problems) -> None:
 
 
 def _finish(problems: Problems, exported: int) -> int:
-    """Every student's problem, then the count line; the exit status (OK or PARTIAL)."""
+    """Every student's problem, then the count line; the exit status (grader/exitcodes.py)."""
     for message in problems.messages():
         _say(f"warning: {message}")
     _say(problems.count_line(exported))
-    return PARTIAL if problems else OK
+    return problems.status()
 
 
 def _times(path: str | None, problems: Problems) -> Any:
@@ -78,7 +79,7 @@ def _times(path: str | None, problems: Problems) -> Any:
 
     times = read_submission_times(Path(path))
     for (student, _exercise), message in times.unknown.items():
-        problems.add(student, message)
+        problems.add(student, message, by_grader=message.startswith("internal error of the grader"))
     return times
 
 

@@ -119,11 +119,12 @@ def read_times_csv(path: Path) -> SubmissionTimes:
         where = f"{path}, line {n}"
         # one line at a time: a line the csv module refuses (a field over its size limit) is that line's alone
         row: dict[str, str] = {}
-        with per_student(problems, f"line {n}", where, "its row") as outcome:
+        with per_student(problems, f"line {n}", where, "its row", material=True) as outcome:
             row = dict(zip(header, next(csv.reader([line]), [])))
         student = row.get("student") or f"line {n}"
         if not outcome.failed:
-            with per_student(problems, student, where, f"the submission time of {inert(student, 60)!r}") as outcome:
+            with per_student(problems, student, where, f"the submission time of {inert(student, 60)!r}",
+                             material=True) as outcome:
                 if "submitted_at" not in row:
                     raise ExportError(f"expected a submitted_at cell, found only {len(row)} cell(s)")
                 try:
@@ -170,7 +171,8 @@ def read_nbgrader_timestamps(submitted: Path) -> SubmissionTimes:
         unknown[student, None] = "; ".join(messages)
     for key, folder in folders.items():
         path = folder / TIMESTAMP_FILE
-        with per_student(Problems(), key[0], path, f"the {key[1]} submission time of {inert(key[0], 60)!r}") as outcome:
+        with per_student(Problems(), key[0], path, f"the {key[1]} submission time of {inert(key[0], 60)!r}",
+                         material=True) as outcome:
             text = read_small_file(path)
             if text is None or not text.strip():
                 continue  # nbgrader too reads a missing or empty timestamp as "no time"
