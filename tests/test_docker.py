@@ -14,16 +14,20 @@ import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+from grader import exitcodes
 from grader.options import GradeOptions
+from grader.scale import batch
 from grader.scale.batch import BatchOptions, run_batch
 from grader.scale.container import LABEL, ContainerBackend
 from tests import docker_base
 from tests.conftest import COURSE, ROOT, checks_of, left_running
+from tests.test_isolation import corrupt_zip
 
 
 pytestmark = pytest.mark.xdist_group("docker")
@@ -163,6 +167,9 @@ SUBMISSIONS = {
 }
 
 
+MALFORMED = {"bad_archive": "bad_archive.tgz", "bad_zip": "bad_zip.zip", "bad_notebook": f"{EXERCISE}.ipynb"}
+
+
 def backend(image: str) -> ContainerBackend:
     return ContainerBackend(ROOT, "docker", image, memory_mb=3072, cpus=1, pids=256, tmpfs_mb=1024)
 
@@ -184,7 +191,11 @@ def graded(image, tmp_path_factory):
     for sub_id, source in SUBMISSIONS.items():
         (subs / sub_id).mkdir(parents=True)
         (subs / sub_id / f"{EXERCISE}.py").write_text(source)
+    # Malformed in three ways, read inside the container: each costs its own student alone (tests/test_isolation.py).
     (subs / "bad_archive.tgz").write_bytes(b"\x1f\x8b not really gzip")
+    (subs / "bad_zip.zip").write_bytes(corrupt_zip(zipfile.ZIP_DEFLATED))
+    (subs / "bad_notebook").mkdir()
+    (subs / "bad_notebook" / f"{EXERCISE}.ipynb").write_text('{"cells": [{"cell_type": "code", "source": ')
     docker = backend(image)
     report = run_batch(COURSE, ROOT, BatchOptions(subs, out, jobs=2, grade=grade_options()), backend=docker,
                        console=Console(file=io.StringIO(), width=200))
@@ -205,7 +216,7 @@ def messages(result: dict) -> str:
 def test_every_submission_gets_an_honest_result_and_the_batch_goes_on(graded):
     report = graded["report"]
     assert report.internal_errors == [], f"the grader failed on {report.internal_errors}"
-    assert sorted(report.graded) == sorted([*SUBMISSIONS, "bad_archive"])
+    assert sorted(report.graded) == sorted([*SUBMISSIONS, *MALFORMED])
     reference = result_of(graded, "reference")
     assert reference["score"] == 10 and reference["gradable_max_score"] == 10, checks_of(reference, EXERCISE)
     assert reference["image"]["digest"] == graded["backend"].digest
@@ -215,10 +226,13 @@ def test_every_submission_gets_an_honest_result_and_the_batch_goes_on(graded):
         result = result_of(graded, sub_id)
         assert result["state"] == "complete" and result["gradable"], f"{sub_id}: the grade must finish"
         assert result["score"] == 0, f"{sub_id} earned points it did not deserve: {checks_of(result, EXERCISE)}"
-    bad = result_of(graded, "bad_archive")
-    assert bad["gradable"] is False and bad["format_errors"], bad
+    for sub_id, named in MALFORMED.items():
+        bad = result_of(graded, sub_id)
+        assert bad["state"] == "complete" and bad["gradable"] is False, bad
+        assert named in bad["format_errors"][0], f"{sub_id}: the reason must name {named!r}: {bad['format_errors']}"
     summary = json.loads((graded["out"] / "summary.json").read_text())
-    assert [s["id"] for s in summary["not_gradable"]] == ["bad_archive"]
+    assert [s["id"] for s in summary["not_gradable"]] == sorted(MALFORMED)
+    assert batch.batch_status(report) == exitcodes.NEEDS_ATTENTION, "students to chase: the batch exits 3"
 
 
 def test_no_container_or_process_outlives_the_batch(graded):
