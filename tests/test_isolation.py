@@ -39,7 +39,6 @@ EXERCISE = "online_softmax"
 REFERENCE = (ROOT / "solutions" / EXERCISE / f"{EXERCISE}.py").read_text()
 STUB = (ROOT / "exercises" / EXERCISE / f"{EXERCISE}.py").read_text()
 CHECKS = ["normalizer_public", "merge_public"]
-pytestmark = pytest.mark.xdist_group("batch")  # the batch's lanes look for their leftovers by name
 
 
 def fast_options(**overrides) -> GradeOptions:
