@@ -11,8 +11,10 @@ A GPU may be lent for minutes at a time. This command spends them in order of wh
 3. The stubs, on the CUDA checks only: they must score nothing there.
 4. The known-wrong submissions whose expected losses include a CUDA check (tests/known_wrong, in the course
    repository): each must lose them.
-5. Every ``grader.bench.<id>`` on its reference, each bounded by a timeout.
-6. One grade of the reference online_softmax through ``--backend docker --gpus 0``, where docker and the
+5. Every kernel the references launch, compiled for ``sm_90`` and ``sm_80`` at the launch's tiles and warps:
+   registers, spill (at most 64 bytes a thread) and shared memory from the cubin, as CI checks them.
+6. Every ``grader.bench.<id>`` on its reference, each bounded by a timeout.
+7. One grade of the reference online_softmax through ``--backend docker --gpus 0``, where docker and the
    course image are both here: the container's GPU path, its speed check graded.
 
 A step that no longer fits the budget is skipped and named. The exit status is 1 when any step of the
@@ -22,7 +24,7 @@ suggested bar is for the instructor to read next to the roofline reasoning besid
 
 ``--dry-run`` is the rehearsal (grader/rehearsal.py) on a machine without CUDA: the same steps, the CUDA
 tests on the CPU with tiny shapes, never scored; a rehearsed test that does not run through is the finding.
-The project's tests run it (tests/test_gpucheck.py), so the command itself has run before a GPU meets it.
+The project's tests run it (tests/test_rehearsal.py), so the command itself has run before a GPU meets it.
 """
 
 from __future__ import annotations
@@ -287,6 +289,33 @@ def step_benches(report: Report, course: Course, root: Path, timeout_s: float = 
     report.steps["benches"] = rows
 
 
+STACK_BOUND = 64  # bytes of spill per thread a reference kernel may have (tests/test_reference_kernels_compile.py)
+
+
+def step_kernels(report: Report, course: Course, root: Path, work: Path) -> None:
+    """Every kernel the references launch, compiled for sm_90 and sm_80 at the launch's own tiles and warps
+    (grader/bench/kernel_resources.py): registers, spill and shared memory, from the cubin. It needs no GPU, so
+    the dry run does it too; on a GPU it says, beside the timings, what each kernel costs on chip."""
+    from grader.bench import kernel_resources
+
+    found = kernel_resources.launches()
+    measured = kernel_resources.measure(found)
+    rows = []
+    for launch in found:
+        for arch in kernel_resources.ARCHS:
+            r = measured[(launch.id(), arch)]
+            rows.append({"exercise": launch.exercise, "kernel": launch.kernel, "arch": f"sm_{arch}",
+                         "dtype": launch.dtype, "config": launch.config, "registers": r.registers, "stack": r.stack,
+                         "shared": r.shared, "error": (r.error or "")[:300] or None})
+            if r.registers is None:
+                report.problems.append(f"kernels: {launch.kernel} ({launch.config}, {launch.dtype}) does not compile "
+                                       f"for sm_{arch}: {(r.error or 'no answer')[:300]}")
+            elif (r.stack or 0) > STACK_BOUND:
+                report.problems.append(f"kernels: {launch.kernel} ({launch.config}, {launch.dtype}) spills {r.stack} "
+                                       f"bytes a thread on sm_{arch}, over the {STACK_BOUND} allowed: shrink its tiles")
+    report.steps["kernels"] = rows
+
+
 def step_docker(report: Report, course: Course, root: Path, work: Path) -> None:
     """One grade through ``--backend docker --gpus 0``: the image's GPU path, where an image and a GPU are both here."""
     image = getattr(getattr(course, "container", None), "image", None)
@@ -322,6 +351,7 @@ STEPS: list[tuple[str, float, Callable[..., None]]] = [  # (name, the least budg
     ("reference", 60, step_reference),
     ("stubs", 30, step_stubs),
     ("known_wrong", 60, step_known_wrong),
+    ("kernels", 60, step_kernels),
     ("benches", 30, lambda r, c, root, work: step_benches(r, c, root)),
     ("docker", 120, step_docker),
 ]
@@ -396,6 +426,10 @@ def print_report(report: Report, console: Any) -> None:
     for row in data["steps"].get("known_wrong", []):
         console.print(f"known-wrong {inert(row['exercise'])}/{inert(row['mutant'])}: {row['points']}"
                       + (f" [red]kept {row['kept']}[/]" if row["kept"] and not report.dry_run else ""))
+    for row in data["steps"].get("kernels", []):
+        figures = (f"{row['registers']} registers, {row['stack']} B stack, {row['shared']:,} B shared"
+                   if row["registers"] is not None else "did not compile")
+        console.print(f"kernel {inert(row['kernel'])} {row['arch']} {row['dtype']} ({inert(row['config'])}): {figures}")
     for row in data["steps"].get("benches", []):
         console.print(f"bench {inert(row['exercise'])}: {row['outcome']} in {row['seconds']} s")
     for skipped in data["skipped"]:

@@ -151,3 +151,28 @@ def test_the_docker_step_says_why_it_did_not_run(monkeypatch):
     report = gpucheck.Report(dry_run=True, budget_s=60)
     gpucheck.step_docker(report, COURSE, ROOT, ROOT)
     assert report.skipped and "docker" in report.skipped[0] and not report.problems
+
+
+def test_the_kernel_step_compiles_each_reference_launch_for_both_architectures(monkeypatch, tmp_path):
+    from grader import gpucheck
+    from grader.bench import kernel_resources
+
+    one = kernel_resources.launches()[:1]  # the whole set is tests/test_reference_kernels_compile.py's
+    monkeypatch.setattr(kernel_resources, "launches", lambda: one)
+    report = gpucheck.run(COURSE, ROOT, tmp_path / "gpu-check.json", budget_s=600, dry_run=True, only=["kernels"])
+    rows = report.steps["kernels"]
+    assert [(r["kernel"], r["arch"]) for r in rows] == [(one[0].kernel, "sm_90"), (one[0].kernel, "sm_80")], rows
+    assert all(r["registers"] and r["stack"] <= gpucheck.STACK_BOUND for r in rows), rows
+    assert report.problems == [], report.problems
+
+
+def test_the_kernel_step_names_a_kernel_that_spills(monkeypatch, tmp_path):
+    from grader import gpucheck, kernelmodel
+    from grader.bench import kernel_resources
+
+    one = kernel_resources.launches()[:1]
+    monkeypatch.setattr(kernel_resources, "launches", lambda: one)
+    spills = kernelmodel.LaunchResources(one[0].kernel, {}, 4, 2, registers=255, stack=512, shared=0)
+    monkeypatch.setattr(kernel_resources, "measure", lambda found: {(one[0].id(), a): spills for a in (90, 80)})
+    report = gpucheck.run(COURSE, ROOT, tmp_path / "gpu-check.json", budget_s=600, dry_run=True, only=["kernels"])
+    assert any("spills 512 bytes a thread on sm_80" in p for p in report.problems), report.problems
