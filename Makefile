@@ -11,7 +11,7 @@ BIN    := $(VENV)/bin
 EX     ?=
 SUB    ?= solutions
 
-.PHONY: setup demo check hint progress notebook interview interview-check interview-done grade test test-short bench gpu-check validate release image clean
+.PHONY: setup demo check hint progress notebook interview interview-check interview-done grade test test-short bench gpu-check validate sync release image clean
 
 $(BIN)/grader: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -87,6 +87,9 @@ bench: setup                      ## CPU/GPU benchmark of one exercise: make ben
 
 validate: setup
 	$(BIN)/grader validate
+
+sync: setup                       ## after editing course.yaml: rewrite every block derived from it (CHECK=1: only list stale ones)
+	$(BIN)/grader sync $(if $(CHECK),--check)
 
 clean:
 	rm -rf $(VENV) .pytest_cache *.egg-info

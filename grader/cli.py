@@ -14,6 +14,8 @@
   grader release OUT_DIR      write the student repository; refuses if anything would leak
   grader doctor               the GPU, driver, CUDA, torch and triton this machine grades with
   grader validate             check course.yaml and that every exercise has its files and tests
+  grader sync [--check]       write every block derived from course.yaml (README practice plan, points tables,
+                              hints); --check writes nothing and exits 1 naming each stale block
   grader schema [course|result]   print a JSON Schema
 
 Exit status: 0 when grading finished, whatever the score (`check`: 1 when a public test fails); 2 for bad input (a message says what was
@@ -364,6 +366,29 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 2 if problems else 0
 
 
+def cmd_sync(args: argparse.Namespace) -> int:
+    from grader.derived import SYNC_HINT, sync
+
+    root, _ = _course()
+    try:
+        stale = sync(root, check=args.check)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.check:
+        for block in stale:
+            err.print(f"stale: {block}", markup=False, highlight=False)
+        if stale:
+            err.print(f"{len(stale)} block(s) differ from course.yaml: {SYNC_HINT}", markup=False, highlight=False)
+            return 1
+        console.print("every block derived from course.yaml is current", markup=False, highlight=False)
+        return 0
+    for block in stale:
+        console.print(f"rewrote {block}", markup=False, highlight=False)
+    if not stale:
+        console.print("every block derived from course.yaml was already current", markup=False, highlight=False)
+    return 0
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     from grader.course import json_schema
 
@@ -470,6 +495,10 @@ def parser(student_only: bool | None = None) -> argparse.ArgumentParser:
 
     v = sub.add_parser("validate", help="check course.yaml and the exercises' files")
     v.set_defaults(fn=cmd_validate)
+
+    sy = sub.add_parser("sync", help="write every block derived from course.yaml (practice plan, points tables, hints)")
+    sy.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each stale block")
+    sy.set_defaults(fn=cmd_sync)
 
     s = sub.add_parser("schema", help="print a JSON Schema")
     s.add_argument("which", choices=("course", "result"), nargs="?", default="result")

@@ -89,8 +89,9 @@ def reset_hints(root: Path, exercise_id: str) -> None:
     save(root, data)
 
 
-HINTS_START = "<!-- hints: rendered from course.yaml (python -m grader.selfstudy --write-hints); edit them there -->"
+HINTS_START = "<!-- hints: rendered from course.yaml by `grader sync` (make sync); edit them there -->"
 HINTS_END = "<!-- /hints -->"
+HINTS_START_ANY = r"^<!-- hints:[^\n]*-->$"  # this start marker, or an older wording of it
 
 
 def render_hints(exercise: Any) -> str:
@@ -111,9 +112,9 @@ def readme_with_hints(text: str, exercise: Any) -> str:
     import re
 
     block = render_hints(exercise)
-    if HINTS_START in text and HINTS_END in text:
-        head, rest = text.split(HINTS_START, 1)
-        return head + block + rest.split(HINTS_END, 1)[1]
+    start = re.search(HINTS_START_ANY, text, re.M)
+    if start and HINTS_END in text[start.end():]:
+        return text[:start.start()] + block + text[start.end():].split(HINTS_END, 1)[1]
     found = re.search(r"^## Hints[^\n]*\n", text, re.M)
     if found is None:
         raise ValueError(f"exercises/{exercise.id}/README.md: expected a '## Hints' section, found none")
@@ -179,6 +180,14 @@ class Round(NamedTuple):
 def rounds(course) -> list[Round]:
     """Every practice round the course offers: each exercise whole, and each of its parts."""
     return [r for e in course.exercises for r in (Round(e), *(Round(e, p) for p in e.parts))]
+
+
+# A table of practice rounds, as the student release's README and the course README's parts table print it.
+ROUNDS_HEADER = ("| round | what you write | level | minutes |", "| --- | --- | --- | --- |")
+
+
+def round_row(r: Round) -> str:
+    return f"| `{r.id}` | {r.title} | {r.difficulty} | {r.minutes} |"
 
 
 def pick(course, level: str | None, minutes: int | None, target: str | None, rng: random.Random) -> Round:
@@ -283,12 +292,13 @@ def finish_interview(root: Path, passed: int, total: int) -> dict:
     return record
 
 
-if __name__ == "__main__":  # python -m grader.selfstudy --write-hints: the READMEs' hints from course.yaml
+if __name__ == "__main__":  # python -m grader.selfstudy --write-hints: the READMEs' hints only (`grader sync`: all)
     import sys
 
     from grader.course import find_root
 
     if sys.argv[1:] != ["--write-hints"]:
-        sys.exit("usage: python -m grader.selfstudy --write-hints")
+        sys.exit("usage: python -m grader.selfstudy --write-hints (`grader sync` writes every block course.yaml "
+                 "derives, the hints included)")
     for path in write_hints(find_root()):
         print(f"rewrote the hints of {path}")
