@@ -130,21 +130,6 @@ def readme_with_hints(text: str, exercise: Any) -> str:
     return text[:start] + section + text[end:]
 
 
-def write_hints(root: Path) -> list[Path]:
-    """Render every exercise's hints into its README; returns the READMEs that changed."""
-    from grader.course import load_course
-
-    changed = []
-    for exercise in load_course(root).exercises:
-        path = root / "exercises" / exercise.id / "README.md"
-        text = path.read_text()
-        new = readme_with_hints(text, exercise)
-        if new != text:
-            path.write_text(new)
-            changed.append(path)
-    return changed
-
-
 # --------------------------------------------------------------------------------------------------
 # Interview practice
 
@@ -290,15 +275,3 @@ def finish_interview(root: Path, passed: int, total: int) -> dict:
     data.setdefault("interviews", []).append(record)
     save(root, data)
     return record
-
-
-if __name__ == "__main__":  # python -m grader.selfstudy --write-hints: the READMEs' hints only (`grader sync`: all)
-    import sys
-
-    from grader.course import find_root
-
-    if sys.argv[1:] != ["--write-hints"]:
-        sys.exit("usage: python -m grader.selfstudy --write-hints (`grader sync` writes every block course.yaml "
-                 "derives, the hints included)")
-    for path in write_hints(find_root()):
-        print(f"rewrote the hints of {path}")

@@ -1,7 +1,8 @@
 """Each exercise's files agree with each other: the README's points table is course.yaml's, and the
 code the stub gives the student (helpers, types, constants) is the solution's own.
 
-(The README's hints are course.yaml's too: tests/test_selfstudy.py holds that.)"""
+(The README's hints are course.yaml's too: tests/test_selfstudy.py holds that. `grader sync` writes both;
+tests/test_sync.py tests it.)"""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def test_the_readme_points_table_is_course_yaml(exercise_id):
     assert table == expected, (
         f"exercises/{exercise_id}/README.md's points table must list every check of course.yaml with its points; "
         f"missing or different: { {k: v for k, v in expected.items() if table.get(k) != v} }, "
-        f"not in course.yaml: {sorted(set(table) - set(expected))}")
+        f"not in course.yaml: {sorted(set(table) - set(expected))}; run `grader sync` (make sync)")
 
 
 def _without_docstrings(node: ast.AST) -> str:

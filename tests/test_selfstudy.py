@@ -48,7 +48,8 @@ def test_the_readme_practice_plan_matches_course_yaml(root, course):
     for r in rounds(course):
         row = (f"| `{r.id}` | {r.part.title} | {r.difficulty} | {r.minutes} |" if r.part
                else f"| `{r.id}` | {r.difficulty} | {r.minutes} |")
-        assert row in text, f"README.md's practice plan should have the row {row!r} (from course.yaml)"
+        assert row in text, (f"README.md's practice plan should have the row {row!r} (from course.yaml): "
+                             "run `grader sync` (make sync)")
 
 
 def test_an_attempt_is_a_check_of_a_file_the_student_changed(root, course, tmp_path):
@@ -66,14 +67,14 @@ def test_an_attempt_is_a_check_of_a_file_the_student_changed(root, course, tmp_p
 
 
 def test_each_readme_shows_the_hints_course_yaml_holds(root, course):
-    """One source: `make hint` and the README give the same texts (python -m grader.selfstudy --write-hints)."""
+    """One source: `make hint` and the README give the same texts (`grader sync` writes the README's)."""
     from grader.selfstudy import readme_with_hints
 
     for exercise in course.exercises:
         text = (root / "exercises" / exercise.id / "README.md").read_text()
         assert readme_with_hints(text, exercise) == text, (
-            f"exercises/{exercise.id}/README.md's hints differ from course.yaml's: edit them in course.yaml and run "
-            "python -m grader.selfstudy --write-hints")
+            f"exercises/{exercise.id}/README.md's hints differ from course.yaml's: edit them in course.yaml and "
+            "run `grader sync` (make sync)")
 
 
 def test_the_next_hint_is_one_for_a_check_the_last_make_check_failed(tmp_path, course):
