@@ -7,7 +7,8 @@ grader.kernelmodel generated from the student's file (their kernels and module c
 warp size]}. It builds the signature Triton's launcher would build for those arguments, compiles the kernel for
 the target with Triton's compiler and the ptxas in its wheel (no GPU needed), reads the cubin's resources with
 the wheel's cuobjdump, and writes one JSON object on stdout: {"registers", "stack", "shared", "static_shared",
-"local", "signature", "constexprs"}, or {"error": text, "stage": "arguments" | "compile" | "resources"}.
+"local", "signature", "constexprs"}, or {"error": text, "stage": "arguments" | "compile" | "registers" |
+"resources"} ("registers": a tile far beyond the registers, refused before LLVM and ptxas, see FAR_BEYOND).
 
 It imports neither torch nor the grader, so that it starts in a tenth of a second; it never runs the student's
 host code (the generated module holds none).
@@ -25,6 +26,55 @@ import tempfile
 
 I32 = (-(2**31), 2**31)
 I64 = (-(2**63), 2**63)
+
+# A tile far beyond the registers is refused before LLVM and ptxas see it: on such a tile they take minutes (LLVM
+# alone spent 50 s, then ptxas ran past 120 s, on paged attention with a 4,096-key tile) and would spill most of it.
+# The rule reads the TritonGPU IR, where a `tensor<...>` value lives in the registers of the program's threads: a
+# tensor of N bits over T threads holds at least N / 32 / T 32-bit values in each thread (more where the layout
+# repeats it). A thread has REGISTERS of them; FAR_BEYOND times that is refused. Measured on sm_90: paged attention
+# at 1,024 values a thread (a 2,048-key tile) compiles, in 38 s, to 32 registers and 17,608 bytes of spill a
+# thread; at 256 (512 keys), 255 registers and 520 bytes. Every reference kernel holds far fewer (kernel_resources).
+REGISTERS = 255
+FAR_BEYOND = 4
+_TENSOR = re.compile(r"tensor<((?:\d+x)+)([a-z]+)(\d*)")
+
+
+class FarBeyondRegisters(Exception):
+    """The TritonGPU IR holds a tensor too large for the program's registers by far (see FAR_BEYOND)."""
+
+
+def largest_tensor(ir: str, threads: int) -> tuple[float, str]:
+    """(32-bit values per thread, 'a 64x128 tensor of f16') of the largest register tensor in TritonGPU IR text."""
+    best, shown = 0.0, ""
+    for dims, kind, width in set(_TENSOR.findall(ir)):
+        numel = 1
+        for d in dims.rstrip("x").split("x"):
+            numel *= int(d)
+        bits = int(width) if width else 32
+        per_thread = numel * max(bits, 8) / 32 / threads
+        if per_thread > best:
+            best, shown = per_thread, f"a {dims.rstrip('x')} tensor of {kind}{width}"
+    return best, shown
+
+
+def refuse_far_beyond_registers(stages: dict, num_warps: int, warp_size: int) -> None:
+    """Check the TritonGPU IR before it is lowered to LLVM (the "llir" stage); leave `stages` as it is where a
+    Triton names its stages otherwise (the whole compile then runs, under the caller's timeout)."""
+    if "llir" not in stages:
+        return
+    lower = stages["llir"]
+
+    def checked(src, metadata):
+        values, shown = largest_tensor(str(src), num_warps * warp_size)
+        if values > FAR_BEYOND * REGISTERS:
+            raise FarBeyondRegisters(
+                f"{shown} holds at least {values:,.0f} 32-bit values in "
+                f"each of the program's {num_warps * warp_size} threads, over {FAR_BEYOND} times the {REGISTERS} "
+                f"registers a thread has: a tile that size cannot live in registers (the compiler would spill most "
+                f"of it, after minutes of work), so the model counts it as not fitting without compiling it")
+        return lower(src, metadata)
+
+    stages["llir"] = checked
 
 
 def _dtype(name: str):
@@ -145,9 +195,19 @@ def main() -> int:
     except Exception as exc:  # noqa: BLE001 - every failure is reported, as data
         json.dump({"error": f"{type(exc).__name__}: {exc}", "stage": "arguments"}, sys.stdout)
         return 0
+    options = {k: v for k, v in request["options"].items() if v is not None}
+    add_stages = type(backend).add_stages
+
+    def add_checked_stages(self, stages, stage_options, *rest):
+        add_stages(self, stages, stage_options, *rest)
+        refuse_far_beyond_registers(stages, stage_options.num_warps, target.warp_size)
+
+    type(backend).add_stages = add_checked_stages
     try:
-        options = {k: v for k, v in request["options"].items() if v is not None}
         compiled = triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target, options=options)
+    except FarBeyondRegisters as exc:
+        json.dump({"error": str(exc), "stage": "registers"}, sys.stdout)
+        return 0
     except Exception as exc:  # noqa: BLE001
         json.dump({"error": str(exc) or type(exc).__name__, "type": type(exc).__name__, "stage": "compile"},
                   sys.stdout)

@@ -22,7 +22,9 @@ How (trusted side; nothing of the student's runs in the grader's process):
 3. Each distinct compile (kernel, signature, constexprs, options) runs in a fresh process
    (grader/kernelcompile.py, ``python -I``, no ``TRITON_INTERPRET``, a private Triton cache) with a timeout
    (`COMPILE_TIMEOUT_S`): ptxas takes minutes on a tile far beyond the registers, so a timeout counts as not
-   fitting. Results are cached by (generated source, signature, constexprs, options, Triton version), in memory
+   fitting. Before that, a tile far beyond them is refused from the TritonGPU IR in a fraction of a second
+   (kernelcompile.FAR_BEYOND: one register tensor of over four times a thread's 255 registers, at the least,
+   in each thread), where LLVM and ptxas would take minutes to say the same. Results are cached by (generated source, signature, constexprs, options, Triton version), in memory
    and on disk (`cache_dir`).
 
 What it proves: each launched kernel, with the tiles the launch chose, compiles for sm_90, and its per-thread
@@ -61,7 +63,7 @@ SHARED_LIMIT = 232448  # bytes of shared memory a block may have on sm_90 (227 K
 SHARED_LIMITS = {80: 166912, 90: SHARED_LIMIT}
 COMPILE_TIMEOUT_S = 120.0
 MAX_VARIANTS = 16  # distinct compiles modelled per call; a call that launches more is refused, not compiled
-MODEL_VERSION = 1  # part of every cache key: bump when the generated module or the child's output changes
+MODEL_VERSION = 2  # part of every cache key: bump when the generated module or the child's output changes
 
 _CHILD = Path(__file__).with_name("kernelcompile.py")
 _JIT_KEYWORDS = ("do_not_specialize", "do_not_specialize_on_alignment", "noinline", "debug")
@@ -87,6 +89,7 @@ class LaunchResources:
     static_shared: int | None = None
     error: str | None = None
     timed_out: bool = False
+    overflow: str | None = None  # a tile far beyond the registers, refused before compiling (kernelcompile.FAR_BEYOND)
     not_compiled: bool = False  # an earlier variant of the call did not fit, so this one was not compiled
     launches: int = 1
     seconds: float = 0.0
@@ -105,6 +108,8 @@ class LaunchResources:
         """What does not fit, in words (empty when it fits)."""
         if self.not_compiled:
             return []
+        if self.overflow is not None:
+            return [self.overflow]
         if self.timed_out:
             return [f"the GPU compiler did not finish within {COMPILE_TIMEOUT_S:.0f} s: ptxas takes that long when a "
                     "program's tiles overflow the registers by far, so the model counts it as not fitting"]
@@ -128,7 +133,7 @@ class LaunchResources:
         return f"{self.kernel} ({shown + ', ' if shown else ''}num_warps={self.num_warps}, num_stages={self.num_stages})"
 
     def figures(self) -> str:
-        if self.error is not None or self.timed_out or self.registers is None:
+        if self.error is not None or self.timed_out or self.overflow is not None or self.registers is None:
             return "no figures (it did not compile)"
         return (f"{self.registers} registers and {self.stack:,} bytes of stack per thread, {self.shared:,} bytes of "
                 f"shared memory, {self.threads} threads")
@@ -451,6 +456,8 @@ def _answer(key: str, source: KernelSource, module_path: str, kernel: str, argum
             _MEMORY[key] = answer
     if answer.get("timed_out"):
         return dataclasses.replace(stub, timed_out=True, seconds=seconds, cached=cached)
+    if answer.get("stage") == "registers":
+        return dataclasses.replace(stub, overflow=str(answer.get("error")), seconds=seconds, cached=cached)
     if "error" in answer:
         return dataclasses.replace(stub, error=_cleaned_error(source, kernel, answer), seconds=seconds, cached=cached)
     try:

@@ -127,6 +127,28 @@ def test_a_one_tile_kernel_at_2_17_columns_spills_and_is_refused(model, tmp_path
         assert part in message, f"expected {part!r} in the message: {message}"
 
 
+def test_a_tile_far_beyond_the_registers_is_refused_from_the_ir_in_seconds_not_minutes(model, tmp_path):
+    # 2^20 columns in one tile over 4 warps: 8,192 values a thread, 32 times the registers. LLVM and ptxas would
+    # take minutes on it (the model's timeout is 120 s); the TritonGPU IR says it at once.
+    path = write(tmp_path, ONE_TILE)
+    found = model.resources(path, [launch("one_tile", 4, x_ptr=tensor(), out_ptr=tensor(), n_cols=integer(1 << 20),
+                                          BLOCK=integer(1 << 20))])
+    (result,) = found
+    assert result.overflow is not None and not result.timed_out and result.registers is None, result
+    assert result.seconds < 60, f"the rule should answer before LLVM runs, took {result.seconds:.0f} s"
+    assert "a 1048576 tensor of f32 holds at least 8,192 32-bit values in each of the program's 128 threads" \
+        in result.overflow, result.overflow
+    assert not result.fits() and result.problems() == [result.overflow]
+
+
+def test_the_registers_rule_counts_the_largest_register_tensor_per_thread():
+    from grader import kernelcompile
+
+    ir = "%0 = tt.splat %a : f32 -> tensor<64x128xf32, #blocked>\n%1 = tt.load %p : tensor<4096x128xf16, #b>\n" \
+         "%2 = ttg.local_alloc : !ttg.memdesc<8192x128xf16, #shared>"  # shared memory: not registers, not counted
+    assert kernelcompile.largest_tensor(ir, 128) == (2048.0, "a 4096x128 tensor of f16")
+
+
 def test_the_same_kernel_at_a_small_tile_fits(model, tmp_path):
     path = write(tmp_path, ONE_TILE)
     found = model.resources(path, [launch("one_tile", 4, x_ptr=tensor(), out_ptr=tensor(), n_cols=integer(1000),
