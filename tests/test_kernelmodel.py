@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from grader import kernelmodel
-from grader.harness import probes, tamper
+from grader.harness import launches, tamper
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "solutions" / "online_softmax" / "online_softmax.py"
@@ -264,7 +264,7 @@ def test_a_recorded_argument_specialises_as_tritons_launcher_does(make):
 
     value = make()
     want = native_specialize_impl(CUDABackend, value, False, True, True)
-    got = kernelcompile._specialise(probes.describe_argument(value), True, True)
+    got = kernelcompile._specialise(launches.describe_argument(value), True, True)
     assert (got[0], got[1] or None) == (want[0], want[1] or None), f"{value!r}: recorded {got}, Triton {want}"
 
 
@@ -279,7 +279,7 @@ def test_the_toolchain_is_in_the_wheel():
 def test_student_kernel_resources_records_the_call_and_models_its_launches(model):
     """The whole path in-process: the reference's softmax_triton under the kernel rule, its launch recorded by
     grader.support.kernels:launches, the tamper gate, and the model on the file the session loaded."""
-    from grader.harness.probes import KERNELS_ONLY
+    from grader.harness.kernel_rule import KERNELS_ONLY
     from grader.harness.session import StudentSession
 
     session = StudentSession("local", lambda _id: REFERENCE)

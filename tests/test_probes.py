@@ -1,4 +1,4 @@
-"""The forbidden-call guard (grader/harness/probes.py): every way to reach a forbidden operation is
+"""The forbidden-call guard and the probes around it (grader/harness/guard.py and its neighbours): every way to reach a forbidden operation is
 caught, honest code is left alone, and the guard leaves nothing behind.
 
 Each "form" below is captured the way a student module would capture it at import time (before the
@@ -22,19 +22,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grader.harness import probes
+from grader.harness import (
+    counters, guard, host_reads, integrity, interpreter_bound, kernel_rule, launches, opfamilies,
+)
 
 
 @pytest.fixture(autouse=True)
 def _fresh_aliased_memory():
     """Memory a test hands to numpy stays watched for the rest of its process (as in a worker): not the next test's."""
-    probes._ALIASED.clear()
-    probes._ALIASED_BYTES["kept"] = 0
-    armed, probes._NOTING["armed"] = probes._NOTING["armed"], True  # as in a worker
+    host_reads._ALIASED.clear()
+    host_reads._ALIASED_BYTES["kept"] = 0
+    armed, host_reads._NOTING["armed"] = host_reads._NOTING["armed"], True  # as in a worker
     yield
-    probes._NOTING["armed"] = armed
-    probes._ALIASED.clear()
-    probes._ALIASED_BYTES["kept"] = 0
+    host_reads._NOTING["armed"] = armed
+    host_reads._ALIASED.clear()
+    host_reads._ALIASED_BYTES["kept"] = 0
 from tests.conftest import ROOT
 
 SOFTMAX_NAMES = ["torch.softmax", "torch.nn.functional.softmax", "torch.Tensor.softmax", "torch.logsumexp"]
@@ -166,25 +168,25 @@ ATTENTION_FORMS = {
 def test_every_form_of_softmax_is_caught(form):
     if form == "TorchScript function":  # its interpreter re-raises as a RuntimeError, our message lost
         with pytest.raises(RuntimeError, match="TorchScript interpreter"):
-            with probes.forbidden(SOFTMAX_NAMES, "write it yourself"):
+            with guard.forbidden(SOFTMAX_NAMES, "write it yourself"):
                 SOFTMAX_FORMS[form]()
         return
-    with pytest.raises(probes.ForbiddenCall, match="must not call torch") as caught:
-        with probes.forbidden(SOFTMAX_NAMES, "write it yourself"):
+    with pytest.raises(integrity.ForbiddenCall, match="must not call torch") as caught:
+        with guard.forbidden(SOFTMAX_NAMES, "write it yourself"):
             SOFTMAX_FORMS[form]()
     assert "write it yourself" in str(caught.value), f"the message should carry the exercise's reason: {caught.value}"
 
 
 @pytest.mark.parametrize("form", ATTENTION_FORMS, ids=list(ATTENTION_FORMS))
 def test_every_form_of_attention_is_caught(form):
-    with pytest.raises(probes.ForbiddenCall, match="must not call torch"):
-        with probes.forbidden(ATTENTION_NAMES):
+    with pytest.raises(integrity.ForbiddenCall, match="must not call torch"):
+        with guard.forbidden(ATTENTION_NAMES):
             ATTENTION_FORMS[form]()
 
 
 def test_the_message_names_the_operator_and_the_public_name():
-    with pytest.raises(probes.ForbiddenCall) as caught:
-        with probes.forbidden(["torch.softmax"], "compute the normaliser yourself"):
+    with pytest.raises(integrity.ForbiddenCall) as caught:
+        with guard.forbidden(["torch.softmax"], "compute the normaliser yourself"):
             _alias(X, -1)
     message = str(caught.value)
     assert "must not call torch.softmax: compute the normaliser yourself" in message
@@ -192,7 +194,7 @@ def test_the_message_names_the_operator_and_the_public_name():
 
 
 def test_only_sdpa_forbidden_leaves_torch_softmax_alone():
-    with probes.forbidden(["torch.nn.functional.scaled_dot_product_attention"]):
+    with guard.forbidden(["torch.nn.functional.scaled_dot_product_attention"]):
         out = _alias(X, -1)  # an attention exercise that forbids only sdpa may still use a softmax
     assert torch.allclose(out.sum(-1), torch.ones(3))
 
@@ -203,7 +205,7 @@ def test_honest_code_runs_unchanged_under_the_guard():
         e = torch.exp(x - m)
         return e / e.sum(-1, keepdim=True)
 
-    with probes.forbidden(SOFTMAX_NAMES):
+    with guard.forbidden(SOFTMAX_NAMES):
         out = honest(X)
         grad_x = X.clone().requires_grad_()
         honest(grad_x).pow(2).sum().backward()
@@ -213,8 +215,8 @@ def test_honest_code_runs_unchanged_under_the_guard():
 
 def test_the_guard_leaves_nothing_behind():
     depth, start, softmax = torch._C._len_torch_dispatch_stack(), threading.Thread.start, torch.softmax
-    with pytest.raises(probes.ForbiddenCall):
-        with probes.forbidden(SOFTMAX_NAMES):
+    with pytest.raises(integrity.ForbiddenCall):
+        with guard.forbidden(SOFTMAX_NAMES):
             _alias(X, -1)
     assert torch._C._len_torch_dispatch_stack() == depth, "the dispatch mode stack must be as before"
     assert threading.Thread.start is start and torch.softmax is softmax
@@ -223,9 +225,9 @@ def test_the_guard_leaves_nothing_behind():
 
 
 def test_names_outside_the_table_are_patched_but_not_watched():
-    assert probes.banned_operators(["torch.exp"]) == {}
-    with probes.forbidden(["torch.exp"]):
-        with pytest.raises(probes.ForbiddenCall, match="must not call torch.exp"):
+    assert opfamilies.banned_operators(["torch.exp"]) == {}
+    with guard.forbidden(["torch.exp"]):
+        with pytest.raises(integrity.ForbiddenCall, match="must not call torch.exp"):
             torch.exp(X)
         assert torch._C._len_torch_dispatch_stack() == 0, "no operator guard for a name without operators"
 
@@ -239,11 +241,11 @@ def test_threads_the_call_starts_are_guarded():
         except BaseException as exc:  # noqa: BLE001 - collected for the assertion
             errors.append(exc)
 
-    with probes.forbidden(["torch.softmax"]):
+    with guard.forbidden(["torch.softmax"]):
         thread = threading.Thread(target=rank)
         thread.start()
         thread.join()
-    assert len(errors) == 1 and isinstance(errors[0], probes.ForbiddenCall), (
+    assert len(errors) == 1 and isinstance(errors[0], integrity.ForbiddenCall), (
         f"a thread started during the call must run under the guard too, found {errors!r}"
     )
 
@@ -256,16 +258,16 @@ def test_a_custom_operator_is_refused():
     def hidden_normalize(x: torch.Tensor) -> torch.Tensor:
         return _alias(x, -1)
 
-    with pytest.raises(probes.ForbiddenCall, match="probes_test::hidden_normalize, which is not one of torch's own"):
-        with probes.forbidden(["torch.softmax"]):
+    with pytest.raises(integrity.ForbiddenCall, match="probes_test::hidden_normalize, which is not one of torch's own"):
+        with guard.forbidden(["torch.softmax"]):
             hidden_normalize(X)
 
 
 def test_popping_the_guard_is_reported():
     from torch.utils._python_dispatch import _pop_mode
 
-    with pytest.raises(probes.GuardRemoved, match="removed or covered during the call"):
-        with probes.forbidden(["torch.softmax"]):
+    with pytest.raises(integrity.GuardRemoved, match="removed or covered during the call"):
+        with guard.forbidden(["torch.softmax"]):
             _pop_mode()
     assert torch._C._len_torch_dispatch_stack() == 0
 
@@ -275,7 +277,7 @@ def test_disabling_the_modes_evades_the_in_process_guard():
     (tests/test_tamper.py proves the scan flags this very construct)."""
     from torch.utils._python_dispatch import _disable_current_modes
 
-    with probes.forbidden(["torch.softmax"]):
+    with guard.forbidden(["torch.softmax"]):
         with _disable_current_modes():
             out = _alias(X, -1)
     assert out.shape == X.shape
@@ -290,31 +292,31 @@ def _registered_operators() -> set[str]:
     import torch.distributed._functional_collectives  # noqa: F401 - and the functional ones
 
     names = {name.split(".")[0] for name in torch._C._dispatch_get_all_op_names()}  # "aten::_softmax.out"
-    return {name for name in names if name.partition("::")[0] in probes.TORCH_NAMESPACES}
+    return {name for name in names if name.partition("::")[0] in opfamilies.TORCH_NAMESPACES}
 
 
 def test_every_operator_in_the_table_exists():
     registered = _registered_operators()
-    families = {f for families in probes.FORBIDDEN_OPS.values() for f in families}
+    families = {f for families in opfamilies.FORBIDDEN_OPS.values() for f in families}
     missing = sorted(op for f in families for op in f.ops if op not in registered)
     assert not missing, f"operators in the table that torch {torch.__version__} does not register: {missing}"
 
 
 def test_every_softmax_attention_and_collective_operator_is_in_a_family():
-    """The rule (probes.families_by_rule) against this torch's whole registry: every operator whose namespace and
+    """The rule (opfamilies.families_by_rule) against this torch's whole registry: every operator whose namespace and
     name make it a softmax, an attention kernel, a log-sum-exp, a sigmoid or a collective is banned by the guard of
     a name of its family, whether a list names it or not. The lists give the messages; the rule fails closed."""
-    listed = {op for families in probes.FORBIDDEN_OPS.values() for f in families for op in f.ops}
-    softmax = probes._banned(("torch.softmax",))
+    listed = {op for families in opfamilies.FORBIDDEN_OPS.values() for f in families for op in f.ops}
+    softmax = opfamilies._banned(("torch.softmax",))
     from grader.support.ring_allreduce import forbidden_collectives
 
-    ring = probes._banned(tuple(forbidden_collectives()))
+    ring = opfamilies._banned(tuple(forbidden_collectives()))
     missed = []
     for op in {o.partition(".")[0] for o in _registered_operators()}:  # without the overload, as the guard sees it
-        families = probes.families_by_rule(op)
+        families = opfamilies.families_by_rule(op)
         if not families or op in {"aten::_fused_sdp_choice"}:  # chooses a kernel, computes nothing
             continue
-        guard = ring if op.partition("::")[0] in probes.COLLECTIVE_NAMESPACES else softmax
+        guard = ring if op.partition("::")[0] in opfamilies.COLLECTIVE_NAMESPACES else softmax
         if guard.get(op) is None:
             missed.append(op)
     assert not missed, f"operators of a forbidden family the guard lets through: {sorted(missed)}"
@@ -334,21 +336,21 @@ def test_an_operator_a_newer_torch_adds_is_forbidden_by_its_familys_rule():
     c10d.define("grader_test_shuffle_v9_(Tensor x) -> Tensor")  # a collective of no known kind: fails closed
     c10d.impl("grader_test_shuffle_v9_", lambda x: x.clone(), "CompositeExplicitAutograd")
     x = torch.randn(3, 4)
-    assert "aten::grader_test_softmax_v9" not in {op for fs in probes.FORBIDDEN_OPS.values() for f in fs for op in f.ops}
-    with pytest.raises(probes.ForbiddenCall, match="grader_test_softmax_v9, a softmax"):
-        with probes.operator_guard(["torch.logsumexp"], "write it yourself"):
+    assert "aten::grader_test_softmax_v9" not in {op for fs in opfamilies.FORBIDDEN_OPS.values() for f in fs for op in f.ops}
+    with pytest.raises(integrity.ForbiddenCall, match="grader_test_softmax_v9, a softmax"):
+        with guard.operator_guard(["torch.logsumexp"], "write it yourself"):
             torch.ops.aten.grader_test_softmax_v9(x)
-    with probes.operator_guard(["torch.distributed.all_reduce"]):  # a gather is not an all-reduce
+    with guard.operator_guard(["torch.distributed.all_reduce"]):  # a gather is not an all-reduce
         torch.ops.c10d.grader_test_gather_into_tensor_v9_(x)
-    with pytest.raises(probes.ForbiddenCall, match="a gather"):
-        with probes.operator_guard(["torch.distributed.gather"]):
+    with pytest.raises(integrity.ForbiddenCall, match="a gather"):
+        with guard.operator_guard(["torch.distributed.gather"]):
             torch.ops.c10d.grader_test_gather_into_tensor_v9_(x)
-    with pytest.raises(probes.ForbiddenCall, match="a collective"):
-        with probes.operator_guard(["torch.distributed.all_reduce"]):
+    with pytest.raises(integrity.ForbiddenCall, match="a collective"):
+        with guard.operator_guard(["torch.distributed.all_reduce"]):
             torch.ops.c10d.grader_test_shuffle_v9_(x)
-    with probes.operator_guard(["torch.softmax"]):  # and nothing else is touched: exp, sum, a send
+    with guard.operator_guard(["torch.softmax"]):  # and nothing else is touched: exp, sum, a send
         torch.exp(x).sum()
-    assert probes.families_by_rule("c10d::send") == () and probes.families_by_rule("aten::hardsigmoid") == ()
+    assert opfamilies.families_by_rule("c10d::send") == () and opfamilies.families_by_rule("aten::hardsigmoid") == ()
 
 
 def _course_forbid_names() -> set[str]:
@@ -370,15 +372,15 @@ def _course_forbid_names() -> set[str]:
 def test_every_name_the_course_forbids_has_operators():
     names = _course_forbid_names()
     assert {"torch.softmax", "torch.logcumsumexp", "torch.distributed.all_reduce"} <= names, sorted(names)
-    unwatched = sorted(n for n in names if n not in probes.FORBIDDEN_OPS)
-    assert not unwatched, f"forbidden names with no operator guard (add them to probes.FORBIDDEN_OPS): {unwatched}"
+    unwatched = sorted(n for n in names if n not in opfamilies.FORBIDDEN_OPS)
+    assert not unwatched, f"forbidden names with no operator guard (add them to opfamilies.FORBIDDEN_OPS): {unwatched}"
 
 
 _COLLECTIVES_SCRIPT = textwrap.dedent(
     """
     import torch, torch.distributed as dist
     import torch.distributed._functional_collectives as fc
-    from grader.harness import probes
+    from grader.harness import guard, integrity
     from grader.support.ring_allreduce import forbidden_collectives
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -393,25 +395,25 @@ _COLLECTIVES_SCRIPT = textwrap.dedent(
     }
     for name, form in forms.items():
         try:
-            with probes.forbidden(forbidden_collectives(), "build it from send_recv"):
+            with guard.forbidden(forbidden_collectives(), "build it from send_recv"):
                 form()
             print("MISSED", name)
-        except probes.ForbiddenCall:
+        except integrity.ForbiddenCall:
             print("CAUGHT", name)
-    with probes.forbidden(forbidden_collectives()):
+    with guard.forbidden(forbidden_collectives()):
         dist.barrier()  # not a collective the exercise forbids
     print("BARRIER OK")
     dist.destroy_process_group()
 
     import os
     softmax = torch.softmax
-    with probes.forbidden(["torch.softmax"]):
+    with guard.forbidden(["torch.softmax"]):
         pid = os.fork()  # as run_distributed starts its ranks: the child inherits the guard
         if pid == 0:
             try:
                 softmax(t, 0)
                 os._exit(3)
-            except probes.ForbiddenCall:
+            except integrity.ForbiddenCall:
                 os._exit(7)
         print("FORK CAUGHT" if os.waitpid(pid, 0)[1] >> 8 == 7 else "FORK MISSED")
     """
@@ -464,7 +466,7 @@ def test_a_file_that_pops_the_dispatch_modes_loses_every_guarded_check(tmp_path)
 
 
 # --------------------------------------------------------------------------------------------------
-# The kernel rule (probes.KERNELS_ONLY): outside a Triton launch, the host may only allocate, view, copy
+# The kernel rule (kernel_rule.KERNELS_ONLY): outside a Triton launch, the host may only allocate, view, copy
 # and cast; it may not read values back; memory it leaves uninitialised reads NaN; inside a launch the
 # rule is suspended (Triton's interpreter runs on torch and numpy) but the banned families are not.
 
@@ -474,7 +476,7 @@ interpreted = pytest.mark.skipif(
     __import__("os").environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
     reason="needs Triton's interpreter or a GPU",
 )
-KERNEL_RULE = ["torch.softmax", probes.KERNELS_ONLY]
+KERNEL_RULE = ["torch.softmax", kernel_rule.KERNELS_ONLY]
 _HOST = {"x": X}  # what a kernel body under the interpreter can reach as a global (the CPU limit)
 
 
@@ -547,14 +549,14 @@ HOST_WORK = {  # what a Triton-contract function's host code may not do, each wi
 @pytest.mark.parametrize("form", HOST_WORK, ids=list(HOST_WORK))
 def test_host_work_outside_a_launch_is_refused(form):
     work, words = HOST_WORK[form]
-    with pytest.raises(probes.ForbiddenCall, match="must do its work in Triton kernels: why") as caught:
-        with probes.forbidden(KERNEL_RULE, "why"):
+    with pytest.raises(integrity.ForbiddenCall, match="must do its work in Triton kernels: why") as caught:
+        with guard.forbidden(KERNEL_RULE, "why"):
             work()
     assert words in str(caught.value), f"the message should say {words!r}: {caught.value}"
 
 
 def test_allocation_views_copies_and_casts_are_allowed():
-    with probes.forbidden(KERNEL_RULE):
+    with guard.forbidden(KERNEL_RULE):
         base = torch.zeros(4, 6)
         views = [base.view(6, 4), base.reshape(-1), base.t(), base[1:3, ::2], base.unsqueeze(0).expand(2, 4, 6),
                  base.permute(1, 0), base.narrow(1, 0, 2), base.as_strided((2, 2), (1, 1)), base.detach()]
@@ -568,7 +570,7 @@ def test_allocation_views_copies_and_casts_are_allowed():
 
 
 def test_uninitialised_allocations_read_nan():
-    with probes.forbidden(KERNEL_RULE):
+    with guard.forbidden(KERNEL_RULE):
         out = torch.empty(3, 4)
         like = torch.empty_like(X)
         ints = torch.empty(5, dtype=torch.int32)
@@ -578,19 +580,19 @@ def test_uninitialised_allocations_read_nan():
 
 @interpreted
 def test_a_kernel_launch_computes_and_is_recorded():
-    with probes.recording_launches() as log:
-        with probes.forbidden(KERNEL_RULE):
+    with launches.recording_launches() as log:
+        with guard.forbidden(KERNEL_RULE):
             out = _launch_exp(X)
     assert torch.allclose(out, X.exp()), "the kernel's result must come back unchanged by the rule"
     assert [(launch.kernel, launch.grid, launch.programs) for launch in log] == [("_exp_kernel", (2, 1, 1), 2)]
-    assert probes.storage_of(out) in log[0].storages and probes.storage_of(X) in log[0].storages
+    assert kernel_rule.storage_of(out) in log[0].storages and kernel_rule.storage_of(X) in log[0].storages
 
 
 @interpreted
 def test_a_callable_grid_is_recorded_as_resolved():
     src = X.reshape(-1).clone()
     out = torch.empty_like(src)
-    with probes.recording_launches() as log:
+    with launches.recording_launches() as log:
         _exp_kernel[lambda meta: (triton.cdiv(src.numel(), meta["BLOCK"]),)](src, out, src.numel(), BLOCK=4)
     assert log[0].grid == (4, 1, 1), log
 
@@ -606,18 +608,18 @@ def test_host_work_in_a_callable_grid_is_refused():
         out.copy_(src.exp())  # the work, on the host
         return (triton.cdiv(src.numel(), meta["BLOCK"]),)
 
-    with pytest.raises(probes.ForbiddenCall, match="aten::exp"):
-        with probes.forbidden(KERNEL_RULE):
+    with pytest.raises(integrity.ForbiddenCall, match="aten::exp"):
+        with guard.forbidden(KERNEL_RULE):
             _noop_kernel[grid](out, src.numel(), BLOCK=4)
-    with probes.recording_launches() as log:  # arithmetic on sizes in a grid is what grids are for
-        with probes.forbidden(KERNEL_RULE):
+    with launches.recording_launches() as log:  # arithmetic on sizes in a grid is what grids are for
+        with guard.forbidden(KERNEL_RULE):
             _exp_kernel[lambda meta: (triton.cdiv(src.numel(), meta["BLOCK"]),)](src, out, src.numel(), BLOCK=4)
     assert log[0].grid == (4, 1, 1) and torch.allclose(out, src.exp())
 
 
 @interpreted
 def test_an_output_no_kernel_writes_stays_nan():
-    with probes.forbidden(KERNEL_RULE):
+    with guard.forbidden(KERNEL_RULE):
         out = torch.empty(10)
         _noop_kernel[(2,)](out, 10, BLOCK=8)
     assert bool(out.isnan().all()), "a launch that writes nothing leaves the NaN of the allocation"
@@ -626,7 +628,7 @@ def test_an_output_no_kernel_writes_stays_nan():
 @interpreted
 def test_the_banned_families_hold_inside_a_launch():
     with pytest.raises(Exception, match="must not call torch.softmax"):
-        with probes.forbidden(KERNEL_RULE):
+        with guard.forbidden(KERNEL_RULE):
             _softmax_in_the_body[(1,)](torch.empty(1), 1, BLOCK=8)
 
 
@@ -635,12 +637,12 @@ def test_host_code_inside_an_interpreted_kernel_body_is_under_the_rule():
     """Under TRITON_INTERPRET=1 a kernel body is Python. The rule is suspended only for Triton's own steps of a
     launch (setting up the arguments, copying results back), not while the body runs: torch code hidden in a
     body is host code (the red team's round 8 ran a numpy softmax there, 90 of 90)."""
-    probes.bound_interpreter_memory()  # the worker installs it before the student's import
-    with probes.forbidden(KERNEL_RULE):
+    interpreter_bound.bound_interpreter_memory()  # the worker installs it before the student's import
+    with guard.forbidden(KERNEL_RULE):
         with pytest.raises(Exception, match="must do its work in Triton kernels"):
             _exp_in_the_body[(1,)](torch.empty(1), 1, BLOCK=8)
     _HOST.pop("out", None)
-    with probes.forbidden(KERNEL_RULE):
+    with guard.forbidden(KERNEL_RULE):
         out = _launch_exp(X)  # an honest kernel under the same rule
     assert torch.allclose(out, X.exp())
 
@@ -649,13 +651,13 @@ def test_host_code_inside_an_interpreted_kernel_body_is_under_the_rule():
 def test_hooks_and_patched_kernels_are_refused():
     kernel = triton.jit(_exp_kernel.fn)
     kernel.add_pre_run_hook(lambda *args, **kwargs: None)
-    with pytest.raises(probes.ForbiddenCall, match="pre-run hooks"):
-        with probes.forbidden(KERNEL_RULE):
+    with pytest.raises(integrity.ForbiddenCall, match="pre-run hooks"):
+        with guard.forbidden(KERNEL_RULE):
             kernel[(1,)](X, torch.empty(15), 15, BLOCK=16)
     kernel = triton.jit(_exp_kernel.fn)
     kernel.rewrite = lambda: (lambda **kwargs: None)  # a method replaced on the instance
-    with pytest.raises(probes.ForbiddenCall, match="replaced on the instance"):
-        with probes.forbidden(KERNEL_RULE):
+    with pytest.raises(integrity.ForbiddenCall, match="replaced on the instance"):
+        with guard.forbidden(KERNEL_RULE):
             kernel[(1,)](X, torch.empty(15), 15, BLOCK=16)
 
 
@@ -666,8 +668,8 @@ def test_replaced_launch_machinery_is_refused():
     original = GridExecutor.__call__
     GridExecutor.__call__ = lambda self, *args, **kwargs: None  # would run, suspended, inside every launch
     try:
-        with pytest.raises(probes.ForbiddenCall, match="GridExecutor.__call__ is not Triton's own"):
-            with probes.forbidden(KERNEL_RULE):
+        with pytest.raises(integrity.ForbiddenCall, match="GridExecutor.__call__ is not Triton's own"):
+            with guard.forbidden(KERNEL_RULE):
                 pass
     finally:
         GridExecutor.__call__ = original
@@ -683,11 +685,11 @@ def test_the_rule_follows_threads_the_call_starts():
         except BaseException as exc:  # noqa: BLE001 - collected for the assertion
             errors.append(exc)
 
-    with probes.forbidden(KERNEL_RULE):
+    with guard.forbidden(KERNEL_RULE):
         thread = threading.Thread(target=work)
         thread.start()
         thread.join()
-    assert len(errors) == 1 and isinstance(errors[0], probes.ForbiddenCall), errors
+    assert len(errors) == 1 and isinstance(errors[0], integrity.ForbiddenCall), errors
 
 
 @interpreted
@@ -695,32 +697,32 @@ def test_the_kernel_rule_leaves_nothing_behind():
     from triton.runtime.interpreter import InterpretedFunction
 
     run = vars(InterpretedFunction)["run"]
-    with pytest.raises(probes.ForbiddenCall):
-        with probes.forbidden(KERNEL_RULE):
+    with pytest.raises(integrity.ForbiddenCall):
+        with guard.forbidden(KERNEL_RULE):
             X.tolist()
     assert vars(InterpretedFunction)["run"] is run, "Triton's launcher must be put back"
     # The read-backs stay watched (installed once, before any student import), and pass through outside a call.
     assert torch.Tensor.tolist is not torch._C.TensorBase.tolist and torch.Tensor.tolist.__name__ == "tolist"
-    assert probes._READS["refuse"] == 0 and probes._READS["counters"] == []
+    assert host_reads._READS["refuse"] == 0 and host_reads._READS["counters"] == []
     assert X.tolist()[0] and repr(X).startswith("tensor(") and torch.exp(X).shape == X.shape
-    assert torch._C._len_torch_dispatch_stack() == 0 and not probes.in_launch()
+    assert torch._C._len_torch_dispatch_stack() == 0 and not kernel_rule.in_launch()
 
 
 def test_reading_through_the_base_class_is_beyond_the_run_time_rule():
     """The limit the trusted scan must cover: torch._C.TensorBase cannot be patched, so super(torch.Tensor,
     t).tolist() and torch.Tensor.__base__.numpy(t) read values unseen (AUTHORING.md; the scan flags torch._C)."""
-    with probes.forbidden(KERNEL_RULE):
+    with guard.forbidden(KERNEL_RULE):
         values = super(torch.Tensor, X).tolist()
     assert values == X.tolist()
 
 
 def test_every_host_op_exists():
     registered = {name.split(".")[0] for name in torch._C._dispatch_get_all_op_names()}
-    missing = sorted(op for op in probes.HOST_OPS if op not in registered)
+    missing = sorted(op for op in kernel_rule.HOST_OPS if op not in registered)
     assert not missing, f"operators in HOST_OPS that torch {torch.__version__} does not register: {missing}"
     computing = {"aten::exp", "aten::mm", "aten::index", "aten::gather", "aten::add", "aten::mul", "aten::where",
                  "aten::_local_scalar_dense", "aten::lift_fresh", "aten::set_", "aten::index_select", "aten::cat"}
-    assert not computing & probes.HOST_OPS, f"HOST_OPS holds operators that compute: {sorted(computing & probes.HOST_OPS)}"
+    assert not computing & kernel_rule.HOST_OPS, f"HOST_OPS holds operators that compute: {sorted(computing & kernel_rule.HOST_OPS)}"
 
 
 @interpreted
@@ -734,7 +736,7 @@ def test_the_launches_driver_tells_an_output_a_kernel_wrote_from_one_it_never_sa
         _launch_exp(x)
         return torch.full_like(x, 0.5)
 
-    with probes.forbidden(KERNEL_RULE):
+    with guard.forbidden(KERNEL_RULE):
         written = launches(_launch_exp, X)
         cast = launches(cast_after_the_kernel, X)
         copied = launches(constant_after_a_launch, X)
@@ -766,7 +768,7 @@ def test_a_read_back_bound_at_import_is_still_refused(tmp_path):
                     "def listed(x):\n    return TL(x)\n")
     student = StudentSession("sandbox", lambda _id: path, Sandbox(), lambda _id: 30.0)
     try:
-        mod = student.load("bound", forbid=[probes.KERNELS_ONLY])
+        mod = student.load("bound", forbid=[kernel_rule.KERNELS_ONLY])
         for fn, words in ((mod.forward, "Tensor.numpy()"), (mod.listed, "Tensor.tolist()")):
             with pytest.raises(Exception, match="may not read tensor values") as caught:
                 fn(torch.ones(3))
@@ -795,8 +797,8 @@ def sandboxed_module(tmp_path, name: str, source: str, forbid: list[str], monkey
 
 
 PROBE_SWAPS = {  # each rebinds a probe from inside a guarded call (the scan flags the import; this is the backstop)
-    "in_launch, which the guard asks": "probes.in_launch = lambda: True",
-    "the guard's dispatch handler": "probes.OperatorGuard.__torch_dispatch__ = lambda self, f, t, a=(), k=None: f(*a, **(k or {}))",
+    "in_launch, which the guard asks": "guard.in_launch = lambda: True",
+    "the guard's dispatch handler": "guard.OperatorGuard.__torch_dispatch__ = lambda self, f, t, a=(), k=None: f(*a, **(k or {}))",
     "a host-read wrapper the watch installed": "torch.Tensor.numpy = torch._C.TensorBase.numpy",
     "the interpreter's bound": "interpreter._interpreter = interpreter._interpreter._native",
 }
@@ -804,31 +806,31 @@ PROBE_SWAPS = {  # each rebinds a probe from inside a guarded call (the scan fla
 
 @pytest.mark.parametrize("swap", PROBE_SWAPS, ids=list(PROBE_SWAPS))
 def test_a_call_that_rebinds_a_probe_fails(tmp_path, swap, monkeypatch):
-    """The worker seals the probes by identity before it imports the student's file (probes.seal); a guarded
+    """The worker seals the probes by identity before it imports the student's file (integrity.seal); a guarded
     call that rebinds one of them, by any route the scan missed, fails with what was changed. The scan is
     switched off here (it flags each of these files), so the backstop is what is tested."""
-    source = ("import torch\nfrom grader.harness import probes\nfrom triton.runtime import interpreter\n"
+    source = ("import torch\nfrom grader.harness import guard\nfrom triton.runtime import interpreter\n"
               f"def forward(x):\n    {PROBE_SWAPS[swap]}\n    return x * 2\n")
-    with sandboxed_module(tmp_path, "swap", source, [probes.KERNELS_ONLY], monkeypatch) as mod:
+    with sandboxed_module(tmp_path, "swap", source, [kernel_rule.KERNELS_ONLY], monkeypatch) as mod:
         with pytest.raises(Exception, match="the grader's probes were changed during the call") as caught:
             mod.forward(torch.ones(3))
         assert "cannot be trusted" in str(caught.value), caught.value
 
 
 def test_the_seal_passes_an_honest_call_and_sees_a_rebinding():
-    probes.seal()
+    integrity.seal()
     try:
-        probes.assert_sealed()  # nothing changed
-        original = probes.in_launch
-        probes.in_launch = lambda: True
+        integrity.assert_sealed()  # nothing changed
+        original = kernel_rule.in_launch
+        kernel_rule.in_launch = lambda: True
         try:
-            with pytest.raises(probes.GuardRemoved, match="in_launch"):
-                probes.assert_sealed()
+            with pytest.raises(integrity.GuardRemoved, match="in_launch"):
+                integrity.assert_sealed()
         finally:
-            probes.in_launch = original
-        probes.assert_sealed()
+            kernel_rule.in_launch = original
+        integrity.assert_sealed()
     finally:
-        probes._SEAL.clear()
+        integrity._SEAL.clear()
 
 
 LOOPS_IN_C = {  # a per-element loop that runs no line of the file per element, and what grows
@@ -864,7 +866,7 @@ def test_a_nested_tensor_counts_the_values_its_shapes_come_from():
     moe_router's and speculative's vectorised checks, 9/9). The scan flags the constructors; the counter counts
     the tensors any nested operator is handed, whatever route reached it."""
     ids = torch.randint(0, 8, (480, 8))
-    with probes.WorkCounter(__file__) as counter:
+    with counters.WorkCounter(__file__) as counter:
         nt = torch._nested_view_from_buffer(torch.zeros(1), ids, torch.zeros_like(ids), torch.zeros(480, dtype=torch.long))
         sizes = [piece.size() for piece in nt.unbind()]
     assert [tuple(s) for s in sizes[:2]] == [tuple(r) for r in ids[:2].tolist()], "the channel itself works"
@@ -889,18 +891,18 @@ def test_a_launch_takes_only_tensors_numbers_and_dtypes():
     src = torch.zeros(8)
     out = torch.empty(8)
     duck = _DuckTensor(out)
-    with pytest.raises(probes.ForbiddenCall, match="an object of type _DuckTensor as its argument 1"):
-        with probes.forbidden(KERNEL_RULE):
+    with pytest.raises(integrity.ForbiddenCall, match="an object of type _DuckTensor as its argument 1"):
+        with guard.forbidden(KERNEL_RULE):
             _exp_kernel[(1,)](src, duck, 8, BLOCK=8)
     assert duck.host_work == 0, "the object's methods must not run at all"
 
     class Sub(torch.Tensor):
         pass
 
-    with pytest.raises(probes.ForbiddenCall, match="Sub"):
-        with probes.forbidden(KERNEL_RULE):
+    with pytest.raises(integrity.ForbiddenCall, match="Sub"):
+        with guard.forbidden(KERNEL_RULE):
             _exp_kernel[(1,)](src, out.as_subclass(Sub), 8, BLOCK=8)
-    with probes.forbidden(KERNEL_RULE):  # Triton's own wrapper of an exact tensor is fine, and a plain constexpr
+    with guard.forbidden(KERNEL_RULE):  # Triton's own wrapper of an exact tensor is fine, and a plain constexpr
         _exp_kernel[(1,)](src, triton.reinterpret(out, torch.float32), 8, BLOCK=tl.constexpr(8))
     assert torch.equal(out, torch.ones(8))
     # The launcher's duck typing also sees attributes set on an allowed object: a constexpr given its own
@@ -911,8 +913,8 @@ def test_a_launch_takes_only_tensors_numbers_and_dtypes():
     shadowed.data_ptr = duck.data_ptr
     for value, words in ((hook, "a constexpr with attributes Triton never sets (data_ptr)"),
                          (shadowed, "a tensor with attributes of its own (data_ptr)")):
-        with pytest.raises(probes.ForbiddenCall, match=re.escape(words)):
-            with probes.forbidden(KERNEL_RULE):
+        with pytest.raises(integrity.ForbiddenCall, match=re.escape(words)):
+            with guard.forbidden(KERNEL_RULE):
                 _exp_kernel[(1,)](src, value, 8, BLOCK=8)
     assert duck.host_work == 0
 
@@ -924,8 +926,8 @@ def test_a_read_through_a_view_counts_what_it_exposes():
     for read, exposed in ((lambda: x[:1].numpy(), 1000), (lambda: __import__("numpy").asarray(x[:1]), 1000),
                           (lambda: x[:1].untyped_storage(), 1000), (lambda: x[:1].tolist(), 1),
                           (lambda: x[:5].tolist(), 5)):
-        probes._ALIASED.clear()  # each read on its own: memory handed to numpy stays watched after it
-        with probes.reads_counted() as counter:
+        host_reads._ALIASED.clear()  # each read on its own: memory handed to numpy stays watched after it
+        with host_reads.reads_counted() as counter:
             read()
         assert counter.reads == exposed, f"expected {exposed} elements counted, found {counter.reads}"
 
@@ -938,14 +940,14 @@ def test_tensor_split_by_a_tensor_counts_its_indices_as_read():
     x, idx = torch.arange(100.0), torch.arange(1, 41)
     for split in (lambda: x.tensor_split(idx), lambda: torch.tensor_split(x, idx),
                   lambda: torch.tensor_split(x, tensor_indices_or_sections=idx)):
-        with probes.reads_counted() as counter:
+        with host_reads.reads_counted() as counter:
             pieces = split()
         assert len(pieces) == 41 and counter.reads == 40 and counter.read_bytes == 320, (counter.reads,
                                                                                         counter.read_bytes)
-    with probes.reads_counted() as counter:
+    with host_reads.reads_counted() as counter:
         x.tensor_split(4), x.tensor_split([3, 9]), torch.tensor_split(x, 5)
     assert counter.reads == 0, f"a split by ints reads nothing back, counted {counter.reads}"
-    with probes.forbidden(KERNEL_RULE):
+    with guard.forbidden(KERNEL_RULE):
         x.tensor_split([3, 9])  # a view, allowed under the kernel rule
 
 
@@ -955,18 +957,18 @@ def test_a_copy_into_numpys_memory_counts_as_a_read_and_breaks_the_kernel_rule()
     torch counts its storage when it is made, and the kernel rule refuses it."""
     import numpy as np
 
-    probes.install_host_read_watch()  # as the worker does before the student's import (alone, this test needs it)
+    host_reads.install_host_read_watch()  # as the worker does before the student's import (alone, this test needs it)
     x = torch.arange(1000.0)
     for make in (torch.from_numpy, torch.as_tensor, torch.asarray):
-        with probes.reads_counted() as counter:
+        with host_reads.reads_counted() as counter:
             host = np.zeros(1000)
             make(host).copy_(x)
         assert counter.reads >= 1000 and host[999] == 999.0, f"{make.__name__}: {counter.reads}"
-    with probes.reads_counted() as counter:  # a copy of Python data, or of a tensor, reads nothing back
+    with host_reads.reads_counted() as counter:  # a copy of Python data, or of a tensor, reads nothing back
         torch.as_tensor([1, 2, 3]), torch.as_tensor(x), torch.asarray(x)
     assert counter.reads == 0
-    with pytest.raises(probes.ForbiddenCall, match="torch.from_numpy"):
-        with probes.forbidden(KERNEL_RULE):
+    with pytest.raises(integrity.ForbiddenCall, match="torch.from_numpy"):
+        with guard.forbidden(KERNEL_RULE):
             torch.from_numpy(np.zeros(3))
 
 
@@ -975,10 +977,10 @@ def test_the_read_watch_wrappers_do_not_keep_the_methods_they_watch():
     namespace (vars() through a parameter named `self`) read tensors with nothing counting."""
     import torch
 
-    probes.install_host_read_watch()
-    for dotted in probes.HOST_READS:
+    host_reads.install_host_read_watch()
+    for dotted in host_reads.HOST_READS:
         try:
-            owner, name = probes._resolve(dotted)
+            owner, name = integrity._resolve(dotted)
         except (ValueError, AttributeError):
             continue
         wrapper = vars(owner).get(name) if isinstance(owner, type) else getattr(owner, name, None)
@@ -993,18 +995,18 @@ def test_a_storage_of_the_students_own_is_watched_like_a_tensor():
 
     import torch
 
-    probes.install_host_read_watch()
+    host_reads.install_host_read_watch()
     store = torch.UntypedStorage(64)
     view = torch.empty(0, dtype=torch.uint8).set_(store)
-    with probes.reads_counted() as counter:
+    with host_reads.reads_counted() as counter:
         view[:64].view(torch.float32).copy_(torch.arange(16.0))
         torch.save(store, io.BytesIO())
         store.tolist()
     assert counter.reads >= 128, f"two reads of a 64-byte storage counted {counter.reads}"
     for route in (lambda: torch.save(store, io.BytesIO()), lambda: store._write_file(io.BytesIO(), False, False, 1),
                   lambda: store.tolist(), lambda: store[0], lambda: store.data_ptr()):
-        with pytest.raises(probes.ForbiddenCall, match="must do its work in Triton kernels"):
-            with probes.host_reads_refused("the kernel rule"):
+        with pytest.raises(integrity.ForbiddenCall, match="must do its work in Triton kernels"):
+            with host_reads.host_reads_refused("the kernel rule"):
                 route()
 
 
@@ -1018,24 +1020,24 @@ def test_memory_shared_with_numpy_before_the_call_is_watched_in_it():
 
     from grader.harness import wire
 
-    probes.install_host_read_watch()
+    host_reads.install_host_read_watch()
     honest = torch.arange(8.0)
-    with probes.harness_io():
+    with host_reads.harness_io():
         wire.encode_reply({"ok": True, "value": honest}, lambda obj: 0)
     buf = np.zeros(16, dtype=np.float32)
     shared = torch.from_numpy(buf)  # at "import": no call is watched
     x = torch.arange(16.0)
-    with probes.reads_counted() as counter:
+    with host_reads.reads_counted() as counter:
         (honest * 2).sum()
         assert counter.reads == 0, "honest work on the grader's own tensors counted as reads"
         shared.copy_(x)
     assert counter.reads >= 16 and buf[3] == 3.0, counter.reads
-    with pytest.raises(probes.ForbiddenCall, match="shares its memory with numpy"):
-        with probes.host_reads_refused("the kernel rule"):
+    with pytest.raises(integrity.ForbiddenCall, match="shares its memory with numpy"):
+        with host_reads.host_reads_refused("the kernel rule"):
             shared.copy_(x)
     exported = torch.zeros(4)
     exported.numpy()  # at "import": numpy now holds a view of its memory
-    with probes.reads_counted() as counter:
+    with host_reads.reads_counted() as counter:
         exported.add_(1)
     assert counter.reads >= 4
 
@@ -1061,7 +1063,7 @@ def _load_at(dst, address, n, BLOCK: tl.constexpr):
 def test_an_interpreted_kernel_touches_only_its_launchs_tensors():
     import array
 
-    probes.bound_interpreter_memory()
+    interpreter_bound.bound_interpreter_memory()
     src = torch.arange(8, dtype=torch.float32)
     buffer = array.array("f", bytes(4 * 8))  # memory torch never sees: the red team's channel to numpy
     with pytest.raises(Exception, match="outside the tensors handed to its launch"):
@@ -1079,20 +1081,20 @@ def test_an_interpreted_kernel_touches_only_its_launchs_tensors():
 @pytest.mark.skipif(__import__("os").environ.get("TRITON_INTERPRET") != "1", reason="Triton's interpreter only")
 def test_a_launch_handed_memory_shared_with_a_buffer_is_a_host_read():
     """A kernel copying into a tensor over a bytearray moves values where Python reads them without torch."""
-    probes.bound_interpreter_memory()
-    probes.install_host_read_watch()  # as the worker does before the student's import (the fixture arms the record)
+    interpreter_bound.bound_interpreter_memory()
+    host_reads.install_host_read_watch()  # as the worker does before the student's import (the fixture arms the record)
     shared = bytearray(4 * 8)
     over = torch.frombuffer(shared, dtype=torch.float32)  # at "import": the buffer is recorded as shared
     src = torch.arange(8, dtype=torch.float32)
-    with probes.forbidden(KERNEL_RULE):
-        with pytest.raises(probes.ForbiddenCall, match="shares its memory with numpy or a buffer"):
+    with guard.forbidden(KERNEL_RULE):
+        with pytest.raises(integrity.ForbiddenCall, match="shares its memory with numpy or a buffer"):
             _exp_kernel[(2,)](src, over, 8, BLOCK=4)
     private = torch.empty(8)
-    with probes.forbidden(KERNEL_RULE):
+    with guard.forbidden(KERNEL_RULE):
         _exp_kernel[(2,)](src, private, 8, BLOCK=4)  # an ordinary tensor: no read
-    with probes.watching_launches(), probes.reads_counted() as honest:
+    with launches.watching_launches(), host_reads.reads_counted() as honest:
         _exp_kernel[(2,)](src, private, 8, BLOCK=4)
-    with probes.watching_launches(), probes.reads_counted() as counter:
+    with launches.watching_launches(), host_reads.reads_counted() as counter:
         _exp_kernel[(2,)](src, over, 8, BLOCK=4)
     assert counter.reads - honest.reads >= 8, (honest.reads, counter.reads)
 
@@ -1110,7 +1112,7 @@ def _store_after_moving(dst, n, BLOCK: tl.constexpr):
 @pytest.mark.skipif(__import__("os").environ.get("TRITON_INTERPRET") != "1", reason="Triton's interpreter only")
 def test_a_storage_moved_during_a_launch_takes_its_bounds_with_it():
     """The bounds are the storages' addresses at each access, not at the launch's start (round 8's stale bounds)."""
-    probes.bound_interpreter_memory()
+    interpreter_bound.bound_interpreter_memory()
     _MOVED["t"] = torch.zeros(16)
     try:
         with pytest.raises(Exception, match="wrote memory outside the tensors handed to its launch"):
@@ -1132,7 +1134,7 @@ def _host_work_in_a_default():
 def test_the_interpreter_rerunning_a_kernels_def_runs_it_under_the_rule():
     """The interpreter executes a kernel's def again to rewrite it, inside the launch: a default argument's
     expression is host code there (red team round 9: a numpy softmax in a default, 90 of 90)."""
-    probes.bound_interpreter_memory()
+    interpreter_bound.bound_interpreter_memory()
 
     @triton.jit
     def _k(dst, flag=_host_work_in_a_default()):
@@ -1140,7 +1142,7 @@ def test_the_interpreter_rerunning_a_kernels_def_runs_it_under_the_rule():
 
     _DEFAULTS.update(x=torch.ones(3), armed=True)
     try:
-        with probes.forbidden(KERNEL_RULE):
+        with guard.forbidden(KERNEL_RULE):
             with pytest.raises(Exception, match="must do its work in Triton kernels"):
                 _k[(1,)](torch.empty(1))
         assert "out" not in _DEFAULTS
@@ -1160,7 +1162,7 @@ def _two_defs(dst):
 def test_a_kernel_whose_source_holds_a_second_def_line_is_refused():
     """Red team round 9 hid code in a string whose line started with 'def ': the interpreter re-executes a kernel
     from its source's last def line, so it ran text the scan had read as a string."""
-    probes.bound_interpreter_memory()
+    interpreter_bound.bound_interpreter_memory()
     with pytest.raises(Exception, match="second line that starts with 'def '"):
         _two_defs[(1,)](torch.empty(1))
     _exp_kernel[(1,)](torch.ones(4), torch.empty(4), 4, BLOCK=4)  # one def: as before
@@ -1174,11 +1176,11 @@ def test_a_resize_in_another_thread_waits_for_an_interpreted_access():
     done = threading.Event()
 
     def resize():
-        with probes.operator_guard(["torch.softmax"]):
+        with guard.operator_guard(["torch.softmax"]):
             tensor.resize_(1 << 16)
         done.set()
 
-    with probes._MEMORY_LOCK:  # as a load, store or atomic of the bounded interpreter holds it
+    with kernel_rule._MEMORY_LOCK:  # as a load, store or atomic of the bounded interpreter holds it
         thread = threading.Thread(target=resize)
         thread.start()
         assert not done.wait(0.3), "the resize ran while an interpreted access held the memory lock"
@@ -1206,8 +1208,8 @@ def test_a_grid_function_may_not_load_or_store():
     function that loaded each row, ran numpy on the tile's raw array and stored it back scored full marks with a
     kernel that did nothing (red team round 10). Only a kernel's body touches memory; the scan flags tl.* calls
     outside kernels too (tests/test_tamper.py)."""
-    probes.bound_interpreter_memory()
-    with probes.watching_launches():
+    interpreter_bound.bound_interpreter_memory()
+    with launches.watching_launches():
         with pytest.raises(Exception, match="the grid function of a kernel launch read memory"):
             _does_nothing[_grid_that_loads](torch.zeros(4), 4, BLOCK=4)
         _does_nothing[lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),)](torch.zeros(4), 4, BLOCK=4)  # honest
@@ -1220,6 +1222,8 @@ import traceback
 import torch
 
 JOBS = []
+PROBE_FILES = tuple(f"/grader/harness/{m}.py" for m in (  # the probes' own code (integrity.PROBE_MODULES)
+    "integrity", "opfamilies", "kernel_rule", "launches", "host_reads", "interpreter_bound", "guard", "counters", "probes"))
 
 
 def _late(depth):
@@ -1239,7 +1243,7 @@ def _arm(depth):
 
 
 def _collected(depth):
-    if any(f.filename.endswith("probes.py") for f in traceback.extract_stack()) and depth < 2000:
+    if any(f.filename.endswith(PROBE_FILES) for f in traceback.extract_stack()) and depth < 2000:
         _arm(depth + 1)  # still inside the guard's code: wait for the next collection
         return
     gc.set_threshold(700, 10, 10)
@@ -1357,7 +1361,7 @@ def test_a_read_inside_a_callback_counts_even_of_the_object_being_read():
     """Nested reads of one tensor count once (numpy.asarray calls __array__, which calls numpy()): but in
     apply_'s callback the student's own code runs, and swapping `box.data` made `box.tolist()` read a
     whole tensor for one counted element (red team round 15: moe_router and gptq loops went uncounted)."""
-    probes.install_host_read_watch()
+    host_reads.install_host_read_watch()
     x = torch.arange(1000.0)
 
     def values(t):
@@ -1373,18 +1377,18 @@ def test_a_read_inside_a_callback_counts_even_of_the_object_being_read():
         box.apply_(grab)
         return out[0]
 
-    with probes.reads_counted() as counter:
+    with host_reads.reads_counted() as counter:
         got = values(x)
     assert got == x.tolist() and counter.reads >= 1000, f"1000 elements read back, {counter.reads} counted"
 
 
 def test_a_watched_route_takes_none_of_its_settings_from_the_caller():
-    probes.install_host_read_watch()
+    host_reads.install_host_read_watch()
     view = torch.arange(64.0)[:1]  # numpy() of a one-element view reaches the whole storage through strides
     for route in (torch.Tensor.numpy, torch.Tensor.tolist):
         assert not route.__kwdefaults__ and not route.__defaults__, (
             f"{route.__name__}'s wrapper holds settings a call could override (or read the unwatched method from)")
-    with probes.reads_counted() as counter:
+    with host_reads.reads_counted() as counter:
         with pytest.raises(TypeError):
             view.numpy(_whole=False)
     assert counter.reads >= 64, counter.reads
@@ -1394,12 +1398,12 @@ def test_reads_are_counted_in_bytes_too_so_packing_hides_nothing():
     """Values packed several to an element read few elements but all their bytes: the read-back allowance of a
     counted call is in bytes (grader.structure.READ_ALLOWANCE), so eight int8 ids viewed as one int64 and read
     back with .tolist() count what they carry."""
-    probes.install_host_read_watch()
+    host_reads.install_host_read_watch()
     ids = torch.randint(0, 8, (960,), dtype=torch.int8)
-    with probes.reads_counted() as counter:
+    with host_reads.reads_counted() as counter:
         packed = ids.view(torch.int64).tolist()
     assert len(packed) == 120
     assert (counter.reads, counter.read_bytes) == (120, 960), (counter.reads, counter.read_bytes)
-    with probes.reads_counted() as counter:
+    with host_reads.reads_counted() as counter:
         ids[:1].numpy()  # a one-element view exposes its whole storage
     assert counter.read_bytes >= 960, counter.read_bytes

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from grader import structure
-from grader.harness import probes, tamper
+from grader.harness import counters, tamper
 from grader.structure import Scaling, Timing, assert_flat_on_the_clock, assert_untampered, assert_worker_agrees, clock
 from tests.conftest import COURSE, ROOT, checks_of, grade_folder
 from tests.known_wrong import Mutant, write_mutant
@@ -267,11 +267,11 @@ def test_the_line_counter_reports_a_trace_switched_off_during_the_call(tmp_path)
     """))
     namespace: dict = {}
     exec(compile(src.read_text(), str(src), "exec"), namespace)
-    with probes.LineCounter(str(src)) as counter:
+    with counters.LineCounter(str(src)) as counter:
         namespace["quiet"](10)
-    assert counter.count == probes.LineCounter.TAMPERED, f"expected the tampered mark, found {counter.count}"
+    assert counter.count == counters.LineCounter.TAMPERED, f"expected the tampered mark, found {counter.count}"
     assert sys.gettrace() is None
-    with probes.LineCounter(str(src)) as counter:
+    with counters.LineCounter(str(src)) as counter:
         namespace["loud"](10)
     assert counter.count > 0
 

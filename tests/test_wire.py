@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from grader.harness import probes, wire
+from grader.harness import counters, guard, integrity, wire
 
 
 def roundtrip(value):
@@ -69,10 +69,10 @@ def test_once_iterable_refuses_a_second_pass():
 
 def test_forbidden_restores_functions_and_methods():
     original, method = torch.softmax, torch.Tensor.softmax
-    with probes.forbidden(["torch.softmax", "torch.Tensor.softmax"], "write it yourself"):
-        with pytest.raises(probes.ForbiddenCall, match="must not call torch.softmax: write it yourself"):
+    with guard.forbidden(["torch.softmax", "torch.Tensor.softmax"], "write it yourself"):
+        with pytest.raises(integrity.ForbiddenCall, match="must not call torch.softmax: write it yourself"):
             torch.softmax(torch.ones(2), 0)
-        with pytest.raises(probes.ForbiddenCall):
+        with pytest.raises(integrity.ForbiddenCall):
             torch.ones(2).softmax(0)
     assert torch.softmax is original and torch.Tensor.softmax == method
     assert "softmax" not in vars(torch.Tensor)
@@ -85,7 +85,7 @@ def test_line_counter_counts_only_the_named_file(tmp_path):
     exec(compile(src.read_text(), str(src), "exec"), namespace)
     counts = []
     for n in (3, 30):
-        with probes.LineCounter(str(src)) as counter:
+        with counters.LineCounter(str(src)) as counter:
             namespace["loop"](n)
         counts.append(counter.count)
     assert counts[1] > counts[0] > 0, counts

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from grader.harness import probes, tamper, wire
+from grader.harness import host_reads, interpreter_bound, probes, tamper, wire
 from grader.harness.client import (
     CallOptions,
     SandboxError,
@@ -91,7 +91,7 @@ class LocalCallable:
 
 @dataclass(frozen=True)
 class Work:
-    """What one call did, as the worker counted it (probes.WorkCounter)."""
+    """What one call did, as the worker counted it (counters.WorkCounter)."""
 
     lines: int  # lines of the student's file executed
     ops: int  # torch operators dispatched
@@ -163,9 +163,9 @@ class StudentSession:
         if exercise_id not in self._local:
             if not path.is_file():
                 raise FileNotFoundError(f"expected the student's file at {path}, found nothing there")
-            probes.install_host_read_watch()
-            probes.arm_aliasing()
-            probes.bound_interpreter_memory()
+            host_reads.install_host_read_watch()
+            host_reads.arm_aliasing()
+            interpreter_bound.bound_interpreter_memory()
             try:
                 self._local[exercise_id] = import_file(path)
             except BaseException as exc:  # noqa: BLE001 - whatever the file raised, it did not load
@@ -181,7 +181,7 @@ class StudentSession:
 
     def work_executed(self, fn: Any, *args, check: Callable[[Any], None], **kwargs) -> tuple[Any, "Work"]:
         """Call `fn` and count its work: the lines of the student's module it executed, the torch operators
-        it dispatched and the tensor elements it read back into Python (probes.WorkCounter).
+        it dispatched and the tensor elements it read back into Python (counters.WorkCounter).
 
         `check(value)` must fail (AssertionError) unless the call returned the right answer, and it is not
         optional: a count says nothing about a call that did not do the work. A submission can tell a counted

@@ -271,7 +271,7 @@ MODULES: dict[str, str] = {
                     "register_module_full_backward_pre_hook", "register_module_full_backward_hook",
                     "register_module_backward_hook")},
     # reads its tensor of indices in C++, where neither the guard nor the counters see it (torch.tensor_split and
-    # Tensor.tensor_split are watched: grader/harness/probes.py, HOST_READS)
+    # Tensor.tensor_split are watched: grader/harness/host_reads.py, HOST_READS)
     "torch.ops.aten.tensor_split": "your code calls tensor_split through torch.ops, which reads a tensor's values on "
                                    "the host out of the grader's sight: call torch.tensor_split or Tensor.tensor_split",
     "sys.settrace": TRACING, "sys.setprofile": TRACING, "sys.gettrace": TRACING, "sys.getprofile": TRACING,
@@ -737,7 +737,9 @@ def _foreign_object(found: object, parts: list[str]) -> str | None:
 
 # The course's helper modules a student may import by name, to try their code as its README shows
 # (from grader.support.ring_allreduce import run_simulated); every other reference to grader is flagged.
-_HARNESS_PARTS = frozenset({"harness", "probes", "session", "worker", "client", "launch", "wire", "tamper", "plugin"})
+_HARNESS_PARTS = frozenset({"harness", "probes", "session", "worker", "client", "launch", "wire", "tamper", "plugin",
+                            "integrity", "opfamilies", "kernel_rule", "launches", "host_reads", "interpreter_bound",
+                            "guard", "counters"})
 
 
 def _course_helper(module: str) -> bool:
@@ -778,11 +780,14 @@ def _library_private_names() -> frozenset[str]:
 
         sources: list = [sys, threading]
         try:
+            import importlib
+
             import torch
 
-            from grader.harness import probes
+            from grader.harness.integrity import PROBE_MODULES
 
-            sources += [torch._C, probes, torch.Tensor, torch.UntypedStorage, torch.TypedStorage, torch.nn.Module]
+            sources += [torch._C, *map(importlib.import_module, PROBE_MODULES), torch.Tensor, torch.UntypedStorage,
+                        torch.TypedStorage, torch.nn.Module]
         except ImportError:  # pragma: no cover - the grader always has torch
             pass
         _LIBRARY_PRIVATE.append(_DANGEROUS_PRIVATE | frozenset(n for src in sources for n in dir(src) if _private(n)))
@@ -790,8 +795,8 @@ def _library_private_names() -> frozenset[str]:
 
 
 def _watched_names() -> frozenset[str]:
-    """The attribute names of the read-back routes the probes watch (probes.HOST_READS: numpy, tolist, ...)."""
-    from grader.harness.probes import HOST_READS
+    """The attribute names of the read-back routes the probes watch (host_reads.HOST_READS: numpy, tolist, ...)."""
+    from grader.harness.host_reads import HOST_READS
 
     return frozenset(dotted.rsplit(".", 1)[-1] for dotted in HOST_READS)
 

@@ -20,7 +20,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from grader.harness import probes, wire
+from grader.harness import host_reads, integrity, interpreter_bound, probes, wire
 
 
 
@@ -193,10 +193,10 @@ class Worker:
                 self.pinned.append(exc)  # its traceback holds the call's frames: they die in `release`
                 reply = {"ok": False, "error": self.describe(exc)}
             try:
-                with probes.harness_io():
+                with host_reads.harness_io():
                     payload = wire.encode_reply({**reply, "nonce": nonce}, self.keep)
             except BaseException as exc:  # noqa: BLE001 - a value that cannot be encoded
-                with probes.harness_io():
+                with host_reads.harness_io():
                     payload = wire.encode_reply(
                         {"ok": False, "error": self.describe(exc, prefix="the result could not be sent back: "),
                          "nonce": nonce},
@@ -426,10 +426,10 @@ def lock(kind: str) -> None:
 def main(argv: list[str]) -> None:
     fd, module_path = int(argv[1]), argv[2]
     not_dumpable()
-    probes.install_host_read_watch()  # before the student's module: a reference it takes is the watched one
-    probes.arm_aliasing()
-    probes.bound_interpreter_memory()  # a kernel under Triton's interpreter touches only its launch's tensors
-    probes.seal()  # the probes by identity: a guarded call that rebinds one fails (probes.assert_sealed)
+    host_reads.install_host_read_watch()  # before the student's module: a reference it takes is the watched one
+    host_reads.arm_aliasing()
+    interpreter_bound.bound_interpreter_memory()  # a kernel under Triton's interpreter touches only its launch's tensors
+    integrity.seal()  # the probes by identity: a guarded call that rebinds one fails (integrity.assert_sealed)
     lock(argv[3] if len(argv) > 3 else "none")  # before the student's module, too: it may start no helper
     sock = socket.socket(fileno=fd)
     Worker(sock, module_path).serve()

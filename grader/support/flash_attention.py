@@ -32,7 +32,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from grader.harness import probes
+from grader.harness import integrity
 
 # Kernels that compute attention or a softmax for you (matched as substrings of aten op names).
 _BANNED_OPS = ("softmax", "scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention")
@@ -232,11 +232,11 @@ def saved_for_backward(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        probes._enter_mode(alive, "the saved-for-backward census")
+        integrity._enter_mode(alive, "the saved-for-backward census")
         try:
             o = attention(q, k, v, causal, sm_scale)
         finally:
-            probes._leave_mode(alive, "the saved-for-backward census")
+            integrity._leave_mode(alive, "the saved-for-backward census")
     if not isinstance(o, torch.Tensor) or not o.requires_grad:
         raise RuntimeError("the attention output does not require grad: return o from FlashAttention.forward")
     gc.collect()
@@ -245,11 +245,11 @@ def saved_for_backward(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.
     packed.clear()  # the census keeps no storage alive through the backward pass
     start = alive.total
     alive.reset_peak()
-    probes._enter_mode(alive, "the saved-for-backward census")
+    integrity._enter_mode(alive, "the saved-for-backward census")
     try:
         o.backward(do.to(o.dtype))
     finally:
-        probes._leave_mode(alive, "the saved-for-backward census")
+        integrity._leave_mode(alive, "the saved-for-backward census")
     return {
         "out": (o.detach(), q.grad, k.grad, v.grad),
         "saved_bytes": sum(entry[2] for entry in saved),

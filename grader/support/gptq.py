@@ -36,7 +36,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from grader.harness.probes import reads_counted, storage_of
+from grader.harness.host_reads import reads_counted
+from grader.harness.kernel_rule import storage_of
 from grader.support.timing import Randn
 
 # Operations that create, reinterpret or inspect memory without reading or writing its values.
@@ -163,7 +164,7 @@ class TrafficCounter(TorchDispatchMode):
             else:
                 read += sum(distinct_elements(t) for t in tensors)
         written += sum(distinct_elements(t) for t in targets)
-        # probes.storage_of reads the address through torch's own base class: Tensor.untyped_storage is watched
+        # kernel_rule.storage_of reads the address through torch's own base class: Tensor.untyped_storage is watched
         # as a read-back during the call (count_traffic counts those), and this is the counter's code, not the call's.
         storages = {storage_of(t) for t in targets if t.numel()}
         for t in tree_flatten(out)[0]:  # fresh outputs (an in-place operation returns its target)

@@ -32,7 +32,7 @@ import torch
 from torch.utils.flop_counter import flop_registry
 from torch.utils._pytree import tree_flatten
 
-from grader.harness.probes import reads_counted
+from grader.harness.host_reads import reads_counted
 from grader.support.gptq import _NO_DATA, TrafficCounter
 
 

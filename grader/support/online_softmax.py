@@ -51,7 +51,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from grader.harness import probes
+from grader.harness import host_reads, integrity, opfamilies
 
 _TENSOR_STORAGE = torch._C.TensorBase.untyped_storage  # never patched (Tensor.untyped_storage counts as a read-back)
 _SCALAR_READS = frozenset({"aten::_local_scalar_dense", "aten::equal", "aten::is_nonzero", "aten::is_same_size"})
@@ -181,7 +181,7 @@ class _Held(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        name = probes.operator_name(func)
+        name = opfamilies.operator_name(func)
         if name in _SCALAR_READS:
             self.scalar_reads += 1
         if self.watched is not None and name not in _NO_DATA and not getattr(func, "is_view", False):
@@ -262,12 +262,12 @@ class _Stream:
 
 def _census(held: _Held, call: Callable[[], Any]) -> tuple[Any, int]:
     """``call()`` under `held` and the read-back counter: (its result, elements read back into Python)."""
-    with probes.reads_counted() as host:
-        probes._enter_mode(held, "the streaming census")
+    with host_reads.reads_counted() as host:
+        integrity._enter_mode(held, "the streaming census")
         try:
             out = call()
         finally:
-            probes._leave_mode(held, "the streaming census")
+            integrity._leave_mode(held, "the streaming census")
     return out, int(host.reads)
 
 

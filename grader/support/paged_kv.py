@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any, Sequence
 
-from grader.harness.probes import LineCounter
+from grader.harness.counters import LineCounter
 
 
 def _module(fn: Any):

@@ -60,7 +60,7 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 import torch
 
-from grader.harness import probes
+from grader.harness import kernel_rule
 
 __all__ = [
     "Communicator", "CommError", "SimulatedComm", "DistributedComm", "RankView",
@@ -190,7 +190,7 @@ class _Counters:
         dst, src = self._rank_arg(dst, "dst"), self._rank_arg(src, "src")
         if send.device != recv.device:
             raise CommError(f"rank {self.rank}: send is on {send.device} but recv is on {recv.device}")
-        if send.numel() and recv.numel() and probes.storage_of(send) == probes.storage_of(recv):
+        if send.numel() and recv.numel() and kernel_rule.storage_of(send) == kernel_rule.storage_of(recv):
             (a0, a1), (b0, b1) = _extent(send), _extent(recv)
             if a0 < b1 and b0 < a1:
                 raise CommError(

@@ -75,7 +75,7 @@ import torch.nn.functional as F
 
 from grader import blocks, kernelmodel, rehearsal, speed, testing
 from grader.cases import flash_attention as cases
-from grader.harness.probes import KERNELS_ONLY
+from grader.harness.kernel_rule import KERNELS_ONLY
 from grader.hidden.flash_attention.oracle import grads_from_lse, naive_attention, naive_grads, scores
 from grader.testing import show
 

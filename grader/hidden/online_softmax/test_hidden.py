@@ -106,7 +106,7 @@ import torch
 
 from grader import blocks, kernelmodel, rehearsal, speed
 from grader.cases import online_softmax as cases
-from grader.harness.probes import KERNELS_ONLY
+from grader.harness.kernel_rule import KERNELS_ONLY
 from grader.hidden.online_softmax.oracle import naive_softmax, naive_state
 from grader.testing import OnceIterable, assert_close, assert_equal, is_close, mismatches, show
 

@@ -126,7 +126,7 @@ import torch
 
 from grader import kernelmodel, rehearsal, speed, testing
 from grader.cases import paged_kv as cases
-from grader.harness.probes import KERNELS_ONLY
+from grader.harness.kernel_rule import KERNELS_ONLY
 from grader.hidden.paged_kv.oracle import Model, attention_oracle, naive_slot, naive_slots
 from grader.structure import Scaling, assert_flat_on_the_clock, assert_no_hidden_loop, assert_worker_agrees, clock
 
