@@ -7,11 +7,11 @@ executed (`student.lines_executed`), or what a course driver counted beside the 
 the counter or the driver, and the figure then says whatever they like. So no such figure decides
 points on its own. Each check also asks:
 
-* `scan_source`: does the student's file tamper with what measured the figure (tracing, dispatch
+* `tamper.scan_source`: does the student's file tamper with what measured the figure (tracing, dispatch
   modes, the harness, frame introspection, dynamic code), or patch modules and classes in place (what
-  the drivers call)? The static scan of grader/harness/tamper.py runs here, on the file's text, in
-  the trusted process, with its structural rules on; any finding fails the check
-  (`assert_untampered`). Before `clock` times anything, the files the session loaded are scanned with
+  the drivers call)? The static scan of grader/harness/tamper.py runs in the trusted process, on the
+  file's text, with its structural rules on; any finding fails the check (`tamper.assert_untampered`,
+  which `student.assert_untampered` calls). Before `clock` times anything, the files the session loaded are scanned with
   the clock rules too (a clock read, a wait, a socket: what can pad a timed call), and any finding
   fails the timed check (`assert_no_clocks`).
 * `clock`: what does the grader's own wall clock say? The remote call is timed here, around the proxy
@@ -252,19 +252,13 @@ class SupportsRoundTrip(Protocol):
     def student_files(self) -> list[Path]: ...
 
 
-_registered: list[SupportsRoundTrip] = []  # the session of this process (register_session)
-
-
-def register_session(session: SupportsRoundTrip) -> None:
-    """Where `clock(student.mode, ...)` finds the session: `StudentSession` registers itself here when it
-    is made (one per grading process; the latest wins)."""
-    _registered[:] = [session]
-
-
 def _session_for(student: str | SupportsRoundTrip) -> tuple[str, SupportsRoundTrip | None]:
     if not isinstance(student, str):
         return student.mode, student
-    session = _registered[0] if _registered and _registered[0].mode == student else None
+    from grader.harness.session import registered_session  # the latest StudentSession made in this process
+
+    registered = registered_session()
+    session = registered if registered is not None and registered.mode == student else None
     if student == "sandbox" and session is None:
         raise RuntimeError("grader.structure.clock in the sandbox needs the session (pass `student`, or "
                            "make a StudentSession first) to time a round trip to the worker")
@@ -275,7 +269,7 @@ def assert_no_clocks(session: SupportsRoundTrip | None) -> None:
     """Fail when a student file the session loaded reads a clock, waits, or reaches a socket (the scan's
     rule 8, with rule 5's patching): the grader's clock times that code, and those can pad the calls."""
     for path in session.student_files() if session is not None else []:
-        findings = _scan(path, clocks=True)
+        findings = tamper.scan_cached(path, clocks=True)
         if findings:
             raise tamper.Tampered(
                 f"the grader's own clock times your calls, and your file reaches for a clock, a wait or a socket "
@@ -298,7 +292,7 @@ def clock(student: str | SupportsRoundTrip, call: Callable[..., Any], make: Call
     """Time ``call(*make(n))`` on this process's clock at the two sizes of `scaling`.
 
     `student` is the `student` session, or its mode ("sandbox" or "local"; in the sandbox the session
-    registered by `register_session` is used). `make(n)` builds fresh arguments for one call at size n
+    this process made last is used: grader.harness.session.registered_session). `make(n)` builds fresh arguments for one call at size n
     (fresh every run: a cached answer gains nothing); `check(result, *args)` asserts that the result is
     right (the test's oracle), so the timed calls are the real computation. One untimed call at each
     size first (imports, first-call caches), then runs alternate between the sizes; `runs` decide a
@@ -445,7 +439,7 @@ def assert_no_hidden_loop(what: str, sizes: tuple[str, str], small: SupportsWork
     growth test alone let a loop pad the small call's operators up to the big one's (red team round 18: one
     tensor_split(k) dispatches k slices), so the big size must hold more elements to loop over than
     `max_ops`; a test whose big size is smaller passes None (the public tests' quick sizes). Worker
-    figures: call `assert_untampered` first (the session's `work_executed` does)."""
+    figures: call `student.assert_untampered` first (the session's `work_executed` does)."""
     path = os.environ.get("GRADER_WORK_LOG")
     if path:
         with open(path, "a") as out:
@@ -489,36 +483,3 @@ def assert_worker_agrees(timing: Timing, what: str, worker_says: str) -> None:
         f"{what}: the worker's figures ({worker_says}) disagree with the grader's own clock: {timing.describe()}. "
         "The worker's figures are not trusted when the grader's clock contradicts them"
     )
-
-
-# --------------------------------------------------------------------------------------------------
-# The trusted static scan of the student's source
-
-_scanned: dict[tuple[str, int, int, bool], list] = {}
-
-
-def _scan(path: str | Path, clocks: bool) -> list:
-    path = Path(path)
-    stat = path.stat()
-    key = (str(path), stat.st_mtime_ns, stat.st_size, clocks)
-    if key not in _scanned:
-        _scanned[key] = list(tamper.scan_file(path, structural=True, clocks=clocks))
-    return _scanned[key]
-
-
-def scan_source(path: str | Path) -> list:
-    """The tamper findings (grader.harness.tamper, with its structural rules: patching in place) for the
-    student's file, read here as bytes, never imported."""
-    return _scan(path, clocks=False)
-
-
-def assert_untampered(path: str | Path, figure: str) -> None:
-    """Fail when the student's file tampers with what measures `figure` (a worker-side count), or patches
-    a module or a class in place (what the course's drivers call)."""
-    findings = scan_source(path)
-    if findings:
-        raise tamper.Tampered(
-            f"{figure} comes from the process that runs your code, and your file reaches for what measures it "
-            f"({tamper.describe(findings)}), so it cannot be trusted and the check fails. Remove that code: this "
-            "exercise needs none of it"
-        )

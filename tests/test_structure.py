@@ -14,7 +14,8 @@ import pytest
 
 from grader import structure
 from grader.harness import counters, tamper
-from grader.structure import Scaling, Timing, assert_flat_on_the_clock, assert_untampered, assert_worker_agrees, clock
+from grader.harness.tamper import assert_untampered
+from grader.structure import Scaling, Timing, assert_flat_on_the_clock, assert_worker_agrees, clock
 from tests.conftest import COURSE, ROOT, checks_of, grade_folder
 from tests.known_wrong import Mutant, write_mutant
 from tests.known_wrong.speculative import MUTANTS as SPECULATIVE_MUTANTS
@@ -184,29 +185,29 @@ def test_in_process_no_round_trip_is_timed():
 
 
 def test_the_mode_string_uses_the_registered_session_and_refuses_without_one(monkeypatch):
-    from grader import structure
+    from grader.harness import session as sessions
 
-    monkeypatch.setattr(structure, "_registered", [])
+    monkeypatch.setattr(sessions, "_registered", [])
     with pytest.raises(RuntimeError, match="needs the session"):
         clock("sandbox", sleeping_call(0.0), lambda n: (n,), lambda got, n: None, Scaling(1, 10, bar=3.0))
     session = FakeSession()
-    structure.register_session(session)
+    sessions.register_session(session)
     clock("sandbox", sleeping_call(0.0), lambda n: (n,), lambda got, n: None, Scaling(1, 10, bar=3.0, runs=2))
     assert session.trips >= 2, "clock(student.mode, ...) in the sandbox times its round trips through the session"
 
 
 def test_a_session_registers_itself_and_a_round_trip_needs_a_worker(monkeypatch, tmp_path):
-    from grader import structure
+    from grader.harness import session as sessions
     from grader.harness.session import StudentSession
 
-    monkeypatch.setattr(structure, "_registered", [])
+    monkeypatch.setattr(sessions, "_registered", [])
     session = StudentSession("sandbox", lambda _id: ROOT / "nowhere.py")
-    assert structure._registered == [session]
+    assert sessions.registered_session() is session
     assert session.round_trip(1, 2) is False and session.student_files() == [], "no worker running: nothing to time"
     path = tmp_path / "mod.py"
     path.write_text("def f(n):\n    return n\n")
     local = StudentSession("local", lambda _id: path)
-    assert structure._registered == [local], "the latest session is the one the tests use"
+    assert sessions.registered_session() is local, "the latest session is the one the tests use"
     local.load("mod")
     assert local.student_files() == [path.resolve()], local.student_files()
     with pytest.raises(RuntimeError, match="needs the session"):

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from grader.harness import tamper
+from grader.harness import scan_rules, tamper
 from grader.harness.session import StudentSession, TamperedModule
 from tests.conftest import COURSE, ROOT
 from tests.known_wrong import load_mutants
@@ -276,7 +276,7 @@ FLAGGED = {
 }
 
 
-# Rule 0: only the modules on tamper.IMPORTABLE, and of numpy, torch.utils and triton only the listed submodules.
+# Rule 0: only the modules on scan_rules.IMPORTABLE, and of numpy, torch.utils and triton only the listed submodules.
 # Each of these reached past the probes, or would have, from a module the deny-list did not name.
 OUTSIDE_THE_LIST = {
     "doctest (ran hex-encoded source the scan never read)": ("import doctest\n", "doctest"),
@@ -512,9 +512,9 @@ def test_the_gates_use_their_rules(tmp_path):
     patched = tmp_path / "patched.py"
     patched.write_text("import torch\n\ntorch.Tensor.sum = None\n")
     assert tamper.scan_file(timed) == [] and tamper.scan_file(patched) == [], "the guard's scan leaves both alone"
-    structure.assert_untampered(timed, "the count of big writes")  # a figure no clock measures: time is fine
+    tamper.assert_untampered(timed, "the count of big writes")  # a figure no clock measures: time is fine
     with pytest.raises(tamper.Tampered, match="line 3: torch.Tensor.sum = ...: your code changes"):
-        structure.assert_untampered(patched, "the count of lines")
+        tamper.assert_untampered(patched, "the count of lines")
     with pytest.raises(tamper.Tampered, match="the grader's own clock times your calls.*line 1: time: your code reads a "
                                               "clock or waits"):
         structure.assert_no_clocks(FilesOnly(timed))
@@ -566,7 +566,7 @@ def test_a_long_chain_of_concatenations_scans_quickly():
 def test_a_file_too_large_to_parse_safely_fails_closed():
     """Parsing costs the grader ~500 bytes per source byte: a 16 MiB list literal took 8 GB. Over the cap
     the file is not parsed at all, and every guarded use fails."""
-    source = "x = [" + "0," * (tamper.MAX_SOURCE_BYTES // 2) + "]\n"
+    source = "x = [" + "0," * (scan_rules.MAX_SOURCE_BYTES // 2) + "]\n"
     findings = tamper.scan(source)
     assert len(findings) == 1 and "over the 1 MiB" in findings[0].why, findings
     assert tamper.scan(source.encode())[0].what.endswith("bytes")

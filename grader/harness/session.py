@@ -109,6 +109,21 @@ class Work:
         return cls(*values)
 
 
+_registered: list[Any] = []  # the session of this process (register_session)
+
+
+def register_session(session: Any) -> None:
+    """Where `grader.structure.clock(student.mode, ...)` finds the session: `StudentSession` registers itself
+    here when it is made (one per grading process; the latest wins). Anything with what
+    grader.structure.SupportsRoundTrip names (mode, round_trip, student_files) may stand in for it."""
+    _registered[:] = [session]
+
+
+def registered_session() -> Any:
+    """The session registered last in this process, or None."""
+    return _registered[0] if _registered else None
+
+
 class StudentSession:
     """Loads the student's modules for the tests, in the mode the run was started in."""
 
@@ -125,9 +140,7 @@ class StudentSession:
         self._spawns = spawns or (lambda _id: False)  # course.yaml `spawns`: its drivers start threads or processes
         self._workers: dict[str, WorkerProcess] = {}
         self._local: dict[str, Any] = {}
-        from grader import structure
-
-        structure.register_session(self)  # grader.structure.clock(student.mode, ...) finds the session here
+        register_session(self)  # grader.structure.clock(student.mode, ...) finds the session here
 
     def load(self, exercise_id: str, forbid: Iterable[str] = (), forbid_why: str = "") -> Any:
         """The student's module for an exercise. `forbid` names library functions it must not call.
@@ -193,7 +206,7 @@ class StudentSession:
         tokens, a Python loop the lines, a loop run by C (``map``) the operators or the elements read back;
         vectorised code keeps all three whatever the size. The counts are taken in the process that runs the
         student's code, so they are figures the student can forge: a file that the trusted static scan
-        (grader.structure.scan_source) finds tampering with tracing or the harness fails here, and the tests
+        (grader.harness.tamper.scan_source) finds tampering with tracing or the harness fails here, and the tests
         cross-check flat counts with the grader's own clock (grader.structure.clock).
         """
         target = self._callable(fn)
@@ -213,9 +226,7 @@ class StudentSession:
 
         Tests call it before trusting a figure a driver counted beside the student's code.
         """
-        from grader import structure
-
-        structure.assert_untampered(_student_file(self._callable(fn)), figure)
+        tamper.assert_untampered(_student_file(self._callable(fn)), figure)
 
     def drive(self, driver: str, fn: Any, *args, **kwargs) -> Any:
         """Run a course-provided driver, ``"grader.support.<module>:<function>"``, on the student's `fn`.
