@@ -99,7 +99,7 @@ def test_the_collectives_guard_reaches_the_forked_ranks():
     """The grader's guard is installed in the worker before it forks the ranks; they inherit it."""
     import torch.distributed as dist
 
-    from grader.harness.probes import forbidden
+    from grader.harness.guard import forbidden
 
     def cheat(tensor, comm):
         dist.all_reduce(tensor)

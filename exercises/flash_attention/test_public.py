@@ -12,7 +12,7 @@ import torch
 
 from grader import testing
 
-from grader.harness.probes import KERNELS_ONLY
+from grader.harness.kernel_rule import KERNELS_ONLY
 from grader.testing import assert_close, is_close, show
 
 INF = float("inf")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grader import blocks, testing
-from grader.harness.probes import KERNELS_ONLY
+from grader.harness.kernel_rule import KERNELS_ONLY
 from grader.testing import OnceIterable, assert_close, mismatches, show
 
 INF = float("inf")
@@ -200,7 +200,7 @@ RULE_HINTS = {
 
 
 def rule_broken(exc: BaseException) -> bool:
-    """The guard's refusal, in-process (probes.ForbiddenCall) or from the sandbox (a stand-in of that name)."""
+    """The guard's refusal, in-process (integrity.ForbiddenCall) or from the sandbox (a stand-in of that name)."""
     return any(c.__name__ in ("ForbiddenCall", "GuardRemoved") for c in type(exc).__mro__)
 
 

@@ -11,7 +11,7 @@ import torch
 
 from grader import testing
 
-from grader.harness.probes import KERNELS_ONLY
+from grader.harness.kernel_rule import KERNELS_ONLY
 from grader.structure import Scaling, assert_flat_on_the_clock, assert_no_hidden_loop, clock
 
 from grader.testing import assert_close, show
