@@ -3,7 +3,7 @@
 ``python -I grader/kernelcompile.py`` reads one request as JSON on stdin: {"module": the path of a module that
 grader.kernelmodel generated from the student's file (their kernels and module constants, nothing else),
 "kernel": a kernel's name, "arguments": {parameter: description} as the launch recorder wrote them
-(grader.harness.probes.describe_argument), "options": {num_warps, num_stages, ...}, "target": [backend, arch,
+(grader.harness.launches.describe_argument), "options": {num_warps, num_stages, ...}, "target": [backend, arch,
 warp size]}. It builds the signature Triton's launcher would build for those arguments, compiles the kernel for
 the target with Triton's compiler and the ptxas in its wheel (no GPU needed), reads the cubin's resources with
 the wheel's cuobjdump, and writes one JSON object on stdout: {"registers", "stack", "shared", "static_shared",

@@ -9,7 +9,7 @@ with no GPU present, and ``cuobjdump -res-usage`` reads the cubin's registers, s
 
 How (trusted side; nothing of the student's runs in the grader's process):
 
-1. The worker records each launch (grader.harness.probes: `describe_argument`, `Launch.arguments` and
+1. The worker records each launch (grader.harness.launches: `describe_argument`, `Launch.arguments` and
    `options`; the driver grader.support.kernels:launches returns them): the kernel's name, each argument's
    Triton type (tensor dtypes and alignment, ints by value), the constexprs and num_warps / num_stages.
 2. `KernelSource` reads the student's file as text (never importing it) and extracts its module-level

@@ -1,6 +1,6 @@
 """The kernel resource model (grader/kernelmodel.py): Triton kernels compiled for sm_90 as launched, no GPU.
 
-Launch records are written here by hand, as the worker's recorder writes them (grader.harness.probes.
+Launch records are written here by hand, as the worker's recorder writes them (grader.harness.launches.
 describe_argument), so that these tests need no interpreter run; tests/test_scoring.py grades online_softmax's
 reference and its known-wrong kernels through the whole path (worker, record, model). The compiles share one
 cache directory per module, so each distinct kernel is compiled once here (about a second each; the one-tile

@@ -5,7 +5,7 @@ sm_80: registers, stack (spilled bytes) and shared memory per kernel, from the t
     python -m grader.bench.kernel_resources --arch 80  # one architecture
     python -m grader.bench.kernel_resources --merged   # the README's form (architectures side by side)
 
-The launches are written here by hand, as the worker's recorder writes them (grader.harness.probes.
+The launches are written here by hand, as the worker's recorder writes them (grader.harness.launches.
 describe_argument), from each reference's CUDA path (the tile sizes, warps and stages its host code picks when
 TRITON_INTERPRET is unset) at the shapes its speed checks use (grader/cases/<id>.py), in fp16 and bf16. The kernel
 resource model (grader.kernelmodel) compiles each with Triton's compiler and the ptxas in its wheel and reads the

@@ -117,7 +117,9 @@ def host_read_refused(what: str, why: str = "") -> "ForbiddenCall":
     )
 
 
-_MEMORY_LOCK = threading.RLock()  # an interpreted kernel's bounds check and its access; a resize (see below)
+# Held by an interpreted kernel's bounds check and its access (interpreter_bound._BoundedInterpreter), and by a
+# resize_ or set_ under the guard (guard.OperatorGuard): another thread cannot move a storage between the two.
+_MEMORY_LOCK = threading.RLock()
 
 
 class _LaunchMemory(threading.local):

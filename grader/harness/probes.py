@@ -1,4 +1,17 @@
-"""Probes that run around one call into student code, in whichever process runs that code.
+"""Probes that run around one call into student code, in whichever process runs that code: `around_call`,
+which the worker and the in-process session wrap each call in. The probes themselves live in modules of
+their own (`integrity.PROBE_MODULES`):
+
+  integrity.py          ForbiddenCall and GuardRemoved; dispatch modes entered and left under check; the seal
+  opfamilies.py         what each forbidden public name reaches at the dispatcher (FORBIDDEN_OPS, families_by_rule)
+  guard.py              the forbidden-call guard, both layers (forbidden, patched_attributes, operator_guard)
+  kernel_rule.py        KERNELS_ONLY: what host code may do outside a Triton launch (HOST_OPS, the launch state)
+  launches.py           kernel launches checked, recorded (LaunchLog, describe_argument), the rule suspended
+  host_reads.py         read-back routes watched (HOST_READS): refused or counted; memory shared with numpy
+  interpreter_bound.py  under TRITON_INTERPRET=1 a kernel touches only the tensors handed to its launch
+  counters.py           LineCounter and WorkCounter (lines, operators, elements read back)
+
+What they do together:
 
 * `forbidden(names, why)`: for the duration of the call, the named library functions may not run.
   Two layers, both in the process that runs the student's code:
@@ -17,7 +30,7 @@
      ``threading.Thread`` (the simulated ring's ranks).
 
   Neither layer can stop code in the same process from dismantling it (popping the mode, patching
-  this module). That is what the trusted static scan (grader/harness/tamper.py) is for: the session
+  these modules). That is what the trusted static scan (grader/harness/tamper.py) is for: the session
   scans the student's file in the grader's own process and fails every guarded call of a file that
   reaches for that machinery. grader/AUTHORING.md says what each layer can and cannot prove.
 * `KERNELS_ONLY`, a rule named in the same `forbid` list: the call is a Triton-contract function
@@ -34,14 +47,14 @@
   back), never the kernel body, which is the student's Python (`bound_interpreter_memory`); the banned
   families above stay in force inside a launch. `LaunchLog` records each
   launch (kernel, grid, the storages it was handed) for the tests that check coverage.
-* `count_lines(filename)`: counts the lines of one source file executed during the call. The
+* `WorkCounter(filename)` (``count_lines=True``): counts the lines of one source file executed during the call. The
   structural check for vectorisation: run at two input sizes, the count must not grow with the
   number of tokens. Deterministic on a noisy machine, unlike timing.
 
-Both are used by the sandboxed worker and by the in-process runner, so the two modes agree. This
-module is imported before any student module (the worker and the session import it first), and it
-keeps its own references to the dispatch-mode functions it uses, so that a student module that
-replaces them at import time does not change what the guard does.
+Both are used by the sandboxed worker and by the in-process runner, so the two modes agree. These
+modules are imported before any student module (the worker and the session import them first), and
+they keep their own references to the dispatch-mode functions they use (integrity.py), so that a
+student module that replaces them at import time does not change what the guard does.
 """
 
 from __future__ import annotations

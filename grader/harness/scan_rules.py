@@ -58,8 +58,8 @@ COMPILED = ("your code compiles torch code (TorchScript, FX, export, CUDA graphs
             "operator guard nor the line count")
 NOT_IMPORTABLE = ("your code uses a module outside the list a submission may use (torch, triton, numpy and the "
                   "standard library's plain-data modules, and of numpy, torch.utils and triton only the submodules "
-                  "listed in grader.harness.scan_rules.SUBMODULES); a module the grader does not know may run code it is "
-                  "handed, or reach below the probes, and no exercise needs one")
+                  "listed in grader.harness.scan_rules.SUBMODULES); a module the grader does not know may run code "
+                  "it is handed, or reach below the probes, and no exercise needs one")
 PROTOCOL = ("your class defines a special method outside the list a class may define (grader.harness.scan_rules."
             "DEFINABLE_DUNDERS): numpy, torch and the interpreter call such methods from their own code, and some "
             "hand them raw memory (__array_interface__ gives numpy an address to read and write)")

@@ -1,6 +1,6 @@
 """The trusted static scan: does a student's file reach for the machinery the grader's probes use?
 
-The forbidden-call guard and the line counter (grader/harness/probes.py) run in the process that
+The forbidden-call guard and the line counter (grader/harness/guard.py, counters.py) run in the process that
 runs the student's code, so that code can dismantle them: pop the dispatch mode, switch off the
 trace, patch the harness, find the probe objects through frames or the garbage collector. No probe
 in that process can prove it was left alone. The grader's own process holds the student's file, so

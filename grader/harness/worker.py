@@ -428,7 +428,7 @@ def main(argv: list[str]) -> None:
     not_dumpable()
     host_reads.install_host_read_watch()  # before the student's module: a reference it takes is the watched one
     host_reads.arm_aliasing()
-    interpreter_bound.bound_interpreter_memory()  # a kernel under Triton's interpreter touches only its launch's tensors
+    interpreter_bound.bound_interpreter_memory()  # an interpreted kernel touches only its launch's tensors
     integrity.seal()  # the probes by identity: a guarded call that rebinds one fails (integrity.assert_sealed)
     lock(argv[3] if len(argv) > 3 else "none")  # before the student's module, too: it may start no helper
     sock = socket.socket(fileno=fd)

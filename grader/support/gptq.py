@@ -11,7 +11,7 @@ small operations does not change the sum.
 
 What the count cannot see: work that never reaches torch's dispatcher (numpy, plain Python, a
 kernel of one's own). So it also counts the tensor elements the call reads back into Python or
-numpy (grader.harness.probes.reads_counted: `.numpy()`, `.tolist()`, `__array__`, storages ...,
+numpy (grader.harness.host_reads.reads_counted: `.numpy()`, `.tolist()`, `__array__`, storages ...,
 watched from before the student's file was imported): work done outside torch must first read the
 weights out, and the test bounds that count far below one copy of W. It runs beside the student's
 code, so it is theirs to forge; the trusted static scan (grader/harness/tamper.py) fails a file that

@@ -1,7 +1,7 @@
 """A driver for the Triton-contract checks: which kernels a call launched, and what they were handed.
 
 It runs where the student's code runs (the worker), inside the same probes as any call of the module
-it came from: with the kernel rule (grader.harness.probes.KERNELS_ONLY) the host code is held to the
+it came from: with the kernel rule (grader.harness.kernel_rule.KERNELS_ONLY) the host code is held to the
 allow-list while the launches are recorded here. What it returns is plain data for the trusted test
 to judge: a launch's kernel name, its grid and its number of programs, its arguments' Triton types and its
 constexprs and options (what grader.kernelmodel compiles it with, on the trusted side), and for each tensor the call
@@ -23,7 +23,7 @@ def launches(fn: Callable, *args: Any, **kwargs: Any) -> dict:
     """``fn(*args, **kwargs)`` with its Triton launches recorded.
 
     Returns {"out": the result, "launches": [{"kernel", "grid", "programs", "arguments", "options"}] in launch
-    order (arguments and options: what a compile of the launch needs, grader.harness.probes.describe_argument),
+    order (arguments and options: what a compile of the launch needs, grader.harness.launches.describe_argument),
     "handed": [bool] for each tensor in the result (flattened in order): a launch received its storage, or
     the host copied it from one that did (followed under the kernel rule)}.
     """

@@ -14,7 +14,7 @@ On the CPU's small shapes both give the same numbers, so these drivers measure t
   tensor an operation writes during the call (fresh outputs, in-place and out= targets) with a
   finaliser too, so the bytes alive at once are known after every operation: a `chunk.clone()` kept,
   a `torch.cat` that grows, a list of per-chunk states. The driver also counts the tensor elements
-  read back into Python or numpy (`grader.harness.probes.reads_counted`: `.tolist()`, `.numpy()`,
+  read back into Python or numpy (`grader.harness.host_reads.reads_counted`: `.tolist()`, `.numpy()`,
   ...) and the scalars operations hand to Python (`.item()`, `bool(t)`), since a stream kept as
   Python floats holds no tensor at all.
 * `block_census(online_softmax, x, block_size)` runs the same bookkeeping around online_softmax

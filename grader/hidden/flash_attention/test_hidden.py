@@ -85,7 +85,7 @@ FLOOR = {FP32: 5e-6, FP16: 5e-4, BF16: 4e-3}  # times max(|reference|, 1)
 DRIVERS = "grader.support.flash_attention"
 
 
-# Each softmax name stands for all of the softmax's math at the dispatcher (grader.harness.probes.NORMALISER).
+# Each softmax name stands for all of the softmax's math at the dispatcher (grader.harness.opfamilies.NORMALISER).
 ATTENTION_FORBID = [
     "torch.nn.functional.scaled_dot_product_attention",
     "torch.softmax",

@@ -111,7 +111,7 @@ from grader.hidden.online_softmax.oracle import naive_softmax, naive_state
 from grader.testing import OnceIterable, assert_close, assert_equal, is_close, mismatches, show
 
 INF = float("inf")
-# Each name stands for all of the softmax's math at the dispatcher (grader.harness.probes.NORMALISER): the
+# Each name stands for all of the softmax's math at the dispatcher (grader.harness.opfamilies.NORMALISER): the
 # softmax and log-softmax, logsumexp and logcumsumexp, logaddexp, softplus, sigmoid, fused attention.
 SOFTMAX_FORBID = [
     "torch.softmax",
