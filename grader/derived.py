@@ -18,6 +18,8 @@ stale blocks (exit 1).
 
 from __future__ import annotations
 
+import functools
+
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,7 +182,6 @@ def practice_parts_table(course, old: str = "") -> str:
 def blocks(root: Path, course=None) -> list[Block]:
     """Every block derived from course.yaml, file by file."""
     from grader.course import load_course
-    from grader.selfstudy import readme_with_hints
 
     course = course or load_course(root)
     found = [
@@ -193,10 +194,22 @@ def blocks(root: Path, course=None) -> list[Block]:
     ]
     for exercise in course.exercises:
         path = f"exercises/{exercise.id}/README.md"
-        found.append(Block(path, "points", lambda t, e=exercise, p=path: update_table(
-            t, "points", p, POINTS_ROW, lambda old: points_table(e, old), _after_graded_heading(p))))
-        found.append(Block(path, "hints", lambda t, e=exercise: readme_with_hints(t, e)))
+        found.append(Block(path, "points", _points_updater(exercise, path)))
+        found.append(Block(path, "hints", functools.partial(_hints_of, exercise)))
     return found
+
+
+def _points_updater(exercise, path: str) -> Callable[[str], str]:
+    def update(text: str) -> str:
+        return update_table(text, "points", path, POINTS_ROW, lambda old: points_table(exercise, old),
+                            _after_graded_heading(path))
+    return update
+
+
+def _hints_of(exercise, text: str) -> str:
+    from grader.selfstudy import readme_with_hints
+
+    return readme_with_hints(text, exercise)
 
 
 def sync(root: Path, check: bool = False) -> list[Block]:

@@ -112,13 +112,13 @@ def readme_with_hints(text: str, exercise: Any) -> str:
     import re
 
     block = render_hints(exercise)
-    start = re.search(HINTS_START_ANY, text, re.M)
-    if start and HINTS_END in text[start.end():]:
-        return text[:start.start()] + block + text[start.end():].split(HINTS_END, 1)[1]
-    found = re.search(r"^## Hints[^\n]*\n", text, re.M)
-    if found is None:
+    marker = re.search(HINTS_START_ANY, text, re.M)
+    if marker and HINTS_END in text[marker.end():]:
+        return text[:marker.start()] + block + text[marker.end():].split(HINTS_END, 1)[1]
+    heading = re.search(r"^## Hints[^\n]*\n", text, re.M)
+    if heading is None:
         raise ValueError(f"exercises/{exercise.id}/README.md: expected a '## Hints' section, found none")
-    start = found.end()
+    start = heading.end()
     end = text.find("\n## ", start)
     end = len(text) if end < 0 else end + 1
     section = text[start:end]
