@@ -83,6 +83,7 @@ gpu-check: setup                  ## every CUDA check proved and calibrated on t
 
 bench: setup                      ## CPU/GPU benchmark of one exercise: make bench EX=<id>
 	@test -n "$(EX)" || (echo "usage: make bench EX=<exercise id>" && exit 2)
+	@test -f grader/bench/$(EX).py || (echo "no benchmark for '$(EX)': expected grader/bench/$(EX).py; the exercises with one: $$(cd grader/bench && ls | sed -n 's/\.py$$//p' | grep -vxE '__init__|batch|harness|kernel_resources|memory|seeds' | tr '\n' ' ')" && exit 2)
 	$(BIN)/python -m grader.bench.$(EX)
 
 validate: setup
