@@ -43,3 +43,33 @@ def left_running() -> list[int]:
 
     keep = warm_server_pids()
     return [p for p in descendants(os.getpid()) if p not in keep]
+
+
+# The suite's cost per exercise (issue "Exercise kit": each added exercise must stay cheap in CI): every test's
+# setup, call and teardown seconds go to the one exercise its id names (a file such as test_messages_gptq.py, or
+# a parameter such as [paged_kv-one_tile_kernel]); a test naming none or several is "shared". Summed over the
+# xdist workers, so the total is test-seconds, not the wall time. Printed at the end of every run.
+_SECONDS: dict[str, list[float]] = {}
+
+
+def exercise_of(nodeid: str) -> str:
+    named = {e.id for e in COURSE.exercises if e.id in nodeid}
+    return named.pop() if len(named) == 1 else "shared"
+
+
+def pytest_runtest_logreport(report) -> None:
+    tally = _SECONDS.setdefault(exercise_of(report.nodeid), [0, 0.0])
+    tally[0] += report.when == "call"
+    tally[1] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter, config) -> None:
+    if hasattr(config, "workerinput") or not _SECONDS:  # an xdist worker: the controller prints the whole run's
+        return
+    terminalreporter.write_sep("=", "test seconds per exercise (setup + call + teardown, summed over workers)")
+    order = [e.id for e in COURSE.exercises if e.id in _SECONDS] + (["shared"] if "shared" in _SECONDS else [])
+    for name in order:
+        tests, seconds = _SECONDS[name]
+        terminalreporter.write_line(f"{name:<16} {tests:>5} tests {seconds:>8.0f} s")
+    total = sum(s for _, s in _SECONDS.values())
+    terminalreporter.write_line(f"{'all':<16} {sum(t for t, _ in _SECONDS.values()):>5} tests {total:>8.0f} s")
