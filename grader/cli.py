@@ -6,10 +6,11 @@
   grader export RESULTS_DIR --format csv|gradescope|prairielearn|nbgrader
   grader demo                 grade the reference solutions and the starter stubs; print the score table
   grader check [EXERCISE] [-v]   run the public tests on your exercises/ in-process; print your progress
-                              (exit status 1 when a public test fails)
+                              (exit status 1 when a public test fails or a file does not compile or import)
   grader hint EXERCISE        show the next hint for an exercise (remembers how many you have seen)
   grader progress             attempts, first passes and hints, from .progress.json
-  grader interview start|check|done   timed practice on a fresh stub in practice/<id>/
+  grader interview start|check|done   timed practice on a fresh stub in practice/<id>/ (check: exit status 1
+                              until the round passes; done: 1, and nothing recorded, when its file does not run)
   grader notebook EXERCISE [--force]   write exercises/<id>/<id>.ipynb, a starter notebook (needs nbformat)
   grader release OUT_DIR      write the student repository; refuses if anything would leak
   grader doctor               the GPU, driver, CUDA, torch and triton this machine grades with
@@ -18,7 +19,8 @@
                               hints); --check writes nothing and exits 1 naming each stale block
   grader schema [course|result]   print a JSON Schema
 
-Exit status: 0 when grading finished, whatever the score (`check`: 1 when a public test fails); 2 for bad input (a message says what was
+Exit status: 0 when grading finished, whatever the score (`check`: 1 when a public test fails or a file does not
+compile or import); 2 for bad input (a message says what was
 expected and what was found); 1 for an internal error of the grader.
 """
 
@@ -152,9 +154,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_not_run(problem: report.NotRun, path: str) -> None:
+    """One exercise whose file was not run: the reason once (its line and message), not a FAILED line per test."""
+    console.print(Text.assemble(("NOT RUN ", "red"), inert(problem.exercise), ": expected ", inert(path),
+                                " to compile and import, found: ", inert(problem.message)))
+    if problem.traceback:
+        console.print(inert(problem.traceback), markup=False, highlight=False)
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """Self-study: public tests on the student's own exercises/, in-process, with a progress table.
-    Exit status 1 when a public test fails (as pytest's), 0 when all pass."""
+    Exit status 1 when a public test fails (as pytest's) or a file does not compile or import (no test of it
+    ran), 0 when all pass."""
     root, course = _course()
     exercises = [course.exercise(args.exercise.partition("/")[0])] if args.exercise else course.exercises
     opts = GradeOptions(mode="local", tests="public")
@@ -180,7 +191,12 @@ def cmd_check(args: argparse.Namespace) -> int:
                                    failing)
     results.finish(result)
     console.print(report.progress_table(result))
-    failures = report.failures(result)
+    not_run = report.not_run(result)
+    for problem in not_run.values():
+        ex = course.exercise(problem.exercise)
+        _print_not_run(problem, str(Path(args.source) / ex.id / ex.file) if args.source
+                       else f"exercises/{ex.id}/{ex.file}")
+    failures = [f for f in report.failures(result) if f.exercise not in not_run]  # the reason above says it once
     started = [f for f in failures if not f.not_started]
     for failure in started:
         console.print(Text.assemble(("FAILED ", "red"), inert(failure.where), " ", inert(failure.first_line)))
@@ -201,7 +217,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     cuda_checks = [f"{ex.id}/{c.id}" for ex in exercises for c in ex.checks if c.cuda]
     if cuda_checks and not _has_cuda():
         console.print(f"[dim]no CUDA device here: these checks run only when graded on a GPU: {', '.join(cuda_checks)}[/]")
-    return 1 if failures else 0
+    return 1 if failures or not_run else 0
 
 
 def _has_cuda() -> bool:
@@ -277,8 +293,7 @@ def cmd_progress(args: argparse.Namespace) -> int:
                       f"{len(selfstudy.shown_hints(state, len(ex.hints)))}/{len(ex.hints)}")
     console.print(table)
     for record in data.get("interviews", []):
-        console.print(f"interview {record['date']}: {record['exercise']}, {record['public_tests_passed']} public tests "
-                      f"in {record['minutes_used']} of {record['time_box']} minutes")
+        console.print(Text.assemble("interview ", inert(selfstudy.describe_round(record))))
     return 0
 
 
@@ -286,8 +301,15 @@ def cmd_interview(args: argparse.Namespace) -> int:
     root, course = _course()
     try:
         if args.action == "start":
-            round_, state = selfstudy.start_interview(root, course, args.level, args.minutes, args.exercise, args.seed)
+            round_, state, kept, replaced = selfstudy.start_interview(root, course, args.level, args.minutes,
+                                                                     args.exercise, args.seed)
             folder = state["folder"]
+            if replaced:
+                console.print(f"[yellow]the round {inert(replaced.get('round') or replaced.get('exercise'))} was "
+                              f"still running: it is dropped, not recorded[/]")
+            if kept:
+                console.print(f"[yellow]your earlier {folder}/{round_.exercise.file} is kept as "
+                              f"{inert(kept.relative_to(root))}[/]")
             console.print(f"[bold]interview: {round_.title}[/] ({round_.id}, {round_.difficulty}), "
                           f"time box {state['minutes']} minutes")
             contract = report.readme_section(root / folder / "README.md", "The contract")
@@ -309,15 +331,30 @@ def cmd_interview(args: argparse.Namespace) -> int:
     tests = [t for c in result["exercises"][0]["checks"] if c["id"] in wanted for t in c["tests"]]
     passed = sum(t["status"] == "passed" for t in tests)
     used = (time.time() - state["started"]) / 60
-    verdict = "[green]pass[/]" if tests and passed == len(tests) else "[red]not yet[/]"
+    problem = report.not_run(result).get(ex.id)
+    if problem is not None:  # no test of the round ran: the reason, never a 0/0
+        console.print(f"{round_.id}: [red]not run[/]; {used:.0f} of {state['minutes']} minutes used")
+        _print_not_run(problem, f"{state['folder']}/{ex.file}")
+        if args.action == "done":
+            console.print("not recorded: the round keeps running; fix the file and run `make interview-done` again "
+                          "(or `make interview` to start over)")
+        return 1
+    passes = bool(tests) and passed == len(tests)
+    verdict = "[green]pass[/]" if passes else "[red]not yet[/]"
     console.print(f"{round_.id}: {passed}/{len(tests)} public tests pass: {verdict}; "
                   f"{used:.0f} of {state['minutes']} minutes used")
     for failure in report.failures(result, checks=wanted):
         console.print(Text.assemble(("FAILED ", "red"), inert(failure.where), " ", inert(failure.first_line)))
     if args.action == "done":
+        if not tests:
+            console.print(f"[red]not recorded[/]: expected the public tests of {round_.id} ({', '.join(round_.checks)}) "
+                          "to run, found none; the round keeps running")
+            return 1
         record = selfstudy.finish_interview(root, passed, len(tests))
-        console.print(f"recorded: {record}")
-    return 0
+        console.print(Text.assemble("recorded in .progress.json: ", inert(selfstudy.describe_round(record)),
+                                    "; `make progress` lists your rounds"))
+        return 0
+    return 0 if passes else 1
 
 
 def cmd_notebook(args: argparse.Namespace) -> int:

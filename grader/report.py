@@ -51,6 +51,27 @@ def failures(result: dict, checks: set[str] | None = None) -> list[Failure]:
     return found
 
 
+class NotRun(NamedTuple):
+    """An exercise whose file was not run: it does not compile, or it raised while it was imported (the grade's
+    "ungradable", grader/runner.py grade_exercise); no test of it says anything about the code."""
+
+    exercise: str
+    message: str  # "<file> does not compile: SyntaxError at line 3, column 7: ...", or why the import failed
+    traceback: str  # the import's traceback (its line in the student's file), "" for a file that does not compile
+
+
+def not_run(result: dict) -> dict[str, NotRun]:
+    """Every exercise of `result` whose file did not compile or import, by id."""
+    found = {}
+    for ex in result["exercises"]:
+        if ex.get("status") != "ungradable":
+            continue
+        tests = [t for c in ex["checks"] for t in c["tests"] if t.get("traceback")]
+        found[ex["id"]] = NotRun(ex["id"], inert(ex.get("message") or "the file could not be run", 1000),
+                                 tests[0]["traceback"] if tests else "")
+    return found
+
+
 def readme_section(path: Path, title: str) -> str:
     """The text of a README's `## <title>` section (up to the next `## `), or "" when there is none."""
     try:

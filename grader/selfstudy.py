@@ -232,28 +232,64 @@ def touched(root: Path, exercise) -> bool:
         return True
 
 
+class Started(NamedTuple):
+    """What `start_interview` did: the round, its state, where an earlier practice file of the exercise was
+    moved (None when there was none, or it was the untouched stub), and the round it replaced, if one was
+    running (its state; it is not recorded)."""
+
+    round: Round
+    state: dict
+    kept: Path | None
+    replaced: dict | None
+
+
+def keep_aside(path: Path) -> Path:
+    """Move `path` beside itself, to `<name>.<date>-<time>.bak` (a number added if that is taken): nothing of the
+    student's is deleted. Returns where it went."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside, n = path.with_name(f"{path.name}.{stamp}.bak"), 2
+    while aside.exists() or aside.is_symlink():
+        aside, n = path.with_name(f"{path.name}.{stamp}-{n}.bak"), n + 1
+    path.rename(aside)
+    return aside
+
+
 def start_interview(root: Path, course, level: str | None = None, minutes: int | None = None,
-                    target: str | None = None, seed: int | None = None) -> tuple[Round, dict]:
-    """Copy a fresh stub for a picked round into practice/ and start its clock: (the round, its state)."""
+                    target: str | None = None, seed: int | None = None) -> Started:
+    """Copy a fresh stub for a picked round into practice/ and start its clock. A practice file already there
+    that differs from the stub (an earlier round's work, solved or not) is moved aside, never overwritten; the
+    README, public tests and conftest.py are the course's and are written afresh; anything else is left alone."""
     round_ = pick(course, level, minutes, target, random.Random(seed))
     exercise = round_.exercise
     stub = pristine_stub(root, exercise)
     practice = root / "practice" / exercise.id
-    if practice.exists():
-        shutil.rmtree(practice)
-    practice.mkdir(parents=True)
+    if practice.exists() and not practice.is_dir():
+        raise ValueError(f"expected practice/{exercise.id} to be a folder for the round, found a file there: "
+                         f"move it away and start again")
+    practice.mkdir(parents=True, exist_ok=True)
+    mine = practice / exercise.file
+    kept = None
+    if mine.is_symlink() or mine.exists():
+        try:
+            same = mine.is_file() and not mine.is_symlink() and mine.read_bytes() == stub.encode()
+        except OSError:
+            same = False
+        if not same:
+            kept = keep_aside(mine)
     source = root / "exercises" / exercise.id
     for name in ("README.md", "test_public.py"):
         if (source / name).exists():
+            (practice / name).unlink(missing_ok=True)
             shutil.copy2(source / name, practice / name)
-    (practice / exercise.file).write_text(stub)
+    mine.write_text(stub)
     (practice / "conftest.py").write_text(PRACTICE_CONFTEST)
     state = {"round": round_.id, "minutes": minutes or round_.minutes, "started": time.time(),
              "folder": str(practice.relative_to(root))}
     data = load(root)
+    replaced = data.get("interview") or None
     data["interview"] = state
     save(root, data)
-    return round_, state
+    return Started(round_, state, kept, replaced)
 
 
 def current_interview(root: Path, course) -> tuple[Round, dict]:
@@ -265,6 +301,11 @@ def current_interview(root: Path, course) -> tuple[Round, dict]:
 
 
 def finish_interview(root: Path, passed: int, total: int) -> dict:
+    """Record the running round as done with `passed` of `total` public tests. A round whose tests never ran
+    (total 0: the file did not compile or import, or no test was collected) is not recorded: it keeps running."""
+    if total <= 0:
+        raise ValueError(f"expected the round's public tests to run, found {passed}/{total}: the round is not "
+                         "recorded and keeps running")
     data = load(root)
     round_ = data.pop("interview", None)
     if not round_:
@@ -275,3 +316,9 @@ def finish_interview(root: Path, passed: int, total: int) -> dict:
     data.setdefault("interviews", []).append(record)
     save(root, data)
     return record
+
+
+def describe_round(record: dict) -> str:
+    """One done round, for people: `make interview-done` and `make progress` print it."""
+    return (f"{record.get('exercise', '?')} on {record.get('date', '?')}: {record.get('public_tests_passed', '?')} "
+            f"public tests passed in {record.get('minutes_used', '?')} of {record.get('time_box', '?')} minutes")

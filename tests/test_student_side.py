@@ -1,0 +1,147 @@
+"""The student's side as a student meets it: `make check` and the interview rounds say why a file that does not
+compile or import was not run (and exit 1), never record a round at 0/0, and never delete a practice file."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from grader import selfstudy
+
+SYNTAX_ERROR = "def online_normalizer(chunks):\n    return (1,\n"  # line 2 opens a bracket it never closes
+IMPORT_ERROR = "import numpy\n\nimport no_such_module_for_the_course\n"  # line 3 raises at import
+
+
+def grader(cwd, *args):
+    return subprocess.run([sys.executable, "-m", "grader", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "160"}, timeout=600)
+
+
+def flat(text: str) -> str:
+    """Rich wraps long lines: compare the words."""
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize("source,reason", [
+    (SYNTAX_ERROR, "online_softmax.py does not compile: SyntaxError at line 2"),
+    (IMPORT_ERROR, "ModuleNotFoundError: No module named 'no_such_module_for_the_course'"),
+], ids=["syntax_error", "import_error"])
+def test_check_of_a_file_that_does_not_run_exits_1_with_the_reason(root, tmp_path, source, reason):
+    (tmp_path / "online_softmax").mkdir()
+    (tmp_path / "online_softmax" / "online_softmax.py").write_text(source)
+    run = grader(root, "check", "online_softmax", "--from", str(tmp_path))
+    out = flat(run.stdout)
+    assert run.returncode == 1, f"a file that does not run fails `make check` (exit 1), found {run.returncode}: {out}"
+    assert f"NOT RUN online_softmax: expected {tmp_path}/online_softmax/online_softmax.py to compile and import, " \
+           f"found: " in out, out
+    assert reason in out, f"`make check` must name the reason ({reason!r}): {out}"
+    if source == IMPORT_ERROR:
+        assert 'online_softmax.py", line 3, in <module>' in run.stdout, f"the import's line is shown: {run.stdout}"
+        assert "FAILED online_softmax" not in out, "one reason, not a FAILED line per test that never ran its code"
+
+
+@pytest.fixture(scope="module")
+def lab(root, tmp_path_factory):
+    """A student's copy of the course (grader release): its own grader, .pristine/ stubs, practice/ and
+    .progress.json."""
+    from grader.release import build_release
+
+    out = tmp_path_factory.mktemp("student") / "lab"
+    build_release(root, out)
+    return out
+
+
+def progress(lab) -> dict:
+    return json.loads((lab / selfstudy.PROGRESS_FILE).read_text())
+
+
+def test_an_interview_round_on_a_file_that_does_not_compile_is_not_recorded(lab, root):
+    start = grader(lab, "interview", "start", "--exercise", "online_softmax/normalizer")
+    assert start.returncode == 0, start.stdout + start.stderr
+    mine = lab / "practice" / "online_softmax" / "online_softmax.py"
+    mine.write_text(SYNTAX_ERROR)
+
+    check = grader(lab, "interview", "check")
+    out = flat(check.stdout)
+    assert check.returncode == 1, f"`make interview-check` on a file that does not compile exits 1: {out}"
+    assert "0/0" not in out, f"a round whose tests never ran is 'not run', not 0/0: {out}"
+    assert "online_softmax/normalizer: not run" in out, out
+    assert ("expected practice/online_softmax/online_softmax.py to compile and import, found: online_softmax.py "
+            "does not compile: SyntaxError at line 2") in out, out
+
+    done = grader(lab, "interview", "done")
+    out = flat(done.stdout)
+    assert done.returncode == 1, f"`make interview-done` on a file that does not compile exits 1: {out}"
+    assert "not recorded: the round keeps running" in out, out
+    state = progress(lab)
+    assert state.get("interview", {}).get("round") == "online_softmax/normalizer", f"the round keeps running: {state}"
+    assert not state.get("interviews"), f"nothing may be recorded at 0/0: {state.get('interviews')}"
+
+    mine.write_text((root / "solutions" / "online_softmax" / "online_softmax.py").read_text())
+    done = grader(lab, "interview", "done")
+    out = flat(done.stdout)
+    assert done.returncode == 0, out + done.stderr
+    record = progress(lab)["interviews"][-1]
+    passed, total = record["public_tests_passed"].split("/")
+    assert record["exercise"] == "online_softmax/normalizer" and passed == total != "0", record
+    assert f"recorded in .progress.json: {selfstudy.describe_round(record)}" in out, out
+    assert "{" not in out, f"`make interview-done` prints a line for people, not a dict: {out}"
+
+
+def test_starting_a_round_again_keeps_the_earlier_practice_file(lab):
+    start = grader(lab, "interview", "start", "--exercise", "online_softmax")
+    assert start.returncode == 0, start.stdout + start.stderr
+    folder = lab / "practice" / "online_softmax"
+    mine = folder / "online_softmax.py"
+    stub = (lab / ".pristine" / "online_softmax" / "online_softmax.py").read_text()
+    assert mine.read_text() == stub
+    mine.write_text(stub + "\n# my earlier attempt\n")
+
+    again = grader(lab, "interview", "start", "--exercise", "online_softmax/triton")
+    out = flat(again.stdout)
+    assert again.returncode == 0, out + again.stderr
+    kept = sorted(folder.glob("online_softmax.py.*.bak"))
+    assert [p.read_text() for p in kept].count(stub + "\n# my earlier attempt\n") == 1, (
+        f"the earlier attempt must be kept beside the fresh stub, found {[p.name for p in kept]}")
+    mine_kept = next(p for p in kept if p.read_text().endswith("# my earlier attempt\n"))
+    assert f"your earlier practice/online_softmax/online_softmax.py is kept as " \
+           f"practice/online_softmax/{mine_kept.name}" in out, out
+    assert "the round online_softmax was still running: it is dropped, not recorded" in out, out
+    assert mine.read_text() == stub, "the new round starts from the stub as handed out"
+
+    untouched = grader(lab, "interview", "start", "--exercise", "online_softmax")
+    assert untouched.returncode == 0, untouched.stdout + untouched.stderr
+    assert sorted(folder.glob("online_softmax.py.*.bak")) == kept, "an untouched stub has nothing to keep"
+    assert "is kept as" not in untouched.stdout
+
+
+def test_a_kept_file_never_replaces_another(tmp_path):
+    mine = tmp_path / "online_softmax.py"
+    names = []
+    for attempt in range(3):
+        mine.write_text(f"attempt {attempt}\n")
+        names.append(selfstudy.keep_aside(mine))
+    assert not mine.exists()
+    assert len(set(names)) == 3, f"three moves in a second need three names, found {[p.name for p in names]}"
+    assert [p.read_text() for p in names] == ["attempt 0\n", "attempt 1\n", "attempt 2\n"]
+    for path in names:
+        assert re.fullmatch(r"online_softmax\.py\.\d{8}-\d{6}(-\d+)?\.bak", path.name), (
+            f"expected <file>.<date>-<time>.bak, found {path.name}")
+
+
+def test_a_round_whose_tests_never_ran_is_not_recorded(tmp_path):
+    selfstudy.save(tmp_path, {"interview": {"round": "gptq/quantizer", "minutes": 30, "started": time.time(),
+                                            "folder": "practice/gptq"}})
+    with pytest.raises(ValueError, match=r"expected the round's public tests to run, found 0/0: the round is not "
+                                         r"recorded and keeps running"):
+        selfstudy.finish_interview(tmp_path, 0, 0)
+    data = selfstudy.load(tmp_path)
+    assert data["interview"]["round"] == "gptq/quantizer" and not data.get("interviews"), data
+    record = selfstudy.finish_interview(tmp_path, 2, 3)
+    assert record["public_tests_passed"] == "2/3" and "interview" not in selfstudy.load(tmp_path)
+    assert selfstudy.describe_round(record).startswith(f"gptq/quantizer on {selfstudy.today()}: 2/3 public tests "
+                                                       "passed in ")
