@@ -338,7 +338,9 @@ def practice_plan(course) -> str:
         "`EX=gptq/quantizer`), copies the stub as handed out (from `.pristine/`, even after you solved the exercise) "
         "into `practice/<id>/`, prints the contract and starts the clock; `.venv/bin/pytest practice/<id>` tests that "
         "copy; `make interview-check` runs the round's public tests on it, says which fail and shows the time used; "
-        "`make interview-done` records the round in `.progress.json`."
+        "`make interview-done` records the round in `.progress.json` (not while the file does not compile or import: "
+        "both commands name the line and exit 1). Starting a round again keeps your earlier practice file as "
+        "`practice/<id>/<file>.<date>-<time>.bak`."
     )
 
 
