@@ -616,3 +616,20 @@ def test_a_submission_that_is_a_symbolic_link_is_refused_not_followed(tmp_path):
     assert result["gradable"] is False and result["score"] == 0, result["score"]
     assert "found a symbolic link" in result["format_errors"][0] and "never followed" in result["format_errors"][0]
     assert report.graded == [] or "mallory" not in report.graded
+
+
+def test_a_regrade_draws_the_same_hidden_inputs_unless_a_new_seed_is_asked_for(tmp_path):
+    subs, out = tmp_path / "submissions", tmp_path / "results"
+    for name in ("ann", "ben"):
+        (subs / name).mkdir(parents=True)
+        (subs / name / f"{EXERCISE}.py").write_text(REFERENCE)
+    grade = fast_options(seed=None, checks=["normalizer_public"])  # no --seed: the batch keeps a secret one
+    batch_run(subs, out, grade=grade)
+    first = {s: result_of(out, s)["seed"] for s in ("ann", "ben")}
+    assert first["ann"] != first["ben"], "each student's hidden inputs should differ"
+    assert resume.load_seed(out) is not None, "the batch's secret seed must be kept in its state"
+    batch_run(subs, out, grade=grade, only=["ann"])
+    assert result_of(out, "ann")["seed"] == first["ann"], (
+        "a regrade must draw the same inputs as the first grade, or a partially wrong submission's score moves")
+    batch_run(subs, out, grade=grade, only=["ann"], new_seed=True)
+    assert result_of(out, "ann")["seed"] != first["ann"], "--new-seed must draw new inputs"

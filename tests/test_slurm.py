@@ -437,3 +437,12 @@ def test_a_task_hands_its_slurm_gpus_to_the_container_runtime():
     assert slurm.task_gpu("apptainer", env) == "0", "apptainer --nv sees the task's devices"
     assert slurm.task_gpu("local", env) is None, "the local runtime inherits CUDA_VISIBLE_DEVICES itself"
     assert slurm.task_gpu("docker", {}) is None, "no GPU asked for: none passed"
+
+
+def test_each_task_draws_its_seed_from_the_arrays_and_keeps_it_on_resubmission():
+    manifest = {"options": GradeOptions(exercises=[EXERCISE]).to_json(), "seed": 123456}
+    ann, ben = ({"index": i, "id": name} for i, name in enumerate(("ann", "ben")))
+    assert slurm.task_options(manifest, ann).seed == slurm.task_options(manifest, ann).seed != \
+        slurm.task_options(manifest, ben).seed, "one student's seed is stable, and differs from another's"
+    given = {**manifest, "options": GradeOptions(exercises=[EXERCISE], seed=7).to_json()}
+    assert slurm.task_options(given, ann).seed == 7, "--seed wins over the array's secret seed"

@@ -12,6 +12,11 @@ RESULTS_DIR/<id>.json (the runner rewrites it after every test, so a batch kille
 ``"state": "running"`` files that the next run regrades). At the end RESULTS_DIR/summary.json and
 RESULTS_DIR/scores.png summarise the whole batch, and the same tables are printed.
 
+Seeds. Without --seed, the batch draws a secret seed on its first run and keeps it in
+RESULTS_DIR/.batch-state.json; each submission's seed comes from it and the student's id, so students'
+hidden inputs differ, and a regrade (--regrade, --only, a changed file) draws the same inputs as the first
+grade: a partially wrong submission keeps its score. ``--new-seed`` draws a new batch seed.
+
 Resuming. A rerun skips a submission when its result is complete and was graded from the same
 files (the submission hash), the same tests (the suite hash), the same exercises, the same seed
 (when --seed is given), the same grading options and the same backend (RESULTS_DIR/.batch-state.json
@@ -38,6 +43,7 @@ from __future__ import annotations
 import argparse
 import os
 import queue
+import secrets
 import signal
 import sys
 import tempfile
@@ -61,7 +67,7 @@ from grader.scale.backend import Backend, Job, Slot
 from grader.scale.backends import BackendError, add_backend_options, backend_from_args, make_backend
 from grader.scale.discover import Entry, content_fingerprint, describe_entries, discover
 from grader.scale.errors import BatchError
-from grader.scale.resume import load_state, save_state, staleness, state_key
+from grader.scale.resume import load_seed, load_state, save_state, staleness, state_key, submission_seed
 from grader.scale.summary import one_line, print_summary, summarize, write_summary
 from grader.text import inert
 
@@ -84,6 +90,7 @@ class BatchOptions:
     grade: GradeOptions = field(default_factory=GradeOptions)
     job_timeout_s: float | None = None  # default: the exercises' time limits plus slack
     allow_shared_identity: bool = False  # --jobs > 1 even where workers of different grades share an identity
+    new_seed: bool = False  # draw a new secret seed for the batch (default: the one its state keeps)
 
 
 @dataclass
@@ -147,9 +154,14 @@ def grade_options_for(opts: BatchOptions, root: Path) -> GradeOptions:
     return opts.grade.replace(hide=tuple(hide))
 
 
-def options_of(grade: GradeOptions, sub_id: str) -> GradeOptions:
-    """One submission's options: the batch's, with its pytest logs (--log-dir) in a folder of its own."""
-    return grade.replace(log_dir=grade.log_dir / sub_id) if grade.log_dir else grade
+def options_of(grade: GradeOptions, sub_id: str, batch_seed: int | None = None) -> GradeOptions:
+    """One submission's options: the batch's, with its pytest logs (--log-dir) in a folder of its own, and,
+    without --seed, its seed drawn from the batch's secret seed and its id (resume.submission_seed)."""
+    if grade.log_dir:
+        grade = grade.replace(log_dir=grade.log_dir / sub_id)
+    if grade.seed is None and batch_seed is not None:
+        grade = grade.replace(seed=submission_seed(batch_seed, sub_id))
+    return grade
 
 
 def run_batch(course: Course, root: Path, opts: BatchOptions, backend: Backend | None = None,
@@ -188,6 +200,10 @@ def run_batch(course: Course, root: Path, opts: BatchOptions, backend: Backend |
                              "to accept the risk")
     suite = suite_sha256(root, exercises)
     state = load_state(out_dir)
+    batch_seed = None  # with --seed, every submission has that one
+    if grade_opts.seed is None:
+        kept = None if opts.new_seed else load_seed(out_dir)
+        batch_seed = kept if kept is not None else secrets.randbelow(2**31)
     budget = opts.job_timeout_s or submission_budget(exercises, grade_opts)
 
     # Which submissions need grading, and why.
@@ -218,8 +234,8 @@ def run_batch(course: Course, root: Path, opts: BatchOptions, backend: Backend |
             skipped.append(entry.id)
             continue
         why[entry.id] = reason
-        todo.append((Job(entry.id, entry.path, out, options_of(grade_opts, entry.id), budget), sha, key))
-    save_state(out_dir, state)
+        todo.append((Job(entry.id, entry.path, out, options_of(grade_opts, entry.id, batch_seed), budget), sha, key))
+    save_state(out_dir, state, batch_seed)
 
     lanes = min(opts.jobs, len(opts.gpus)) if opts.gpus else opts.jobs
     lanes = max(1, min(lanes, len(todo) or 1))
@@ -292,7 +308,7 @@ def run_batch(course: Course, root: Path, opts: BatchOptions, backend: Backend |
                     state[job_id] = key
                 else:
                     state.pop(job_id, None)
-                save_state(out_dir, state)
+                save_state(out_dir, state, batch_seed)
                 line = one_line(job_id, result, error)
                 if error is not None:
                     internal.append(job_id)
@@ -394,7 +410,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         opts = BatchOptions(
             submissions=Path(args.submissions).absolute(), out=Path(args.out).absolute(),
             jobs=args.jobs or (len(gpus) if gpus else 1), gpus=gpus, regrade=args.regrade, only=args.only or None,
-            allow_shared_identity=args.allow_shared_identity, grade=grade)
+            allow_shared_identity=args.allow_shared_identity, new_seed=args.new_seed, grade=grade)
         backend = backend_from_args(args, root, grade)
         report = run_batch(course, root, opts, backend=backend)
     except (BatchError, CourseError, BackendError, OptionsError) as exc:
@@ -426,6 +442,8 @@ def add_commands(subparsers) -> None:
                    help="allow --jobs > 1 where workers of different grades would share an identity (not root, "
                         "no user namespaces, --user NAME or --no-isolate); the batch refuses otherwise")
     b.add_argument("--only", nargs="+", metavar="ID", help="grade only these submissions (again); keep the others")
+    b.add_argument("--new-seed", action="store_true", help="draw a new secret seed for this batch (default: the one "
+                   "RESULTS_DIR/.batch-state.json keeps, so that a regrade draws the same hidden inputs)")
     add_grade_options(b)
     add_backend_options(b)
     b.set_defaults(fn=cmd_batch)

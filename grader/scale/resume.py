@@ -67,6 +67,23 @@ def load_state(out_dir: Path) -> dict[str, str]:
     return {str(k): str(v) for k, v in data["keys"].items()}
 
 
-def save_state(out_dir: Path, keys: dict[str, str]) -> None:
-    results.write_atomic(out_dir / STATE_FILE, {"schema": STATE_SCHEMA, "keys": dict(sorted(keys.items()))})
+def load_seed(out_dir: Path) -> int | None:
+    """The batch's secret seed, kept in the state file since its first run (None: none kept yet)."""
+    data = results.read_result(out_dir / STATE_FILE)
+    seed = (data or {}).get("seed")
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**31 else None
+
+
+def save_state(out_dir: Path, keys: dict[str, str], seed: int | None = None) -> None:
+    state: dict = {"schema": STATE_SCHEMA, "keys": dict(sorted(keys.items()))}
+    if seed is not None:
+        state["seed"] = seed
+    results.write_atomic(out_dir / STATE_FILE, state)
+
+
+def submission_seed(batch_seed: int, sub_id: str) -> int:
+    """One submission's seed, drawn from the batch's secret seed and its id: each student's hidden inputs differ,
+    and a regrade of the same student draws the same ones (a partially wrong submission keeps its score)."""
+    digest = hashlib.sha256(f"{batch_seed}:{sub_id}".encode("utf-8", "surrogateescape")).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 

@@ -30,6 +30,7 @@ import datetime as dt
 import json
 import os
 import re
+import secrets
 import shlex
 import shutil
 import signal
@@ -54,6 +55,7 @@ from grader.scale.backends import make_backend
 from grader.scale.batch import BatchOptions
 from grader.scale.discover import Entry, describe_entries, discover
 from grader.scale.errors import BatchError
+from grader.scale.resume import submission_seed
 from grader.scale.summary import classify, one_line, print_summary, summarize, write_summary
 from grader.course import Course, CourseError, find_root, load_course
 from grader.runner import selected_exercises, suite_sha256
@@ -258,7 +260,7 @@ def submit_array(manifest: dict, indices: list[int], opts: SlurmOptions, console
 
 def submit(course: Course, root: Path, submissions: Path, out_dir: Path, grade: GradeOptions, opts: SlurmOptions,
            runtime: str = "local", image: str | None = None, dry_run: bool = False,
-           console: Console | None = None) -> dict:
+           console: Console | None = None, new_seed: bool = False) -> dict:
     """Submit one array task per submission of `submissions`; the manifest (not written with dry_run)."""
     console = console or Console()
     check_runtime(runtime, image)
@@ -282,6 +284,17 @@ def submit(course: Course, root: Path, submissions: Path, out_dir: Path, grade: 
                 raise SlurmError(f"expected no grade in progress in {out_dir}, found {len(busy)} task(s) pending or "
                                  f"running (e.g. {busy[0].id}); wait, or see `grader slurm --status {out_dir}`")
     grade_opts = batch.grade_options_for(BatchOptions(Path(submissions), out_dir, grade=grade), root)
+    # Without --seed, the array's secret seed: kept from the manifest already here, so that a resubmission draws
+    # each student's same hidden inputs (resume.submission_seed), unless --new-seed.
+    batch_seed = None
+    if grade_opts.seed is None:
+        kept = None
+        if not new_seed and manifest_path(out_dir).exists():
+            try:
+                kept = load_manifest(out_dir).get("seed")
+            except SlurmError:
+                kept = None
+        batch_seed = kept if isinstance(kept, int) and not isinstance(kept, bool) else secrets.randbelow(2**31)
     manifest = {
         "schema": MANIFEST_SCHEMA,
         "created_at": results.now(),
@@ -292,6 +305,7 @@ def submit(course: Course, root: Path, submissions: Path, out_dir: Path, grade: 
         "runtime": runtime,
         "image": image,
         "options": grade_opts.to_json(),
+        "seed": batch_seed,
         "slurm": _slurm_opts_json(opts),
         "tasks": [{"index": i, "id": e.id, "path": str(e.path.resolve())} for i, e in enumerate(entries)],
         "jobs": [],
@@ -334,6 +348,16 @@ def failure_result(course: Course, root: Path, manifest: dict, task: dict, reaso
     return batch.internal_error_result(course, exercises, job, suite_sha256(root, exercises), None, reason, retry=retry)
 
 
+def task_options(manifest: dict, task: dict) -> GradeOptions:
+    """A task's grading options: the array's, with the task's seed drawn from the array's secret seed and the
+    student's id where no --seed was given (the same one on every resubmission)."""
+    grade = GradeOptions.from_json(manifest["options"])
+    seed = manifest.get("seed")
+    if grade.seed is None and isinstance(seed, int) and not isinstance(seed, bool):
+        grade = grade.replace(seed=submission_seed(seed, task["id"]))
+    return grade
+
+
 def task_gpu(runtime: str, env: Mapping[str, str] | None = None) -> str | None:
     """The GPU(s) Slurm gave this task, as the runtime names them: Docker's `--gpus device=` wants
     the node's own numbers (SLURM_STEP_GPUS / SLURM_JOB_GPUS); Apptainer and the local runtime see
@@ -372,7 +396,7 @@ def run_task(manifest_file: Path, index: int | None = None) -> int:
         backend = make_backend(manifest["runtime"], root, image=manifest.get("image"))
         # A local backend's grading process dies with this task even when the task is SIGKILLed
         # (out of memory, a node agent's kill): LocalBackend binds it to this process.
-        grade = GradeOptions.from_json(manifest["options"])
+        grade = task_options(manifest, task)
         _result, error = batch.grade_submission(course, root, Entry(task["id"], Path(task["path"])),
                                                Path(manifest["results"]), grade, backend,
                                                gpu=task_gpu(manifest["runtime"]))
@@ -622,7 +646,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
             raise SlurmError(f"{host_only[0]} applies to --runtime local (a container runs its own sandbox, as its "
                              f"own user, with its own files), found --runtime {args.runtime}")
         submit(course, root, Path(args.submissions), Path(args.out), grade, opts, runtime=args.runtime,
-               image=args.image, dry_run=args.dry_run, console=err if args.dry_run else console)
+               image=args.image, dry_run=args.dry_run, console=err if args.dry_run else console, new_seed=args.new_seed)
     except (BatchError, CourseError, OptionsError) as exc:
         err.print(Text.assemble(("error:", "red"), " ", inert(str(exc))), soft_wrap=True)  # paths stay whole
         return exitcodes.BAD_INPUT
@@ -647,6 +671,8 @@ def add_commands(subparsers) -> None:
     s.add_argument("--runtime", default="local", help=f"how each task grades: {', '.join(RUNTIMES)} (default local)")
     s.add_argument("--image", help="the course image, for --runtime docker or apptainer")
     s.add_argument("--dry-run", action="store_true", help="print the sbatch script; write and submit nothing")
+    s.add_argument("--new-seed", action="store_true", help="draw a new secret seed for the array (default: the one "
+                   "RESULTS_DIR's manifest keeps, so that a regrade draws the same hidden inputs)")
     add_grade_options(s)
     s.set_defaults(fn=cmd_slurm)
 
