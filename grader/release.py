@@ -328,6 +328,20 @@ def _copy_tree(src: Path, dst: Path, skip: tuple[str, ...] = ()) -> None:
             shutil.copy2(path, target)
 
 
+PROJECT_TESTPATHS = 'testpaths = ["tests"]'
+# The student's copy has no tests/; its tests are exercises/<id>/test_public.py, one basename in many folders,
+# which pytest's default import mode refuses ("import file mismatch"): bare `pytest` collects them by path.
+STUDENT_TESTPATHS = 'testpaths = ["exercises"]\naddopts = ["--import-mode=importlib"]'
+
+
+def student_pyproject(text: str) -> str:
+    """The course's pyproject.toml as the student's copy needs it: bare `pytest` runs the public tests."""
+    if PROJECT_TESTPATHS not in text:
+        raise ValueError(f"pyproject.toml: expected the line {PROJECT_TESTPATHS!r} in [tool.pytest.ini_options], "
+                         "found none; the release rewrites it so that bare pytest runs the public tests")
+    return text.replace(PROJECT_TESTPATHS, STUDENT_TESTPATHS, 1)
+
+
 def practice_plan(course) -> str:
     """The release README's table of practice rounds: each exercise whole, then its parts."""
     from grader.selfstudy import ROUNDS_HEADER, round_row, rounds
@@ -366,7 +380,7 @@ def build_release(course_root: Path, out: Path, with_solutions: bool = False) ->
         (staging / "grader" / "RELEASE").write_text("A student's copy of the course: grader offers the student's "
                                                     "commands only (grader/cli.py, STUDENT_COMMANDS).\n")
         (staging / "course.yaml").write_text(student_course_yaml(course_root))
-        shutil.copy2(course_root / "pyproject.toml", staging / "pyproject.toml")
+        (staging / "pyproject.toml").write_text(student_pyproject((course_root / "pyproject.toml").read_text()))
         (staging / "Makefile").write_text(STUDENT_MAKEFILE)
         marker = " (teaching-assistant copy: contains the solutions)" if with_solutions else ""
         (staging / "README.md").write_text(STUDENT_README.format(marker=marker, plan=practice_plan(course)))

@@ -348,3 +348,16 @@ def test_every_command_the_release_names_works_as_written(release, tmp_path):
     print("\n".join(f"{t:6.1f} s  {c}" for c, t in took.items()))
     assert not broken, "commands the release names that do not work there:\n\n" + "\n\n".join(broken)
     assert len(ran) >= 10, f"expected the docs to name at least 10 commands, found {sorted(ran)}"
+
+
+def test_bare_pytest_collects_every_public_test_in_the_release(release):
+    """A student who types `pytest` (or `pytest exercises`) gets the public tests, not "import file mismatch":
+    each exercise's test_public.py shares one basename, so the release collects them by path."""
+    for args in ([], ["exercises"]):
+        run = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+                             cwd=release, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0 and "error" not in run.stdout.lower(), (
+            f"bare pytest {' '.join(args)} in the release: exit {run.returncode}\n{run.stdout[-2000:]}{run.stderr[-1000:]}")
+        collected = {line.split("::")[0] for line in run.stdout.splitlines() if "::" in line}
+        assert collected == {f"exercises/{e}/test_public.py" for e in os.listdir(release / "exercises")}, collected
+        assert "testpaths" not in run.stderr, run.stderr
