@@ -161,7 +161,7 @@ def progress_table(result: dict) -> Table:
         if not tests:
             nxt = Text(_first_line(ex["message"]) or "no tests ran", style="red")
         elif bad is None:
-            nxt = Text("all public tests pass: the hidden tests check more (README, 'Grading')", style="green")
+            nxt = Text("all public tests pass: the hidden tests check more (README, 'How it is graded')", style="green")
         elif all(t["status"] != "passed" for t in tests) and "NotImplementedError" in bad["message"]:
             nxt = (Text("not started", style="dim") if pointed else
                    Text(f"start here: read exercises/{ex['id']}/README.md, then fill in {ex['id']}.py", style="yellow"))
