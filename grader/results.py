@@ -235,11 +235,17 @@ def rescore_check(check: dict) -> None:
 def close_exercise(result: dict, exercise_id: str, reason: str | None = None, status: str | None = None,
                    collected: dict | None = None) -> None:
     """Fail closed: every collected test that never reported, and every check that never recorded a
-    test, scores zero with the reason."""
+    test, scores zero with the reason; a CUDA check on a host without a GPU is "not graded" instead, whatever
+    became of the student's file (the denominator is the host's, the same for every student)."""
     fill_unrun(result, exercise_id, collected, reason, status)
     ex = find_exercise(result, exercise_id)
+    no_gpu = not (result.get("device") or {}).get("gpu")
     for check in ex["checks"]:
-        if not check["tests"] and check["status"] == "pending":
+        if not check["tests"] and check["status"] == "pending" and check.get("cuda") and no_gpu:
+            # What is graded here depends on the host, never on the student's file: a CUDA check is "not graded"
+            # on a host without CUDA for a missing, broken or unreadable file too, as it is for a stub.
+            check.update(status="not_graded", points=0.0, message="not graded: no CUDA device")
+        elif not check["tests"] and check["status"] == "pending":
             check["status"] = status or "error"
             check["points"] = 0.0
             check["message"] = reason or "no test result was recorded for this check"

@@ -58,6 +58,17 @@ ALICE = _points("normalizer_public") + _points("merge_public") / 2 + _points("no
 NORMALIZER = COURSE.exercise("online_softmax").check("normalizer")
 
 
+def _cuda_points(exercise: str) -> float:
+    return sum(c.points for c in COURSE.exercise(exercise).checks if c.cuda)
+
+
+# make_result's two exercises: every point, and what a host without CUDA grades (the same for every student,
+# whether their file was graded, missing or unreadable).
+MAX = COURSE.exercise("online_softmax").points + COURSE.exercise("paged_kv").points
+CUDA = _cuda_points("online_softmax") + _cuda_points("paged_kv")
+GRADABLE_ON_CPU = MAX - CUDA
+
+
 def schema(name: str) -> dict:
     return json.loads((SCHEMAS / f"{name}.schema.json").read_text())
 
@@ -69,6 +80,7 @@ def make_result(student: str = "alice", *, speed: bool = False, gradable: bool =
     With `speed`, triton_speed was measured (as on a GPU); otherwise it is "not graded" (no CUDA)."""
     exs = [COURSE.exercise(e) for e in exercises]
     r = R.new_result(COURSE, student, "ab" * 32, "cd" * 32, 1234, "sandbox", exs)
+    r["device"]["gpu"] = "NVIDIA H100 80GB HBM3" if speed else None  # the host, not this machine, decides
     if not gradable:
         r["gradable"] = False
         r["format_errors"] = ["archive member '../x.py' points outside the archive (absolute path or '..'); refused"]
@@ -193,7 +205,7 @@ def test_csv_gradebook_snapshot(tmp_path):
     # alice: normalizer_public + merge_public / 2 + normalizer = ALICE; paged_kv not submitted: 0
     assert [alice[cols[k]] for k in ("online_softmax", "paged_kv", "flash_attention", "total", "max_score",
                                       "gradable_max_score", "ungradable", "incomplete", "late", "seed", "graded_at")] == \
-        [f"{ALICE:g}", "0", "", f"{ALICE:g}", "200", "190", "no", "no", "no", "1234", FINISHED]
+        [f"{ALICE:g}", "0", "", f"{ALICE:g}", f"{MAX:g}", f"{GRADABLE_ON_CPU:g}", "no", "no", "no", "1234", FINISHED]
     assert bob[cols["incomplete"]] == "yes" and bob[cols["paged_kv"]] == "" and bob[cols["late"]] == ""
     assert carol[cols["ungradable"]] == "yes" and carol[cols["total"]] == "0" and carol[cols["late"]] == "yes"
 
@@ -264,11 +276,13 @@ def test_gradescope_results_snapshot():
     assert out["score"] == ALICE and out["execution_time"] == 60.0
     # hidden checks are withheld until published, so the visible headline holds no total (it would reveal them)
     assert "Score:" not in out["output"] and "Seed: 1234" in out["output"]
-    assert "10 points need a CUDA device and were not graded on Gradescope; they do not count here." in out["output"]
+    assert f"{CUDA:g} points need a CUDA device and were not graded on Gradescope; they do not count here." \
+        in out["output"]
     assert ("Not graded here (needs a CUDA device): online_softmax: softmax_triton bandwidth on CUDA, as a fraction "
-            "of device copy bandwidth.") in out["output"]
-    checks = sum(len(e.checks) for e in (COURSE.exercise("online_softmax"), COURSE.exercise("paged_kv")))
-    assert len(out["tests"]) == checks - 1, "the CUDA check not graded here is left out (no status reads as passed)"
+            "of device copy bandwidth; paged_kv: ") in out["output"], "paged_kv is missing: its CUDA checks too"
+    both = (COURSE.exercise("online_softmax"), COURSE.exercise("paged_kv"))
+    checks, cuda = sum(len(e.checks) for e in both), sum(c.cuda for e in both for c in e.checks)
+    assert len(out["tests"]) == checks - cuda, "the CUDA checks not graded here are left out (no status reads as passed)"
     assert all("status" in t for t in out["tests"])
     by_number = {t["number"]: t for t in out["tests"]}
     essentials = [(t["number"], t["name"], t["score"], t["max_score"], t.get("status"), t["visibility"], t["tags"])
@@ -296,7 +310,7 @@ def test_gradescope_headline_shows_the_score_only_when_nothing_is_withheld_and_n
     assert "Score:" not in hidden["output"] and "namespaces" not in hidden["output"]
     assert hidden["extra_data"]["warnings"] == result["warnings"], "warnings are for the instructor: extra_data"
     shown = to_gradescope(result, parse_settings({"gradescope": {"visibility": {"hidden": "visible"}}}), COURSE)
-    assert f"Score: {ALICE:g}/190" in shown["output"] and "namespaces" not in shown["output"]
+    assert f"Score: {ALICE:g}/{GRADABLE_ON_CPU:g}" in shown["output"] and "namespaces" not in shown["output"]
 
 
 def test_gradescope_settings_visibility_cuda_and_leaderboard():
@@ -389,7 +403,7 @@ def test_gradescope_output_is_bounded_per_check():
 def test_prairielearn_results_snapshot_and_ungradable():
     out = to_prairielearn(make_result("alice"))
     jsonschema.validate(out, schema("prairielearn_results"))
-    assert out["gradable"] is True and out["score"] == pytest.approx(ALICE / 190, abs=1e-6)
+    assert out["gradable"] is True and out["score"] == pytest.approx(ALICE / GRADABLE_ON_CPU, abs=1e-6)
     first, merge = out["tests"][0], out["tests"][1]
     assert (first["name"], first["description"], first["points"], first["max_points"], first["message"]) == \
         ("online_softmax: normalizer_public", "online_normalizer on small matrices", 5.0, 5.0, "passed")
@@ -469,7 +483,9 @@ def test_nbgrader_gradebook_holds_the_scores_and_a_regrade_replaces_them(tmp_pat
     summary = to_nbgrader(loaded, db, COURSE)
     graded = sorted({ex["id"] for item in loaded for ex in item.result["exercises"]})
     assert len(graded) < len(COURSE.exercises), "the test needs a course exercise that no result graded"
-    assert (summary.students, summary.assignments, summary.not_graded) == (2, len(graded), 1)
+    cuda_checks = sum(c.cuda for e in graded for c in COURSE.exercise(e).checks)
+    assert (summary.students, summary.assignments, summary.not_graded) == (2, len(graded), 2 * cuda_checks), (
+        "a host without CUDA grades no CUDA check, for alice (graded, one exercise missing) or carol (unreadable)")
     with api.Gradebook(db) as gb:
         assert sorted(a.name for a in gb.assignments) == graded, "an assignment nobody was graded on reads 0.0"
         sub = gb.find_submission("online_softmax", "alice")
@@ -730,7 +746,7 @@ def test_a_real_result_exports_to_every_format(gradescope_run, tmp_path):
     assert rows[0]["student"] == "ada" and rows[0]["online_softmax"] == "22" and rows[0]["incomplete"] == "no"
     pl = to_prairielearn(loaded[0].result)
     jsonschema.validate(pl, schema("prairielearn_results"))
-    assert pl["score"] == pytest.approx(22 / 100, abs=1e-6)
+    assert pl["score"] == pytest.approx(22 / (100 - _cuda_points("online_softmax")), abs=1e-6)
     page = render_feedback(loaded[0].result, COURSE)
     assert page.count('data-status="passed"') >= 4 and "triton_speed" in page
 
@@ -764,10 +780,11 @@ def test_prairielearn_entry_point_on_a_fake_grade_tree(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads((good / "results" / "results.json").read_text())
     jsonschema.validate(out, schema("prairielearn_results"))
-    assert out["gradable"] is True and out["score"] == pytest.approx(22 / 100, abs=1e-6), out["message"]
+    gradable = 100 - _cuda_points("online_softmax")  # the public tests only, on a host without CUDA
+    assert out["gradable"] is True and out["score"] == pytest.approx(22 / gradable, abs=1e-6), out["message"]
     public = [t for t in out["tests"] if t["name"].endswith("_public")]
     assert len(public) == 5 and all(t["points"] == t["max_points"] > 0 for t in public)
-    assert "Score: 22/100" in out["message"] and len(json.dumps(out)) <= 1_000_000
+    assert f"Score: 22/{gradable:g}" in out["message"] and len(json.dumps(out)) <= 1_000_000
     canonical = json.loads((good / "results" / "result.json").read_text())
     R.validate(canonical)
     assert canonical["submission"]["id"] == "student" and canonical["state"] == "complete"
