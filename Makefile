@@ -11,7 +11,7 @@ BIN    := $(VENV)/bin
 EX     ?=
 SUB    ?= solutions
 
-.PHONY: setup demo check hint progress notebook interview interview-check interview-done grade test test-short bench gpu-check validate sync release image clean
+.PHONY: setup demo check hint progress notebook interview interview-check interview-done grade test test-short bench gpu-check validate sync new release image clean
 
 $(BIN)/grader: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -88,6 +88,10 @@ bench: setup                      ## CPU/GPU benchmark of one exercise: make ben
 
 validate: setup
 	$(BIN)/grader validate
+
+new: setup                        ## scaffold a new exercise: make new EX=<id> [TITLE="..."] [FILE=name.py]
+	@test -n "$(EX)" || (echo "usage: make new EX=<exercise id> [TITLE=\"...\"] [FILE=name.py]" && exit 2)
+	$(BIN)/grader new $(EX) $(if $(TITLE),--title "$(TITLE)") $(if $(FILE),--file $(FILE))
 
 sync: setup                       ## after editing course.yaml: rewrite every block derived from it (CHECK=1: only list stale ones)
 	$(BIN)/grader sync $(if $(CHECK),--check)

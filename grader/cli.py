@@ -15,6 +15,8 @@
   grader release OUT_DIR      write the student repository; refuses if anything would leak
   grader doctor               the GPU, driver, CUDA, torch and triton this machine grades with
   grader validate             check course.yaml and that every exercise has its files and tests
+  grader new ID [--title T] [--file NAME.py]   scaffold every file of a new exercise (TODO markers where the
+                              author writes), append its course.yaml block, then `grader sync`
   grader sync [--check]       write every block derived from course.yaml (README practice plan, points tables,
                               hints); --check writes nothing and exits 1 naming each stale block
   grader schema [course|result]   print a JSON Schema
@@ -403,6 +405,23 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 2 if problems else 0
 
 
+def cmd_new(args: argparse.Namespace) -> int:
+    from grader.scaffold import ScaffoldError, new_exercise
+
+    root, _ = _course()
+    try:
+        written = new_exercise(root, args.exercise, title=args.title, file=args.file)
+    except ScaffoldError as exc:
+        raise UsageError(str(exc)) from None
+    for rel in written:
+        console.print(f"wrote {rel}", markup=False, highlight=False)
+    console.print(f"exercise {args.exercise} scaffolded: a working placeholder (compute(x), each row's sum) with TODO "
+                  f"markers where you write; the project's tests (tests/test_exercise_files.py) name each file that "
+                  f"still has one. `python -m tests.known_wrong {args.exercise}` grades the known-wrong submissions "
+                  "(grader/AUTHORING.md, \"Starting an exercise\")", markup=False, highlight=False)
+    return 0
+
+
 def cmd_sync(args: argparse.Namespace) -> int:
     from grader.derived import SYNC_HINT, sync
 
@@ -532,6 +551,12 @@ def parser(student_only: bool | None = None) -> argparse.ArgumentParser:
 
     v = sub.add_parser("validate", help="check course.yaml and the exercises' files")
     v.set_defaults(fn=cmd_validate)
+
+    nw = sub.add_parser("new", help="scaffold every file of a new exercise, with TODO markers where the author writes")
+    nw.add_argument("exercise", help="the new exercise's id: a lower-case Python identifier")
+    nw.add_argument("--title", help="its title in course.yaml (default: from the id)")
+    nw.add_argument("--file", help="the student's file, NAME.py (default: <id>.py)")
+    nw.set_defaults(fn=cmd_new)
 
     sy = sub.add_parser("sync", help="write every block derived from course.yaml (practice plan, points tables, hints)")
     sy.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each stale block")

@@ -1,5 +1,6 @@
 """Each exercise's files agree with each other: the README's points table is course.yaml's, and the
-code the stub gives the student (helpers, types, constants) is the solution's own.
+code the stub gives the student (helpers, types, constants) is the solution's own; and nothing `grader new`
+left for the author to write (a TODO marker) is still there.
 
 (The README's hints are course.yaml's too: tests/test_selfstudy.py holds that. `grader sync` writes both;
 tests/test_sync.py tests it.)"""
@@ -11,6 +12,7 @@ import re
 
 import pytest
 
+from grader import scaffold
 from grader.course import find_root, load_course
 
 ROOT = find_root()
@@ -87,3 +89,15 @@ def test_every_exercise_names_its_signature_and_maps_its_contract(exercise_id):
     assert module and re.search(r"contract clauses?|clause by clause", module, re.I), (
         f"grader/hidden/{exercise_id}/test_hidden.py should open with the contract-clause table: every clause of "
         "the README's contract and the tests that draw it")
+
+
+TODO_PLACES = [(i, place) for i in IDS for place in scaffold.places(ROOT, COURSE.exercise(i))]
+
+
+@pytest.mark.parametrize("exercise_id,place", TODO_PLACES, ids=[place for _, place in TODO_PLACES])
+def test_nothing_is_left_to_write(exercise_id, place):
+    """`grader new` (grader/scaffold.py) marks every place the author writes with TODO: each file (and the
+    course.yaml block, and README.md's practice plan row) that still holds one fails here, by name."""
+    markers = scaffold.todo_markers(ROOT, exercise_id, place)
+    assert not markers, (f"{scaffold.describe(place, markers)}; write them (grader/AUTHORING.md, "
+                         "\"Starting an exercise\")")
