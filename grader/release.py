@@ -289,13 +289,13 @@ def _given_complete(rel: str, course_root: Path) -> set[str]:
 # The parts of grader/ that a student's copy does not hold, as paths under grader/: the hidden tests; what only
 # they and `make bench` read (the benchmarks, the speed cases); grading at scale (batch, Slurm, the local and
 # container backends, their process-tree helpers) and the exports to gradebooks, with their schemas; the GPU
-# check; the release itself; the authoring and cluster guides. A student's copy runs check, hint, progress,
-# interview and doctor (grader/cli.py, STUDENT_COMMANDS), which import none of these: the instructor's commands
-# import them when they run. tests/test_release.py imports every module a release holds, in the release.
+# check; the release itself; the scaffold of a new exercise (grader new); the authoring and cluster guides. A
+# student's copy runs check, hint, progress, interview and doctor (grader/cli.py, STUDENT_COMMANDS), which import
+# none of these: the instructor's commands import them when they run. tests/test_release.py imports every module a release holds, in the release.
 INSTRUCTOR_GRADER = (
     "hidden", "bench", "cases", "scale", "export", "gpucheck.py", "release.py", "proctree.py",
     "schemas/gradescope_results.schema.json", "schemas/prairielearn_results.schema.json",
-    "AUTHORING.md", "SLURM.md", "derived.py",
+    "AUTHORING.md", "SLURM.md", "derived.py", "scaffold.py",
 )
 # In an exercise README, the paragraphs between these markers are for the instructor (seed sweeps, benchmarks
 # against the reference solution): the release leaves them out.
