@@ -89,7 +89,8 @@ def test_infinite_loop_times_out_per_call(tmp_path, monkeypatch):
     statuses = {t["status"] for c in checks_of(result, EXERCISE).values() for t in c["tests"]}
     assert result["score"] == 0
     assert "timeout" in statuses, "a call that never returns must be reported as a timeout"
-    assert all(c["status"] == "timeout" for c in checks_of(result, EXERCISE).values()), (
+    here = bool(result["device"]["gpu"])  # a host without CUDA grades no CUDA check, timed out or not
+    assert all(c["status"] == "timeout" for c in checks_of(result, EXERCISE).values() if here or not c["cuda"]), (
         "checks that never ran because the exercise's time limit ran out are timeouts too"
     )
 
