@@ -360,7 +360,8 @@ def cmd_interview(args: argparse.Namespace) -> int:
 
 
 def cmd_notebook(args: argparse.Namespace) -> int:
-    """A starter notebook from the stub and the README's contract; a notebook is handed in like the file."""
+    """A starter notebook from the exercise's file as it is now and the README's contract; a notebook is handed in
+    like the file."""
     from grader.notebook import NotebookError, write_starter
 
     root, course = _course()
@@ -369,7 +370,8 @@ def cmd_notebook(args: argparse.Namespace) -> int:
         path = write_starter(root, ex.id, ex.title, ex.file, force=args.force)
     except (NotebookError, FileExistsError) as exc:
         raise UsageError(str(exc)) from None
-    console.print(f"wrote {path.relative_to(root)}: the contract, then the stub of {ex.file} as code cells. Hand in "
+    console.print(f"wrote {path.relative_to(root)}: the contract, then exercises/{ex.id}/{ex.file} as it is now (the "
+                  f"stub, or your work so far) as code cells. Hand in "
                   f"{path.name} instead of {ex.file} (a .py beside it is graded first); cells tagged 'scratch' or "
                   f"starting '# scratch' are not graded, and no cell may hold a shell or magic line",
                   markup=False, highlight=False)

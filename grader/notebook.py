@@ -355,8 +355,9 @@ def starter_notebook(exercise_id: str, title: str, file: str, stub: str, readme:
 
 
 def write_starter(root: Path, exercise_id: str, title: str, file: str, force: bool = False) -> Path:
-    """Write ``exercises/<id>/<id>.ipynb`` from the exercise's stub and README; FileExistsError when it exists
-    and not `force`."""
+    """Write ``exercises/<id>/<id>.ipynb`` from the exercise's file as it is now (the stub, or the student's work
+    so far) and its README; FileExistsError when it exists and not `force`. The notebook gets a plain file's mode
+    (0666 less the umask), not the private 0600 of the temporary file it is written through."""
     folder = root / "exercises" / exercise_id
     target = folder / (exercise_id + SUFFIX)
     if target.exists() and not force:
@@ -372,6 +373,9 @@ def write_starter(root: Path, exercise_id: str, title: str, file: str, force: bo
 
     fd, tmp = tempfile.mkstemp(prefix=f".{exercise_id}-", suffix=SUFFIX, dir=folder)
     try:
+        mask = os.umask(0)
+        os.umask(mask)
+        os.fchmod(fd, 0o666 & ~mask)
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             nbformat.write(nb, out)
         os.replace(tmp, target)

@@ -218,6 +218,11 @@ def test_grader_notebook_writes_a_valid_starter_and_refuses_to_overwrite(course_
     import ast
 
     assert ast.dump(ast.parse(source)) == ast.dump(ast.parse(STUB))
+    mask = os.umask(0)
+    os.umask(mask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~mask, (
+        f"the notebook must get a plain file's mode, found {path.stat().st_mode & 0o777:o} (the temporary file's 600?)")
+    assert "as it is now" in run.stdout, "the message must say the cells hold the file as it is, not the stub"
 
     path.write_text("my work")
     again = grader_cli(course_copy, "notebook", EX)
