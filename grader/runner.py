@@ -481,8 +481,11 @@ def _grade(course: Course, root: Path, source: Path, out: Path | None, opts: Gra
         result["warnings"].append(untested)
     result["gradable"] = True
     if not sub.files:
+        inside = (f"; found {', '.join(repr(n) for n in sub.nested_archives[:5])} inside it, an archive in the "
+                  "submission, which is never unpacked: hand in its contents (or that archive alone)"
+                  if sub.nested_archives else "")
         results.record_failure(result, f"no file to grade: expected one of {sorted(e.file for e in exercises)} "
-                                       "or its notebook <id>.ipynb (flat, in <id>/ or in exercises/<id>/)")
+                                       "or its notebook <id>.ipynb (flat, in <id>/ or in exercises/<id>/)" + inside)
     save(result)
     try:
         for ex in exercises:

@@ -121,6 +121,7 @@ class Submission:
     folder: Path  # a private copy holding exactly the graded files, flat
     sha256: str
     notes: list[str] = field(default_factory=list)
+    nested_archives: list[str] = field(default_factory=list)  # archives inside it (never unpacked): named when nothing is found
 
     def cleanup(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -576,10 +577,14 @@ def _unpack_zip(raw: BinaryIO, size: int, out: _Unpacker) -> None:
             out.file(info.filename, info.file_size, lambda: zf.open(info))
 
 
-def unpack(archive: Path, dest: Path, wanted: set[str] | None = None) -> Path:
+ARCHIVE_NAMES = (".zip", ".tar", ".tar.gz", ".tgz")
+
+
+def unpack(archive: Path, dest: Path, wanted: set[str] | None = None, nested: list[str] | None = None) -> Path:
     """Unpack `archive` (.zip, .tar, .tar.gz/.tgz) into the empty folder `dest`, within every limit above:
     every member is checked, the files named in `wanted` (None: all) are written. Returns the folder that
-    holds the submission: `dest`, or the archive's one top-level folder."""
+    holds the submission: `dest`, or the archive's one top-level folder. `nested`, when given, receives the
+    names of the archives inside it (an archive is unpacked once: those are never opened)."""
     name = archive.name.lower()
     if not name.endswith((".zip", ".tar", ".tar.gz", ".tgz")):
         raise SubmissionError(f"expected a folder, .zip, .tar or .tar.gz, found {archive.name!r}")
@@ -603,6 +608,8 @@ def unpack(archive: Path, dest: Path, wanted: set[str] | None = None) -> Path:
             if archive.name in str(exc):
                 raise
             raise SubmissionError(f"{archive.name}: {exc}") from None
+    if nested is not None:
+        nested.extend(str(p) for p, is_dir in out.seen.items() if not is_dir and p.name.lower().endswith(ARCHIVE_NAMES))
     return out.root()
 
 
@@ -661,12 +668,16 @@ def locate(course: Course, source: Path, only: list[str] | None = None, submissi
     folder = Path(tempfile.mkdtemp(prefix="grader-submission-", dir=tmp_dir))
     try:
         unpacked = None
+        nested: list[str] = []
         if stat.S_ISREG(st.st_mode):
             os.close(fd)
             unpacked = Path(tempfile.mkdtemp(prefix="unpacked-", dir=folder))
             wanted = {name for e in course.exercises if not only or e.id in only
                       for name in (e.file, *notebook_names(e.id, e.file))}
-            fd = os.open(unpack(source, unpacked, wanted), _DIR_FLAGS)
+            fd = os.open(unpack(source, unpacked, wanted, nested), _DIR_FLAGS)
+        else:
+            with student_material(f"the submission {str(source)!r} cannot be listed"):
+                nested = sorted(n for n in os.listdir(fd) if n.lower().endswith(ARCHIVE_NAMES))
         files: dict[str, Path] = {}
         notes: list[str] = []
         digest = hashlib.sha256()
@@ -699,7 +710,7 @@ def locate(course: Course, source: Path, only: list[str] | None = None, submissi
         if unpacked is not None:
             shutil.rmtree(unpacked, ignore_errors=True)
         sub_id = submission_id or (source.stem if stat.S_ISREG(st.st_mode) else source.resolve().name)
-        return Submission(sub_id, source, files, folder, digest.hexdigest(), notes)
+        return Submission(sub_id, source, files, folder, digest.hexdigest(), notes, nested)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise

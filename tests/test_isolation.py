@@ -359,3 +359,22 @@ def test_a_batch_grades_fifteen_submissions_as_it_would_without_the_five_malform
                       backend=LocalBackend(ROOT, faults.SERVE), console=quiet)
     assert again.graded == [], f"a rerun must regrade nothing, found {again.graded} ({again.why})"
     assert batch.batch_status(again) == exitcodes.NEEDS_ATTENTION, "the rerun still names the students to chase"
+
+
+@pytest.mark.parametrize("outer", ["folder", "zip"])
+def test_an_archive_inside_the_submission_is_named_when_nothing_else_is_found(tmp_path, outer):
+    inner = io.BytesIO()
+    with zipfile.ZipFile(inner, "w") as zf:
+        zf.writestr(f"{EXERCISE}.py", REFERENCE)
+    if outer == "folder":
+        source = tmp_path / "sub"
+        source.mkdir()
+        (source / "homework.zip").write_bytes(inner.getvalue())
+    else:
+        source = tmp_path / "sub.zip"
+        with zipfile.ZipFile(source, "w") as zf:
+            zf.writestr("sub/homework.zip", inner.getvalue())
+    result = runner.grade(COURSE, ROOT, source, None, fast_options())
+    assert result["gradable"] is False and "no file to grade" in result["failure"]["reason"], result["failure"]
+    assert "homework.zip" in result["failure"]["reason"] and "never unpacked" in result["failure"]["reason"], (
+        f"the student must learn that the archive inside was not opened: {result['failure']['reason']}")
