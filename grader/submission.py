@@ -658,6 +658,18 @@ def _from_notebook(root: Path | None, exercise: Exercise, parts: tuple[str, ...]
         f"{exercise.id}: {note}" for note in notes]
 
 
+def _archives_in(dir_fd: int) -> list[str]:
+    """The archives among a folder's first `MAX_MEMBERS` entries (bounded: a folder may hold any number)."""
+    found = []
+    with os.scandir(dir_fd) as entries:
+        for n, entry in enumerate(entries):
+            if n >= MAX_MEMBERS:
+                break
+            if entry.name.lower().endswith(ARCHIVE_NAMES):
+                found.append(entry.name)
+    return sorted(found)
+
+
 def locate(course: Course, source: Path, only: list[str] | None = None, submission_id: str | None = None,
            tmp_dir: str | Path | None = None, root: Path | None = None) -> Submission:
     """Stage a submission: copy each exercise's file into a private flat folder (inside `tmp_dir`,
@@ -677,7 +689,7 @@ def locate(course: Course, source: Path, only: list[str] | None = None, submissi
             fd = os.open(unpack(source, unpacked, wanted, nested), _DIR_FLAGS)
         else:
             with student_material(f"the submission {str(source)!r} cannot be listed"):
-                nested = sorted(n for n in os.listdir(fd) if n.lower().endswith(ARCHIVE_NAMES))
+                nested = _archives_in(fd)
         files: dict[str, Path] = {}
         notes: list[str] = []
         digest = hashlib.sha256()
