@@ -407,7 +407,21 @@ def schema() -> dict:
 
 
 def validate(result: dict) -> None:
-    """Raise jsonschema.ValidationError if the result does not match the documented schema."""
+    """Raise jsonschema.ValidationError if the result does not match the documented schema (the most relevant
+    error, as jsonschema.validate picks it). The batch, its summary and resume check every result: the schema
+    is read, and its validator built, once."""
     import jsonschema
 
-    jsonschema.validate(result, schema())
+    error = jsonschema.exceptions.best_match(_validator().iter_errors(result))
+    if error is not None:
+        raise error
+
+
+@functools.lru_cache(maxsize=1)
+def _validator():
+    import jsonschema
+
+    checked = schema()
+    cls = jsonschema.validators.validator_for(checked)
+    cls.check_schema(checked)
+    return cls(checked)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from grader import results
+from grader.results import INTERNAL_ERROR
 from grader.course import CourseError
 from grader.export.isolate import BAD_INPUT, Problems, per_student
 from grader.export.load import ExportError, Loaded, Skipped, load_results, read_result
@@ -79,7 +80,7 @@ def _times(path: str | None, problems: Problems) -> Any:
 
     times = read_submission_times(Path(path))
     for (student, _exercise), message in times.unknown.items():
-        problems.add(student, message, by_grader=message.startswith("internal error of the grader"))
+        problems.add(student, message, by_grader=message.startswith(INTERNAL_ERROR))
     return times
 
 

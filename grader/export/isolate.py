@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from grader import exitcodes
+from grader.results import INTERNAL_ERROR
 from grader.export.load import ExportError
 from grader.text import inert
 
@@ -112,5 +113,5 @@ def usable(problems: Problems | None, loaded: list, what: str, read: Callable[[A
 
 
 def internal_error(student: str, path: Path | str, what: str, exc: BaseException) -> str:
-    return (f"internal error of the grader while exporting {inert(student, 200)} ({type(exc).__name__}: "
+    return (f"{INTERNAL_ERROR} while exporting {inert(student, 200)} ({type(exc).__name__}: "
             f"{inert(exc, SHOWN)}) [{what}, {path}]; the other students are exported, report this with the file")
