@@ -164,33 +164,70 @@ def _print_not_run(problem: report.NotRun, path: str) -> None:
         console.print(inert(problem.traceback), markup=False, highlight=False)
 
 
+class _Live:
+    """What self-study shows while an exercise's tests run: a mark per test (`marks`, one exercise checked), and,
+    when a test has run for a while without a word (the runner's "quiet" events), which one and when it is
+    stopped."""
+
+    def __init__(self, exercise: Any, marks: bool, limit: float):
+        self.exercise, self.marks, self.limit = exercise, marks, limit
+        self.running: str | None = None  # the test that started last
+
+    def __call__(self, event: dict) -> None:
+        if event.get("exercise") != self.exercise.id:
+            return
+        kind = event.get("event")
+        if kind == "started":
+            self.running = str(event.get("test"))
+        elif kind == "test" and self.marks:
+            mark = {"passed": "[green].[/]", "not_graded": "[dim]s[/]"}.get(event["status"], "[red]F[/]")
+            console.print(mark, end="")
+        elif kind == "quiet" and self.running:
+            console.print()
+            console.print(Text.assemble(
+                ("  still running ", "dim"), inert(self.running),
+                (f" after {event.get('seconds', 0)} s: it is stopped at {self.limit:g} s (the exercise's limit for "
+                 "one call); Ctrl-C stops the run here", "dim")))
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """Self-study: public tests on the student's own exercises/, in-process, with a progress table.
     Exit status 1 when a public test fails (as pytest's) or a file does not compile or import (no test of it
-    ran), 0 when all pass."""
+    ran), 0 when all pass; 130 on Ctrl-C, after the table of what ran."""
     root, course = _course()
     exercises = [course.exercise(args.exercise.partition("/")[0])] if args.exercise else course.exercises
-    opts = GradeOptions(mode="local", tests="public")
+    opts = GradeOptions(mode="local", tests="public", call_timeout_s=args.call_timeout)
     result = results.new_result(course, "exercises", "", "", 0, "local", exercises)
     marks = len(exercises) == 1  # one exercise: a mark per test; all of them: one line each, then the table
-    for ex in exercises:
-        def on_event(event: dict, _id=ex.id) -> None:
-            if marks and event.get("event") == "test" and event.get("exercise") == _id:
-                mark = {"passed": "[green].[/]", "not_graded": "[dim]s[/]"}.get(event["status"], "[red]F[/]")
-                console.print(mark, end="")
-        console.print(f"{ex.id} ", end="")
-        files = Path(args.source).resolve() / ex.id if args.source else None
-        grade_exercise(root, ex, files, 0, opts, result, on_event)
-        tests = [t for c in results.find_exercise(result, ex.id)["checks"] for t in c["tests"]]
-        if not marks:
-            passed = sum(t["status"] == "passed" for t in tests)
-            console.print(f"[dim]{passed}/{len(tests)} public tests pass[/]", end="")
+    done: list[Any] = []
+    try:
+        for ex in exercises:
+            live = _Live(ex, marks, opts.call_timeout_s or ex.call_timeout_s)
+            console.print(f"{ex.id} ", end="")
+            files = Path(args.source).resolve() / ex.id if args.source else None
+            grade_exercise(root, ex, files, 0, opts, result, live)
+            done.append(ex)
+            tests = [t for c in results.find_exercise(result, ex.id)["checks"] for t in c["tests"]]
+            if not marks:
+                passed = sum(t["status"] == "passed" for t in tests)
+                console.print(f"[dim]{passed}/{len(tests)} public tests pass[/]", end="")
+            console.print()
+            if not args.source and selfstudy.touched(root, ex):  # an attempt is a check of a file the student changed
+                failing = [c["id"] for c in results.find_exercise(result, ex.id)["checks"]
+                           if c["tests"] and c["status"] not in ("passed", "not_graded")]
+                selfstudy.record_check(root, ex.id, bool(tests) and all(t["status"] in ("passed", "not_graded")
+                                                                         for t in tests), failing)
+    except KeyboardInterrupt:  # one line and the table of what finished; nothing recorded for the exercise cut short
+        stopped = next(e for e in exercises if e not in done)
+        where = f" in {live.running}" if live.running else ""
+        result["exercises"] = [e for e in result["exercises"] if e["id"] in {d.id for d in done}]
         console.print()
-        if not args.source and selfstudy.touched(root, ex):  # an attempt is a check of a file the student changed
-            failing = [c["id"] for c in results.find_exercise(result, ex.id)["checks"]
-                       if c["tests"] and c["status"] not in ("passed", "not_graded")]
-            selfstudy.record_check(root, ex.id, bool(tests) and all(t["status"] in ("passed", "not_graded") for t in tests),
-                                   failing)
+        console.print(Text.assemble(("interrupted", "yellow"), f" (Ctrl-C) while checking {stopped.id}{where}",
+                                    "; nothing was recorded for it" + ("; what finished:" if done else "")))
+        if done:
+            results.finish(result)
+            console.print(report.progress_table(result))
+        return exitcodes.INTERRUPTED
     results.finish(result)
     console.print(report.progress_table(result))
     not_run = report.not_run(result)
@@ -329,7 +366,14 @@ def cmd_interview(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     ex, wanted = round_.exercise, set(round_.checks)
     result = results.new_result(course, "practice", "", "", 0, "local", [ex])
-    grade_exercise(root, ex, root / state["folder"], 0, GradeOptions(mode="local", tests="public"), result)
+    live = _Live(ex, False, ex.call_timeout_s)
+    try:
+        grade_exercise(root, ex, root / state["folder"], 0, GradeOptions(mode="local", tests="public"), result, live)
+    except KeyboardInterrupt:
+        where = f" in {live.running}" if live.running else ""
+        console.print(Text.assemble(("interrupted", "yellow"), f" (Ctrl-C) while checking {round_.id}{where}: "
+                                    "nothing recorded; the round keeps running"))
+        return exitcodes.INTERRUPTED
     tests = [t for c in result["exercises"][0]["checks"] if c["id"] in wanted for t in c["tests"]]
     passed = sum(t["status"] == "passed" for t in tests)
     used = (time.time() - state["started"]) / 60
@@ -513,6 +557,8 @@ def parser(student_only: bool | None = None) -> argparse.ArgumentParser:
     c.add_argument("exercise", nargs="?")
     c.add_argument("--from", dest="source", help="check DIR/<id>/<file> instead of exercises/ (e.g. solutions)")
     c.add_argument("-v", "--verbose", action="store_true", help="every failure in full, not only the first")
+    c.add_argument("--call-timeout", type=float, default=None, metavar="S",
+                   help="stop a test after S seconds (default: the exercise's limit for one call, course.yaml)")
     c.set_defaults(fn=cmd_check)
 
     h = sub.add_parser("hint", help="show the next hint for an exercise")

@@ -127,13 +127,9 @@ def _make_session(config: pytest.Config):
     course = _course(config)
     root = config.stash[_STATE]["root"] or Path.cwd()
     mode = config.getoption("--grader-mode")
-    submission = config.getoption("--grader-submission")
 
     def locate(exercise_id: str) -> Path:
-        filename = course.exercise(exercise_id).file if course else f"{exercise_id}.py"
-        if submission:
-            return Path(submission) / filename
-        return Path(root) / "exercises" / exercise_id / filename
+        return _student_file(config, exercise_id)
 
     limits = course.worker if course else None
     sandbox = Sandbox(
@@ -151,10 +147,7 @@ def _make_session(config: pytest.Config):
     )
 
     def call_timeout(exercise_id: str) -> float:
-        override = config.getoption("--grader-call-timeout")
-        if override is not None:
-            return override
-        return course.exercise(exercise_id).call_timeout_s if course else 60.0
+        return _call_timeout(config, exercise_id)
 
     def contract(exercise_id: str) -> dict:
         if course is None:
@@ -168,6 +161,26 @@ def _make_session(config: pytest.Config):
         return bool(course and course.exercise(exercise_id).spawns)
 
     return StudentSession(mode, locate, sandbox, call_timeout, contract, spawns)
+
+
+def _student_file(config: pytest.Config, exercise_id: str) -> Path:
+    """Where the student's file for `exercise_id` is: the submission's folder, or exercises/<id>/."""
+    course = _course(config)
+    root = config.stash[_STATE]["root"] or Path.cwd()
+    filename = course.exercise(exercise_id).file if course else f"{exercise_id}.py"
+    submission = config.getoption("--grader-submission")
+    if submission:
+        return Path(submission) / filename
+    return Path(root) / "exercises" / exercise_id / filename
+
+
+def _call_timeout(config: pytest.Config, exercise_id: str) -> float:
+    """The wall-clock limit of one call into the student's code (course.yaml call_timeout_s, or the override)."""
+    override = config.getoption("--grader-call-timeout")
+    if override is not None:
+        return override
+    course = _course(config)
+    return course.exercise(exercise_id).call_timeout_s if course else 60.0
 
 
 def parameter_names(path: Path) -> dict[str, tuple[str, ...]]:
@@ -362,7 +375,9 @@ def classify(exc: BaseException | None, visibility: str, test_name: str, report:
         return {"status": "error", "message": str(exc), "traceback": exc.student_traceback, "load_failed": True}
     if isinstance(exc, SandboxError):  # the grading machine's failure, not the student's
         return {"status": "error", "message": str(exc), "grader_error": True}
-    if isinstance(exc, StudentTimeout):
+    from grader.harness.deadline import TestDeadline
+
+    if isinstance(exc, (StudentTimeout, TestDeadline)):
         return {"status": "timeout", "message": str(exc)}
     if isinstance(exc, StudentCrash):
         return {"status": "error", "message": str(exc)}
@@ -396,7 +411,21 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 
     start = time.perf_counter()
     LEDGER.begin()
-    yield
+    exercise_id, _ = exercise_of(Path(str(item.path)))
+    events = item.config.stash[_STATE]["events"]
+    if events is not None and exercise_id is not None:  # the runner shows which test runs (a long one, a hang)
+        events.write(json.dumps({"event": "started", "exercise": exercise_id,
+                                 "test": item.nodeid.split("::", 1)[-1]}) + "\n")
+        events.flush()
+    if item.config.getoption("--grader-mode") == "local" and exercise_id is not None:
+        # In-process: no worker to kill, so the test itself is stopped after one call's limit (harness/deadline.py)
+        from grader.harness.deadline import limited
+
+        with limited(_call_timeout(item.config, exercise_id), _student_file(item.config, exercise_id),
+                     Path(str(item.path))):
+            yield
+    else:
+        yield
     state = item.config.stash[_STATE]
     events = state["events"]
     if events is None:

@@ -104,6 +104,10 @@ Start with `exercises/online_softmax/README.md`. No GPU is needed: Triton kernel
 interpreter, and checks that need CUDA say so. Your instructor grades with more tests than these
 (hidden ones, with other inputs and speed checks on a GPU); passing the public tests is the start.
 
+An endless loop does not freeze `make check`: a test that runs past the exercise's limit for one call
+is stopped, fails with the function and line it was in, and the run goes on; a test that runs quiet
+for 15 s is named while it runs, and Ctrl-C ends the run with the table of what finished.
+
 ## Practice plan
 
 {plan}

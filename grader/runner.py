@@ -318,24 +318,35 @@ def _warm_failed(exc: Exception) -> None:
     _warm[os.getpid()] = None
 
 
+QUIET_S = 15.0  # after this long with no event, `_follow` tells its caller ("quiet" events), and again as often
+
+
 def _follow(proc: "subprocess.Popen | forkserver.ForkedProcess", read_fd: int, exercise: Exercise, opts: GradeOptions,
             on_event: Callable[[dict], None]) -> str | None:
-    """Read the events of a running pytest until it ends or runs out of time."""
+    """Read the events of a running pytest until it ends or runs out of time. Besides pytest's own events, a
+    {"event": "quiet", "seconds": n} every QUIET_S seconds that pass without one (self-study says which test
+    runs long)."""
     time_limit = opts.time_limit_s or exercise.time_limit_s
     deadline = time.monotonic() + time_limit
     buffer = b""
     reason = None
     saw_session_end = False
+    heard = quiet_said = time.monotonic()
     with os.fdopen(read_fd, "rb", buffering=0) as pipe:
         while True:
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
             if left <= 0:
                 reason = f"the exercise's time limit of {time_limit:g} s ended the run before this test"
                 _kill(proc)
                 break
+            if now - quiet_said >= QUIET_S and now - heard >= QUIET_S:  # a long test, or a hang: say so
+                quiet_said = now
+                on_event({"event": "quiet", "exercise": exercise.id, "seconds": round(now - heard)})
             ready, _, _ = select.select([pipe], [], [], min(left, 1.0))
             if not ready:
                 continue
+            heard = quiet_said = time.monotonic()
             chunk = pipe.read(1 << 16)
             if not chunk:
                 break

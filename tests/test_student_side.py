@@ -4,6 +4,7 @@ compile or import was not run (and exit 1), never record a round at 0/0, and nev
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -145,3 +146,60 @@ def test_a_round_whose_tests_never_ran_is_not_recorded(tmp_path):
     assert record["public_tests_passed"] == "2/3" and "interview" not in selfstudy.load(tmp_path)
     assert selfstudy.describe_round(record).startswith(f"gptq/quantizer on {selfstudy.today()}: 2/3 public tests "
                                                        "passed in ")
+
+
+# online_normalizer waits for a value that never comes, and swallows Exception while it waits (students do both)
+ENDLESS_LOOP = "    m = l = None\n    while m is None:\n        try:\n            pass\n        except Exception:\n            pass\n"
+
+
+@pytest.fixture
+def looping(root, tmp_path):
+    """The reference online_softmax with an endless loop in online_normalizer, as `grader check --from` reads it."""
+    (tmp_path / "online_softmax").mkdir()
+    source = (root / "solutions" / "online_softmax" / "online_softmax.py").read_text()
+    assert source.count("    m = l = None\n") == 1, "the loop goes where online_normalizer sets its state"
+    looping = source.replace("    m = l = None\n", ENDLESS_LOOP)
+    (tmp_path / "online_softmax" / "online_softmax.py").write_text(looping)
+    line = looping.splitlines().index("    while m is None:") + 1
+    return tmp_path, line
+
+
+def test_check_stops_an_endless_loop_per_test_names_it_and_goes_on(root, looping):
+    source, line = looping
+    run = grader(root, "check", "online_softmax", "--from", str(source), "--call-timeout", "1")
+    out = flat(run.stdout)
+    assert run.returncode == 1, f"a looping file fails `make check` (exit 1), found {run.returncode}: {out}"
+    assert (f"stopped after 1 s, the exercise's time limit for one call into your code, in online_normalizer "
+            f"(line {line} of online_softmax.py): an endless loop") in out, (
+        f"the test that looped must name the function and the line it was stopped at: {out}")
+    assert "time limit of" not in out and "not run" not in out, (
+        f"each looping test is stopped alone and the run goes on: no test may be left 'not run': {out}")
+    tests = re.search(r"online_softmax (\d+)/(\d+)", out)
+    assert tests and 0 < int(tests.group(1)) < int(tests.group(2)), (
+        f"the tests that never call online_normalizer still pass, the looping ones fail: {out}")
+
+
+def test_a_long_test_is_named_while_it_runs_and_ctrl_c_ends_check_with_one_line(root, looping):
+    """`make check` is never silent for long: every QUIET_S seconds without a result it says which test still runs;
+    Ctrl-C then ends it with one line (no traceback) and exit status 130."""
+    source, _ = looping
+    proc = subprocess.Popen([sys.executable, "-m", "grader", "check", "online_softmax", "--from", str(source),
+                             "--call-timeout", "300"], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "COLUMNS": "160"})
+    try:
+        seen = []
+        for line in proc.stdout:  # the first line a person sees after the exercise's name
+            seen.append(line)
+            if "still running" in line:
+                break
+        said = flat("".join(seen))
+        assert re.search(r"still running test_\w+ after \d+ s: it is stopped at 300 s \(the exercise's "
+                         r"limit for one call\); Ctrl-C stops the run here", said), said
+        proc.send_signal(signal.SIGINT)
+        out, errors = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, f"Ctrl-C exits 130, found {proc.returncode}: {out} {errors}"
+    assert "Traceback" not in out + errors, f"Ctrl-C prints one line, not a traceback: {out} {errors}"
+    assert re.search(r"^interrupted \(Ctrl-C\) while checking online_softmax in test_\w+; nothing was recorded for "
+                     r"it$", flat(out)), flat(out)

@@ -10,4 +10,5 @@ probes.py   the probes around one call (used by both modes): around_call; the pr
 tamper.py   the trusted static scan of a student's file (its tables in scan_rules.py, name resolution and
             constant folding in scan_names.py) and the structural checks' gate (assert_untampered)
 session.py  the `student` fixture's object: local (in-process) or sandbox mode
+deadline.py the time limit of an in-process test (self-study), where no worker can be killed
 """
