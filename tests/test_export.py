@@ -660,7 +660,12 @@ def test_cli_feedback_for_a_folder_and_gradescope_bundle(tmp_path, monkeypatch, 
     assert "bob.json: does not match the result schema (`grader schema result`) at (top level)" in capsys.readouterr().err
     monkeypatch.chdir(ROOT)
     assert cli("gradescope-bundle", "--out", str(tmp_path / "ag.zip"), "-e", "online_softmax") == 0
-    assert "grades online_softmax, all tests" in capsys.readouterr().err
+    said = " ".join(capsys.readouterr().err.split())
+    assert "grades online_softmax, all tests" in said and "it fits Gradescope's default memory (768 MiB" in said, said
+    assert cli("gradescope-bundle", "--out", str(tmp_path / "ring.zip"), "-e", "ring_allreduce") == 0
+    needs = COURSE.exercise("ring_allreduce").memory_mb
+    assert f"set the assignment's autograder memory to at least {needs} MiB" in " ".join(
+        capsys.readouterr().err.split()), "the bundle says the memory an assignment that does not fit needs"
     with zipfile.ZipFile(tmp_path / "ag.zip") as zf:
         assert json.loads(zf.read("autograder.json"))["exercises"] == ["online_softmax"]
 
@@ -735,6 +740,78 @@ def test_run_autograder_runs_the_student_code_as_another_user(tmp_path):
     expected = pwd.getpwnam("nobody").pw_uid if os.geteuid() == 0 else os.geteuid()  # only root can drop
     assert seen == {str(expected)}, f"student code ran as uid {seen}, expected {expected} (nobody)"
     assert out["score"] == 0 and all(t["status"] == "failed" for t in out["tests"] if "public" in t["tags"])
+
+
+def grader_failed(student: str) -> dict:
+    """online_softmax graded (some points), then the grading machine failed on paged_kv: an error of the grade."""
+    r = make_result(student, complete=False)
+    R.close_exercise(r, "online_softmax")
+    R.grader_failure(r, "paged_kv", "the grader's test process for paged_kv stopped before it finished: SIGKILL")
+    R.finish(r)
+    R.validate(r)
+    assert r["score"] > 0 and R.failed_by_grader(r), "the case holds points that must not be posted"
+    return r
+
+
+def test_a_grade_the_grader_failed_on_is_posted_nowhere_as_a_score(tmp_path, capsys):
+    """Its partial points are no verdict: Gradescope and the CSV gradebook write nothing for that student (exit
+    1, the student named), PrairieLearn answers gradable false (no attempt charged), nbgrader writes nothing."""
+    write(tmp_path / "res", "alice.json", make_result("alice"))
+    write(tmp_path / "res", "erin.json", grader_failed("erin"))
+    assert cli("export", str(tmp_path / "res"), "--format", "gradescope", "--out", str(tmp_path / "gs")) == 1
+    err = capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "gs").iterdir()) == ["alice"], "nothing is written for erin"
+    assert re.search(r"not exported \S*erin.json: its gradescope results.json: the grade failed on the grader's side "
+                     r"\(the grader's test process for paged_kv stopped", err), err
+    assert cli("export", str(tmp_path / "res"), "--format", "csv", "--out", str(tmp_path / "grades.csv")) == 1
+    rows = list(csv.DictReader((tmp_path / "grades.csv").read_text().splitlines()))
+    assert [r["student"] for r in rows] == ["alice"], f"no row of partial points for erin: {rows}"
+    assert "erin" in capsys.readouterr().err
+    pl = to_prairielearn(grader_failed("erin"))
+    assert pl["gradable"] is False and "score" not in pl, pl
+    assert any("paged_kv stopped before it finished" in e for e in pl["format_errors"]), pl
+
+
+def _gradescope_tree(root: Path) -> Path:
+    build_bundle(ROOT, root.parent / "autograder.zip", COURSE, ["ring_allreduce"], "all")
+    with zipfile.ZipFile(root.parent / "autograder.zip") as zf:
+        zf.extractall(root / "source")
+    (root / "submission").mkdir()
+    (root / "results").mkdir()
+    (root / "results" / "results.json").write_text("{}")  # an earlier run's: it must not stand as this one's
+    return root
+
+
+def test_run_autograder_refuses_up_front_with_the_memory_to_set(tmp_path, monkeypatch, capsys):
+    from grader.export import gradescope_run
+    from grader.harness import cgroup
+
+    root = _gradescope_tree(tmp_path / "autograder")
+    monkeypatch.setattr(cgroup, "memory_limit_mb", lambda: 768)
+    monkeypatch.delenv("GRADER_IGNORE_MEMORY", raising=False)
+    graded = []
+    monkeypatch.setattr("grader.runner.grade", lambda *a, **k: graded.append(a))
+    needs = gradescope_run.memory_needed_mb(COURSE, ["ring_allreduce"])
+    assert needs > 768, "ring_allreduce's measured peak is above Gradescope's default"
+    assert gradescope_run.run(root) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert not graded, "nothing is graded when the container is too small for the assignment"
+    assert not (root / "results" / "results.json").exists(), "a failed run leaves no results.json: no score posted"
+    assert (f"this autograder container allows 768 MiB of memory, and this assignment needs about {needs} MiB "
+            f"(its largest exercise's measured peak): set the assignment's autograder memory to at least {needs} "
+            "MiB") in out, out
+
+
+def test_run_autograder_posts_no_partial_score_when_the_grader_fails(tmp_path, monkeypatch, capsys):
+    from grader.export import gradescope_run
+
+    root = _gradescope_tree(tmp_path / "autograder")
+    monkeypatch.setenv("GRADER_IGNORE_MEMORY", "1")
+    monkeypatch.setattr("grader.runner.grade", lambda *a, **k: grader_failed("erin"))
+    assert gradescope_run.run(root) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert not (root / "results" / "results.json").exists(), "a failed run leaves no results.json: no score posted"
+    assert "The autograder failed, not the submission: the grade failed on the grader's side" in out, out
 
 
 def test_a_real_result_exports_to_every_format(gradescope_run, tmp_path):

@@ -6,10 +6,25 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+from grader.results import failed_by_grader
 from grader.text import inert
 
 MAX_CHECK_OUTPUT = 8000  # characters of detail per check: a flood of output must not bury the rest
 NOT_GRADED = "not graded here: this check needs a CUDA device"
+
+
+class GradeFailed(Exception):
+    """The result records a failure of the grading machine (a regrade, `grader.results.failed_by_grader`): it has
+    no score, and no gradebook may post the points it holds as one."""
+
+
+def refuse_grader_failure(result: dict) -> None:
+    """Raise `GradeFailed` for a result whose grade failed on the grader's side: every export that posts a score
+    (Gradescope, the CSV gradebook; PrairieLearn answers `gradable: false`, nbgrader writes nothing) calls it."""
+    if failed_by_grader(result):
+        reason = str((result.get("failure") or {}).get("reason") or "no reason recorded")
+        raise GradeFailed(f"the grade failed on the grader's side ({inert(reason, 300)}): it has no score to post; "
+                          "regrade it")
 
 
 def pts(value: float) -> str:

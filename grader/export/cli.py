@@ -236,8 +236,15 @@ def cmd_bundle(args: argparse.Namespace) -> int:
         raise ExportError("expected to run inside the course (a folder with course.yaml), found none")
     names = build_bundle(root, Path(args.out), course, args.exercise, args.tests, args.user)
     what = ", ".join(args.exercise) if args.exercise else "every exercise"
-    _say(f"Gradescope autograder written to {args.out} ({len(names)} files; grades {what}, {args.tests} tests). "
-         "Upload it as the assignment's autograder; see grader/export/README.md.")
+    from grader.export.gradescope_run import GRADESCOPE_DEFAULT_MB, memory_needed_mb
+
+    needs = memory_needed_mb(course, args.exercise)  # the CPU build of torch, which setup.sh installs
+    memory = (f"it fits Gradescope's default memory ({GRADESCOPE_DEFAULT_MB} MiB; its largest peak is about {needs} MiB)"
+              if needs <= GRADESCOPE_DEFAULT_MB else
+              f"set the assignment's autograder memory to at least {needs} MiB (Gradescope's default, "
+              f"{GRADESCOPE_DEFAULT_MB} MiB, is too little: run_autograder would refuse to grade)")
+    _say(f"Gradescope autograder written to {args.out} ({len(names)} files; grades {what}, {args.tests} tests); "
+         f"{memory}. Upload it as the assignment's autograder; see grader/export/README.md.")
     return 0
 
 

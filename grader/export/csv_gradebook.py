@@ -29,7 +29,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from grader.export.checks import pts
+from grader.export.checks import pts, refuse_grader_failure
 from grader.export.isolate import Problems, per_student, usable
 from grader.export.load import Loaded
 from grader.export.times import SubmissionTimes, as_times, aware
@@ -116,6 +116,7 @@ def _row(item: Loaded, exercises: list[str], per_check: list[str], due: dt.datet
          times: SubmissionTimes | None, said: Any) -> list[Any]:
     """One student's row of the gradebook."""
     r = item.result
+    refuse_grader_failure(r)  # no row of partial points for a grade that failed on the grader's side
     graded = [ex for ex in r["exercises"] if ex["id"] in exercises]
     cents = cents_that_add_up([float(ex["score"]) for ex in graded])
     scores = {ex["id"]: _cents(c) for ex, c in zip(graded, cents)}

@@ -37,6 +37,7 @@ from grader.export.checks import (
     counts_toward,
     is_speed,
     iter_checks,
+    refuse_grader_failure,
     speed_metric,
     summary,
 )
@@ -55,6 +56,7 @@ def execution_time(result: dict) -> float:
 
 def to_gradescope(result: dict, settings: ExportSettings | None = None, course: Any = None,
                   execution_time_s: float | None = None) -> dict:
+    refuse_grader_failure(result)  # a grade the grader failed on is a failed autograder run, never a partial score
     gs = (settings or ExportSettings()).gradescope
     withheld = any(getattr(gs.visibility, check["visibility"]) != "visible" for _, _, _, check in iter_checks(result))
     headline = summary(result, gs.count_ungraded_cuda, "on Gradescope", score=not withheld, warnings=False)

@@ -8,6 +8,8 @@ submission time) runs inside `per_student`: whatever it raises becomes that stud
   that is no result): "skipped <file>: <what was expected, what was found>". So is any exception at all from
   a step that reads what the student wrote (``material=True``: a timestamp, a line of the times CSV): the
   parsers of such text raise many types, and none of them is the grader's fault.
+* `GradeFailed`: the result records that the grade failed on the grader's side (a regrade): nothing is exported
+  for that student, never the partial points it holds; the grader's failure (exit 1).
 * Any other exception is an error of the grader itself, never blamed on the student: "internal error of the
   grader while exporting <student> (<Type>: message) [<step>, <file>]".
 
@@ -28,6 +30,7 @@ from typing import Any
 
 from grader import exitcodes
 from grader.results import INTERNAL_ERROR
+from grader.export.checks import GradeFailed
 from grader.export.load import ExportError
 from grader.text import inert
 
@@ -87,6 +90,9 @@ def per_student(problems: Problems | None, student: str, path: Path | str, what:
         return
     try:
         yield outcome
+    except GradeFailed as exc:  # the grade itself failed on the grader's side: no score goes anywhere
+        outcome.failed, outcome.message = True, f"not exported {path}: {what}: {exc}"
+        problems.add(student, outcome.message, by_grader=True)
     except ExportError as exc:  # the export's verdict on the student's own material
         outcome.failed, outcome.message = True, f"skipped {path}: {what}: {inert(exc, SHOWN)}"
         problems.add(student, outcome.message)
