@@ -239,6 +239,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     started = [f for f in failures if not f.not_started]
     for failure in started:
         console.print(Text.assemble(("FAILED ", "red"), inert(failure.where), " ", inert(failure.first_line)))
+    for ex_id, (names, count) in report.not_written(failures).items():  # every failing test is accounted for
+        console.print(Text.assemble(("NOT WRITTEN YET ", "yellow"), f"{ex_id}: ", inert(", ".join(names)),
+                                    f" ({count} test{'s' if count != 1 else ''} wait on "
+                                    f"{'them' if len(names) != 1 else 'it'})"))
     if started:
         first = started[0] if not args.verbose else None
         for failure in ([first] if first else started):

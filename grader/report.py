@@ -6,6 +6,8 @@ of the text made inert (grader/text.py), so ``[/]`` shows as ``[/]`` and an esca
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 from typing import NamedTuple
 
@@ -49,6 +51,21 @@ def failures(result: dict, checks: set[str] | None = None) -> list[Failure]:
                                      _first_line(test["message"], 160), test["message"], test.get("traceback") or "",
                                      "NotImplementedError" in test["message"]))
     return found
+
+
+def not_written(found: list[Failure]) -> dict[str, tuple[list[str], int]]:
+    """Per exercise, the functions its failing tests found still raising the stub's NotImplementedError (in the
+    order the tests met them; the stub's message starts with the function's name) and how many tests wait on
+    them."""
+    by_exercise: dict[str, tuple[list[str], int]] = {}
+    for failure in found:
+        if not failure.not_started:
+            continue
+        names, count = by_exercise.get(failure.exercise, ([], 0))
+        match = re.search(r"NotImplementedError:? ([A-Za-z_][\w.]*)", failure.message)
+        name = match.group(1) if match else "a function of the stub"
+        by_exercise[failure.exercise] = (names if name in names else [*names, name], count + 1)
+    return by_exercise
 
 
 class NotRun(NamedTuple):
