@@ -48,7 +48,7 @@ def failures(result: dict, checks: set[str] | None = None) -> list[Failure]:
                 if test["status"] in ("passed", "not_graded"):
                     continue
                 found.append(Failure(ex["id"], f"{ex['id']}, check {check['id']}: {test['name']}",
-                                     _first_line(test["message"], 160), test["message"], test.get("traceback") or "",
+                                     _first_line(test["message"]), test["message"], test.get("traceback") or "",
                                      "NotImplementedError" in test["message"]))
     return found
 
@@ -111,10 +111,13 @@ def markdown_section(text: str, title: str) -> str:
     return "\n".join(out).strip()
 
 
-def _first_line(text: str, width: int = 110) -> str:
-    text = inert(text, 4 * width).strip()
-    line = text.splitlines()[0] if text else ""
-    return line if len(line) <= width else line[: width - 1] + "…"
+MAX_CAUSE = 2000  # characters of a message's first line kept: a cause is wrapped, never cut; a flood is
+
+
+def _first_line(text: str) -> str:
+    """A message's first line, whole (the terminal wraps it: a cause is never cut at a width)."""
+    text = inert(text, MAX_CAUSE).strip()
+    return text.splitlines()[0] if text else ""
 
 
 def plain(text: object, style: str = "") -> Text:
@@ -125,9 +128,9 @@ def plain(text: object, style: str = "") -> Text:
 def score_table(result: dict, detail: bool = True) -> Table:
     title = plain(f"{result['course']} · submission {result['submission']['id']} · seed {result['seed']}")
     table = Table(title=title, box=box.SIMPLE_HEAVY, show_lines=False, title_justify="left")
-    table.add_column("exercise / check")
-    table.add_column("points", justify="right")
-    table.add_column("status")
+    table.add_column("exercise / check", overflow="fold")
+    table.add_column("points", justify="right", no_wrap=True)
+    table.add_column("status", overflow="fold")
     table.add_column("message", overflow="fold")
     for ex in result["exercises"]:
         ungraded = sum(c["max_points"] for c in ex["checks"] if c["status"] == "not_graded")
@@ -163,10 +166,10 @@ def comparison_table(results: list[dict]) -> Table:
 def progress_table(result: dict) -> Table:
     """`make check`: per exercise, public tests passed and points, and what to look at next."""
     table = Table(title="your progress (public tests)", box=box.SIMPLE_HEAVY, title_justify="left")
-    table.add_column("exercise")
-    table.add_column("tests passed", justify="right")
-    table.add_column("points", justify="right")
-    table.add_column("next")
+    table.add_column("exercise", no_wrap=True)
+    table.add_column("tests", justify="right", no_wrap=True)
+    table.add_column("points", justify="right", no_wrap=True)
+    table.add_column("next", overflow="fold")  # a long path or word folds; nothing is cut
     pointed = False  # "start here" goes on the first exercise not started, the others just say so
     for ex in result["exercises"]:
         tests = [t for c in ex["checks"] for t in c["tests"]]
@@ -184,7 +187,7 @@ def progress_table(result: dict) -> Table:
                    Text(f"start here: read exercises/{ex['id']}/README.md, then fill in {ex['id']}.py", style="yellow"))
             pointed = True
         else:
-            nxt = Text(f"{_first_line(bad['name'])}: {_first_line(bad['message'], 90)}", style="red")
+            nxt = Text(f"{_first_line(bad['name'])}: {_first_line(bad['message'])}", style="red")
         table.add_row(plain(ex["id"]), f"{passed}/{len(tests)}", _points(earned, possible), nxt)
     return table
 

@@ -148,3 +148,42 @@ def test_progress_of_one_exercise_shows_every_check_it_is_graded_on(root):
         assert check.id in out, f"{check.id} is graded, so the student should see it: {out[-1500:]}"
     assert "hidden tests" in out and "public tests (make check)" in out
     assert "route_public" in out.split("drops:", 1)[1].split("\n")[0], "drops is practised by route_public's hints"
+
+
+def test_tables_fit_80_columns_and_wrap_a_cause_never_cut_it():
+    """At 80 columns every table wraps a long cause whole: no ellipsis, no line past the edge."""
+    from rich.console import Console
+
+    from grader import report
+    from grader.scale import summary as batch_summary
+
+    cause = ("online_softmax.ipynb cannot be graded: cell 7 holds a shell or magic line ('%timeit online_softmax(x)'); "
+             "tag the cell 'scratch' or start it with '# scratch' to keep it out of the grade")
+    failing = {"name": "test_softmax_matches_the_textbook[1024]", "status": "failed",
+               "message": "the softmax of a row of 1,024 values differs from the textbook's by 3.2e-02 at column 517: "
+                          "is the last, partial block included in pass 1?"}
+    progress = {"exercises": [
+        {"id": "online_softmax", "message": cause, "checks": [{"id": "a", "visibility": "public", "points": 0,
+                                                               "max_points": 5, "tests": []}]},
+        {"id": "flash_attention", "message": "", "checks": [{"id": "b", "visibility": "public", "points": 0,
+                                                             "max_points": 5, "tests": [failing]}]}]}
+    ex = COURSE.exercise("speculative")
+    summary = {"graded": 3, "submissions": 4, "histogram_note": "not drawn", "not_gradable": [], "unfinished": [],
+               "no_result": [], "internal_error": [{"id": "submission-of-a-student-with-a-long-name", "reason": cause}],
+               "exercises": [{"id": e.id, "graded": 3, "mean": 88.25, "median": 91.5, "min": 12.5, "max": 100,
+                              "gradable_max_score": e.points - 5, "max_score": e.points, "full_marks": 1,
+                              "not_submitted": 1,
+                              "most_failed": [{"check": "speculative_accept", "failed": 2, "message": cause}]
+                              if e.id == ex.id else []}
+                             for e in COURSE.exercises]}
+    console = Console(width=80, record=True, color_system=None)
+    console.print(report.progress_table(progress))
+    batch_summary.print_summary(summary, console)
+    text = console.export_text()
+    wide = [line for line in text.splitlines() if len(line) > 80]
+    assert not wide, f"lines past 80 columns: {wide}"
+    assert "…" not in text, f"a cell was cut with an ellipsis:\n{text}"
+    words = " ".join(text.split())
+    for part in ("'%timeit online_softmax(x)'", "is the last, partial block included in pass 1?",
+                 "'# scratch' to keep it out of the grade", *(e.id for e in COURSE.exercises)):
+        assert part in words, f"{part!r} must be shown whole (wrapped), found:\n{text}"

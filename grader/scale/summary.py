@@ -183,13 +183,20 @@ def _num(value: float | None) -> str:
 def print_summary(summary: dict, console: Console) -> None:
     table = Table(title=f"batch summary: {summary['graded']} graded of {summary['submissions']} submissions",
                   box=box.SIMPLE_HEAVY, title_justify="left")
-    for col in ("exercise", "graded", "mean", "median", "min", "max", "of", "full marks", "not submitted"):
-        table.add_column(col, justify="left" if col == "exercise" else "right")
+    # Fits 80 columns: the exercise whole, the figures short; what "of" leaves out is said once below the table.
+    table.add_column("exercise", no_wrap=True)
+    for col in ("graded", "mean", "median", "min-max", "of", "full", "missing"):
+        table.add_column(col, justify="right", no_wrap=True)
     for e in summary["exercises"]:
-        of = f"{e['gradable_max_score']:g}" + (f" (of {e['max_score']:g})" if e["gradable_max_score"] != e["max_score"] else "")
-        table.add_row(e["id"], str(e["graded"]), _num(e["mean"]), _num(e["median"]), _num(e["min"]), _num(e["max"]),
-                      of, str(e["full_marks"]), str(e["not_submitted"]))
+        table.add_row(e["id"], str(e["graded"]), _num(e["mean"]), _num(e["median"]),
+                      f"{_num(e['min'])}-{_num(e['max'])}", f"{e['gradable_max_score']:g}", str(e["full_marks"]),
+                      str(e["not_submitted"]))
     console.print(table)
+    partly = [f"{e['id']} {e['gradable_max_score']:g} of {e['max_score']:g}" for e in summary["exercises"]
+              if e["gradable_max_score"] != e["max_score"]]
+    cuda = f"; the CUDA checks' are not graded here ({'; '.join(partly)})" if partly else ""
+    console.print(Text(f"of: the points graded{cuda}. full: submissions with full marks. missing: not submitted.",
+                       style="dim"))
     for e in summary["exercises"]:
         if not e["most_failed"]:
             continue
@@ -198,7 +205,7 @@ def print_summary(summary: dict, console: Console) -> None:
             fails.add_column(col, overflow="fold")
         for f in e["most_failed"]:
             fails.add_row(Text(inert(f["check"])), f"{f['failed']}/{e['graded'] - e['not_submitted']}",
-                          Text(inert(f["message"])[:160]))
+                          Text(inert(f["message"], 2000)))
         console.print(fails)
     labels = {"not_gradable": "not gradable", "internal_error": INTERNAL_ERROR + " (retried on the next run)",
               "unfinished": "unfinished (retried on the next run)", "no_result": "no result yet"}
@@ -208,7 +215,7 @@ def print_summary(summary: dict, console: Console) -> None:
         for col in ("submission", "kind", "reason"):
             problems.add_column(col, overflow="fold")
         for row in rows:
-            problems.add_row(Text(inert(row[0])), row[1], Text(inert(row[2])[:200]))
+            problems.add_row(Text(inert(row[0])), row[1], Text(inert(row[2], 2000)))
         console.print(problems)
     png = f" and {summary['histogram_png']}" if summary.get("histogram_png") else f" ({summary.get('histogram_note')})"
     console.print(f"summary written to {SUMMARY_FILE}{png}", markup=False, highlight=False)
