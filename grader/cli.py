@@ -42,6 +42,7 @@ from rich.text import Text
 
 from grader import __version__, exitcodes, report, results, selfstudy
 from grader.options import GradeOptions, OptionsError, add_grade_options
+from grader.progress import GradeProgress
 from grader.course import CourseError, find_root, load_course
 from grader.runner import grade, grade_exercise
 from grader.text import inert
@@ -78,7 +79,9 @@ def cmd_grade(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     backend = backend_from_args(args, root, opts)  # rejects flags that do not go with the backend
     if args.backend == "local":
-        result = grade(course, root, source, out, opts)
+        chosen = [e.id for e in course.exercises if not opts.exercises or e.id in opts.exercises]
+        with GradeProgress(source.name, chosen, err) as progress:
+            result = grade(course, root, source, out, opts, on_update=progress)
     else:
         result = grade_in_container(course, root, source, out, opts, backend)
     if args.format == "json":
@@ -147,7 +150,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out_dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="grader-demo-"))
     for name, folder in (("reference", root / "solutions"), ("stub", root / "exercises")):
         console.print(f"grading the {name} ({folder.relative_to(root)}/) ...")
-        result = grade(course, root, folder, out_dir / f"{name}.json", GradeOptions(seed=args.seed), submission_id=name)
+        with GradeProgress(name, [e.id for e in course.exercises], err) as progress:
+            result = grade(course, root, folder, out_dir / f"{name}.json", GradeOptions(seed=args.seed),
+                           submission_id=name, on_update=progress)
         if args.detail:
             report.print_result(result, console)
         graded.append(result)
