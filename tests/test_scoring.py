@@ -14,30 +14,30 @@ EXERCISES = [e.id for e in COURSE.exercises]
 MUTANTS = [(e, m) for e in COURSE.exercises for m in load_mutants(e.id)]
 
 
-@pytest.fixture(scope="module")
-def reference_result():
-    return grade_folder(ROOT / "solutions")
+_graded: dict[tuple[str, str], dict] = {}
 
 
-@pytest.fixture(scope="module")
-def stub_result():
-    return grade_folder(ROOT / "exercises")
+def graded(folder: str, exercise_id: str) -> dict:
+    """The reference (solutions/) or the stub (exercises/) of one exercise, graded once per test process."""
+    if (folder, exercise_id) not in _graded:
+        _graded[folder, exercise_id] = grade_folder(ROOT / folder, [exercise_id])
+    return _graded[folder, exercise_id]
 
 
-# The reference and stub are graded once per test process; keep their tests in one process.
-on_reference_worker = pytest.mark.xdist_group("reference-and-stub")
+# Each exercise's reference and stub are graded in one test process, and the exercises in parallel: one group per
+# exercise (eight grades on one worker made this file the suite's longest wait).
+BY_EXERCISE = [pytest.param(e, marks=pytest.mark.xdist_group(f"reference-and-stub-{e}")) for e in EXERCISES]
 
 
-@on_reference_worker
-def test_results_match_the_schema(reference_result, stub_result):
-    results.validate(reference_result)
-    results.validate(stub_result)
+@pytest.mark.parametrize("exercise_id", BY_EXERCISE)
+def test_results_match_the_schema(exercise_id):
+    results.validate(graded("solutions", exercise_id))
+    results.validate(graded("exercises", exercise_id))
 
 
-@on_reference_worker
-@pytest.mark.parametrize("exercise_id", EXERCISES)
-def test_reference_earns_full_marks_on_every_gradable_check(reference_result, exercise_id):
-    for check in checks_of(reference_result, exercise_id).values():
+@pytest.mark.parametrize("exercise_id", BY_EXERCISE)
+def test_reference_earns_full_marks_on_every_gradable_check(exercise_id):
+    for check in checks_of(graded("solutions", exercise_id), exercise_id).values():
         if check["status"] == "not_graded":
             assert check["cuda"], f"{exercise_id}/{check['id']} was not graded but is not a CUDA check: {check['message']}"
             continue
@@ -47,10 +47,9 @@ def test_reference_earns_full_marks_on_every_gradable_check(reference_result, ex
         )
 
 
-@on_reference_worker
-@pytest.mark.parametrize("exercise_id", EXERCISES)
-def test_stub_earns_nothing(stub_result, exercise_id):
-    for check in checks_of(stub_result, exercise_id).values():
+@pytest.mark.parametrize("exercise_id", BY_EXERCISE)
+def test_stub_earns_nothing(exercise_id):
+    for check in checks_of(graded("exercises", exercise_id), exercise_id).values():
         assert check["points"] == 0, f"the stub earned {check['points']} on {exercise_id}/{check['id']}"
         assert check["status"] in ("error", "failed", "not_graded"), check
 
