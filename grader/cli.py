@@ -361,8 +361,10 @@ def cmd_interview(args: argparse.Namespace) -> int:
             console.print(f"[bold]interview: {round_.title}[/] ({round_.id}, {round_.difficulty}), "
                           f"time box {state['minutes']} minutes")
             contract = report.readme_section(root / folder / "README.md", "The contract")
-            if contract:
-                console.print(inert(contract), markup=False, highlight=False)
+            if contract:  # rendered (headings, lists, code), wrapped once to the terminal's width
+                from rich.markdown import Markdown
+
+                console.print(Markdown(inert(contract)))
             console.print(f"the whole task: {folder}/README.md; write your code in {folder}/{round_.exercise.file} "
                           f"(a fresh stub; `.venv/bin/pytest {folder}` runs its public tests on it)")
             if round_.part:

@@ -226,7 +226,9 @@ def test_interview_round(root, tmp_path):
     start = grader("interview", "start", "--exercise", "online_softmax")
     assert start.returncode == 0, start.stderr
     assert "online_softmax" in start.stdout and "time box 45 minutes" in start.stdout
-    assert "## The contract" in start.stdout, "the round prints its task: the README's contract"
+    assert "The contract" in start.stdout, "the round prints its task: the README's contract"
+    assert "## " not in start.stdout and "```" not in start.stdout and "`online_softmax(" not in start.stdout, (
+        f"the contract is rendered for a terminal, not printed as raw markdown: {start.stdout}")
     practice = work / "practice" / "online_softmax"
     assert (practice / "online_softmax.py").read_text() == (root / "exercises/online_softmax/online_softmax.py").read_text(), (
         "an interview round starts from the pristine stub, not from the student's solved exercises/ file")
