@@ -236,3 +236,21 @@ def test_check_lists_the_functions_not_written_yet(root, tmp_path):
     failed = out.count("FAILED online_softmax")
     assert failed + int(said.group(1)) == total - passed, (
         f"every test that did not pass is listed, as FAILED or as waiting on an unwritten function: {out}")
+
+
+def test_a_name_the_file_lacks_is_named_with_what_the_file_defines(tmp_path):
+    """An empty file, or a misnamed function: the student reads what the contract expected, not Python's
+    "module has no attribute" (both modes look names up through grader.harness.lookup)."""
+    from grader.harness.lookup import student_attribute
+    from grader.harness.worker import import_file
+
+    empty = tmp_path / "online_softmax.py"
+    empty.write_text("")
+    with pytest.raises(AttributeError, match=r"^expected online_softmax.py to define 'merge_states', which the "
+                                             r"contract names; found no such name: it defines no function or class "
+                                             r"\(is the file empty\?\)$"):
+        student_attribute(import_file(empty), "merge_states")
+    misnamed = tmp_path / "gptq.py"
+    misnamed.write_text("import math\n\ndef gptq(W, H):\n    return W\n\nclass Quant:\n    pass\n")
+    with pytest.raises(AttributeError, match=r"found no such name: it defines Quant, gptq$"):
+        student_attribute(import_file(misnamed), "gptq_quantize")

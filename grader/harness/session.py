@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from grader.harness import host_reads, interpreter_bound, probes, tamper, wire
+from grader.harness.lookup import student_attribute
 from grader.harness.client import (
     CallOptions,
     SandboxError,
@@ -47,7 +48,7 @@ class LocalModule:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        value = getattr(self._module, name)
+        value = student_attribute(self._module, name)
         if isinstance(value, type) and issubclass(value, BaseException):
             return value  # pytest.raises(sm.OutOfBlocks) matches the class itself
         if callable(value):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from grader.harness import host_reads, integrity, interpreter_bound, probes, wire
+from grader.harness.lookup import student_attribute
 
 
 
@@ -106,7 +107,7 @@ class Worker:
         with probes.around_call(self.module_path, **self.rules):
             gc.enable()
             try:
-                value = getattr(owner, name)
+                value = student_attribute(owner, name)
             finally:
                 gc.disable()
         self.pinned.append(value)
