@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import base64
 import csv
+import html
 import datetime as dt
 import io
 import json
@@ -545,6 +546,20 @@ def test_exports_strip_escape_sequences_and_controls_from_student_text():
         assert not found, f"{name} holds control characters {found}"
         if name != "csv":
             assert "[/] abc\nok" in text.replace("\\n", "\n"), f"{name} lost the student's text"
+
+
+def test_feedback_page_opens_failures_only_and_says_a_refusal_once():
+    page = render_feedback(make_result("alice", speed=True), COURSE, plots=False)
+    assert re.search(r'<details class="check-detail" id="detail-online_softmax-merge_public" open>', page), (
+        "a failing check's details are open")
+    assert re.search(r'<details class="check-detail" id="detail-online_softmax-triton_speed">', page), (
+        "a passed check's measurements are folded away: the page stays short")
+    refused = make_result("bob", gradable=False)
+    page = render_feedback(refused, COURSE, plots=False)
+    reason = refused["format_errors"][0]
+    shown = re.findall(re.escape(html.escape(reason[:40])), page)
+    assert len(shown) == 1, f"a refusal's reason is said once, not in every row: {len(shown)} times"
+    assert "(the reason above)" in page or "the reason is at the top of this page" in page
 
 
 def test_feedback_drops_frames_of_hidden_tests_from_a_traceback():

@@ -80,8 +80,9 @@ def render_feedback(result: dict, course: Any = None, plots: bool = True) -> str
         f'<h1 id="title">Feedback for <span id="submission">{_e(sub)}</span></h1>',
         _summary(result),
     ]
+    above = set(result.get("format_errors") or []) if result.get("gradable") is False else set()
     for ex in result["exercises"]:
-        parts.append(_exercise(ex, course, plots))
+        parts.append(_exercise(ex, course, plots, above))
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
@@ -115,16 +116,21 @@ def _summary(result: dict) -> str:
     return "\n".join(out)
 
 
-def _exercise(ex: dict, course: Any, plots: bool) -> str:
+def _exercise(ex: dict, course: Any, plots: bool, above: set[str] | frozenset[str] = frozenset()) -> str:
+    """One exercise's section. `above`: the reasons the page's summary already gives (a refused submission)."""
     ex_id = ex["id"]
     out = [f'<section class="exercise" id="ex-{_e(ex_id)}" data-exercise="{_e(ex_id)}" data-status="{_e(ex["status"])}">',
            (f'<h2>{_e(ex["title"])} <small>({_e(ex_id)})</small> · '
             f'<span class="points exercise-score">{pts(ex["score"])}/{pts(ex["max_score"])}</span></h2>')]
-    if ex["message"]:
-        out.append(f'<p class="exercise-message message">{_e(ex["message"])}</p>')
+    said = ex["message"]  # a reason said once: above the table, never again in each row
+    if said:
+        shown = "not graded: the reason is at the top of this page" if said in above else said
+        out.append(f'<p class="exercise-message message">{_e(shown)}</p>')
     out.append('<table class="checks"><thead><tr><th>check</th><th>status</th><th>points</th><th>message</th></tr></thead><tbody>')
     for check in ex["checks"]:
         message = check["message"] or (NOT_GRADED if check["status"] == "not_graded" else "")
+        if said and message == said:
+            message = "(the reason above)"
         out.append(
             f'<tr class="check" id="check-{_e(ex_id)}-{_e(check["id"])}" data-check="{_e(check["id"])}" '
             f'data-status="{_e(check["status"])}" data-visibility="{_e(check["visibility"])}">'
@@ -147,7 +153,8 @@ def _check_detail(ex_id: str, check: dict, course: Any, plots: bool) -> str:
         return ""
     key = f"{_e(ex_id)}-{_e(check['id'])}"
     tally = ", ".join(f"{n} {s.replace('_', ' ')}" for s, n in sorted(Counter(t["status"] for t in check["tests"]).items()))
-    out = [f'<details class="check-detail" id="detail-{key}" open>',
+    opened = " open" if bad else ""  # failures open; a passed check's measurements fold away (a short page)
+    out = [f'<details class="check-detail" id="detail-{key}"{opened}>',
            f"<summary><code>{_e(check['id'])}</code>: {_e(tally)}</summary>"]
     if bad:
         out.append('<ul class="tests">')
