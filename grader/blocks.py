@@ -243,7 +243,17 @@ def explain_row(x: torch.Tensor, got: torch.Tensor, want: torch.Tensor, bad: tor
         why = (f"the row holds only -inf, so its softmax is all zeros; {found} at column {first}. NaN there comes from "
                "exp(-inf - (-inf)) or 0 / 0: subtract 0 when the max is still -inf, and use 1/l = 0 when l = 0")
         return f"{why}."
-    if bool(got.isnan().any()):
+    tail = cuts[-2] if cuts is not None and len(cuts) >= 3 and cuts[-1] - cuts[-2] < cuts[1] - cuts[0] else None
+    if tail is not None and bool(bad[tail:].all()) and not bool(masked[tail:].all()):
+        why = (f"every column of the last, partial {unit} [{tail}, {n}) is wrong (found {float(got[tail]):.6g}, expected "
+               f"{float(want[tail]):.6g} at column {tail}){' and the others are off a little' if cols[0] < tail else ''}"
+               f": check that the last, partial {unit} is included, in pass 1 (its columns count in l) and in pass 2 "
+               "(it is written)")
+    elif bool(got.isnan().all()) and not bool(masked.any()):
+        why = ("every column is NaN, and the row holds no -inf, so no exp(-inf - (-inf)) made it: this row was never "
+               "written (memory from torch.empty reads NaN under the kernel rule). Does the grid launch a program for "
+               "every row (rows, not rows - 1), and does each program store its whole row?")
+    elif bool(got.isnan().any()):
         nan_col = int(got.isnan().nonzero()[0])
         why = (f"NaN from {describe_column(nan_col, n, cuts, unit)}. NaN comes from exp(-inf - (-inf)): a running max "
                f"(of the row, a {unit} or a lane) that is still -inf when another -inf arrives. Guard it in every "

@@ -3,12 +3,14 @@ the checks they should. Every exercise in course.yaml is covered automatically."
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 from grader import results
 from tests.conftest import COURSE, ROOT, checks_of, grade_folder
-from tests.known_wrong import load_mutants, write_mutant
+from tests.known_wrong import first_failures, load_mutants, write_mutant
 
 EXERCISES = [e.id for e in COURSE.exercises]
 MUTANTS = [(e, m) for e in COURSE.exercises for m in load_mutants(e.id)]
@@ -86,7 +88,23 @@ def test_known_wrong_submission_loses_its_checks(tmp_path, exercise, mutant):
             f"{mutant.name} ({mutant.why}) computes the right numbers, so it should keep {check_id}, but scored "
             f"{check['points']}/{check['max_points']}: {check['message']}"
         )
+    if mutant.cause:  # the first failing messages name the real bug, never another
+        for visibility, (check_id, test, message) in first_failures(result, exercise.id, mutant.loses).items():
+            assert re.search(mutant.cause, message, re.IGNORECASE), (
+                f"{mutant.name} ({mutant.why}): the first failing {visibility} test, {check_id}/{test}, must name "
+                f"the cause (/{mutant.cause}/), found: {message}")
     assert_no_hidden_source(result, exercise.id)
+
+
+# The exercises whose known-wrong submissions all declare the cause their messages must name (issue "The user's
+# side", row 6): an exercise joins when every mutant of it has one; the test below keeps it that way.
+CAUSES_DECLARED = ["online_softmax"]
+
+
+@pytest.mark.parametrize("exercise_id", CAUSES_DECLARED)
+def test_every_known_wrong_submission_declares_its_cause(exercise_id):
+    silent = [m.name for m in load_mutants(exercise_id) if not m.cause]
+    assert not silent, f"tests/known_wrong/{exercise_id}.py: give each mutant the cause its messages must name: {silent}"
 
 
 def assert_no_hidden_source(result: dict, exercise_id: str) -> None:
