@@ -70,13 +70,15 @@ test: $(VENV)/.test-deps          ## the project's own tests (JOBS=n parallel pr
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadgroup --durations=25 tests
 
 # The short suite CI runs on every other tested torch (grader/torchbuild.py TESTED): the guards and probes,
-# the hostile files, the tamper scan, the torch check, every reference and stub, one exercise's known-wrongs.
+# the hostile files, the tamper scan, the torch check, every reference and stub, and the known-wrongs whose loss
+# depends on torch itself (online_softmax's library softmax under other names, and its host-side Triton
+# shortcuts: operator families and dispatch differ between releases; a wrong number is wrong on any torch).
 SHORT_TESTS ?= tests/test_probes.py tests/test_hostile.py tests/test_error_is_no_answer.py tests/test_tamper.py \
                tests/test_memory_limit.py tests/test_torchbuild.py tests/test_scoring.py
 test-short: $(VENV)/.test-deps    ## the short suite, e.g. on another torch: make test-short VENV=.venv-2.14 TORCH=torch==2.14.1
 	@$(BIN)/python -c "import sys, torch, triton; print(f'short suite on Python {sys.version.split()[0]}, torch {torch.__version__} ({\"CUDA \" + torch.version.cuda if torch.version.cuda else \"CPU\"} build), triton {triton.__version__}')"
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(JOBS) --dist loadgroup --durations=10 $(SHORT_TESTS) \
-		-k "not test_known_wrong_submission_loses_its_checks or online_softmax"
+		-k "not test_known_wrong_submission_loses_its_checks or (online_softmax and (softmax_ or log_softmax or by_log or triton_in_ or noop_launch))"
 
 gpu-check: setup                  ## every CUDA check proved and calibrated on this GPU; DRY=1: the CPU rehearsal
 	$(BIN)/grader gpu-check $(if $(DRY),--dry-run)

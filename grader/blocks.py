@@ -251,8 +251,8 @@ def explain_row(x: torch.Tensor, got: torch.Tensor, want: torch.Tensor, bad: tor
                "(it is written)")
     elif bool(got.isnan().all()) and not bool(masked.any()):
         why = ("every column is NaN, and the row holds no -inf, so no exp(-inf - (-inf)) made it: this row was never "
-               "written (memory from torch.empty reads NaN under the kernel rule). Does the grid launch a program for "
-               "every row (rows, not rows - 1), and does each program store its whole row?")
+               "written (memory from torch.empty reads NaN under the kernel rule): check that the grid launches a program "
+               "for every row (rows, not rows - 1) and that each program stores its whole row")
     elif bool(got.isnan().any()):
         nan_col = int(got.isnan().nonzero()[0])
         why = (f"NaN from {describe_column(nan_col, n, cuts, unit)}. NaN comes from exp(-inf - (-inf)): a running max "
@@ -290,6 +290,22 @@ def explain_row(x: torch.Tensor, got: torch.Tensor, want: torch.Tensor, bad: tor
             f". It is at a {unit} boundary: look for an off-by-one in the {unit}'s offsets or its load or store mask"
             if edge else "")
     return f"{why}. The row: {spans}."
+
+
+def worst_in_the_tail(got: torch.Tensor, want: torch.Tensor, cuts: Cuts, unit: str = "block") -> str:
+    """A sentence when the largest error of a [rows, n] result lies in the last, partial block of `cuts` (the
+    block a loop over whole blocks leaves out), else "". NaN counts as the largest error."""
+    if cuts is None or len(cuts) < 3 or cuts[-1] - cuts[-2] >= cuts[1] - cuts[0] or got.shape != want.shape:
+        return ""
+    err = (got.detach().cpu().double() - want.detach().cpu().double()).abs().nan_to_num(nan=float("inf"))
+    err = err.reshape(-1, err.shape[-1])
+    if not bool((err > 0).any()):
+        return ""
+    column = int(err.max(dim=0).values.argmax())
+    if column < cuts[-2]:
+        return ""
+    return (f" The largest error is in the last, partial {unit} [{cuts[-2]}, {cuts[-1]}): check that it is included, "
+            f"in pass 1 (its columns count in l) and in pass 2 (it is written).")
 
 
 def explain_state(x: torch.Tensor, got: float, want: float, cuts: Cuts, unit: str = "chunk", name: str = "l") -> str:

@@ -401,6 +401,24 @@ def must_accept(label: str, call: Callable[[], Any]) -> None:
                     "from a function that accepts valid input")
 
 
+def valid_call(label: str, call: Callable[[], Any], why: str = "") -> Any:
+    """`call()`'s value. When the student's code raises on this input, which the contract accepts, the test fails
+    saying so (`label`: the input; `why`: what the contract answers for it), not with the bare exception, which
+    often blames the wrong thing (a ValueError for "no chunks" raised on chunks of width 0). The grading machine's
+    own failures (the sandbox, a timeout, a crash) pass through untouched."""
+    import pytest
+
+    from grader.harness.client import SandboxError, StudentCrash, StudentError, StudentTimeout
+
+    try:
+        return call()
+    except (SandboxError, StudentCrash, StudentTimeout):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the student's exception, in either mode
+        raised = str(exc) if isinstance(exc, StudentError) else f"{type(exc).__name__}: {exc}"
+        pytest.fail(f"{label} is valid input, and your code raised {raised[:300]}" + (f". {why}" if why else ""))
+
+
 def show(value: Any, limit: int = 16, _depth: int = 0) -> str:
     """`value` for a message, in bounded space: at most `limit` elements, then how many were left out.
 

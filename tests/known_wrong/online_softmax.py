@@ -8,6 +8,7 @@ MUTANTS = [
         why="exp(x) without subtracting the running max: overflows to inf for inputs near 1e4",
         edits=[("    return torch.where(m == NEG_INF, torch.zeros_like(m), m)", "    return torch.zeros_like(m)")],
         loses=["stability", "normalizer", "normalizer_public"],
+        cause=r"subtracted before exp",
     ),
     Mutant(
         name="no_rescale",
@@ -15,6 +16,7 @@ MUTANTS = [
         edits=[("    l = l_a * torch.exp(m_a - shift) + l_b * torch.exp(m_b - shift)",
                 "    l = l_a + l_b * torch.exp(m_b - shift)")],
         loses=["normalizer", "merge", "softmax", "normalizer_public", "merge_public"],
+        cause=r"exp\(old_max - new_max\)",
     ),
     Mutant(
         name="reads_chunks_twice",
@@ -45,12 +47,14 @@ MUTANTS = [
     if m is None:""",
         )],
         loses=["normalizer", "normalizer_public", "softmax"],
+        cause=r"read only once",
     ),
     Mutant(
         name="merge_nan_on_empty_state",
         why="subtracts the max even when it is -inf: exp(-inf - (-inf)) = NaN for rows with nothing yet",
         edits=[("    m = torch.maximum(m_a, m_b)\n    shift = _safe_max(m)", "    m = torch.maximum(m_a, m_b)\n    shift = m")],
         loses=["merge", "merge_public", "normalizer"],
+        cause=r"NaN.*-inf|-inf.*NaN",
     ),
     Mutant(
         name="fp16_accumulation",
@@ -58,12 +62,14 @@ MUTANTS = [
         edits=[("        chunk = chunk.float()\n        if m is None:", "        if m is None:"),
                ("dtype=torch.float32, device=chunk.device)", "dtype=chunk.dtype, device=chunk.device)")],
         loses=["stability", "normalizer"],
+        cause=r"must be fp32",
     ),
     Mutant(
         name="drops_last_partial_block",
         why="iterates over whole blocks only: the last, partial block is never read or written",
         edits=[("    starts = range(0, n, block_size)", "    starts = range(0, n // block_size * block_size, block_size)")],
         loses=["softmax", "softmax_public"],
+        cause=r"last, partial block",
     ),
     Mutant(
         name="output_always_fp32",
@@ -71,6 +77,7 @@ MUTANTS = [
         edits=[("    out = torch.empty_like(rows)", "    out = torch.empty_like(rows, dtype=torch.float32)"),
                ("(torch.exp(block - shift) * inv_l).to(x.dtype)", "torch.exp(block - shift) * inv_l")],
         loses=["softmax", "softmax_public"],
+        cause=r"expected (float16 output|dtype torch\.float16)",
     ),
     Mutant(
         name="triton_one_tile_per_row",
@@ -79,6 +86,7 @@ MUTANTS = [
                ("    for start in range(0, n_cols, BLOCK):\n        offs = start + cols\n        x = tl.load(",
                 "    for start in range(0, BLOCK, BLOCK):\n        offs = start + cols\n        x = tl.load(")],
         loses=["triton"],
+        cause=r"loop over the whole row",
     ),
     Mutant(
         name="triton_load_mask_off_by_one",
@@ -86,12 +94,14 @@ MUTANTS = [
         edits=[("        x = tl.load(x_row + offs * stride_xc, mask=mask, other=float(\"-inf\")).to(tl.float32)",
                 "        x = tl.load(x_row + offs * stride_xc, mask=offs < n_cols - 1, other=float(\"-inf\")).to(tl.float32)")],
         loses=["triton", "triton_public"],
+        cause=r"off-by-one in the load or store mask",
     ),
     Mutant(
         name="triton_ignores_strides",
         why="addresses x as if it were contiguous: transposes and slices read the wrong elements",
         edits=[("out, n_cols, x.stride(0), x.stride(1), out.stride(0)", "out, n_cols, n_cols, 1, out.stride(0)")],
         loses=["triton", "triton_public"],
+        cause=r"stride",
     ),
 ]
 
@@ -113,6 +123,7 @@ SPAN_MUTANTS = [
                 "        m_new, l_new = merge_states(m, l, m_chunk, l_chunk)\n"
                 "        m, l = torch.where(padded, m, m_new), torch.where(padded, l, l_new)\n")],
         loses=["normalizer", "softmax"],
+        cause=r"was not counted|after a chunk of only -inf",
     ),
     Mutant(
         name="chunk_masked_by_first_column",
@@ -121,6 +132,7 @@ SPAN_MUTANTS = [
         edits=[("        l_chunk = torch.exp(chunk - _safe_max(m_chunk)[:, None]).sum(dim=1)",
                 "        l_chunk = torch.exp(chunk - torch.where(chunk[:, 0] == NEG_INF, 0.0, m_chunk)[:, None]).sum(dim=1)")],
         loses=["normalizer", "softmax"],
+        cause=r"begins with -inf",
     ),
     Mutant(
         name="triton_first_tile_unguarded",
@@ -144,6 +156,7 @@ SPAN_MUTANTS = [
         l = l * tl.exp(m - m_new) + tl.exp(x - m_new)
         m = m_new""")],
         loses=["triton"],
+        cause=r"while the max is -inf, in every tile",
     ),
 ]
 MUTANTS += SPAN_MUTANTS
@@ -191,6 +204,7 @@ MUTANTS += [
     return m, torch.exp(x - _safe_max(m)[:, None]).sum(dim=1)""")],
         loses=["streaming"],
         keeps=_CORRECT,
+        cause=r"earlier chunks were still alive",
     ),
     Mutant(
         name="textbook_softmax",
@@ -204,6 +218,7 @@ MUTANTS += [
                 "    out = (torch.exp(rows.float() - shift) * inv_l).to(x.dtype)")],
         loses=["streaming"],
         keeps=_CORRECT,
+        cause=r"expected \d+ blocks of \d+ columns",
     ),
     Mutant(
         name="softmax_without_online_normalizer",
@@ -218,6 +233,7 @@ MUTANTS += [
         m, l = merge_states(m, l, m_block, torch.exp(block - _safe_max(m_block)[:, None]).sum(dim=1))""")],
         loses=["streaming"],
         keeps=["softmax"],
+        cause=r"called online_normalizer 0 times",
     ),
     Mutant(
         name="inplace_whole_rows_on_output",
@@ -246,6 +262,7 @@ MUTANTS += [
             out[r] = row.to(out.dtype)""")],
         loses=["streaming"],
         keeps=_CORRECT,
+        cause=r"with the state online_normalizer returned",
     ),
     Mutant(
         name="state_used_whole_rows_in_place",
@@ -267,6 +284,7 @@ MUTANTS += [
             out[r] = (out[r].float().sub_(shift[r]).exp_().mul_(inv_l[r])).to(out.dtype)""")],
         loses=["streaming"],
         keeps=_CORRECT,
+        cause=r"read \d+ elements at once",
     ),
     Mutant(
         name="normalizer_result_discarded",
@@ -283,6 +301,7 @@ MUTANTS += [
         m, l = merge_states(m, l, m_block, torch.exp(block - _safe_max(m_block)[:, None]).sum(dim=1))""")],
         loses=["streaming"],
         keeps=_CORRECT,
+        cause=r"with the state online_normalizer returned",
     ),
     Mutant(
         name="max_clamped_at_minus_1e30",
@@ -290,6 +309,7 @@ MUTANTS += [
             "(finite, and in the contract) sum to 0",
         edits=[("    return torch.where(m == NEG_INF, torch.zeros_like(m), m)", "    return m.clamp(min=-1e30)")],
         loses=["normalizer", "merge", "softmax"],
+        cause=r"finite stand-in for -inf",
     ),
     Mutant(
         name="block_size_sign_only",
@@ -297,6 +317,7 @@ MUTANTS += [
         edits=[("    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0:",
                 "    if block_size <= 0:")],
         loses=["softmax"],
+        cause=r"ValueError whenever block_size is not a positive int",
     ),
     Mutant(
         name="block_size_accepts_bool",
@@ -304,6 +325,7 @@ MUTANTS += [
         edits=[("    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0:",
                 "    if not isinstance(block_size, int) or block_size <= 0:")],
         loses=["softmax"],
+        cause=r"bools, not sizes",
     ),
     Mutant(
         name="softmax_of_empty_input_raises",
@@ -311,6 +333,7 @@ MUTANTS += [
             "no chunks",
         edits=[("    if n == 0 or x.numel() == 0:\n        return torch.empty_like(x)\n", "")],
         loses=["softmax"],
+        cause=r"no elements",
     ),
     Mutant(
         name="normalizer_state_from_first_nonempty_chunk",
@@ -319,6 +342,7 @@ MUTANTS += [
         edits=[("        chunk = chunk.float()\n        if m is None:",
                 "        chunk = chunk.float()\n        if chunk.shape[1] == 0:\n            continue\n        if m is None:")],
         loses=["normalizer"],
+        cause=r"chunks of width 0",
     ),
     Mutant(
         name="normalizer_keeps_fp64",
@@ -328,6 +352,7 @@ MUTANTS += [
                 "        chunk = chunk if chunk.dtype == torch.float64 else chunk.float()\n        if m is None:"),
                ("dtype=torch.float32, device=chunk.device)", "dtype=chunk.dtype, device=chunk.device)")],
         loses=["normalizer"],
+        cause=r"must be fp32",
     ),
 ]
 
@@ -352,7 +377,7 @@ _TRITON_LAUNCH = (
 )
 
 
-def library_softmax(name: str, why: str, prelude: str, call: str, loses: list[str]) -> Mutant:
+def library_softmax(name: str, why: str, prelude: str, call: str, loses: list[str], cause: str) -> Mutant:
     """A mutant whose online_softmax and softmax_triton return `call` (an expression in `x`, fp32).
     `prelude` goes after NEG_INF at import time (where aliases are bound)."""
     helper = (
@@ -371,6 +396,7 @@ def library_softmax(name: str, why: str, prelude: str, call: str, loses: list[st
             (_TRITON_LAUNCH, "    return _library_softmax(x).to(x.dtype)"),
         ],
         loses=loses,
+        cause=cause,
     )
 
 
@@ -380,32 +406,32 @@ MUTANTS += [
     library_softmax(
         "softmax_by_name",
         "calls torch.softmax by its public name (the honest shortcut the guard was written for)",
-        "", "torch.softmax(x, dim=-1)", _GUARDED,
+        "", "torch.softmax(x, dim=-1)", _GUARDED, r"must not call torch\.softmax",
     ),
     library_softmax(
         "softmax_alias_bound_at_import",
         "binds torch.softmax to another name at import, so patching torch.softmax during a call misses it",
-        "_SOFTMAX = torch.softmax", "_SOFTMAX(x, dim=-1)", _GUARDED,
+        "_SOFTMAX = torch.softmax", "_SOFTMAX(x, dim=-1)", _GUARDED, r"must not call torch\.softmax",
     ),
     library_softmax(
         "softmax_from_import",
         "imports softmax from torch.nn.functional under another name at import",
-        "from torch.nn.functional import softmax as _row_normalise", "_row_normalise(x, dim=-1)", _GUARDED,
+        "from torch.nn.functional import softmax as _row_normalise", "_row_normalise(x, dim=-1)", _GUARDED, r"must not call torch\.(Tensor\.)?softmax",
     ),
     library_softmax(
         "softmax_via_torch_ops_aten",
         "calls the dispatcher's operator torch.ops.aten._softmax.default directly",
-        "", "torch.ops.aten._softmax.default(x, -1, False)", _GUARDED,
+        "", "torch.ops.aten._softmax.default(x, -1, False)", _GUARDED, r"must not call torch\.softmax",
     ),
     library_softmax(
         "softmax_method_form",
         "calls the method form x.softmax(-1)",
-        "", "x.softmax(-1)", _GUARDED,
+        "", "x.softmax(-1)", _GUARDED, r"must not call torch\.Tensor\.softmax",
     ),
     library_softmax(
         "log_softmax_exp",
         "computes softmax as exp(log_softmax(x)), a softmax under another name",
-        "", "x.log_softmax(-1).exp()", _GUARDED,
+        "", "x.log_softmax(-1).exp()", _GUARDED, r"log-softmax",
     ),
     library_softmax(
         "softmax_with_dispatch_modes_popped",
@@ -413,7 +439,7 @@ MUTANTS += [
         "from torch.utils._python_dispatch import _disable_current_modes\n_SOFTMAX = torch.softmax\n\n\n"
         "def _unwatched(x):\n    with _disable_current_modes():  # pops the grader's guard, then puts it back\n"
         "        return _SOFTMAX(x, dim=-1)",
-        "_unwatched(x)", _GUARDED,
+        "_unwatched(x)", _GUARDED, r"_disable_current_modes",
     ),
 ]
 
@@ -438,6 +464,7 @@ MUTANTS += [
         edits=[("        l_chunk = torch.exp(chunk - _safe_max(m_chunk)[:, None]).sum(dim=1)",
                 "        l_chunk = torch.exp(torch.logcumsumexp(chunk, dim=1)[:, -1] - _safe_max(m_chunk))")],
         loses=["normalizer", "softmax", "stability", "rules_public"],
+        cause=r"must not call torch\.logcumsumexp",
     ),
     Mutant(
         name="merge_by_logaddexp",
@@ -445,6 +472,7 @@ MUTANTS += [
         edits=[("    l = l_a * torch.exp(m_a - shift) + l_b * torch.exp(m_b - shift)",
                 "    l = torch.exp(torch.logaddexp(torch.log(l_a) + m_a - shift, torch.log(l_b) + m_b - shift))")],
         loses=["merge", "normalizer", "rules_public"],  # merge_public runs unguarded: rules_public is the public guard
+        cause=r"must not call torch\.logaddexp",
     ),
     Mutant(
         name="triton_in_torch",
@@ -452,6 +480,7 @@ MUTANTS += [
             "numbers, no Triton kernel",
         edits=[(_TRITON_LAUNCH, _TORCH_HOST_SOFTMAX)],
         loses=["triton", "triton_public", "rules_public"],
+        cause=r"outside any kernel launch",
     ),
     Mutant(
         name="triton_in_numpy",
@@ -467,6 +496,7 @@ MUTANTS += [
     out.copy_(torch.from_numpy(np.where(s > 0, e / np.where(s > 0, s, 1.0), 0.0)).to(out.dtype))
     return out""")],
         loses=["triton", "triton_public", "rules_public"],
+        cause=r"Tensor\.numpy\(\)",
     ),
     Mutant(
         name="triton_noop_launch_then_torch",
@@ -475,6 +505,7 @@ MUTANTS += [
         edits=[(_TRITON_LAUNCH, "    _softmax_kernel[(rows,)](x, out, 0, x.stride(0), x.stride(1), out.stride(0), BLOCK=16)\n"
                                 + _TORCH_HOST_SOFTMAX)],
         loses=["triton", "triton_public"],
+        cause=r"outside any kernel launch",
     ),
     Mutant(
         name="triton_kernel_skips_the_last_row",
@@ -482,6 +513,7 @@ MUTANTS += [
             "torch.empty held",
         edits=[("    _softmax_kernel[(rows,)](x, out, n_cols,", "    _softmax_kernel[(max(rows - 1, 1),)](x, out, n_cols,")],
         loses=["triton", "triton_public"],
+        cause=r"never written",
     ),
 ]
 
@@ -517,6 +549,7 @@ MUTANTS += [
         ],
         loses=["tiled_kernel"],
         keeps=["triton", "triton_public"],
+        cause=r"does not fit",
     ),
     Mutant(
         name="interpreter_only_kernel",
@@ -531,6 +564,7 @@ MUTANTS += [
         ],
         loses=["tiled_kernel"],
         keeps=["triton", "triton_public"],
+        cause=r"does not compile",
     ),
 ]
 
@@ -543,5 +577,6 @@ MUTANTS += [
         "I stream every row in 32-wide tiles whatever its length, so that a tile is one warp's worth",
         [("    block = min(4096, triton.next_power_of_2(n_cols))\n", "    block = 32\n")],
         loses=["triton_speed"],
+        cause=r"bandwidth|GB/s",  # a CUDA check: proved on a GPU (grader gpu-check), never on this host
     ),
 ]

@@ -108,7 +108,7 @@ from grader import blocks, kernelmodel, rehearsal, speed
 from grader.cases import online_softmax as cases
 from grader.harness.kernel_rule import KERNELS_ONLY
 from grader.hidden.online_softmax.oracle import naive_softmax, naive_state
-from grader.testing import OnceIterable, assert_close, assert_equal, is_close, mismatches, show
+from grader.testing import OnceIterable, assert_close, assert_equal, is_close, mismatches, show, valid_call
 
 INF = float("inf")
 # Each name stands for all of the softmax's math at the dispatcher (grader.harness.opfamilies.NORMALISER): the
@@ -250,7 +250,9 @@ def test_normalizer_matrices_with_no_columns_or_no_rows(sm, rng):
     # Chunks that are all of width 0: a matrix of no columns, whose every row is the empty state (-inf, 0).
     rows = int(torch.randint(1, 6, (1,), generator=rng))
     x = torch.empty(rows, 0)
-    m, l = sm.online_normalizer(chunks_of(x, [0, 0, 0]))
+    m, l = valid_call("three chunks of width 0 (a matrix with no columns)", lambda: sm.online_normalizer(
+        chunks_of(x, [0, 0, 0])), "Chunks of width 0 are chunks: each row's state is the empty one, m = -inf, l = 0; "
+        "only no chunks at all is a ValueError. Start from the empty state, not from the first chunk that has columns")
     assert_equal(
         m,
         torch.full((rows,), -INF),
@@ -405,7 +407,8 @@ def assert_softmax(out, x, atol: float, what: str, block: int | None = None, ker
         bad = mismatches(got[row], want[row], atol=atol, rtol=rtol)
         why = blocks.explain_row(rows[row], got[row], want[row], bad, cuts, unit)
         unwritten = UNWRITTEN if kernel and bool(torch.isnan(got[index]).all()) and "never written" not in why else ""
-        return f"Row {row}: " + why + unwritten
+        tail = "" if "last, partial" in why else blocks.worst_in_the_tail(got, want, cuts, unit)
+        return f"Row {row}: " + why + unwritten + tail
 
     assert_close(got, want, atol=atol, rtol=rtol, what=f"{what} [row, column]", hint=hint)
 
@@ -470,7 +473,10 @@ def test_softmax_rejects_bad_block_size(sm):
 def test_softmax_inputs_with_no_elements(sm, dtype):
     for shape in [(3, 0), (0, 7), (2, 0, 5), (4, 2, 0), (0,)]:
         x = torch.zeros(shape, dtype=dtype)
-        out = sm.online_softmax(x, block_size=4)
+        out = valid_call(f"online_softmax of an empty {dtype} x of shape {shape}", lambda: sm.online_softmax(
+            x, block_size=4), "An x with no elements has a softmax of its shape and dtype, and no work to do: with no "
+            "columns there are no blocks (online_normalizer rightly raises for no chunks), so return "
+            "torch.empty_like(x) before that")
         assert isinstance(out, torch.Tensor), f"shape {shape}: expected a tensor, found {type(out).__name__}"
         assert out.shape == x.shape and out.dtype == x.dtype, (
             f"online_softmax of an empty {dtype} x of shape {shape}: expected an empty tensor of that shape and "
