@@ -9,6 +9,8 @@ kernel at 2^17 columns compiles at 32 warps, its fastest, ~1.5 s).
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 
 import pytest
@@ -127,17 +129,19 @@ def test_a_one_tile_kernel_at_2_17_columns_spills_and_is_refused(model, tmp_path
         assert part in message, f"expected {part!r} in the message: {message}"
 
 
-def test_a_tile_far_beyond_the_registers_is_refused_from_the_ir_in_seconds_not_minutes(model, tmp_path):
+def test_a_tile_far_beyond_the_registers_is_refused_from_the_ir_before_llvm_runs(model, tmp_path):
     # 2^20 columns in one tile over 4 warps: 8,192 values a thread, 32 times the registers. LLVM and ptxas would
-    # take minutes on it (the model's timeout is 120 s); the TritonGPU IR says it at once.
+    # take minutes on it (the model's timeout is 120 s); the TritonGPU IR says it at once (about 1.5 s measured on
+    # an idle 2-core machine; not asserted: a timed unit test fails under load). `overflow` is set only by the rule
+    # on the IR, before LLVM, and no register count means ptxas never ran.
     path = write(tmp_path, ONE_TILE)
     found = model.resources(path, [launch("one_tile", 4, x_ptr=tensor(), out_ptr=tensor(), n_cols=integer(1 << 20),
                                           BLOCK=integer(1 << 20))])
     (result,) = found
     assert result.overflow is not None and not result.timed_out and result.registers is None, result
-    assert result.seconds < 60, f"the rule should answer before LLVM runs, took {result.seconds:.0f} s"
-    assert "a 1048576 tensor of f32 holds at least 8,192 32-bit values in each of the program's 128 threads" \
-        in result.overflow, result.overflow
+    # The row's values (f32) and its offsets (i32) are tensors of the same size: either may be named.
+    assert re.search(r"a 1048576 tensor of [fi]32 holds at least 8,192 32-bit values in each of the program's 128 "
+                     r"threads", result.overflow), result.overflow
     assert not result.fits() and result.problems() == [result.overflow]
 
 
