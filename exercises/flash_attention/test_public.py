@@ -49,6 +49,71 @@ def textbook_attention(q, k, v, causal=False, sm_scale=None):
     return o, lse
 
 
+# --------------------------------------------------------------------------------------------------
+# What a wrong value says about its cause (read from the values, never from a solution)
+
+
+def shrunk_rows(o, want, atol=1e-5):
+    """The first wrong row's factor c when every wrong row of o is c * (the expected row) with c < 1, else None:
+    the weights of the row sum to more than 1, so l holds terms the accumulator does not."""
+    got, ref = o.detach().cpu().double().flatten(0, -2), want.detach().cpu().double().flatten(0, -2)
+    if not torch.isfinite(got).all():
+        return None
+    wrong = ((got - ref).abs() > atol + 1e-5 * ref.abs()).any(-1) & (ref.abs().amax(-1) > 0)
+    if not wrong.any():
+        return None
+    g, r = got[wrong], ref[wrong]
+    c = (g * r).sum(-1) / (r * r).sum(-1)
+    if bool(((g - c[:, None] * r).abs().amax(-1) <= 1e-4 * r.abs().amax(-1) + atol).all()) and bool((c < 1 - 1e-3).all()):
+        return float(c[0])
+    return None
+
+
+def o_hint(o, want, lse, want_lse, n_k):
+    """The cause the values of a wrong o point to, or "" when they point to none."""
+    c = shrunk_rows(o, want)
+    if c is not None:
+        one_tile = (f" With Nk = {n_k} every key fits in one tile, so the max never grows: nothing is rescaled here."
+                    if n_k <= 16 else "")
+        return (f"Every wrong row of o is the expected row times a factor below 1 ({c:.3g} in the first): the "
+                "weights sum to more than 1, so l holds terms the output does not. Are the keys past Nk in the last "
+                "tile masked to -inf? A score of 0 there still adds exp(0 - m) to l." + one_tile)
+    if lse is not None and is_close(lse, want_lse, atol=1e-5, rtol=1e-5):
+        return ("lse is right, so the running max m and the sum l are: the output accumulator is what goes wrong. "
+                "Is it multiplied by exp(m_old - m_new) whenever the max grows, as l is?")
+    return ""
+
+
+def lse_hint(lse, want_lse):
+    """Base 2 left unconverted, told from the values (lse2 = lse / ln 2), else the general reminder."""
+    got, ref = lse.detach().cpu().double(), want_lse.detach().cpu().double()
+    finite = torch.isfinite(ref) & torch.isfinite(got) & (ref.abs() > 1e-3)
+    if finite.any() and bool(((got[finite] * math.log(2) - ref[finite]).abs() <= 1e-4 * ref[finite].abs() + 1e-5).all()):
+        return ("Your lse is the expected one times 1/ln(2) = 1.4427: the base-2 logsumexp. Convert it back to the "
+                "natural log (multiply by ln 2)")
+    return "It is the natural-log logsumexp of the SCALED scores, m + log(l), m the row max of scale * q k^T"
+
+
+def grad_hint(name, got, want, causal, n_q, n_k, sm_scale, atol):
+    """A constant factor (sm_scale missing or doubled), or a causal mask wrong only where dk and dv are computed."""
+    g, r = got.detach().cpu().double(), want.detach().cpu().double()
+    if torch.isfinite(g).all() and bool((r != 0).any()):
+        c = float((g * r).sum() / (r * r).sum())
+        if abs(c - 1) > 1e-2 and float((g - c * r).abs().max()) <= atol + 1e-3 * float(r.abs().max()):
+            why = (" = 1/sm_scale: the factor sm_scale is missing" if math.isclose(c, 1 / sm_scale, rel_tol=1e-2)
+                   else " = sm_scale: the factor sm_scale is applied twice" if math.isclose(c, sm_scale, rel_tol=1e-2)
+                   else "")
+            return f"{name} is the expected {name} times {c:.4g} everywhere{why}"
+    if causal and name in ("dk", "dv"):
+        shift = n_k - n_q  # key j is hidden from some query iff j > shift (bottom-right: query i sees j <= i + shift)
+        wrong = ((g - r).abs() > atol).flatten(0, 1).any(0).any(-1)  # per key
+        if wrong.any() and shift >= 0 and not wrong[: shift + 1].any():
+            return (f"{name} is right for keys 0..{shift}, which every query sees, and wrong from key "
+                    f"{int(wrong.nonzero()[0])}: only keys that the causal mask hides from some query are wrong. Is "
+                    f"the causal mask applied to P where {name} is computed, as it is where dq is computed?")
+    return ""
+
+
 def qkv(b, hq, hkv, n_q, n_k, d, dtype=torch.float32, seed=0):
     g = testing.generator(seed)
     q = torch.randn(b, hq, n_q, d, generator=g).to(dtype)
@@ -66,11 +131,9 @@ def test_forward_one_tile(fa):
     assert lse.shape == q.shape[:3] and lse.dtype == torch.float32, (
         f"lse should be float32 {tuple(q.shape[:3])}, found {lse.dtype} {tuple(lse.shape)}"
     )
-    assert_close(o, want_o, atol=1e-5, rtol=1e-5, what=O_AXES)
-    assert_close(lse, want_lse, atol=1e-5, rtol=1e-5, what="lse [batch, head, query]", hint=(
-        "It is the natural-log logsumexp "
-        "of the SCALED scores, m + log(l) (if you worked in base 2, convert back)"
-    ))
+    assert_close(o, want_o, atol=1e-5, rtol=1e-5, what=O_AXES, hint=lambda _: o_hint(o, want_o, lse, want_lse, 16))
+    assert_close(lse, want_lse, atol=1e-5, rtol=1e-5, what="lse [batch, head, query]",
+                 hint=lambda _: lse_hint(lse, want_lse))
 
 
 @pytest.mark.check("forward_public")
@@ -79,9 +142,9 @@ def test_forward_many_key_tiles_with_a_ragged_tail(fa, n_k):
     q, k, v = qkv(1, 2, 2, 33, n_k, 64, seed=n_k)
     o, lse = fa.flash_attention_forward(q, k, v)
     want_o, want_lse = textbook_attention(q, k, v)
-    assert_close(o, want_o, atol=1e-5, rtol=1e-5, what=f"{O_AXES} with Nk = {n_k}", hint=(
-        "Two usual causes: the accumulator is not multiplied by exp(m_old - m_new) when the running max grows, "
-        "or keys past Nk in the last tile are not masked to -inf (a zero score still adds exp(0 - m) to l)"
+    assert_close(o, want_o, atol=1e-5, rtol=1e-5, what=f"{O_AXES} with Nk = {n_k}", hint=lambda _: (
+        o_hint(o, want_o, lse, want_lse, n_k) or "Two usual causes: the accumulator is not multiplied by "
+        "exp(m_old - m_new) when the running max grows, or keys past Nk in the last tile are not masked to -inf"
     ))
     assert_close(lse, want_lse, atol=1e-5, rtol=1e-5, what=f"lse with Nk = {n_k}",
                  hint="Is the sum l rescaled when the max grows?")
@@ -157,7 +220,8 @@ def test_gradients(student, fa, causal):
     for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), (r.grad for r in ref)):
         assert got is not None, f"{name} is None: FlashAttention.backward must return (dq, dk, dv, None, None)"
         assert got.dtype == torch.float32, f"{name} should have its input's dtype float32, found {got.dtype}"
-        assert_close(got, want, atol=1e-4, what=f"{name} (causal={causal})", hint=(
-            "dV = P^T dO; dS = P * (dO V^T - delta) with "
-            "delta = rowsum(dO * O); dQ = scale * dS K; dK = scale * dS^T Q, with P = exp(scale * q k^T - lse)"
+        assert_close(got, want, atol=1e-4, what=f"{name} (causal={causal})", hint=lambda _: (
+            grad_hint(name, got, want, causal, 37, 45, 1 / math.sqrt(32), 1e-4) or "dV = P^T dO; "
+            "dS = P * (dO V^T - delta) with delta = rowsum(dO * O); dQ = scale * dS K; dK = scale * dS^T Q, with "
+            "P = exp(scale * q k^T - lse)"
         ))

@@ -70,6 +70,7 @@ _ALL_HEADS_TORCH = """    group = h_q // h_kv
 MUTANTS = [
     Mutant(
         name="no_output_rescale",
+        cause=r"output accumulator is what goes wrong",
         why="rescales the running sum l when the max grows, but not the output accumulator",
         edits=[("        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)",
                 "        acc = acc + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)")],
@@ -77,12 +78,14 @@ MUTANTS = [
     ),
     Mutant(
         name="max_starts_at_zero",
+        cause=r"start at 0 instead of -inf",
         why="starts the running max at 0 instead of -inf: rows whose scores are all far below 0 underflow",
         edits=[("    m_i = tl.full([BLOCK_M], float(\"-inf\"), tl.float32)", "    m_i = tl.zeros([BLOCK_M], tl.float32)")],
         loses=["stability"],
     ),
     Mutant(
         name="tail_padded_with_zero",
+        cause=r"keys past Nk in the last tile masked to -inf",
         why="masks the keys past Nk in the last tile with score 0 instead of -inf (causal runs hide it: the causal mask also covers those keys)",
         edits=[("            s = tl.where(cols[None, :] < N_K, s, float(\"-inf\"))",
                 "            s = tl.where(cols[None, :] < N_K, s, 0.0)")],
@@ -90,30 +93,35 @@ MUTANTS = [
     ),
     Mutant(
         name="causal_top_left",
+        cause=r"top-left",
         why="aligns the causal mask top-left (key j <= query i), as scaled_dot_product_attention does",
         edits=[("    return N_K - N_Q", "    return 0")],
         loses=["causal_public", "causal", "lse", "backward"],
     ),
     Mutant(
         name="lse_base2",
+        cause=r"base-2 logsumexp",
         why="stores the base-2 logsumexp the kernel works in, without converting back to the natural log",
         edits=[("(m_i + tl.math.log2(l_safe)) * LN2", "(m_i + tl.math.log2(l_safe))")],
         loses=["forward_public", "causal_public", "lse", "backward"],
     ),
     Mutant(
         name="lse_unscaled",
+        cause=r"SCALED scores",
         why="takes the max over raw scores q.k but the sum over scaled ones: lse = max(q.k) + log(l)",
         edits=[("(m_i + tl.math.log2(l_safe)) * LN2", "(m_i / qk_scale + tl.math.log2(l_safe) * LN2)")],
         loses=["forward_public", "causal_public", "lse", "backward"],
     ),
     Mutant(
         name="gqa_modulo",
+        cause=r"h // \(Hq // Hkv\)",
         why="maps query head h to KV head h % Hkv instead of h // (Hq // Hkv)",
         edits=[("    return (bh // H_Q) * H_KV + (bh % H_Q) // (H_Q // H_KV)", "    return (bh // H_Q) * H_KV + (bh % H_Q) % H_KV")],
         loses=["gqa"],
     ),
     Mutant(
         name="dkdv_first_head_only",
+        cause=r"SUMS over the \d+ query heads",
         why="dk and dv of a shared KV head take only its first query head instead of summing the group",
         edits=[("    for g in range(group):  # dK and dV of a shared KV head sum over its query heads",
                 "    for g in range(1):")],
@@ -121,6 +129,7 @@ MUTANTS = [
     ),
     Mutant(
         name="fp16_accumulator",
+        cause=r"accumulator .*float32",
         why="keeps the output accumulator in the input dtype (fp16) instead of fp32",
         edits=[("    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)", "    acc = tl.zeros([BLOCK_M, HEAD_DIM], Q.dtype.element_ty)"),
                ("        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)",
@@ -129,6 +138,7 @@ MUTANTS = [
     ),
     Mutant(
         name="empty_row_nan",
+        cause=r"sees no key.*exp\(-inf - -inf\)",
         why="subtracts the running max even while it is -inf: rows that see no key become NaN",
         edits=[("        m_safe = tl.where(m_new == float(\"-inf\"), 0.0, m_new)  # a row that has seen no key yet",
                 "        m_safe = m_new")],
@@ -136,6 +146,7 @@ MUTANTS = [
     ),
     Mutant(
         name="zero_scale_means_default",
+        cause=r"`is None`",
         why="tests `if not sm_scale` instead of `if sm_scale is None`, so sm_scale=0 becomes 1/sqrt(D)",
         edits=[("    return 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)",
                 "    return 1.0 / math.sqrt(head_dim) if not sm_scale else float(sm_scale)")],
@@ -143,12 +154,14 @@ MUTANTS = [
     ),
     Mutant(
         name="dk_missing_scale",
+        cause=r"the factor sm_scale is missing",
         why="forgets the factor sm_scale in dk",
         edits=[("(dk * sm_scale).to(DK.dtype.element_ty)", "dk.to(DK.dtype.element_ty)")],
         loses=["backward_public", "backward", "gqa"],
     ),
     Mutant(
         name="backward_without_causal_mask",
+        cause=r"causal mask hides",
         why="masks the causal future in the dq kernel but forgets it in the dk/dv kernel",
         edits=[("            pt = tl.where(offs_n[:, None] <= rows[None, :] + _diagonal(N_Q, N_K), pt, 0.0)",
                 "            pt = pt")],
@@ -156,18 +169,21 @@ MUTANTS = [
     ),
     Mutant(
         name="naive_torch_forward",
+        cause=r"outside any kernel launch",
         why="computes the whole score matrix with a matmul: right numbers, none of the technique",
         edits=[(_LAUNCH, _NAIVE_TORCH)],
         loses=["structure"],
     ),
     Mutant(
         name="tiled_torch_forward",
+        cause=r"outside any kernel launch",
         why="tiles the keys, but in a Python loop of torch ops rather than inside a Triton kernel",
         edits=[(_LAUNCH, _TILED_TORCH)],
         loses=["structure"],
     ),
     Mutant(
         name="all_heads_one_matmul",
+        cause=r"outside any kernel launch",
         why="computes every head's scores in one flattened [B*H*Nq, B*H*Nk] matmul with a block mask",
         edits=[(_LAUNCH, _ALL_HEADS_TORCH)],
         loses=["structure"],
@@ -195,6 +211,7 @@ _ALIASED_SOFTMAX = """    group = h_q // h_kv
 
 MUTANTS.append(Mutant(
     name="softmax_alias_bound_at_import",
+    cause=r"outside any kernel launch",
     why="binds torch.softmax to another name at import and computes P with it",
     edits=[_ALIAS_AT_IMPORT, (_LAUNCH, _ALIASED_SOFTMAX)],
     loses=["forward", "causal", "gqa", "lse", "stability", "backward", "structure"],
@@ -210,6 +227,7 @@ MUTANTS.append(Mutant(
 SPAN_MUTANTS = [
     Mutant(
         name="causal_key_loop_one_short",
+        cause=r"skips a whole key tile",
         why="ends the causal loop over key tiles at start_m + BLOCK_M + Nk - Nq - 1: when the last row of a query "
             "tile has its diagonal key at the start of a key tile, that tile is never visited",
         edits=[("        hi = tl.minimum(tl.maximum(start_m + BLOCK_M + shift, 0), N_K)",
@@ -218,6 +236,7 @@ SPAN_MUTANTS = [
     ),
     Mutant(
         name="dkdv_query_loop_one_row_late",
+        cause=r"skips a whole query tile",
         why="starts the dk/dv kernel's causal loop over query tiles at the row after the first one that sees the "
             "key tile: when that row is the last of a query tile, the tile is skipped and its row is missing from "
             "dk and dv",
@@ -286,6 +305,7 @@ _TORCH_BACKWARD = """    group = h_q // h_kv
 MUTANTS += [
     Mutant(
         name="numpy_forward",
+        cause=r"Tensor\.numpy\(\)",
         why="reads q, k, v back with .numpy() and computes the whole Nq x Nk softmax in numpy: no Triton kernel, "
             "and nothing the dispatcher sees but copies",
         edits=[(_LAUNCH, _NUMPY_FORWARD)],
@@ -293,6 +313,7 @@ MUTANTS += [
     ),
     Mutant(
         name="torch_backward",
+        cause=r"outside any kernel launch",
         why="keeps the forward kernel but computes the gradients with torch on the host, recomputing P as a "
             "full matrix from lse",
         edits=[(_KERNEL_BACKWARD, _TORCH_BACKWARD)],
@@ -307,6 +328,7 @@ MUTANTS += [
         "tf32_for_float32",
         "I let tl.dot use TF32 for float32 inputs too: much faster, and the CPU tests pass",
         [('    return "ieee" if dtype == torch.float32 else "tf32"\n', '    return "tf32"\n')],
+        cause=r"ieee|TF32",
         loses=["cuda_bf16"],
     ),
     Mutant(
@@ -315,6 +337,7 @@ MUTANTS += [
         [("    if head_dim <= 64:\n        return dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3)\n"
           "    return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)\n",
           "    return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)\n")],
+        cause=r"speed|SDPA|TFLOP",
         loses=["forward_speed"],
     ),
 ]
@@ -366,6 +389,7 @@ _UNPACK = "        q, k, v, o, lse = ctx.saved_tensors\n"
 MUTANTS += [
     Mutant(
         name="one_tile_forward",
+        cause=r"does not fit",
         why="the textbook kernel: the whole key range is one tile (BLOCK_N = next_power_of_2(Nk)), so its loop runs "
             "once; right numbers under the interpreter, where a tile may be any width, but on a GPU a program cannot "
             "hold 8,192 keys",
@@ -376,6 +400,7 @@ MUTANTS += [
     ),
     Mutant(
         name="one_tile_dq",
+        cause=r"does not fit",
         why="the dq kernel holds every key in one tile (BLOCK_N = next_power_of_2(Nk)) instead of looping over key "
             "tiles: right gradients under the interpreter, but no GPU program holds 8,192 keys",
         edits=[("    kv_cfg, q_cfg = _bwd_blocks(head_dim, q.dtype)\n",
@@ -386,6 +411,7 @@ MUTANTS += [
     ),
     Mutant(
         name="saves_probabilities",
+        cause=r"saving P",
         why="FlashAttention.forward also writes each head's P (one flat fp32 buffer per head, which no guard on "
             "Nq x Nk shapes sees) and saves it for the backward pass, as autograd through the textbook formula does",
         edits=[(_AUTOGRAD_HEADER, _PROBS_KERNEL),
@@ -396,6 +422,7 @@ MUTANTS += [
     ),
     Mutant(
         name="keeps_probabilities_on_ctx",
+        cause=r"kept on ctx",
         why="FlashAttention.forward writes each head's P and keeps it on ctx (ctx.probs) rather than saving it with "
             "save_for_backward: autograd's saved-tensor hooks never see it",
         edits=[(_AUTOGRAD_HEADER, _PROBS_KERNEL),
@@ -409,6 +436,7 @@ MUTANTS += [
 MUTANTS += [
     Mutant(
         name="forward_checks_only_the_head_dim",
+        cause=r"Call check_inputs",
         why="validates the head dim itself (the one error the README names) instead of calling check_inputs, so a "
             "forward with Hq not a multiple of Hkv, mismatched shapes or dtypes runs and returns numbers",
         edits=[("    check_inputs(q, k, v)\n    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()\n",
@@ -419,6 +447,7 @@ MUTANTS += [
     ),
     Mutant(
         name="backward_assumes_contiguous_inputs",
+        cause=r"any strides",
         why="makes dO contiguous in the backward pass (the autograd step can hand a strided one) but passes q, k, v "
             "and o to the kernels as they come, which address them as contiguous [B, H, N, D]",
         edits=[("    q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do))\n", "    do = do.contiguous()\n")],

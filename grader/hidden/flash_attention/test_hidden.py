@@ -115,8 +115,9 @@ def fa_timed(student):
 # Comparisons (the oracles are in oracle.py)
 
 
-def assert_close(got, ref, low, what: str, hint: str = "") -> None:
-    """|got - ref| <= 2 |low - ref| + floor, everywhere; `low` is the naive formula in got's dtype."""
+def assert_close(got, ref, low, what: str, hint="") -> None:
+    """|got - ref| <= 2 |low - ref| + floor, everywhere; `low` is the naive formula in got's dtype. `hint` may be a
+    function of the tolerance, called only on failure (a diagnosis read from the values)."""
     base = float((low.detach().cpu().double() - ref).abs().max())
     tol = 2 * base + FLOOR[got.dtype] * max(float(ref.abs().max()), 1.0)
     testing.assert_close(
@@ -124,8 +125,54 @@ def assert_close(got, ref, low, what: str, hint: str = "") -> None:
         ref,
         atol=tol,
         what=f"{what} [batch, head, row, col]",
-        hint=(f"The naive formula computed in {str(got.dtype)[6:]} errs by {base:.3g}. {hint}"),
+        hint=lambda _: (f"The naive formula computed in {str(got.dtype)[6:]} errs by {base:.3g}. "
+                        f"{hint(tol) if callable(hint) else hint}"),
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# Diagnoses: what the values of a wrong answer say about its cause (read from them, never from a solution)
+
+
+def shrunk_rows(o, ref, atol):
+    """The first wrong row's factor c when every wrong row of o is c * (the expected row) with c < 1, else None:
+    the row's weights sum to more than 1, so l holds terms the accumulator does not."""
+    got, want = o.detach().cpu().double().flatten(0, -2), ref.detach().cpu().double().flatten(0, -2)
+    if not torch.isfinite(got).all():
+        return None
+    wrong = ((got - want).abs() > atol).any(-1) & (want.abs().amax(-1) > 0)
+    if not wrong.any():
+        return None
+    g, r = got[wrong], want[wrong]
+    c = (g * r).sum(-1) / (r * r).sum(-1)
+    if bool(((g - c[:, None] * r).abs().amax(-1) <= atol + 1e-3 * r.abs().amax(-1)).all()) and bool((c < 1 - 1e-2).all()):
+        return float(c[0])
+    return None
+
+
+def forward_diagnosis(o, lse, ref_o, ref_lse, n_k, atol):
+    """The cause a wrong o points to ("" when its values point to none): rows that see no key but hold NaN, rows
+    scaled down (l counts keys it must not), or an o wrong beside a right lse (the accumulator)."""
+    got = o.detach().cpu().double()
+    empty = (ref_lse == INF)[..., None].expand_as(got)
+    if bool((empty & ~torch.isfinite(got)).any()):
+        row = int((empty & ~torch.isfinite(got)).any(-1).nonzero()[0][-1])
+        return (f"Row {row} sees no key, and its o is not finite: a row that sees no key must give o = 0. NaN comes "
+                "from exp(-inf - -inf) (guard the running max while it is still -inf: subtract 0) or from 0 / 0 "
+                "(divide by l only where l > 0)")
+    c = shrunk_rows(o, ref_o, atol)
+    if c is not None:
+        one_tile = (f" With Nk = {n_k} every key fits in one tile, so the max never grows: nothing is rescaled here."
+                    if n_k <= 16 else "")
+        return (f"Every wrong row of o is the expected row times a factor below 1 ({c:.3g} in the first): the "
+                "weights sum to more than 1, so l holds terms the output does not. Are the keys past Nk in the last "
+                "tile masked to -inf? A score of 0 there still adds exp(0 - m) to l." + one_tile)
+    lse = lse.detach().cpu().double()
+    finite = torch.isfinite(ref_lse)
+    if torch.equal(lse == INF, ref_lse == INF) and bool(((lse - ref_lse)[finite].abs() <= 1e-4).all()):
+        return ("lse is right, so the running max m and the sum l are: the output accumulator is what goes wrong. "
+                "Is it multiplied by exp(m_old - m_new) whenever the max grows, as l is?")
+    return ""
 
 
 def make_qkv(rng, b, hq, hkv, n_q, n_k, d, dtype, device="cpu", scale=1.0):
@@ -145,7 +192,7 @@ def check_forward(fa, q, k, v, causal=False, sm_scale=None, what="o", hint="", c
     qc, kc, vc = q.cpu(), k.cpu(), v.cpu()
     ref_o, ref_lse = naive_attention(qc, kc, vc, causal, sm_scale)
     low_o, _ = naive_attention(qc, kc, vc, causal, sm_scale, dtype=q.dtype)
-    assert_close(o, ref_o, low_o, what, hint)
+    assert_close(o, ref_o, low_o, what, lambda tol: forward_diagnosis(o, lse, ref_o, ref_lse, k.shape[2], tol) or hint)
     if check_lse:
         assert_lse(lse, ref_lse, f"lse, beside {what}")
     return o, lse
@@ -165,11 +212,18 @@ def assert_lse(lse, ref_lse, what="lse"):
         ref_lse,
         atol=tol,
         what=f"{what} [batch, head, row]",
-        hint=(
-            "lse is the NATURAL-log logsumexp of the "
-            "scaled, masked scores: m + log(l) with m the row max of scale * q k^T (convert back if you used exp2)"
-        ),
+        hint=lambda _: lse_hint(lse, ref_lse),
     )
+
+
+def lse_hint(lse, ref_lse):
+    """Base 2 left unconverted, told from the values (the base-2 lse is lse / ln 2), else the general reminder."""
+    ok = torch.isfinite(ref_lse) & torch.isfinite(lse) & (ref_lse.abs() > 1e-3)
+    if ok.any() and bool(((lse[ok] * math.log(2) - ref_lse[ok]).abs() <= 1e-4 * ref_lse[ok].abs() + 1e-4).all()):
+        return ("Your lse is the expected one times 1/ln(2) = 1.4427: the base-2 logsumexp. Convert it back to the "
+                "natural log (multiply by ln 2)")
+    return ("lse is the NATURAL-log logsumexp of the scaled, masked scores: m + log(l) with m the row max of "
+            "scale * q k^T, the same SCALED scores l sums")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -483,9 +537,12 @@ def test_scores_shifted_by_minus_1e4(fa, rng, device, dtype):
         ref,
         atol=tol,
         what="o with every score shifted by -1e4",
-        hint=(
-            f"Without the shift o is off by {err_twin:.3g}. "
-            "Subtract the running max before exp, start it at -inf, and keep scores in fp32"
+        hint=lambda _: f"Without the shift o is off by {err_twin:.3g}. " + (
+            "Rows of o are exactly 0 where the expected is not: every exp(s - m) of the row underflowed, so the m "
+            "subtracted was far above the row's scores (about -1e4) rather than their max. Does the running max start "
+            "at 0 instead of -inf?"
+            if bool(((o == 0).all(-1) & (ref != 0).any(-1)).any())
+            else "Subtract the running max before exp, start it at -inf, and keep scores in fp32"
         ),
     )
 
@@ -543,8 +600,31 @@ def check_training_step(student, fa, q, k, v, do, causal, sm_scale, what, hint="
             f"{what}: {name} must have its input's dtype and shape {inp.dtype} {tuple(inp.shape)}, "
             f"found {got.dtype} {tuple(got.shape)}"
         )
-        assert_close(got, r, lo, f"{name} for {what}", hint or BACKWARD_HINT)
+        scale = 1 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+        assert_close(got, r, lo, f"{name} for {what}", lambda tol, name=name, got=got, r=r: (
+            grad_diagnosis(name, got, r, causal, q.shape[2], k.shape[2], scale, tol) or hint or BACKWARD_HINT))
     return dq, dk, dv
+
+
+def grad_diagnosis(name, got, ref, causal, n_q, n_k, scale, atol):
+    """A constant factor (sm_scale missing or applied twice), or a causal mask wrong only where dk and dv are
+    computed; "" when the values point to neither."""
+    g, r = got.detach().cpu().double(), ref.detach().cpu().double()
+    if bool(torch.isfinite(g).all()) and bool((r != 0).any()):
+        c = float((g * r).sum() / (r * r).sum())
+        if abs(c - 1) > 1e-2 and float((g - c * r).abs().max()) <= atol + 1e-3 * float(r.abs().max()):
+            why = (" = 1/sm_scale: the factor sm_scale is missing" if scale and math.isclose(c, 1 / scale, rel_tol=1e-2)
+                   else " = sm_scale: the factor sm_scale is applied twice" if math.isclose(c, scale, rel_tol=1e-2)
+                   else "")
+            return f"{name} is the expected {name} times {c:.4g} everywhere{why}"
+    if causal and name in ("dk", "dv"):
+        shift = n_k - n_q  # key j is hidden from some query iff j > shift (query i sees key j iff j <= i + shift)
+        wrong = ((g - r).abs() > atol).flatten(0, 1).any(0).any(-1)  # per key
+        if wrong.any() and shift >= 0 and not wrong[: shift + 1].any():
+            return (f"{name} is right for keys 0..{shift}, which every query sees, and wrong from key "
+                    f"{int(wrong.nonzero()[0])}: only keys that the causal mask hides from some query are wrong. Is "
+                    f"the causal mask applied to P where {name} is computed, as it is where dq is computed?")
+    return ""
 
 
 BACKWARD_HINT = (
