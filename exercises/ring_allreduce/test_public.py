@@ -47,6 +47,38 @@ def chunk_slice(n: int, world: int, c: int) -> slice:
     return slice(start, start + sizes[c])
 
 
+def finished_chunk_sizes(xs: list[torch.Tensor], outputs: list[torch.Tensor], atol: float = 0.0) -> list[int] | None:
+    """The chunk sizes the ranks' results show, or None when they show none: rank r finishes chunk (r + 1) % N, and
+    the positions where its output holds every rank's contribution are that chunk. None unless those runs are
+    contiguous and tile the tensor in chunk order."""
+    world = len(xs)
+    total = sum(x.reshape(-1).double() for x in xs)
+    scale = sum(x.reshape(-1).double().abs() for x in xs)
+    sizes, pos = [], 0
+    for c in range(world):
+        got = outputs[(c - 1) % world].reshape(-1).double()
+        full = ((got - total).abs() <= atol * scale).nonzero().flatten()
+        if not full.numel():
+            sizes.append(0)
+            continue
+        if int(full[0]) != pos or int(full[-1]) - int(full[0]) + 1 != full.numel():
+            return None
+        sizes.append(full.numel())
+        pos += full.numel()
+    return sizes if pos == total.numel() else None
+
+
+def chunking_cause(xs: list[torch.Tensor], outputs: list[torch.Tensor], atol: float = 0.0) -> str:
+    """'' unless the results show chunks cut other than torch.tensor_split's; else what they show."""
+    world, n = len(xs), xs[0].numel()
+    sizes, want = finished_chunk_sizes(xs, outputs, atol), [n // world + (1 if c < n % world else 0) for c in range(world)]
+    if sizes is None or sizes == want:
+        return ""
+    return (f"The ranks finished chunks of sizes {sizes} (rank r finishes chunk (r + 1) % N, and its complete sums sit "
+            f"there), but the contract cuts n = {n} into N = {world} chunks as torch.tensor_split(flat, N) does: sizes "
+            f"{want}, the first n % N chunks one element longer. Cut the chunks that way on every rank")
+
+
 def ring_messages(xs: list[torch.Tensor]) -> list[list[torch.Tensor]]:
     """What rank r sends at each step of ring_allreduce, from the contract. Reduce-scatter step s: its partial
     sum of chunk c = (r - s) % N, x_c + x_(c+1) + ... + x_r (the chunk started on rank c and picked up one rank
@@ -66,19 +98,49 @@ def ring_messages(xs: list[torch.Tensor]) -> list[list[torch.Tensor]]:
             + [ring_sum((r + 1 - s) % world, world - 1) for s in range(world - 1)] for r in range(world)]
 
 
+def exchanges_cause(msgs: list[dict], r: int, world: int, n: int) -> str:
+    """What rank r's traced exchanges show when there are not 2(N - 1) of them: their sizes and peers, and what
+    those say (one phase's worth of exchanges, whole-tensor messages, a peer other than the right neighbour)."""
+    sizes = [int(m["sent"].numel()) if "sent" in m else int(m["numel"]) for m in msgs]
+    dsts = [int(m["dst"]) for m in msgs]
+    said = f"its messages held {sizes} elements, sent to ranks {dsts}" if msgs else "it made none"
+    if n < world and len(msgs) < 2 * (world - 1):
+        said += (f"; with n = {n} < N = {world} some chunks are empty, and the ring still makes every step's exchange "
+                 "for them, empty or not, so that every rank makes 2(N - 1)")
+    if len(msgs) == world - 1:
+        said += ("; N - 1 exchanges are one phase: the ring runs a reduce-scatter of N - 1 steps, then an all-gather "
+                 "of N - 1 more, each step one chunk")
+    if n > -(-n // world) and n in sizes:
+        said += f"; a message of {n} elements is the whole tensor, where a ring step passes one chunk"
+    if any(d != (r + 1) % world for d in dsts):
+        said += f"; the ring sends only to the right neighbour (r + 1) % N = {(r + 1) % world}"
+    return said
+
+
 def assert_ring_messages(run: dict, xs: list[torch.Tensor], what: str) -> None:
     """Every message in run["trace"] is the one the ring sends at that step, element for element."""
     world, want = len(xs), ring_messages(xs)
     for r in range(world):
         sent = [m["sent"] for m in run["trace"][r]]
-        assert len(sent) == len(want[r]), f"{what}: rank {r} made {len(sent)} exchanges, expected {len(want[r])}"
+        assert len(sent) == len(want[r]), (
+            f"{what}: rank {r} made {len(sent)} exchanges, expected {len(want[r])}: "
+            + exchanges_cause(run["trace"][r], r, world, xs[0].numel())
+        )
         for e, (got, expected) in enumerate(zip(sent, want[r])):
             phase, step = ("reduce-scatter", e) if e < world - 1 else ("all-gather", e - world + 1)
+            peers = (run["trace"][r][e]["dst"], run["trace"][r][e]["src"])
+            assert peers == ((r + 1) % world, (r - 1) % world), (
+                f"{what}: at {phase} step {step} rank {r} sent to rank {peers[0]} and received from rank {peers[1]}; "
+                f"in the ring it sends to (r + 1) % N = {(r + 1) % world} and receives from (r - 1) % N = "
+                f"{(r - 1) % world}, at every step"
+            )
             assert got.dtype == expected.dtype and torch.equal(got, expected), (
                 f"{what}: rank {r}'s message at {phase} step {step} holds {show(got)}, the ring sends "
                 f"{show(expected)} there: "
                 + (f"its partial sum of chunk {(r - step) % world}" if phase == "reduce-scatter" else
                    f"the finished chunk {(r + 1 - step) % world}")
+                + (". An empty message: at every step each rank sends one chunk to its right neighbour"
+                   if not got.numel() and expected.numel() else "")
                 + ". comm.send_recv is the only channel between ranks, and every message must be exactly the ring's"
             )
 
@@ -99,7 +161,8 @@ def test_reduce_scatter_three_ranks(student, ra):
         got, want = run["outputs"][r][part], total[part]
         assert torch.equal(got, want), (
             f"rank {r}, chunk {owned}: found {show(got)}, expected the sum over ranks {show(want)}. "
-            f"At step s, rank r sends chunk (r - s) % N and adds the chunk (r - s - 1) % N it receives."
+            + (chunking_cause(xs, run["outputs"]) or
+               "At step s, rank r sends chunk (r - s) % N and adds the chunk (r - s - 1) % N it receives.")
         )
 
 
@@ -222,7 +285,8 @@ def test_allreduce_sends_the_optimum(student, ra, world, n):
         want = 2 * n - sizes[(r + 1) % world] - sizes[(r + 2) % world]
         assert run["messages_sent"][r] == 2 * (world - 1), (
             f"N={world}, n={n}: rank {r} sent {run['messages_sent'][r]} messages, expected 2(N - 1) = "
-            f"{2 * (world - 1)}: one per step, even when the chunk is empty"
+            f"{2 * (world - 1)}: one per step, even when the chunk is empty; "
+            + exchanges_cause(run["trace"][r], r, world, n)
         )
         assert run["elements_sent"][r] == want, (
             f"N={world}, n={n}: rank {r} sent {run['elements_sent'][r]} elements in messages of "

@@ -204,11 +204,18 @@ class _Counters:
         return dst, src
 
 
-def _mismatch(rank: int, src: int, got: str, recv: torch.Tensor, theirs: int, mine: int) -> CommError:
+def _mismatch(rank: int, src: int, got: str, recv: torch.Tensor, theirs: int, mine: int, world: int = 0) -> CommError:
+    # With N > 2 the left and right neighbours differ: a message from the right says the ring runs leftward.
+    leftward = (
+        f" Rank {rank} receives from rank {src}, its right neighbour (r + 1) % N: the ring sends to the right, "
+        "(r + 1) % N, and receives from the left, (r - 1) % N; the chunk indices (r - s) % N and (r - s - 1) % N "
+        "are those of that rightward ring"
+        if world > 2 and src == (rank + 1) % world else ""
+    )
     return CommError(
         f"rank {rank}, exchange {mine}: rank {src} sent {got} (its exchange {theirs}) but the receive buffer "
         f"holds {_describe(recv)}. The two sides of a message must agree on dtype and length: "
-        "do both ranks compute the same chunk index for this step?"
+        "do both ranks compute the same chunk index for this step?" + leftward
     )
 
 
@@ -348,7 +355,7 @@ class _Ring:
             theirs, message = box.popleft()
             self.state[rank], self.waiting_for[rank] = "running", None
         if message.dtype != recv.dtype or message.numel() != recv.numel():
-            raise _mismatch(rank, src, _describe(message), recv, theirs, mine)
+            raise _mismatch(rank, src, _describe(message), recv, theirs, mine, len(self.exchanges))
         with torch.no_grad():
             recv.copy_(message.view(recv.shape))
 

@@ -57,6 +57,7 @@ _TEXTBOOK_KEEPS = ["reduce_scatter", "all_gather", "rs_public", "ag_public"]
 MUTANTS = [
     Mutant(
         name="wrong_recv_chunk",
+        cause=r"same chunk index",
         why="reduce-scatter adds the incoming chunk at (r - s + 1) instead of (r - s - 1): the wrong chunk index",
         edits=[("            recv_idx = (rank - step - 1) % world  # the one its left neighbour extended",
                 "            recv_idx = (rank - step + 1) % world")],
@@ -64,6 +65,7 @@ MUTANTS = [
     ),
     Mutant(
         name="step_sign",
+        cause=r"chunk \(r - s\) % N|chunk indices",
         why="walks the chunks the wrong way: at step s sends chunk (r + s) and adds chunk (r + s - 1), a sign error",
         edits=[("            send_idx = (rank - step) % world  # the partial sum this rank extended last step (or its own)",
                 "            send_idx = (rank + step) % world"),
@@ -73,6 +75,7 @@ MUTANTS = [
     ),
     Mutant(
         name="reversed_ring",
+        cause=r"right neighbour",
         why="sends to the left and receives from the right, while indexing chunks for the rightward ring (a sign error)",
         edits=[("    return (comm.rank + 1) % comm.world_size, (comm.rank - 1) % comm.world_size",
                 "    return (comm.rank - 1) % comm.world_size, (comm.rank + 1) % comm.world_size")],
@@ -80,6 +83,7 @@ MUTANTS = [
     ),
     Mutant(
         name="all_gather_adds",
+        cause=r"overwrite",
         why="all-gather adds the incoming finished chunk to the stale partial sum instead of overwriting it",
         edits=[("            comm.send_recv(chunks[send_idx], right, chunks[recv_idx], left)  # overwrite: it is final",
                 "            incoming = torch.empty_like(chunks[recv_idx])\n"
@@ -89,12 +93,14 @@ MUTANTS = [
     ),
     Mutant(
         name="torch_chunk",
+        cause=r"tensor_split\(flat, N\)",
         why="cuts with torch.chunk, which makes ceil(n/N)-sized chunks and can return fewer than N of them",
         edits=[("    return flat.tensor_split(world)", "    return flat.chunk(world) if flat.numel() else flat.tensor_split(world)")],
         loses=["reduce_scatter", "all_gather", "float_order", "volume", "rs_public", "volume_public", *_EXACT],
     ),
     Mutant(
         name="remainder_in_last_chunk",
+        cause=r"tensor_split\(flat, N\)",
         why="gives every chunk n // N elements and the remainder to the last one: sums right, chunks not as specified",
         edits=[
             ("    return flat.tensor_split(world)",
@@ -107,6 +113,7 @@ MUTANTS = [
     ),
     Mutant(
         name="negative_modulo",
+        cause=r"% world_size",
         why="computes the left neighbour as rank - 1 without % N, so rank 0 receives from rank -1",
         edits=[("    return (comm.rank + 1) % comm.world_size, (comm.rank - 1) % comm.world_size",
                 "    return (comm.rank + 1) % comm.world_size, comm.rank - 1")],
@@ -115,6 +122,7 @@ MUTANTS = [
     ),
     Mutant(
         name="skips_empty_chunks",
+        cause=r"empty or not",
         why="skips the exchange when the chunk to send is empty, so ranks disagree on the number of exchanges",
         edits=[("            incoming = inbox[: chunks[recv_idx].numel()]",
                 "            if chunks[send_idx].numel() == 0:\n"
@@ -124,6 +132,7 @@ MUTANTS = [
     ),
     Mutant(
         name="whole_buffer_ring",
+        cause=r"one phase",
         why="passes the whole buffer around the ring N - 1 times: correct sums, (N - 1) n elements per rank",
         edits=[("""    with flat_view(tensor) as flat:
         owned = ring_reduce_scatter(flat, comm)
@@ -139,6 +148,7 @@ MUTANTS = [
     ),
     Mutant(
         name="gather_broadcast",
+        cause=r"sends one chunk",
         why="rank 0 receives everyone's tensor, sums, and sends the sum back: correct, but rank 0 moves (N - 1) n each way",
         edits=[("""    with flat_view(tensor) as flat:
         owned = ring_reduce_scatter(flat, comm)
@@ -159,6 +169,7 @@ MUTANTS = [
     ),
     Mutant(
         name="float32_accumulator",
+        cause=r"own dtype",
         why="upcasts bfloat16 to float32 for the whole ring and rounds once at the end: not the contract's ring order",
         edits=[("""    with flat_view(tensor) as flat:
         owned = ring_reduce_scatter(flat, comm)
@@ -173,6 +184,7 @@ MUTANTS = [
     ),
     Mutant(
         name="no_copy_back",
+        cause=r"cop(y|ied) back",
         why="works on tensor.reshape(-1), which is a copy for a transposed tensor, and never writes the result back",
         edits=[("    tensor.copy_(flat.view(tensor.shape))", "    pass")],
         loses=["layouts", "allreduce", "distributed", "allreduce_public"],
@@ -181,6 +193,7 @@ MUTANTS = [
     # right sizes, so the counts and the results were right. Only ring_allreduce cheats; its two phases stay honest.
     Mutant(
         name="side_channel_files",
+        cause=r"only channel",
         why="each rank writes its tensor to a file in /tmp and reads everyone's back, and sends zeros of the right "
             "sizes through the ring: the sums, the message counts and the sizes are all right",
         edits=[(_ALLREDUCE_BODY, _SIDE_CHANNEL.format(
@@ -206,6 +219,7 @@ MUTANTS = [
     ),
     Mutant(
         name="side_channel_module_global",
+        cause=r"only channel",
         why="the simulated ranks are threads of one process, so each rank puts its tensor in a module-level dict and "
             "reads everyone's back, sending zeros of the right sizes through the ring",
         edits=[(_ALLREDUCE_BODY, _SIDE_CHANNEL.format(
@@ -218,6 +232,7 @@ MUTANTS = [
     ),
     Mutant(
         name="calls_all_reduce",
+        cause=r"all_reduce",
         why="hands the work to torch.distributed.all_reduce instead of building it from send_recv",
         edits=[("""    with flat_view(tensor) as flat:
         owned = ring_reduce_scatter(flat, comm)
@@ -232,6 +247,7 @@ MUTANTS = [
     # only its messages give it away.
     Mutant(
         name="textbook_allgather_then_sum",
+        cause=r"one phase",
         why="every rank passes its whole tensor around the ring (an all-gather of full tensors, (N - 1) n elements "
             "per rank) and sums all N copies locally, in the ring order",
         edits=[(_ALLREDUCE_BODY, """    rank, world = comm.rank, comm.world_size
@@ -246,6 +262,7 @@ MUTANTS = [
     ),
     Mutant(
         name="textbook_root_reduce",
+        cause=r"sends one chunk",
         why="rank 0 receives every rank's whole tensor, sums them in the ring order and sends the sum back to each: "
             "rank 0 moves (N - 1) n elements each way",
         edits=[(_ALLREDUCE_BODY, """    rank, world = comm.rank, comm.world_size
@@ -266,6 +283,7 @@ MUTANTS = [
     ),
     Mutant(
         name="textbook_direct_exchange",
+        cause=r"\(r \+ 1\) % N",
         why="reduce-scatter and all-gather by direct exchange: at step s rank r sends to rank (r + s) % N the chunk "
             "that rank finishes, and later its own finished chunk: 2(N - 1) messages of one chunk, the ring's volume "
             "when N divides n, but not the ring (every pair of ranks talks)",
@@ -291,6 +309,7 @@ MUTANTS = [
     # Contract clauses drawn on every grade since issue 36 (before, by chance or not at all).
     Mutant(
         name="returns_the_tensor",
+        cause=r"returns nothing",
         why="ring_allreduce and ring_all_gather return the tensor as well as writing it in place; the contract says "
             "they return None",
         edits=[("    if comm.world_size == 1:\n        return\n", "    if comm.world_size == 1:\n        return tensor\n"),
@@ -303,6 +322,7 @@ MUTANTS = [
     ),
     Mutant(
         name="phases_skip_copy_back",
+        cause=r"caller's tensor",
         why="ring_reduce_scatter and ring_all_gather work on tensor.reshape(-1) and never copy it back: right when "
             "ring_allreduce hands them its flat buffer, lost on a non-contiguous tensor given to them directly",
         edits=[("    right, left = neighbours(comm)\n    with flat_view(tensor) as flat:\n        chunks = split_chunks(flat, world)\n"

@@ -197,6 +197,57 @@ def run_ring(student, fn, xs, trace=True, **kwargs):
     return student.drive(SIMULATED, fn, [x.clone() for x in xs], trace=trace, **kwargs)
 
 
+def finished_chunk_sizes(xs: list[torch.Tensor], outputs: list[torch.Tensor], atol: float = 0.0) -> list[int] | None:
+    """The chunk sizes the ranks' results show, or None when they show none: rank r finishes chunk (r + 1) % N, and
+    the positions where its output holds every rank's contribution are that chunk. None unless those runs are
+    contiguous and tile the tensor in chunk order."""
+    world = len(xs)
+    total = sum(x.reshape(-1).double() for x in xs)
+    scale = sum(x.reshape(-1).double().abs() for x in xs)
+    sizes, pos = [], 0
+    for c in range(world):
+        got = outputs[(c - 1) % world].reshape(-1).double()
+        full = ((got - total).abs() <= atol * scale).nonzero().flatten()
+        if not full.numel():
+            sizes.append(0)
+            continue
+        if int(full[0]) != pos or int(full[-1]) - int(full[0]) + 1 != full.numel():
+            return None
+        sizes.append(full.numel())
+        pos += full.numel()
+    return sizes if pos == total.numel() else None
+
+
+def chunking_cause(xs: list[torch.Tensor], outputs: list[torch.Tensor], atol: float = 0.0) -> str:
+    """'' unless the results show chunks cut other than torch.tensor_split's; else what they show."""
+    world, n = len(xs), xs[0].numel()
+    sizes, want = finished_chunk_sizes(xs, outputs, atol), [n // world + (1 if c < n % world else 0) for c in range(world)]
+    if sizes is None or sizes == want:
+        return ""
+    return (f"The ranks finished chunks of sizes {sizes} (rank r finishes chunk (r + 1) % N, and its complete sums sit "
+            f"there), but the contract cuts n = {n} into N = {world} chunks as torch.tensor_split(flat, N) does: sizes "
+            f"{want}, the first n % N chunks one element longer. Cut the chunks that way on every rank")
+
+
+def exchanges_cause(msgs: list[dict], r: int, world: int, n: int) -> str:
+    """What rank r's traced exchanges show when there are not 2(N - 1) of them: their sizes and peers, and what
+    those say (one phase's worth of exchanges, whole-tensor messages, a peer other than the right neighbour)."""
+    sizes = [int(m["sent"].numel()) if "sent" in m else int(m["numel"]) for m in msgs]
+    dsts = [int(m["dst"]) for m in msgs]
+    said = f"its messages held {sizes} elements, sent to ranks {dsts}" if msgs else "it made none"
+    if n < world and len(msgs) < 2 * (world - 1):
+        said += (f"; with n = {n} < N = {world} some chunks are empty, and the ring still makes every step's exchange "
+                 "for them, empty or not, so that every rank makes 2(N - 1)")
+    if len(msgs) == world - 1:
+        said += ("; N - 1 exchanges are one phase: the ring runs a reduce-scatter of N - 1 steps, then an all-gather "
+                 "of N - 1 more, each step one chunk")
+    if n > -(-n // world) and n in sizes:
+        said += f"; a message of {n} elements is the whole tensor, where a ring step passes one chunk"
+    if any(d != (r + 1) % world for d in dsts):
+        said += f"; the ring sends only to the right neighbour (r + 1) % N = {(r + 1) % world}"
+    return said
+
+
 RING_ONLY = (
     "Every message must be exactly what the ring sends at that step: at reduce-scatter step s, rank r's partial "
     "sum of chunk (r - s) % N (its own values plus what it received for that chunk, in the tensor's dtype); at "
@@ -233,17 +284,35 @@ def test_reduce_scatter(student, ra, rng, world):
         for n in lengths(world):
             for dtype in (torch.float32, torch.int64):
                 xs = rand_inputs(world, n, dtype, rng) if dtype.is_floating_point else int_inputs(world, n, dtype, 7)
-                run = run_ring(student, ra.ring_reduce_scatter, xs)
                 label = f"ring_reduce_scatter, N={world}, n={n}, {dtype}"
+                try:
+                    run = run_ring(student, ra.ring_reduce_scatter, xs)
+                except IndexError as exc:  # the student's: an index past the end of its chunks
+                    if n >= world:
+                        raise
+                    pytest.fail(
+                        f"{label}: your code raised {exc}. With n = {n} < N = {world} some chunks are empty: does your "
+                        "code still cut N of them? torch.tensor_split(flat, N) always gives N chunks (the contract's "
+                        "cut); torch.chunk gives fewer"
+                    )
                 for r in range(world):
                     owned = run["returns"][r]
+                    dsts = [d for d in sorted({int(m["dst"]) for m in (run.get("trace") or [[]] * world)[r]})
+                            if d != (r + 1) % world]  # any peer but the right neighbour
                     assert owned == (r + 1) % world, (
                         f"{label}: rank {r} returned {owned!r}, expected {(r + 1) % world} (the chunk it holds complete: "
                         "the chunk that starts on rank r + 1 goes once around the ring and ends on rank r)"
+                        + (f". It sent to rank {dsts[0]}, not to its right neighbour (r + 1) % N = {(r + 1) % world}: "
+                           "the ring sends right and receives from the left, (r - 1) % N"
+                           if dsts and world > 2 else "")
                     )
                     lo, hi = bounds(n, world, owned)
                     want = ring_order_sum(xs, [owned])[lo:hi]
                     got = run["outputs"][r].reshape(-1)[lo:hi]
+                    if not torch.equal(got, want):  # chunks cut otherwise show in where the complete sums sit
+                        cut = chunking_cause(xs, run["outputs"], 1e-5 if dtype.is_floating_point else 0.0)
+                        if cut:
+                            pytest.fail(f"{label}: {cut}")
                     if dtype == torch.int64:
                         if not torch.equal(got, want):
                             full = run["outputs"][r].reshape(-1).clone()
@@ -820,7 +889,8 @@ def trace_divergence(run: dict, flats: list[torch.Tensor], kind: str, shift: int
             phase, step, c, elems = want[r][e]
             where = f"{phase} step {step}, rank {r} (chunk {c})"
             if e >= len(trace[r]):
-                return f"{where}: rank {r} made only {len(trace[r])} exchanges; each phase takes N - 1 = {world - 1}"
+                return (f"{where}: rank {r} made only {len(trace[r])} exchanges; each phase takes N - 1 = {world - 1}: "
+                        + exchanges_cause(trace[r], r, world, n))
             msg = trace[r][e]
             if (msg["dst"], msg["src"]) != ((r + 1) % world, (r - 1) % world):
                 return (
@@ -849,6 +919,8 @@ def trace_divergence(run: dict, flats: list[torch.Tensor], kind: str, shift: int
                     if same and got.numel()
                     else "it is the whole buffer: a ring step passes one chunk"
                     if got.numel() == n and n > elems.numel()
+                    else "an empty message: at every step each rank sends one chunk to its right neighbour"
+                    if not got.numel()
                     else f"chunks follow torch.tensor_split: sizes {sizes_of(n, world)}"
                 )
                 return f"{where}: rank {r} sent {got.numel()} elements, chunk {c} holds {elems.numel()}: {why}"
