@@ -184,7 +184,7 @@ MUTANTS = [
     ),
     Mutant(
         name="no_copy_back",
-        cause=r"cop(y|ied) back",
+        cause=r"copy the result back|copied back",
         why="works on tensor.reshape(-1), which is a copy for a transposed tensor, and never writes the result back",
         edits=[("    tensor.copy_(flat.view(tensor.shape))", "    pass")],
         loses=["layouts", "allreduce", "distributed", "allreduce_public"],

@@ -150,9 +150,10 @@ def shrunk_rows(o, ref, atol):
     return None
 
 
-def forward_diagnosis(o, lse, ref_o, ref_lse, n_k, atol):
-    """The cause a wrong o points to ("" when its values point to none): rows that see no key but hold NaN, rows
-    scaled down (l counts keys it must not), or an o wrong beside a right lse (the accumulator)."""
+def forward_diagnosis(o, lse, ref_o, ref_lse, n_k, atol, hint=""):
+    """The cause a wrong o points to (the test's `hint` when its values point to none): rows that see no key but hold
+    NaN, rows scaled down (l counts keys it must not), or a finite o wrong beside a right lse (the accumulator, said
+    before the test's hint)."""
     got = o.detach().cpu().double()
     empty = (ref_lse == INF)[..., None].expand_as(got)
     if bool((empty & ~torch.isfinite(got)).any()):
@@ -169,10 +170,11 @@ def forward_diagnosis(o, lse, ref_o, ref_lse, n_k, atol):
                 "tile masked to -inf? A score of 0 there still adds exp(0 - m) to l." + one_tile)
     lse = lse.detach().cpu().double()
     finite = torch.isfinite(ref_lse)
-    if torch.equal(lse == INF, ref_lse == INF) and bool(((lse - ref_lse)[finite].abs() <= 1e-4).all()):
+    if (bool(torch.isfinite(got).all()) and torch.equal(lse == INF, ref_lse == INF)
+            and bool(((lse - ref_lse)[finite].abs() <= 1e-4).all())):
         return ("lse is right, so the running max m and the sum l are: the output accumulator is what goes wrong. "
-                "Is it multiplied by exp(m_old - m_new) whenever the max grows, as l is?")
-    return ""
+                f"Is it multiplied by exp(m_old - m_new) whenever the max grows, as l is? {hint}")
+    return hint
 
 
 def make_qkv(rng, b, hq, hkv, n_q, n_k, d, dtype, device="cpu", scale=1.0):
@@ -192,7 +194,7 @@ def check_forward(fa, q, k, v, causal=False, sm_scale=None, what="o", hint="", c
     qc, kc, vc = q.cpu(), k.cpu(), v.cpu()
     ref_o, ref_lse = naive_attention(qc, kc, vc, causal, sm_scale)
     low_o, _ = naive_attention(qc, kc, vc, causal, sm_scale, dtype=q.dtype)
-    assert_close(o, ref_o, low_o, what, lambda tol: forward_diagnosis(o, lse, ref_o, ref_lse, k.shape[2], tol) or hint)
+    assert_close(o, ref_o, low_o, what, lambda tol: forward_diagnosis(o, lse, ref_o, ref_lse, k.shape[2], tol, hint))
     if check_lse:
         assert_lse(lse, ref_lse, f"lse, beside {what}")
     return o, lse
