@@ -117,6 +117,21 @@ def exchanges_cause(msgs: list[dict], r: int, world: int, n: int) -> str:
     return said
 
 
+def own_chunk_cause(got: torch.Tensor, x: torch.Tensor, world: int, c: int | None, dst: int) -> str:
+    """'' unless `got` is, element for element, this rank's own input of a chunk other than c; then which."""
+    n = x.numel()
+    for j in range(world):
+        part = x.reshape(-1)[chunk_slice(n, world, j)]
+        if j != c and part.numel() and part.numel() == got.numel() and torch.equal(part, got):
+            finisher = (j - 1) % world
+            return (f". It is this rank's own input of chunk {j}"
+                    + (f", the chunk its receiver rank {dst} finishes: sending each rank the chunk it finishes is a "
+                       "direct exchange, not the ring" if finisher == dst else "")
+                    + (f"; in the ring, rank r sends its partial sum of chunk (r - s) % N = {c}" if c is not None
+                       else ""))
+    return ""
+
+
 def assert_ring_messages(run: dict, xs: list[torch.Tensor], what: str) -> None:
     """Every message in run["trace"] is the one the ring sends at that step, element for element."""
     world, want = len(xs), ring_messages(xs)
@@ -141,6 +156,8 @@ def assert_ring_messages(run: dict, xs: list[torch.Tensor], what: str) -> None:
                    f"the finished chunk {(r + 1 - step) % world}")
                 + (". An empty message: at every step each rank sends one chunk to its right neighbour"
                    if not got.numel() and expected.numel() else "")
+                + own_chunk_cause(got, xs[r], world, (r - step) % world if phase == "reduce-scatter" else None,
+                                  peers[0])
                 + ". comm.send_recv is the only channel between ranks, and every message must be exactly the ring's"
             )
 

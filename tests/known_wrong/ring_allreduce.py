@@ -283,7 +283,7 @@ MUTANTS = [
     ),
     Mutant(
         name="textbook_direct_exchange",
-        cause=r"\(r \+ 1\) % N",
+        cause=r"direct exchange|\(r \+ 1\) % N",
         why="reduce-scatter and all-gather by direct exchange: at step s rank r sends to rank (r + s) % N the chunk "
             "that rank finishes, and later its own finished chunk: 2(N - 1) messages of one chunk, the ring's volume "
             "when N divides n, but not the ring (every pair of ranks talks)",
