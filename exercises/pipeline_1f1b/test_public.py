@@ -44,6 +44,34 @@ def show(schedule) -> str:
                      for s, row in enumerate(schedule))
 
 
+def why_different(got: list, want: list, s: int) -> str:
+    """What makes stage s's ops `got` differ from `want`, in words ('' if nothing usual)."""
+    def n_forwards_first(row):
+        return next((i for i, op in enumerate(row) if op[:1] == ("B",)), len(row))
+
+    for i, op in enumerate(got):
+        if op[:1] == ("B",) and ("F", *op[1:]) not in got[:i]:
+            return (f"stage {s} runs {op} before its own forward: a backward needs its forward first, so after the "
+                    "warm-up each pair is a forward THEN a backward")
+    chunked = len(want[0]) == 3
+    if not chunked and any(len(op) == 3 for op in got):
+        return "a plain schedule's ops are ('F' or 'B', microbatch), without a chunk"
+    if chunked and sorted({op[2] for op in got if len(op) == 3}) != sorted({op[2] for op in want}):
+        return (f"stage {s} runs chunks {sorted({op[2] for op in got if len(op) == 3})}, expected "
+                f"{sorted({op[2] for op in want})}: chunk ids are global, and chunk c lives on stage c % p")
+    n_got, n_want = n_forwards_first(got), n_forwards_first(want)
+    if n_got != n_want:
+        every = n_got == sum(op[:1] == ("F",) for op in got) and n_want < n_got
+        return (f"stage {s} runs {n_got} forwards before its first backward, expected {n_want}: check the warm-up"
+                + (" (this is every forward first, GPipe's order, which holds every microbatch at once)" if every else ""))
+    backs, want_backs = [op[1:] for op in got if op[:1] == ("B",)], [op[1:] for op in want if op[0] == "B"]
+    if chunked and [b[1:] for b in backs] != [b[1:] for b in want_backs]:
+        return "backwards visit the stage's chunks in the reverse order of its forwards (the last chunk first)"
+    if [b[0] for b in backs] != [b[0] for b in want_backs]:
+        return "backwards go oldest microbatch first (first in, first out): its gradient comes back first"
+    return ""
+
+
 # --------------------------------------------------------------------------------------------------
 # Schedules
 
@@ -52,7 +80,9 @@ def show(schedule) -> str:
 def test_gpipe_small(pm):
     got = ops(pm.gpipe_schedule(2, 3))
     want = [[("F", 0), ("F", 1), ("F", 2), ("B", 0), ("B", 1), ("B", 2)]] * 2
-    assert got == want, f"gpipe_schedule(2, 3) gave\n{show(got)}\nexpected every stage to run\n{show(want[:1])}"
+    why = next((why_different(g, w, s) for s, (g, w) in enumerate(zip(got, want)) if g != w), "")
+    assert got == want, (f"gpipe_schedule(2, 3) gave\n{show(got)}\nexpected every stage to run\n{show(want[:1])}"
+                         + (f"\n{why}" if why else ""))
 
 
 @pytest.mark.check("schedules_public")
@@ -66,10 +96,15 @@ def test_1f1b_four_stages_eight_microbatches(pm):
         [F(0), F(1), B(0), F(2), B(1), F(3), B(2), F(4), B(3), F(5), B(4), F(6), B(5), F(7), B(6), B(7)],
         [F(0), B(0), F(1), B(1), F(2), B(2), F(3), B(3), F(4), B(4), F(5), B(5), F(6), B(6), F(7), B(7)],
     ]
+    assert len(got) == 4, f"one_f_one_b_schedule(4, 8) has {len(got)} stages, expected 4"
+    # A backward before its own forward shows on the last stage (no warm-up) first: named whichever stage fails.
+    stuck = next((w for s in range(4) if "before its own forward" in (w := why_different(got[s], want[s], s))), "")
     for s in range(4):
+        why = stuck or why_different(got[s], want[s], s)
         assert got[s] == want[s], (
             f"one_f_one_b_schedule(4, 8), stage {s}:\n{show([got[s]])}\nexpected\n{show([want[s]])}\n"
-            f"stage {s} warms up with p - s - 1 = {3 - s} forwards, then alternates F, B, then drains its backwards"
+            + (f"{why}. " if why else "")
+            + f"Stage {s} warms up with p - s - 1 = {3 - s} forwards, then alternates F, B, then drains its backwards"
         )
 
 
@@ -92,10 +127,13 @@ def test_interleaved_two_stages_two_chunks(pm):
         [("F", 0, 1), ("F", 1, 1), ("F", 0, 3), ("B", 0, 3), ("F", 1, 3), ("B", 1, 3), ("F", 2, 1), ("B", 0, 1),
          ("F", 3, 1), ("B", 1, 1), ("F", 2, 3), ("B", 2, 3), ("F", 3, 3), ("B", 3, 3), ("B", 2, 1), ("B", 3, 1)],
     ]
+    assert len(got) == 2, f"interleaved_schedule(2, 4, 2) has {len(got)} stages, expected 2"
     for s in range(2):
+        why = why_different(got[s], want[s], s)
         assert got[s] == want[s], (
             f"interleaved_schedule(2, 4, 2), stage {s}:\n{show([got[s]])}\nexpected\n{show([want[s]])}\n"
-            "stage s holds global chunks s and s + p; warm-up is 2(p - s - 1) + (v - 1)p forwards"
+            + (f"{why}. " if why else "")
+            + "Stage s holds global chunks s and s + p; warm-up is 2(p - s - 1) + (v - 1)p forwards"
         )
 
 
@@ -171,7 +209,10 @@ def test_simulate_gpipe_two_stages(pm):
         f"makespan {r.makespan}, expected (m + p - 1)(t_f + t_b) = 3 * 3 = 9. Stage 1 runs F0 at 1-2, F1 at 2-3, "
         "B0 at 3-5, B1 at 5-7; stage 0 runs B0 at 5-7 (after stage 1's B0) and B1 at 7-9"
     )
-    assert abs(r.bubble_fraction - 1 / 3) < 1e-9, f"bubble_fraction {r.bubble_fraction}, expected (p - 1)/(m + p - 1) = 1/3"
+    assert abs(r.bubble_fraction - 1 / 3) < 1e-9, (
+        f"bubble_fraction {r.bubble_fraction}, expected (p - 1)/(m + p - 1) = 1/3"
+        + (": that is the idle time over the makespan; divide by p * makespan, the total stage-time"
+           if abs(r.bubble_fraction - 2 / 3) < 1e-9 else ""))
     got_peaks = peaks(r.peak_activations, 2)
     assert got_peaks == [2, 2], f"peak_activations {got_peaks}, expected [2, 2]"
     want = [(1.0, 2.0, ("F", 0)), (2.0, 3.0, ("F", 1)), (3.0, 5.0, ("B", 0)), (5.0, 7.0, ("B", 1))]
@@ -213,7 +254,9 @@ def test_simulate_interleaved_costs_and_peaks(pm):
     sched = [[("F", 0, 0), ("F", 0, 2), ("B", 0, 2), ("B", 0, 0)], [("F", 0, 1), ("F", 0, 3), ("B", 0, 3), ("B", 0, 1)]]
     r = pm.simulate(sched, 1.0, 2.0)
     # v = 2: forwards take 0.5, backwards 1. Chunks 0 -> 1 -> 2 -> 3, then back: 4 * 0.5 + 4 * 1 = 6.
-    assert abs(r.makespan - 6.0) < 1e-9, f"makespan {r.makespan}, expected 6 (each chunk op costs its time / v, v = 2)"
+    assert abs(r.makespan - 6.0) < 1e-9, f"makespan {r.makespan}, expected 6" + (
+        ": each chunk op costs the whole forward_time or backward_time here; it costs its time / v, v = 2"
+        if abs(r.makespan - 12.0) < 1e-9 else " (each chunk op costs its time / v, v = 2)")
     got_peaks = peaks(r.peak_activations, 2)
     assert got_peaks == [2, 2], f"peak_activations {got_peaks}, expected [2, 2]: count (mb, chunk) pairs"
 
@@ -264,7 +307,16 @@ def test_run_pipeline_two_stages(pm):
     want_loss = torch.nn.functional.mse_loss(whole(torch.cat(xs).double()), torch.cat(ys).double())
     want_loss.backward()
     want_loss = float(want_loss.detach())
-    run = pm.run_pipeline(stages, xs, ys, sched, torch.nn.MSELoss())
+    try:
+        run = pm.run_pipeline(stages, xs, ys, sched, torch.nn.MSELoss())
+    except RuntimeError as exc:
+        if "grad can be implicitly created only for scalar outputs" not in str(exc):
+            raise
+        raise AssertionError(
+            f"run_pipeline raised {exc if type(exc).__module__ == 'student' else f'RuntimeError: {exc}'}. That is a backward of a piece's output without the gradient "
+            "the next piece sent back. That gradient is the next piece's input's .grad, which autograd fills only "
+            "when that input is a leaf: hand each piece the detached output of the one before, "
+            "x = y.detach().requires_grad_()") from None
 
     assert abs(run.loss - want_loss) < 1e-5, (
         f"loss {run.loss:.6f}, expected the mean {want_loss:.6f}"
@@ -278,4 +330,6 @@ def test_run_pipeline_two_stages(pm):
                 "stage 1 computed for its input"
             ))
     got_peaks = peaks(run.peak_activations, 2)
-    assert got_peaks == [2, 1], f"peak_activations {got_peaks}, expected [2, 1]"
+    assert got_peaks == [2, 1], f"peak_activations {got_peaks}, expected [2, 1]" + (
+        ": [4, 4] is all 4 microbatches in flight on each stage, as when every forward runs before any backward; "
+        "run the ops in the schedule's order" if got_peaks == [4, 4] else "")

@@ -9,12 +9,14 @@ MUTANTS = [
         why="1F1B warm-up of p - s forwards instead of p - s - 1: one more microbatch in flight than needed",
         edits=[("warmup = min(p - s - 1, m)", "warmup = min(p - s, m)")],
         loses=["one_f_one_b", "schedules_public"],
+        cause=r"forwards before (its|the) first backward",
     ),
     Mutant(
         name="no_cap_when_m_lt_p",
         why="1F1B warm-up of p - s - 1 even when there are fewer microbatches than that",
         edits=[("warmup = min(p - s - 1, m)", "warmup = p - s - 1")],
         loses=["one_f_one_b", "schedules_public"],
+        cause=r"capped|its cap",
     ),
     Mutant(
         name="gpipe_backwards_lifo",
@@ -22,18 +24,21 @@ MUTANTS = [
         edits=[('[("B", i) for i in range(m)] for _ in range(num_stages)]',
                 '[("B", i) for i in reversed(range(m))] for _ in range(num_stages)]')],
         loses=["gpipe", "schedules_public"],
+        cause=r"oldest",
     ),
     Mutant(
         name="1f1b_cooldown_lifo",
         why="1F1B cool-down drains the backwards newest first instead of oldest first",
         edits=[('ops += [("B", i) for i in range(m - warmup, m)]', 'ops += [("B", i) for i in reversed(range(m - warmup, m))]')],
         loses=["one_f_one_b", "schedules_public"],
+        cause=r"oldest",
     ),
     Mutant(
         name="1b1f_deadlocks",
         why="steady state runs the backward before the forward: the last stage waits for a forward it never ran",
         edits=[('ops += [("F", warmup + i), ("B", i)]', 'ops += [("B", i), ("F", warmup + i)]')],
         loses=["one_f_one_b", "schedules_public"],
+        cause=r"before its own forward",
     ),
     Mutant(
         name="interleaved_contiguous_chunks",
@@ -41,12 +46,14 @@ MUTANTS = [
         edits=[('forwards = [("F", microbatch(k), local_chunk(k) * p + s)', 'forwards = [("F", microbatch(k), s * v + local_chunk(k))'),
                ('backwards = [("B", microbatch(k), (v - 1 - local_chunk(k)) * p + s)', 'backwards = [("B", microbatch(k), s * v + v - 1 - local_chunk(k))')],
         loses=["interleaved", "schedules_public"],
+        cause=r"lives on stage",
     ),
     Mutant(
         name="interleaved_backwards_same_chunk_order",
         why="interleaved backwards visit the chunks in the forward order instead of the reverse",
         edits=[('backwards = [("B", microbatch(k), (v - 1 - local_chunk(k)) * p + s)', 'backwards = [("B", microbatch(k), local_chunk(k) * p + s)')],
         loses=["interleaved", "schedules_public"],
+        cause=r"reverse order",
     ),
     Mutant(
         name="interleaved_filters_every_stage",
@@ -55,6 +62,7 @@ MUTANTS = [
                 ('forwards = [op for t in range(p) for op in [("F", microbatch(k), local_chunk(k) * p + t) '
                  'for k in range(total)] if op[2] % p == s]'))],
         loses=["interleaved", "schedules_public"],
+        cause=r"filter them per stage",
     ),
     Mutant(
         name="interleaved_filters_in_c",
@@ -62,6 +70,7 @@ MUTANTS = [
             "operator functions: p times the work per op, none of it in lines of Python",
         edits=[('    schedule = []\n    for s in range(p):\n        forwards = [("F", microbatch(k), local_chunk(k) * p + s) for k in range(total)]\n', '    from itertools import compress, repeat, chain\n    from operator import eq, mod, itemgetter, add\n    mbs = [microbatch(k) for k in range(total)]\n    lcs = [local_chunk(k) * p for k in range(total)]\n    every = list(zip(repeat("F"), chain.from_iterable(repeat(mbs, p)),\n                     map(add, chain.from_iterable(repeat(lcs, p)), chain.from_iterable(map(repeat, range(p), repeat(total))))))\n    schedule = []\n    for s in range(p):\n        forwards = list(compress(every, map(eq, map(mod, map(itemgetter(2), every), repeat(p)), repeat(s))))\n')],
         loses=["interleaved"],
+        cause=r"grows with the stages",
     ),
     # ---- simulator ----
     Mutant(
@@ -69,6 +78,7 @@ MUTANTS = [
         why="charges p2p_time for every dependency, even a stage's own forward before its backward",
         edits=[("arrival = finish[dep] + (p2p_time if dep[2] % p != s else 0.0)", "arrival = finish[dep] + p2p_time")],
         loses=["simulate", "simulate_public"],
+        cause=r"same stage|a stage's own forward",
     ),
     Mutant(
         name="bubble_over_makespan",
@@ -76,18 +86,21 @@ MUTANTS = [
         edits=[("bubble = (p * makespan - busy) / (p * makespan) if makespan > 0 else 0.0",
                 "bubble = (p * makespan - busy) / makespan if makespan > 0 else 0.0")],
         loses=["simulate", "simulate_public"],
+        cause=r"p \* makespan",
     ),
     Mutant(
         name="chunk_cost_not_split",
         why="an interleaved chunk op costs the whole forward_time / backward_time instead of 1/v of it",
         edits=[('cost = {"F": forward_time / v, "B": backward_time / v}', 'cost = {"F": forward_time, "B": backward_time}')],
         loses=["simulate", "simulate_public"],
+        cause=r"time / v|1/v",
     ),
     Mutant(
         name="duplicates_accepted",
         why="checks that every op is present but not that none is run twice",
         edits=[('raise ValueError(f"stage {s} runs {_show(op, arity)} twice")', "pass")],
         loses=["simulate"],
+        cause=r"twice",
     ),
     Mutant(
         name="p2p_between_chunks",
@@ -96,6 +109,7 @@ MUTANTS = [
         edits=[("arrival = finish[dep] + (p2p_time if dep[2] % p != s else 0.0)",
                 "arrival = finish[dep] + (p2p_time if dep[2] != op[2] else 0.0)")],
         loses=["simulate"],
+        cause=r"same stage",
     ),
     Mutant(
         name="count_based_validation",
@@ -115,6 +129,7 @@ MUTANTS = [
             raise ValueError(f"stage {s} runs {len(row)} ops, expected {2 * m * (num_chunks // p)}")
 """)],
         loses=["simulate"],
+        cause=r"never runs",
     ),
     Mutant(
         name="names_one_stuck_op",
@@ -122,6 +137,7 @@ MUTANTS = [
         edits=[('''        raise ValueError("the schedule deadlocks; these ops wait forever: " + ", ".join(stuck))''',
                 '''        raise ValueError("the schedule deadlocks; this op waits forever: " + stuck[-1])''')],
         loses=["simulate"],
+        cause=r"does not name",
     ),
     Mutant(
         name="walk_rescans_from_stage_0",
@@ -157,6 +173,7 @@ MUTANTS = [
                     break
 """)],
         loses=["simulate_linear", "simulate_public"],
+        cause=r"rescan",
     ),
     Mutant(
         name="next_stage_by_index",
@@ -164,6 +181,7 @@ MUTANTS = [
             "but a scan of the stages from stage 0 for every op, done by C",
         edits=[('    done: set[tuple[str, int, int]] = set()\n    parked: dict[tuple[str, int, int], list[int]] = {}\n    ready = deque(range(p))\n    while ready:\n        s = ready.popleft()\n        row = plan.ops[s]\n        while next_op[s] < len(row):\n            op = row[next_op[s]]\n            missing = next((d for d in _dependencies(op, total_chunks) if d not in done), None)\n            if missing is not None:\n                parked.setdefault(missing, []).append(s)\n                break\n            yield s, op\n            done.add(op)\n            next_op[s] += 1\n            ready.extend(parked.pop(op, ()))\n', '    done = set()\n    flag = [True] * p + [True]\n    while True:\n        s = flag.index(True)\n        if s == p:\n            break\n        row = plan.ops[s]\n        if next_op[s] >= len(row):\n            flag[s] = False\n            continue\n        op = row[next_op[s]]\n        missing = next((d for d in _dependencies(op, total_chunks) if d not in done), None)\n        if missing is not None:\n            flag[s] = False\n            continue\n        yield s, op\n        done.add(op)\n        next_op[s] += 1\n        if s > 0:\n            flag[s - 1] = True\n        if s + 1 < p:\n            flag[s + 1] = True\n        flag[(op[2] - 1) % p] = True\n        flag[(op[2] + 1) % p] = True\n')],
         loses=["simulate_linear"],
+        cause=r"grows with the stages",
     ),
     Mutant(
         name="walk_rescans_in_c",
@@ -171,6 +189,7 @@ MUTANTS = [
             "itertools (compress over map(done.__contains__, ...)), so that no line runs per stage",
         edits=[('    done: set[tuple[str, int, int]] = set()\n    parked: dict[tuple[str, int, int], list[int]] = {}\n    ready = deque(range(p))\n    while ready:\n        s = ready.popleft()\n        row = plan.ops[s]\n        while next_op[s] < len(row):\n            op = row[next_op[s]]\n            missing = next((d for d in _dependencies(op, total_chunks) if d not in done), None)\n            if missing is not None:\n                parked.setdefault(missing, []).append(s)\n                break\n            yield s, op\n            done.add(op)\n            next_op[s] += 1\n            ready.extend(parked.pop(op, ()))\n', '    done = {None}\n    need = [None] * p  # None: head may run; FIN: stage finished; else the dep it waits on\n    from itertools import compress, count, filterfalse\n    FIN = ("fin",)\n    while True:\n        s = next(compress(count(), map(done.__contains__, need)), None)\n        if s is None:\n            break\n        row = plan.ops[s]\n        op = row[next_op[s]]\n        missing = next(filterfalse(done.__contains__, _dependencies(op, total_chunks)), None)\n        if missing is not None:\n            need[s] = missing\n            continue\n        yield s, op\n        done.add(op)\n        next_op[s] += 1\n        need[s] = None if next_op[s] < len(row) else FIN\n')],
         loses=["simulate_linear"],
+        cause=r"grows with the stages",
     ),
     # ---- executor ----
     Mutant(
@@ -178,18 +197,21 @@ MUTANTS = [
         why="backpropagates each microbatch's mean loss as is: gradients and loss m times too large",
         edits=[("y = loss_fn(y, targets[mb]) / m  # mean over microbatches", "y = loss_fn(y, targets[mb])  # mean over microbatches")],
         loses=["run_pipeline", "run_pipeline_public"],
+        cause=r"divide each microbatch's loss by m",
     ),
     Mutant(
         name="no_zero_grad",
         why="does not zero the gradients first, so a second step adds to the first one's gradients",
         edits=[("    for stage in stages:\n        stage.zero_grad(set_to_none=True)\n", "")],
         loses=["run_pipeline"],
+        cause=r"zero the pieces' gradients",
     ),
     Mutant(
         name="no_detach_between_stages",
         why="hands the next stage the output itself, not a detached leaf: the first backward runs through every stage",
         edits=[("inbox[(mb, c + 1)] = y.detach()", "inbox[(mb, c + 1)] = y")],
         loses=["run_pipeline", "run_pipeline_public", "run_pipeline_memory"],
+        cause=r"detached output",
     ),
     Mutant(
         name="keeps_activations",
@@ -199,6 +221,7 @@ MUTANTS = [
                 "torch.autograd.backward(y, None if c == last else grad_inbox.pop((mb, c)), retain_graph=True)")],
         loses=["run_pipeline_memory"],
         keeps=["run_pipeline", "run_pipeline_public"],
+        cause=r"retain_graph",
     ),
     Mutant(
         name="all_forwards_first",
@@ -206,6 +229,7 @@ MUTANTS = [
         edits=[("for s, (kind, mb, c) in _walk(plan):\n        if kind == \"F\":",
                 "for s, (kind, mb, c) in sorted(_walk(plan), key=lambda item: item[1][0] == \"B\"):\n        if kind == \"F\":")],
         loses=["run_pipeline_memory", "run_pipeline", "run_pipeline_public"],
+        cause=r"forwards? runs? before any backward",
     ),
 ]
 
@@ -222,6 +246,7 @@ MUTANTS += [
           "                    raise RuntimeError(f\"{op} scheduled twice\")\n"
           "                ops.append(op)\n")],
         loses=["one_f_one_b"],
+        cause=r"grows with the micro-batches",
     ),
     Mutant(
         "simulate_searches_the_finished_ops",
@@ -234,6 +259,7 @@ MUTANTS += [
          ("        finish[op] = stage_free[s] = end\n",
           "        stage_free[s] = end\n        done[s].append((op, end))\n")],
         loses=["simulate_linear"],
+        cause=r"finish times in a dict",
     ),
 ]
 
@@ -259,6 +285,7 @@ MUTANTS += [
                 "    for s, (kind, mb, c) in []:\n        if kind == \"F\":")],
         loses=["run_pipeline_memory"],
         keeps=["run_pipeline", "run_pipeline_public"],
+        cause=r"one microbatch per forward",
     ),
     Mutant(
         name="forwards_first_reports_the_schedule",
@@ -270,6 +297,7 @@ MUTANTS += [
                 "return PipelineRun(total_loss, grads, [_peak_in_flight(row) for row in plan.ops])")],
         loses=["run_pipeline_memory"],
         keeps=["run_pipeline", "run_pipeline_public"],
+        cause=r"when the schedule says",
     ),
     Mutant(
         name="keeps_outputs_after_backward",
@@ -278,6 +306,7 @@ MUTANTS += [
         edits=[("x, y = saved.pop((mb, c))", "x, y = saved[(mb, c)]")],
         loses=["run_pipeline_memory"],
         keeps=["run_pipeline", "run_pipeline_public"],
+        cause=r"drop every reference",
     ),
     Mutant(
         name="1f1b_is_gpipe",
@@ -287,6 +316,7 @@ MUTANTS += [
                 '    """1F1B (PipeDream-Flush): warm up with p - s - 1 forwards, then alternate, then drain."""\n'
                 '    return gpipe_schedule(num_stages, num_microbatches)\n')],
         loses=["one_f_one_b", "schedules_public"],
+        cause=r"GPipe's order",
     ),
     Mutant(
         name="interleaved_all_forwards_first",
@@ -294,6 +324,7 @@ MUTANTS += [
             "holds all m v (microbatch, chunk) pairs",
         edits=[("warmup = min(2 * (p - s - 1) + (v - 1) * p, total)", "warmup = total")],
         loses=["interleaved", "schedules_public"],
+        cause=r"GPipe's order",
     ),
 ]
 
@@ -308,6 +339,7 @@ MUTANTS += [
                 "        raise ValueError(f\"sizes must be >= 1, found {num_stages}, {num_microbatches}\")\n"
                 "    p, m = num_stages, num_microbatches\n    schedule = []\n")],
         loses=["one_f_one_b"],
+        cause=r"float, not an int",
     ),
     Mutant(
         name="interleaved_accepts_no_microbatches",
@@ -316,6 +348,7 @@ MUTANTS += [
         edits=[("    _check_positive(num_stages=num_stages, num_microbatches=num_microbatches, num_chunks=num_chunks)\n",
                 "    _check_positive(num_stages=num_stages, num_chunks=num_chunks)\n")],
         loses=["interleaved"],
+        cause=r"m = 0 microbatches",
     ),
     Mutant(
         name="negative_times_accepted",
@@ -323,6 +356,7 @@ MUTANTS += [
         edits=[('        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:\n'
                 '            raise ValueError(f"{name} must be a number >= 0, found {value!r}")\n', "        pass\n")],
         loses=["simulate"],
+        cause=r"time is >= 0",
     ),
     Mutant(
         name="empty_pipeline_takes_no_time",
@@ -332,6 +366,7 @@ MUTANTS += [
                 "        return SimResult(0.0, 0.0, [0] * len(schedule), [[] for _ in schedule])\n"
                 "    plan = _plan(schedule)\n    p, v = plan.num_stages, plan.num_chunks\n")],
         loses=["simulate"],
+        cause=r"no ops",
     ),
     Mutant(
         name="float_ids_accepted",
@@ -340,18 +375,21 @@ MUTANTS += [
         edits=[("if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in op[1:]):",
                 "if any(x < 0 for x in op[1:]):")],
         loses=["simulate"],
+        cause=r"not an int",
     ),
     Mutant(
         name="long_ops_accepted",
         why="an op is checked to have at least two items: ('F', 0, 0, 0) is taken for an interleaved op",
         edits=[("len(op) not in (2, 3)", "len(op) < 2")],
         loses=["simulate"],
+        cause=r"four items",
     ),
     Mutant(
         name="default_times_equal",
         why="simulate's backward_time defaults to 1.0, the forward's, not the contract's 2.0",
         edits=[("backward_time: float = 2.0", "backward_time: float = 1.0")],
         loses=["simulate"],
+        cause=r"default times are not the contract's",
     ),
     Mutant(
         name="pieces_not_counted",
@@ -359,12 +397,14 @@ MUTANTS += [
             "one too few fails with an IndexError",
         edits=[("    if len(stages) != p * v:\n", "    if False:\n")],
         loses=["run_pipeline"],
+        cause=r"three pieces for a 2-stage",
     ),
     Mutant(
         name="microbatches_not_counted",
         why="run_pipeline never compares the microbatches and targets with the schedule: extra ones are ignored",
         edits=[("    if len(microbatches) != m or len(targets) != m:\n", "    if False:\n")],
         loses=["run_pipeline"],
+        cause=r"microbatches for a schedule of",
     ),
     Mutant(
         name="missing_op_accepted",
@@ -373,6 +413,7 @@ MUTANTS += [
         edits=[('                        raise ValueError(f"stage {s} never runs {_show((kind, mb, c), arity)}")\n',
                 "                        pass\n")],
         loses=["run_pipeline", "simulate"],
+        cause=r"never runs",
     ),
     Mutant(
         name="mse_hardcoded",
@@ -380,12 +421,14 @@ MUTANTS += [
         edits=[("y = loss_fn(y, targets[mb]) / m  # mean over microbatches",
                 "y = torch.nn.functional.mse_loss(y, targets[mb]) / m  # mean over microbatches")],
         loses=["run_pipeline"],
+        cause=r"loss_fn you are handed",
     ),
     Mutant(
         name="casts_to_float32",
         why="run_pipeline feeds the first piece microbatches[mb].float(): a float64 model cannot take them",
         edits=[("x = microbatches[mb] if c == 0 else", "x = microbatches[mb].float() if c == 0 else")],
         loses=["run_pipeline"],
+        cause=r"cast nothing",
     ),
     Mutant(
         name="skips_parameters_without_gradient",
@@ -394,5 +437,6 @@ MUTANTS += [
         edits=[("[(q.grad if q.grad is not None else torch.zeros_like(q)).detach().clone() for q in stage.parameters()]",
                 "[q.grad.detach().clone() for q in stage.parameters() if q.grad is not None]")],
         loses=["run_pipeline"],
+        cause=r"zeros for a parameter",
     ),
 ]

@@ -70,6 +70,7 @@ from grader.hidden.pipeline_1f1b.oracle import (
     one_f_one_b_op,
     trusted_simulate,
 )
+from grader.harness.client import SandboxError, StudentCrash, StudentLoadError, StudentTimeout
 from grader.structure import Scaling, assert_flat_on_the_clock, clock
 from grader.support import pipeline_1f1b as support
 from grader.testing import assert_close, is_close, show, must_accept
@@ -135,10 +136,17 @@ def difference_cause(got_row, want_row, i: int, s: int, p: int, warmup_rule: str
     """What usually makes op i of stage s differ from the definition (every op before it agrees)."""
     a, b = tuple(got_row[i]), tuple(want_row[i])
     nf_got, nf_want = forwards_before_first_backward(got_row), forwards_before_first_backward(want_row)
+    if len(a) in (2, 3) and a[0] == "B" and ("F", *a[1:]) not in {tuple(op) for op in got_row[:i]}:
+        return (
+            f"stage {s} runs {a!r} before its own forward {('F', *a[1:])!r}: a backward needs its forward first. "
+            "After the warm-up, each steady-state pair is a forward THEN a backward"
+        )
     if nf_got != nf_want:
         return (
             f"stage {s} runs {nf_got} forwards before its first backward, the definition {nf_want}"
             + (f" ({warmup_rule})" if warmup_rule else "")
+            + (": it runs every forward before any backward, GPipe's order"
+               if 0 < nf_got < len(got_row) and all(op[0] == "B" for op in got_row[nf_got:]) else "")
             + ": check the warm-up count and its cap, and that each steady-state pair is a forward THEN a backward"
         )
     if len(a) != len(b) or a[0] not in ("F", "B"):
@@ -248,6 +256,26 @@ def random_valid_schedule(rnd: random.Random, p: int, m: int, v: int = 1) -> lis
 
 def close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+
+
+# Failures of the grader's machinery, never the student's own exception: passed on as they are.
+NOT_THE_STUDENTS = (AssertionError, SandboxError, StudentCrash, StudentTimeout, StudentLoadError)
+
+
+def must_raise_value_error(call, what: str, why: str) -> None:
+    """`call()` must raise ValueError; another exception fails naming it (a TypeError from deep inside the code
+    is not the clear refusal the contract asks for), and so does a return."""
+    try:
+        call()
+    except ValueError:
+        return
+    except NOT_THE_STUDENTS:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the student's own exception, named in the failure
+        shown = f"{type(exc).__name__}: {exc}" if type(exc).__module__ != "student" else str(exc)
+        pytest.fail(f"{what} raised {shown[:300]}, expected ValueError: {why}. Check the argument up front and "
+                    "raise ValueError naming what was expected and what was found")
+    pytest.fail(f"{what} should raise ValueError: {why}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -538,6 +566,8 @@ def test_1f1b_warmup_counts(pm):
                 f"one_f_one_b_schedule({p}, {m}), stage {s}: {got_n} forwards before the first backward, expected "
                 f"{want_n}: w = min(p - s - 1, m) = {w} warm-up forwards, then the steady state's first forward"
                 + (" (m < p: the warm-up is capped by m)" if m < p else "")
+                + (f"; all {m} forwards before any backward is GPipe's order, which holds every microbatch"
+                   if got_n == m else "")
             )
 
 
@@ -616,9 +646,10 @@ def test_1f1b_work_is_linear(student, pm):
 def test_1f1b_rejects_bad_sizes(pm):
     must_accept("one_f_one_b_schedule(2, 3)", lambda: pm.one_f_one_b_schedule(2, 3))
     for args in [(0, 3), (2, 0), (2, -3), (2.0, 3), (2, 3.0)]:
-        with pytest.raises(ValueError):
-            pm.one_f_one_b_schedule(*args)
-            pytest.fail(f"one_f_one_b_schedule{args} should raise ValueError: sizes are positive ints")
+        bad = next(x for x in args if isinstance(x, float) or x < 1)
+        must_raise_value_error(lambda: pm.one_f_one_b_schedule(*args), f"one_f_one_b_schedule{args}",
+                               f"sizes are positive ints, and {bad!r} is " + (
+                                   "a float, not an int" if isinstance(bad, float) else "not positive"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -668,6 +699,8 @@ def test_interleaved_exact_order(pm):
             assert got_n == want_n, (
                 f"interleaved_schedule({p}, {m}, {v}), stage {s}: {got_n} forwards before the first backward, expected "
                 f"{want_n}: w = min(2(p - s - 1) + (v - 1)p, m v) = {w} warm-up forwards, then the steady state's first forward"
+                + (f"; all m v = {m * v} forwards before any backward is GPipe's order over the chunks, which holds "
+                   "every (microbatch, chunk) pair" if got_n == m * v else "")
             )
         diff = first_difference(
             got, expected_interleaved(p, m, v), f"interleaved_schedule({p}, {m}, {v})", interleaved_rule(p, m, v)
@@ -717,15 +750,16 @@ def test_interleaved_work_is_linear(student, pm):
 
 @pytest.mark.check("interleaved")
 @pytest.mark.parametrize(
-    "args", [(4, 6, 2), (4, 8, 1), (3, 5, 2), (0, 4, 2), (2, 4, 0), (2, 0, 2), (-2, 4, 2), (2.0, 4, 2), (2, 4, 2.0)]
+    "args,why",
+    [((4, 6, 2), "m = 6 is not a multiple of p = 4"), ((4, 8, 1), "v = 1 chunk per stage: interleaving needs v >= 2"),
+     ((3, 5, 2), "m = 5 is not a multiple of p = 3"), ((0, 4, 2), "p = 0 stages"), ((2, 4, 0), "v = 0 chunks"),
+     ((2, 0, 2), "m = 0 microbatches (0 is a multiple of p, but m must be positive)"), ((-2, 4, 2), "p = -2 stages"),
+     ((2.0, 4, 2), "p = 2.0 is a float, not an int"), ((2, 4, 2.0), "v = 2.0 is a float, not an int")],
 )
-def test_interleaved_rejects_bad_sizes(pm, args):
+def test_interleaved_rejects_bad_sizes(pm, args, why):
     must_accept("interleaved_schedule(2, 4, 2)", lambda: pm.interleaved_schedule(2, 4, 2))
-    with pytest.raises(ValueError):
-        pm.interleaved_schedule(*args)
-        pytest.fail(
-            f"interleaved_schedule{args} should raise ValueError: sizes are positive ints, with m % p == 0 and v >= 2"
-        )
+    must_raise_value_error(lambda: pm.interleaved_schedule(*args), f"interleaved_schedule{args}",
+                           f"{why} (sizes are positive ints, with m % p == 0 and v >= 2)")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -932,8 +966,20 @@ def test_simulate_known_schedules_with_random_costs(pm, rng):
     for p, m in [(1, 3), (3, 2), (4, 8), (5, 5)]:
         tf, tb, p2p = rnd.uniform(0.5, 2), rnd.uniform(0.5, 3), rnd.choice([0.0, rnd.uniform(0.05, 0.5)])
         for name, sched in [("gpipe", expected_gpipe(p, m)), ("1F1B", expected_1f1b(p, m))]:
-            compare_sim(pm.simulate(sched), trusted_simulate(sched, 1.0, 2.0, 0.0),
-                        f"simulate({name} p={p} m={m}) with the default times (t_f=1, t_b=2, p2p=0)")
+            want = trusted_simulate(sched, 1.0, 2.0, 0.0)
+            label = f"simulate({name} p={p} m={m}) with the default times (t_f=1, t_b=2, p2p=0)"
+            try:
+                compare_sim(pm.simulate(sched), want, label)
+            except AssertionError as exc:
+                try:  # the same times spelled out: if that is right, the defaults are what is wrong
+                    compare_sim(pm.simulate(sched, 1.0, 2.0, 0.0), want, label)
+                except AssertionError:
+                    raise exc from None
+                raise AssertionError(
+                    f"{label}: your default times are not the contract's (forward_time=1.0, backward_time=2.0, "
+                    f"p2p_time=0.0): simulate(schedule, 1.0, 2.0, 0.0), the same times spelled out, is right, and "
+                    f"simulate(schedule) is not: {exc.args[0].removeprefix(label + ': ')}"
+                ) from None
             got = pm.simulate(sched, tf, tb, p2p)
             compare_sim(
                 got,
@@ -1080,9 +1126,7 @@ def test_simulate_names_the_stuck_ops(pm, case):
 )
 def test_simulate_rejects_malformed_schedules(pm, sched, why):
     must_accept("simulate([[('F', 0), ('B', 0)]])", lambda: pm.simulate([[("F", 0), ("B", 0)]]))
-    with pytest.raises(ValueError):
-        pm.simulate(sched)
-        pytest.fail(f"simulate({sched}) should raise ValueError: {why}")
+    must_raise_value_error(lambda: pm.simulate(sched), f"simulate({sched})", why)
 
 
 @pytest.mark.check("simulate")
@@ -1443,15 +1487,39 @@ def check_reported_peaks(run, sched, what: str) -> None:
     """peak_activations as the contract defines it: per stage, the most (mb, chunk) pairs in flight."""
     want = trusted_simulate(sched)["peaks"]
     peaks = peaks_of(run.peak_activations, len(sched), what)
+    every = [sum(1 for op in row if op[0] == "F") for row in sched]  # what a stage holds running every F first
     assert peaks == want, (
         f"{what}: peak_activations {show(peaks)}, expected {want}: per STAGE, the most (microbatch, chunk) pairs "
         "whose forward ran and whose backward has not"
+        + (f". {show(peaks)} is every forward of each stage in flight at once, as when all forwards run before any "
+           "backward: run the ops in the schedule's order (the walk), each backward when the schedule says"
+           if peaks == every and every != want else "")
     )
 
 
-def drive(student, pm, stages, xs, ys, sched, loss_fn=None):
-    return student.drive(DRIVER, pm.run_pipeline, stages, xs, ys, sched,
-                         torch.nn.MSELoss() if loss_fn is None else loss_fn)
+def run_error_hint(text: str) -> str:
+    """What a torch error from inside run_pipeline usually means ('' when it has no usual meaning)."""
+    if "grad can be implicitly created only for scalar outputs" in text:
+        return (
+            ". That is a backward of a piece's (non-scalar) output without the gradient the next piece sent back. "
+            "That gradient is the next piece's input's .grad, which autograd fills only when that input is a leaf: "
+            "hand each piece the detached output of the one before, x = y.detach().requires_grad_()"
+        )
+    return ""
+
+
+def drive(student, pm, stages, xs, ys, sched, loss_fn=None, what: str = ""):
+    """run_pipeline under the census; an exception the student's code raises names the case `what`."""
+    try:
+        return student.drive(DRIVER, pm.run_pipeline, stages, xs, ys, sched,
+                             torch.nn.MSELoss() if loss_fn is None else loss_fn)
+    except NOT_THE_STUDENTS:
+        raise
+    except Exception as exc:
+        if what:
+            text = exc.args[0] if exc.args and isinstance(exc.args[0], str) else ""
+            exc.args = (f"{what}: {text}{run_error_hint(text)}", *exc.args[1:])
+        raise
 
 
 @pytest.mark.check("run_pipeline")
@@ -1460,8 +1528,8 @@ def test_run_pipeline_matches_full_batch_gradients(student, pm, rng, seed, kind)
     stages = mlp_stages(seed)
     xs, ys = batch(rng, 8)
     sched = expected_1f1b(4, 8) if kind == "1f1b" else expected_gpipe(4, 8)
-    run, *_ = drive(student, pm, stages, xs, ys, sched)
     what = f"run_pipeline(4-stage MLP, 8 microbatches, {kind})"
+    run, *_ = drive(student, pm, stages, xs, ys, sched, what=what)
     check_run(run, stages, xs, ys, what)
     check_reported_peaks(run, sched, what)
 
@@ -1473,8 +1541,9 @@ def test_run_pipeline_random_schedules(student, pm, rng, seed):
         stages = mlp_stages(seed + p, widths=(6, 9, 11, 7)[:p] + (3,))
         xs, ys = batch(rng, m)
         sched = random_valid_schedule(rnd, p, m)
-        run, *_ = drive(student, pm, stages, xs, ys, sched)
-        check_run(run, stages, xs, ys, f"run_pipeline(p={p}, m={m}, schedule {sched})")
+        what = f"run_pipeline(p={p}, m={m}, schedule {sched})"
+        run, *_ = drive(student, pm, stages, xs, ys, sched, what=what)
+        check_run(run, stages, xs, ys, what)
 
 
 @pytest.mark.check("run_pipeline")
@@ -1505,8 +1574,9 @@ def test_run_pipeline_interleaved_chunks(student, pm, rng, seed):
     stages = mlp_stages(seed, widths=(6, 8, 10, 8, 3))
     xs, ys = batch(rng, m)
     sched = expected_interleaved(p, m, v)
-    run, *_ = drive(student, pm, stages, xs, ys, sched)
-    check_run(run, stages, xs, ys, "run_pipeline(4 chunks on 2 stages, interleaved schedule)")
+    what = "run_pipeline(4 chunks on 2 stages, interleaved schedule)"
+    run, *_ = drive(student, pm, stages, xs, ys, sched, what=what)
+    check_run(run, stages, xs, ys, what)
     check_reported_peaks(run, sched, "interleaved run (each stage counts the (mb, chunk) pairs alive on it)")
 
 
@@ -1517,8 +1587,9 @@ def test_run_pipeline_with_your_own_1f1b(student, pm, rng, seed):
     sched = as_ops(pm.one_f_one_b_schedule(4, 8))
     if not is_valid(sched):  # graded by the 1F1B checks; here only the executor is graded
         sched = expected_1f1b(4, 8)
-    run, *_ = drive(student, pm, stages, xs, ys, sched)
-    check_run(run, stages, xs, ys, "run_pipeline(4-stage MLP, 8 microbatches, your one_f_one_b_schedule(4, 8))")
+    what = "run_pipeline(4-stage MLP, 8 microbatches, your one_f_one_b_schedule(4, 8))"
+    run, *_ = drive(student, pm, stages, xs, ys, sched, what=what)
+    check_run(run, stages, xs, ys, what)
 
 
 @pytest.mark.check("run_pipeline")
@@ -1528,9 +1599,10 @@ def test_run_pipeline_scores_with_the_loss_fn_it_is_given(student, pm, rng, seed
     stages = mlp_stages(seed, widths=(6, 9, 8, classes))
     xs = [torch.randn(4, 6, generator=rng) for _ in range(m)]
     ys = [torch.randint(0, classes, (4,), generator=rng) for _ in range(m)]
-    run, *_ = drive(student, pm, stages, xs, ys, expected_1f1b(p, m), torch.nn.CrossEntropyLoss())
-    check_run(run, stages, xs, ys, "run_pipeline(3 stages, 6 microbatches, loss_fn = CrossEntropyLoss(), int64 "
-              "class targets): score each microbatch with the loss_fn you are handed", loss="cross_entropy")
+    what = ("run_pipeline(3 stages, 6 microbatches, loss_fn = CrossEntropyLoss(), int64 class targets): score each "
+            "microbatch with the loss_fn you are handed")
+    run, *_ = drive(student, pm, stages, xs, ys, expected_1f1b(p, m), torch.nn.CrossEntropyLoss(), what=what)
+    check_run(run, stages, xs, ys, what, loss="cross_entropy")
 
 
 @pytest.mark.check("run_pipeline")
@@ -1540,9 +1612,10 @@ def test_run_pipeline_in_float64(student, pm, rng, seed):
     stages = [piece.double() for piece in mlp_stages(seed, widths=(6, 8, 10, 8, 3))]
     xs, ys = batch(rng, m)
     xs, ys = [x.double() for x in xs], [y.double() for y in ys]
-    run, *_ = drive(student, pm, stages, xs, ys, expected_interleaved(p, m, v))
-    check_run(run, stages, xs, ys, "run_pipeline(a float64 model, 4 chunks on 2 stages, interleaved)",
-              tol=(1e-12, 1e-10))
+    what = ("run_pipeline(a float64 model, 4 chunks on 2 stages, interleaved): run the pieces in the dtype they hold "
+            "and feed them the microbatches as they are, cast nothing")
+    run, *_ = drive(student, pm, stages, xs, ys, expected_interleaved(p, m, v), what=what)
+    check_run(run, stages, xs, ys, what, tol=(1e-12, 1e-10))
 
 
 @pytest.mark.check("run_pipeline")
@@ -1551,8 +1624,9 @@ def test_run_pipeline_gives_zeros_to_a_parameter_without_gradient(student, pm, r
     stages = mlp_stages(seed, widths=(6, 9, 8, 3))
     stages[1][0].bias.requires_grad_(False)
     xs, ys = batch(rng, 3)
-    run, *_ = drive(student, pm, stages, xs, ys, expected_1f1b(3, 3))
-    check_run(run, stages, xs, ys, "run_pipeline(3 stages, piece 1's bias frozen: requires_grad=False)")
+    what = "run_pipeline(3 stages, piece 1's bias frozen: requires_grad=False)"
+    run, *_ = drive(student, pm, stages, xs, ys, expected_1f1b(3, 3), what=what)
+    check_run(run, stages, xs, ys, what)
 
 
 @pytest.mark.check("run_pipeline")
@@ -1600,12 +1674,19 @@ def test_run_pipeline_refuses_what_does_not_match_the_schedule(pm, seed):
     for why, pieces, n_x, n_y, kind in MISMATCHES:
         stages = mlp_stages(seed, widths=(6, 8, 7, 9, 3)[:pieces] + (3,))
         xs, ys = [torch.ones(2, 6)] * n_x, [torch.zeros(2, 3)] * n_y
-        with pytest.raises(ValueError):
+        need = ("a schedule of p stages and v chunks needs p v pieces, one microbatch and one target per microbatch "
+                "id, and every op of every stage once")
+        try:
             pm.run_pipeline(stages, xs, ys, schedules[kind], torch.nn.MSELoss())
-            pytest.fail(
-                f"run_pipeline ran with {why}: it should raise ValueError (a schedule of p stages and v chunks needs "
-                "p v pieces, one microbatch and one target per microbatch id, and every op of every stage once)"
-            )
+        except ValueError:
+            continue
+        except NOT_THE_STUDENTS:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the student's own exception, named in the failure
+            shown = f"{type(exc).__name__}: {exc}" if type(exc).__module__ != "student" else str(exc)
+            pytest.fail(f"run_pipeline with {why} raised {shown[:300]}, expected ValueError up front: {need}; "
+                        "compare them with the schedule before running anything")
+        pytest.fail(f"run_pipeline ran with {why}: it should raise ValueError ({need})")
 
 
 # --------------------------------------------------------------------------------------------------
