@@ -70,7 +70,7 @@ MUTANTS = [
             "operator functions: p times the work per op, none of it in lines of Python",
         edits=[('    schedule = []\n    for s in range(p):\n        forwards = [("F", microbatch(k), local_chunk(k) * p + s) for k in range(total)]\n', '    from itertools import compress, repeat, chain\n    from operator import eq, mod, itemgetter, add\n    mbs = [microbatch(k) for k in range(total)]\n    lcs = [local_chunk(k) * p for k in range(total)]\n    every = list(zip(repeat("F"), chain.from_iterable(repeat(mbs, p)),\n                     map(add, chain.from_iterable(repeat(lcs, p)), chain.from_iterable(map(repeat, range(p), repeat(total))))))\n    schedule = []\n    for s in range(p):\n        forwards = list(compress(every, map(eq, map(mod, map(itemgetter(2), every), repeat(p)), repeat(s))))\n')],
         loses=["interleaved"],
-        cause=r"grows with the stages",
+        cause=r"with the stages|more stages|filter them per stage",
     ),
     # ---- simulator ----
     Mutant(
@@ -129,7 +129,7 @@ MUTANTS = [
             raise ValueError(f"stage {s} runs {len(row)} ops, expected {2 * m * (num_chunks // p)}")
 """)],
         loses=["simulate"],
-        cause=r"never runs",
+        cause=r"never runs|lost \(|lacks|twice and never",
     ),
     Mutant(
         name="names_one_stuck_op",
@@ -181,7 +181,7 @@ MUTANTS = [
             "but a scan of the stages from stage 0 for every op, done by C",
         edits=[('    done: set[tuple[str, int, int]] = set()\n    parked: dict[tuple[str, int, int], list[int]] = {}\n    ready = deque(range(p))\n    while ready:\n        s = ready.popleft()\n        row = plan.ops[s]\n        while next_op[s] < len(row):\n            op = row[next_op[s]]\n            missing = next((d for d in _dependencies(op, total_chunks) if d not in done), None)\n            if missing is not None:\n                parked.setdefault(missing, []).append(s)\n                break\n            yield s, op\n            done.add(op)\n            next_op[s] += 1\n            ready.extend(parked.pop(op, ()))\n', '    done = set()\n    flag = [True] * p + [True]\n    while True:\n        s = flag.index(True)\n        if s == p:\n            break\n        row = plan.ops[s]\n        if next_op[s] >= len(row):\n            flag[s] = False\n            continue\n        op = row[next_op[s]]\n        missing = next((d for d in _dependencies(op, total_chunks) if d not in done), None)\n        if missing is not None:\n            flag[s] = False\n            continue\n        yield s, op\n        done.add(op)\n        next_op[s] += 1\n        if s > 0:\n            flag[s - 1] = True\n        if s + 1 < p:\n            flag[s + 1] = True\n        flag[(op[2] - 1) % p] = True\n        flag[(op[2] + 1) % p] = True\n')],
         loses=["simulate_linear"],
-        cause=r"grows with the stages",
+        cause=r"with the stages|more stages|scanning the stages",
     ),
     Mutant(
         name="walk_rescans_in_c",
@@ -189,7 +189,7 @@ MUTANTS = [
             "itertools (compress over map(done.__contains__, ...)), so that no line runs per stage",
         edits=[('    done: set[tuple[str, int, int]] = set()\n    parked: dict[tuple[str, int, int], list[int]] = {}\n    ready = deque(range(p))\n    while ready:\n        s = ready.popleft()\n        row = plan.ops[s]\n        while next_op[s] < len(row):\n            op = row[next_op[s]]\n            missing = next((d for d in _dependencies(op, total_chunks) if d not in done), None)\n            if missing is not None:\n                parked.setdefault(missing, []).append(s)\n                break\n            yield s, op\n            done.add(op)\n            next_op[s] += 1\n            ready.extend(parked.pop(op, ()))\n', '    done = {None}\n    need = [None] * p  # None: head may run; FIN: stage finished; else the dep it waits on\n    from itertools import compress, count, filterfalse\n    FIN = ("fin",)\n    while True:\n        s = next(compress(count(), map(done.__contains__, need)), None)\n        if s is None:\n            break\n        row = plan.ops[s]\n        op = row[next_op[s]]\n        missing = next(filterfalse(done.__contains__, _dependencies(op, total_chunks)), None)\n        if missing is not None:\n            need[s] = missing\n            continue\n        yield s, op\n        done.add(op)\n        next_op[s] += 1\n        need[s] = None if next_op[s] < len(row) else FIN\n')],
         loses=["simulate_linear"],
-        cause=r"grows with the stages",
+        cause=r"with the stages|more stages|scanning the stages",
     ),
     # ---- executor ----
     Mutant(
@@ -413,7 +413,7 @@ MUTANTS += [
         edits=[('                        raise ValueError(f"stage {s} never runs {_show((kind, mb, c), arity)}")\n',
                 "                        pass\n")],
         loses=["run_pipeline", "simulate"],
-        cause=r"never runs",
+        cause=r"never runs|lost \(|lacks",
     ),
     Mutant(
         name="mse_hardcoded",
