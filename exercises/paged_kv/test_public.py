@@ -38,14 +38,15 @@ def table_tensor(tables: list[list[int]], width: int) -> torch.Tensor:
     return out
 
 
-def attention_by_loop(q, k_cache, v_cache, tables, seq_lens) -> torch.Tensor:
-    """Decode attention the slow way: for each sequence and query head, walk the tokens one by one."""
+def attention_by_loop(q, k_cache, v_cache, tables, seq_lens, kv_of=None) -> torch.Tensor:
+    """Decode attention the slow way: for each sequence and query head, walk the tokens one by one. `kv_of(h, Hq,
+    Hkv)`, if given, replaces h // (Hq // Hkv): a known mistake, to recognise its output."""
     B, Hq, D = q.shape
     block_size, Hkv = k_cache.shape[1], k_cache.shape[2]
     out = torch.zeros(B, Hq, D, dtype=torch.float64)
     for b in range(B):
         for h in range(Hq):
-            kv = h // (Hq // Hkv)
+            kv = h // (Hq // Hkv) if kv_of is None else kv_of(h, Hq, Hkv)
             keys, values = [], []
             for pos in range(int(seq_lens[b])):
                 block, offset = tables[b][pos // block_size], pos % block_size
@@ -192,10 +193,18 @@ def test_slot_mapping_small(pk):
     got = pk.slot_mapping(tables, positions, 4)
     want = torch.tensor([[28, 31, 8, -1], [18, 1, 20, 21]])
     assert got.dtype == torch.int64, f"expected int64 slots, found {got.dtype}"
-    assert torch.equal(got, want), (
-        f"expected {show(want)}, found {show(got)}: position p lives in block table[p // block_size] "
-        "at offset p % block_size, so its slot is block * block_size + p % block_size; padding (-1) maps to -1"
-    )
+    assert got.shape == want.shape, f"expected slots of the positions' shape {tuple(want.shape)}, found {tuple(got.shape)}"
+    wrong = got != want
+    if wrong.any() and (positions[wrong] < 0).all():
+        why = "only padding positions are wrong: a position of -1 maps to slot -1, whatever the table holds"
+    elif wrong.any() and torch.equal(got[wrong & (positions >= 4)], (want - positions % 4 + positions)[wrong & (positions >= 4)]) \
+            and not wrong[positions < 4].any():
+        why = ("the wrong slots are block * block_size + the whole position p: a position's offset in its block is "
+               "p % block_size")
+    else:
+        why = ("position p lives in block table[p // block_size] at offset p % block_size, so its slot is "
+               "block * block_size + p % block_size; padding (-1) maps to -1")
+    assert torch.equal(got, want), f"expected {show(want)}, found {show(got)}: {why}"
 
 
 # The clock at two sizes (grader/structure.py): the call at 512x the tokens must not take much longer. A
@@ -269,6 +278,11 @@ def test_paged_attention_small(pk):
     want = attention_by_loop(q, k, v, tables, seq_lens)
     assert out.shape == q.shape and out.dtype == q.dtype, f"expected {tuple(q.shape)} {q.dtype}, found {tuple(out.shape)} {out.dtype}"
     assert not torch.isnan(out).any(), "found NaN: a sequence of length 0 must give zeros (softmax over nothing)"
+    interleaved = attention_by_loop(q, k, v, tables, seq_lens, kv_of=lambda h, hq, hkv: h % hkv)
+    assert not testing.is_close(out, interleaved, atol=1e-5), (
+        "your output is exactly what query head h reading KV head h % Hkv gives (Hq=4, Hkv=2): the query heads of a "
+        "group are consecutive, so query head h reads KV head h // (Hq // Hkv)"
+    )
     assert_close(out, want, atol=1e-5, what="paged_attention [sequence, head, feature]", hint=(
         "Check the gather through the table (block = "
         "table[pos // block_size]), the mask for positions >= seq_len, and that query head h reads KV head "
@@ -331,4 +345,9 @@ def test_paged_attention_triton_small(pkk):
     want = attention_by_loop(q, k, v, tables, seq_lens)
     assert out.shape == q.shape and out.dtype == q.dtype, f"expected {tuple(q.shape)} {q.dtype}, found {tuple(out.shape)} {out.dtype}"
     assert not torch.isnan(out).any(), "found NaN: a sequence of length 0 must give zeros (guard the division by l = 0)"
+    for b, n in enumerate(seq_lens.tolist()):
+        assert n == 0 or out[b].any() or not want[b].any(), (
+            f"sequence {b} came out all zeros although its length is {n}, as if it were empty: is its length read "
+            f"right? seq_lens here is {seq_lens.dtype} (int32 and int64 are both allowed): read it in its own dtype"
+        )
     assert_close(out, want, atol=1e-4, what="paged_attention_triton [sequence, head, feature]")

@@ -30,12 +30,14 @@ MUTANTS = [
         "slot_offset_is_the_position",
         "I added the whole logical position to the block's base instead of the offset inside the block",
         [("slots = blocks * block_size + pos % block_size", "slots = blocks * block_size + pos")],
+        cause=r"whole position",
         loses=["slots", "slots_public"],
     ),
     Mutant(
         "slot_padding_not_masked",
         "I forgot that padding positions (-1) must map to slot -1",
         [("return torch.where(valid, slots, torch.full_like(slots, -1))", "return slots")],
+        cause=r"padding positions",
         loses=["slots", "slots_public"],
     ),
     Mutant(
@@ -48,6 +50,7 @@ MUTANTS = [
     slots = blocks * block_size + pos % block_size
     return torch.where(valid, slots, torch.full_like(slots, -1))
 ''', SLOT_LOOP)],
+        cause=r"loop over (sequences or )?tokens",
         loses=["slots_vectorised", "slots_public"],
     ),
     Mutant(
@@ -55,6 +58,7 @@ MUTANTS = [
         "my slot_mapping gathers each sequence's slots on its own, with map() over the rows, so no line runs per row",
         [("    blocks = torch.gather(block_tables.long(), 1, pos // block_size)\n",
           "    blocks = torch.stack(list(map(torch.take, block_tables.long().unbind(0), (pos // block_size).unbind(0))))\n")],
+        cause=r"once per element",
         loses=["slots_vectorised", "slots_public"],
     ),
     Mutant(
@@ -64,12 +68,14 @@ MUTANTS = [
             ("parent = block_hash(parent, tokens[start : start + bs])", "parent = block_hash(None, tokens[start : start + bs])"),
             ("seq.last_hash = block_hash(seq.last_hash, seq.tokens[-bs:])", "seq.last_hash = block_hash(None, seq.tokens[-bs:])"),
         ],
+        cause=r"parent block's hash",
         loses=["prefix_cache", "prefix_public"],
     ),
     Mutant(
         "hit_covers_the_last_prompt_token",
         "I reuse every cached full block of the prompt, even the one holding its last token",
         [("for h in hashes[: (len(tokens) - 1) // bs]:", "for h in hashes:")],
+        cause=r"last prompt token",
         loses=["prefix_cache", "prefix_public"],
     ),
     Mutant(
@@ -79,24 +85,28 @@ MUTANTS = [
             if self._refs[b] == 0:
                 self._free[b] = None''', '''            if self._refs[b] == 1:
                 self._free[b] = None''')],
+        cause=r"decrement",
         loses=["invariants", "prefix_cache", "oom_atomic"],
     ),
     Mutant(
         "free_releases_the_first_block_first",
         "free releases a sequence's blocks in table order, so its prefix is evicted first",
         [("for b in reversed(seq.table):", "for b in seq.table:")],
+        cause=r"last block first",
         loses=["invariants", "manager_public", "prefix_cache"],
     ),
     Mutant(
         "no_copy_on_write",
         "a forked child writes straight into the block it shares with its parent",
         [("if self._refs[last] > 1:  # shared and partial: copy on write", "if False:")],
+        cause=r"needs copy on write|copy on write must",
         loses=["cow", "invariants", "manager_public", "oom_atomic"],
     ),
     Mutant(
         "copy_on_write_when_not_shared",
         "I copy the last block on every write into a partial block, shared or not",
         [("if self._refs[last] > 1:  # shared and partial: copy on write", "if self._refs[last] >= 1:")],
+        cause=r"no copy (to do|was due)",
         loses=["cow", "invariants", "manager_public", "oom_atomic"],
     ),
     Mutant(
@@ -109,18 +119,21 @@ MUTANTS = [
             ("        block, _ = self._free.popitem(last=False)\n",
              "        if not self._free:\n            raise OutOfBlocks(\"no free block\")\n        block, _ = self._free.popitem(last=False)\n"),
         ],
+        cause=r"as (it was|they were)",
         loses=["oom_atomic", "invariants", "manager_public"],
     ),
     Mutant(
         "hits_on_free_blocks_not_counted",
         "my capacity check counts only the new blocks, not the cached free blocks a hit takes from the pool",
         [("needed = num_new + sum(1 for b in hits if self._refs[b] == 0)", "needed = num_new")],
+        cause=r"hits on free blocks",
         loses=["oom_atomic"],
     ),
     Mutant(
         "eviction_keeps_the_hash",
         "a cached block that is reallocated keeps its entry in the prefix cache",
         [("        if h is not None:\n            del self._cached[h]", "        if False:\n            del self._cached[h]")],
+        cause=r"drop its cached hash",
         loses=["prefix_cache"],
     ),
     Mutant(
@@ -128,6 +141,7 @@ MUTANTS = [
         "when a newly full block's hash is already cached, I point the cache at the new block",
         [("        if h not in self._cached:\n            self._cached[h] = block",
           "        if True:\n            self._cached[h] = block")],
+        cause=r"keeps the existing entry",
         loses=["prefix_cache"],
     ),
     Mutant(
@@ -144,6 +158,7 @@ MUTANTS = [
             ("        if h not in self._cached:\n            self._cached[h] = block\n            self._hash_of[block] = h",
              "        self._cached.setdefault(h, {})[block] = None\n        self._hash_of[block] = h"),
         ],
+        cause=r"do not record the new block",
         loses=["prefix_cache"],
     ),
     Mutant(
@@ -151,6 +166,7 @@ MUTANTS = [
         "a forked child starts its own hash chain: the first block it fills is keyed as if nothing came before it",
         [("self._seqs[child_id] = _Sequence(list(parent.table), list(parent.tokens), parent.last_hash)",
           "self._seqs[child_id] = _Sequence(list(parent.table), list(parent.tokens))")],
+        cause=r"inherits its parent's last key",
         loses=["prefix_cache"],
     ),
     Mutant(
@@ -158,6 +174,7 @@ MUTANTS = [
         "the child gets its own table but the parent's list of tokens, so one's appends count for the other too",
         [("self._seqs[child_id] = _Sequence(list(parent.table), list(parent.tokens), parent.last_hash)",
           "self._seqs[child_id] = _Sequence(list(parent.table), parent.tokens, parent.last_hash)")],
+        cause=r"share one list of tokens",
         loses=["cow"],
     ),
     Mutant(
@@ -169,12 +186,14 @@ MUTANTS = [
             ("                self._free[b] = None  # to the back", "                self._free.append(b)  # to the back"),
             ("        block, _ = self._free.popitem(last=False)", "        block = self._free.pop(0)"),
         ],
+        cause=r"list\.pop\(0\)",
         loses=["manager_speed"],
     ),
     Mutant(
         "num_free_blocks_scans_the_pool",
         "num_free_blocks counts the blocks with ref count 0, one by one",
         [("        return len(self._free)\n", "        return sum(1 for r in self._refs if r == 0)\n")],
+        cause=r"scans the pool",
         loses=["manager_speed", "manager_public"],
     ),
     Mutant(
@@ -182,12 +201,14 @@ MUTANTS = [
         "I mapped query head h to KV head h % Hkv instead of h // (Hq // Hkv)",
         [("qg = q.float().reshape(B, Hkv, group, D)", "qg = q.float().reshape(B, group, Hkv, D).transpose(1, 2)"),
          ("return out.reshape(B, Hq, D).to(q.dtype)", "return out.transpose(1, 2).reshape(B, Hq, D).to(q.dtype)")],
+        cause=r"h % Hkv",
         loses=["attention", "attention_public"],
     ),
     Mutant(
         "empty_sequence_gives_nan",
         "softmax over a fully masked row is NaN, and I let it through",
         [("    probs = torch.where(mask, probs, torch.zeros_like(probs))  # an empty sequence: NaN row -> zeros\n", "")],
+        cause=r"length 0|an empty sequence",
         loses=["attention", "attention_public"],
     ),
     Mutant(
@@ -198,6 +219,7 @@ MUTANTS = [
           "    k_cache.mul_(scale)  # fold the scale into the keys once\n"
           "    k = k_cache.reshape(-1, Hkv, D)[slots].float()  # [B, L, Hkv, D]\n"),
          ('scores = torch.einsum("bkgd,blkd->bkgl", qg, k) * scale', 'scores = torch.einsum("bkgd,blkd->bkgl", qg, k)')],
+        cause=r"in place",
         loses=["attention", "attention_public"],
     ),
     Mutant(
@@ -206,6 +228,7 @@ MUTANTS = [
         [('''    # Gather every logical position of every sequence through its table: [B, L] slots.
 ''', ATTENTION_LOOP + '''    # Gather every logical position of every sequence through its table: [B, L] slots.
 ''')],
+        cause=r"loop over sequences",
         loses=["attention_vectorised", "attention_public"],
     ),
     Mutant(
@@ -219,6 +242,7 @@ MUTANTS = [
         k[:, p] = k_cache.reshape(-1, Hkv, D)[slots[:, p]].float()
         v[:, p] = v_cache.reshape(-1, Hkv, D)[slots[:, p]].float()
 ''')],
+        cause=r"blocks or tokens",
         loses=["attention_vectorised", "attention_public"],
     ),
     Mutant(
@@ -230,6 +254,7 @@ MUTANTS = [
             ("                private = self._allocate()\n                self._refs[last] -= 1\n",
              "                private = self._allocate()\n"),
         ],
+        cause=r"before dropping the reference",
         loses=["oom_atomic"],
     ),
     Mutant(
@@ -237,6 +262,7 @@ MUTANTS = [
         "paged_attention_triton just calls my PyTorch paged_attention; I never wrote the kernel",
         [("    out = torch.empty_like(q)\n    if B == 0:\n        return out\n",
           "    return paged_attention(q, k_cache, v_cache, block_tables, seq_lens, sm_scale)\n")],
+        cause=r"in Triton kernels",
         loses=["triton", "triton_public"],
     ),
     Mutant(
@@ -244,18 +270,21 @@ MUTANTS = [
         "my kernel always scales by 1/sqrt(D), whatever sm_scale says",
         [("    scale = 1.0 / math.sqrt(D) if sm_scale is None else sm_scale\n    group = Hq // Hkv\n    out = torch.empty_like(q)",
           "    scale = 1.0 / math.sqrt(D)\n    group = Hq // Hkv\n    out = torch.empty_like(q)")],
+        cause=r"sm_scale=\S+ was not used",
         loses=["triton"],
     ),
     Mutant(
         "triton_no_rescale",
         "my kernel adds each tile's p @ V without rescaling the running accumulator when the max grows",
         [("acc = acc * alpha[:, None] + tl.dot(", "acc = acc + tl.dot(")],
+        cause=r"rescaled by exp\(m_old - m_new\)",
         loses=["triton"],
     ),
     Mutant(
         "triton_divides_by_zero",
         "my kernel divides by l even for an empty sequence",
         [("out = acc / tl.where(l > 0, l, 1.0)[:, None]", "out = acc / l[:, None]")],
+        cause=r"length 0|an empty sequence",
         loses=["triton", "triton_public"],
     ),
     # No kernel doing the work (issue "Trust III"): both passed the `triton` check's "real launch" test.
@@ -268,6 +297,7 @@ MUTANTS = [
          ("        PRECISION=\"ieee\" if k_cache.dtype == torch.float32 else \"tf32\", num_warps=4,\n    )\n    return out",
           "        PRECISION=\"ieee\" if k_cache.dtype == torch.float32 else \"tf32\", num_warps=4,\n    )\n"
           "    out.copy_(paged_attention(q, k_cache, v_cache, block_tables, seq_lens, sm_scale))\n    return out")],
+        cause=r"in Triton kernels",
         loses=["triton", "triton_public"],
     ),
     Mutant(
@@ -293,6 +323,7 @@ MUTANTS = [
             res[b, h] = (w / w.sum()) @ values[:, h // group]
     return torch.from_numpy(res).to(q.dtype)
 """)],
+        cause=r"numpy\(\)",
         loses=["triton", "triton_public"],
     ),
 ]
@@ -314,6 +345,7 @@ MUTANTS += [
         table = [self._allocate() for _ in parent.table]  # a private copy of every block: nothing shared
         self._seqs[child_id] = _Sequence(table, list(parent.tokens), parent.last_hash)
 """)],
+        cause=r"shares (the parent's|every) block",
         loses=["cow", "invariants", "manager_public"],
         keeps=["errors", "slots", "attention", "triton", "prefix_public"],
     ),
@@ -330,6 +362,7 @@ MUTANTS += [
         table = hits + [self._allocate() for _ in range(num_new)]
 """, """        table = [self._allocate() for _ in range(num_new + len(hits))]  # hits copied, not shared
 """)],
+        cause=r"cached blocks",
         loses=["prefix_cache", "prefix_public"],
         keeps=["errors", "slots", "attention", "triton", "manager_public"],
     ),
@@ -339,6 +372,7 @@ MUTANTS += [
         "whole key range in one tile and the loop over the table runs once; right under the interpreter, where a "
         "tile may be any width, but on a GPU a tile of 8,192 keys cannot live in a program's registers",
         [("TILE=64,", "TILE=max(16, triton.next_power_of_2(block_tables.shape[1] * block_size)),")],
+        cause=r"registers",
         loses=["tiled_kernel"],
         keeps=["triton", "triton_public"],
     ),
@@ -352,6 +386,7 @@ MUTANTS += [
         "BlockManager(8, '4') raises TypeError",
         [("            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:\n",
           "            if value <= 0:\n")],
+        cause=r"not a positive int",
         loses=["errors"],
         keeps=["invariants", "manager_public"],
     ),
@@ -362,6 +397,7 @@ MUTANTS += [
           'raise ValueError("the child already exists; expected a new id for the child")'),
          ('raise ValueError(f"sequence {seq_id!r}: expected a prompt of at least 1 token, found 0")',
           'raise ValueError("expected a prompt of at least 1 token, found 0")')],
+        cause=r"does not name the id",
         loses=["errors"],
         keeps=["invariants", "manager_public"],
     ),
@@ -369,6 +405,7 @@ MUTANTS += [
         "block_table_returns_the_internal_list",
         "block_table hands out the manager's own list, so a caller that changes it changes the manager",
         [("        return list(self._seq(seq_id).table)\n", "        return self._seq(seq_id).table\n")],
+        cause=r"return a new list",
         loses=["invariants"],
         keeps=["manager_public", "cow", "prefix_cache", "errors"],
     ),
@@ -378,6 +415,7 @@ MUTANTS += [
         "garbage for int64 ones, which the contract allows",
         [("        q, k_cache, v_cache, block_tables, seq_lens.to(q.device), out, float(scale),",
           "        q, k_cache, v_cache, block_tables, seq_lens.to(q.device).view(torch.int32), out, float(scale),")],
+        cause=r"own dtype",
         loses=["triton", "triton_public"],
         keeps=["tiled_kernel"],
     ),
@@ -387,6 +425,7 @@ MUTANTS += [
         "contract allows, come out as the halves of each entry",
         [("    blocks = torch.gather(block_tables.long(), 1, pos // block_size)\n",
           "    blocks = torch.gather(block_tables.view(torch.int32).long(), 1, pos // block_size)\n")],
+        cause=r"own dtype",
         loses=["slots"],
         keeps=["slots_public", "slots_vectorised"],
     ),
@@ -399,6 +438,7 @@ MUTANTS += [
         "my kernel walks a sequence 16 tokens at a time with one warp, to keep its registers small",
         [("TILE=64,", "TILE=16,"), ('PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32", num_warps=4,',
                                     'PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32", num_warps=1,')],
+        cause=r"copy bandwidth",
         loses=["triton_speed"],
     ),
     Mutant(
@@ -410,6 +450,7 @@ MUTANTS += [
                 '"""One decode step: each sequence\'s single query attends to its cached keys through its block table."""\n'
                 "    B, Hq, D, block_size, Hkv = _check_shapes(q, k_cache, v_cache, block_tables, seq_lens)\n"
                 "    scale = sm_scale or 1.0 / math.sqrt(D)")],
+        cause=r"0 is a scale",
         loses=["attention"],
     ),
 ]

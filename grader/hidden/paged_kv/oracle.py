@@ -133,8 +133,12 @@ def naive_slots(tables: list[list[int]], positions: list[list[int]], block_size:
     return [[naive_slot(tables[b], p, block_size) for p in row] for b, row in enumerate(positions)]
 
 
-def attention_oracle(q, k_cache, v_cache, tables: list, lengths: list, sm_scale: float | None) -> torch.Tensor:
-    """float64, one sequence and one head at a time, walking the table token by token."""
+def attention_oracle(
+    q, k_cache, v_cache, tables: list, lengths: list, sm_scale: float | None, kv_of=None
+) -> torch.Tensor:
+    """float64, one sequence and one head at a time, walking the table token by token. `kv_of(h, Hq, Hkv)`, if
+    given, replaces the contract's KV head of query head h (h // (Hq // Hkv)): the tests use it to recognise a
+    known mistake's output, never as the expected answer."""
     B, Hq, D = q.shape
     block_size, Hkv = k_cache.shape[1], k_cache.shape[2]
     scale = 1 / math.sqrt(D) if sm_scale is None else sm_scale
@@ -146,7 +150,7 @@ def attention_oracle(q, k_cache, v_cache, tables: list, lengths: list, sm_scale:
         blocks = torch.tensor([s[0] for s in slots])
         offsets = torch.tensor([s[1] for s in slots])
         for h in range(Hq):
-            kv = h // (Hq // Hkv)
+            kv = h // (Hq // Hkv) if kv_of is None else kv_of(h, Hq, Hkv)
             keys = k_cache[blocks, offsets, kv].double()  # [len, D]
             values = v_cache[blocks, offsets, kv].double()
             weights = torch.softmax(keys @ q[b, h].double() * scale, dim=0)

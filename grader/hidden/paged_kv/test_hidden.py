@@ -236,6 +236,11 @@ def check_records(script: list, expected: list, records: list, num_blocks: int) 
     for i, ((op, args, live), (want, want_state), got) in enumerate(zip(script, expected, records)):
         history = "; ".join(describe(o, a) for o, a, _ in script[max(0, i - 5) : i + 1])
         where = f"step {i}, {describe(op, args)} (the last steps: {history})"
+        if "raised" in want and raised(got, want["raised"]):  # the state checks below: a call that raises changes nothing
+            where += (
+                f"; it raised {got['raised']}, as it should, so it must leave every table, token count, ref count "
+                "and the free queue as they were (check first, then change)"
+            )
         if "raised" in want:
             assert raised(got, want["raised"]), f"{where}: expected {want['raised']}, but it " + (
                 f"raised {got['raised']}: {got.get('message', '')}"
@@ -245,12 +250,26 @@ def check_records(script: list, expected: list, records: list, num_blocks: int) 
         else:
             assert "raised" not in got, (
                 f"{where}: expected success, but it raised {got['raised']}: {got.get('message', '')}"
+                + (
+                    ". A fork takes no block: the child shares every block of its parent (their ref counts go up)"
+                    if op == "fork" and raised(got, "OutOfBlocks")
+                    else ""
+                )
             )
             if op in ("add", "append"):
                 result = got["result"] if op == "add" else pairs(got["result"])
                 what = "cached prompt tokens" if op == "add" else "copy-on-write pairs"
                 assert result == want["result"], (
                     f"{where}: expected {what} {want['result']!r}, found {testing.show(result)}"
+                    + (
+                        ": the sequence's last block was partial and shared with another table, so writing into it "
+                        "needs copy on write (a private block, the pair returned for the engine to copy)"
+                        if op == "append" and want["result"] and result == []
+                        else ": no copy was due, the last block was either full (the token starts a new block, "
+                        "nothing copied) or held by this sequence alone (ref count 1: write in place)"
+                        if op == "append" and not want["result"] and result
+                        else ""
+                    )
                 )
         state = got.get("state", {})
         for key in ("free", "tables", "tokens", "refs"):
@@ -510,9 +529,19 @@ def test_cache_hits_on_free_blocks_count_against_the_pool(pk):
     prompt = list(range(50, 59))  # blocks 0, 1 (full, cached), 2
     bm.add_sequence("a", prompt)
     bm.free("a")
-    with pytest.raises(pk.OutOfBlocks):
-        # 17 tokens: 2 cached blocks (both free: they leave the pool) + 3 new = 5 blocks > 4
-        bm.add_sequence("b", prompt[:8] + list(range(9)))
+    why = (
+        "17 tokens with 2 cached blocks, both free, need those 2 (a hit on a free block takes it out of the "
+        "free pool) + 3 new = 5 blocks > 4: count the hits on free blocks when checking whether a prompt fits, "
+        "and raise OutOfBlocks before taking any block"
+    )
+    try:
+        got = bm.add_sequence("b", prompt[:8] + list(range(9)))
+    except pk.OutOfBlocks:
+        pass
+    except Exception as exc:  # noqa: BLE001 - named in the message
+        raise AssertionError(f"add_sequence raised {type(exc).__name__}: {exc} where OutOfBlocks was due. {why}") from None
+    else:
+        raise AssertionError(f"add_sequence returned {got!r} where OutOfBlocks was due. {why}")
     assert bm.num_free_blocks == 4 and [bm.ref_count(b) for b in range(4)] == [0, 0, 0, 0], (
         "a hit on a cached but free block takes that block out of the free pool: count it when checking "
         "whether the prompt fits, and change nothing when it does not"
@@ -618,6 +647,12 @@ def test_hit_covers_whole_blocks_and_never_the_last_token(pk, second, want):
         f"a {len(second)}-token prompt sharing its first {shared} tokens with a cached 55-token prompt (block size "
         f"16): expected {want} cached tokens, found {hit}. Hits are whole full blocks, at most "
         f"((len - 1) // 16) * 16 = {((len(second) - 1) // 16) * 16} tokens, and stop at the first block that differs"
+        + (
+            f". Your hit covers the last prompt token (position {len(second) - 1}): that token is never a hit, it "
+            "must be computed to get its logits, so a hit stops one block short of it"
+            if isinstance(hit, int) and hit >= len(second)
+            else ""
+        )
     )
     first, table = bm.block_table("first"), bm.block_table("second")
     assert table[: want // 16] == first[: want // 16], f"the hit blocks must be the cached blocks {first[: want // 16]}"
@@ -1212,9 +1247,17 @@ def step_divergence(
             "queue as they were: check first (for OutOfBlocks, count the blocks it needs), change second"
         )
     if state["tokens"] != want_state["tokens"]:
+        others = [
+            s for s, n, m in zip(live, state["tokens"], want_state["tokens"]) if n != m and s != args[0]
+        ] if isinstance(state["tokens"], list) else []
         return (
             f"num_tokens of {live} are {want_state['tokens']} in the model, {testing.show(state['tokens'])} in your manager{atomic}",
-            unchanged if atomic else "num_tokens counts the prompt plus every appended token",
+            unchanged
+            if atomic
+            else f"{show(op, args)} may change the count of {args[0]!r} alone, yet the count of {others} changed too: "
+            "do forked sequences share one list of tokens? A fork copies its parent's tokens"
+            if op == "append" and others
+            else "num_tokens counts the prompt plus every appended token",
         )
     for seq, table, want_table in zip(live, state["tables"], want_state["tables"]):
         if table != want_table:
@@ -1333,16 +1376,32 @@ def test_slot_mapping_matches_a_loop(pk, rng, block_size):
             for t in range(T):
                 p = int(positions[b, t])
                 want = naive_slot(tables[b], p, block_size)
-                assert int(got[b, t]) == want, (
+                found = int(got[b, t])
+                assert found == want, (
                     f"block size {block_size}, {tables_t.dtype} tables, {positions.dtype} positions, sequence {b} "
-                    f"(table {tables[b]}), position {p}: expected slot {want}, "
-                    f"found {int(got[b, t])}"
+                    f"(table {tables[b]}), position {p}: expected slot {want}"
                     + (
-                        " (padding positions map to -1)"
+                        ""
                         if p < 0
                         else f" = block {tables[b][p // block_size]} * {block_size} + offset {p % block_size}"
                     )
+                    + f", found {found}"
+                    + slot_mistake(found, tables[b], p, block_size, trial)
                 )
+
+
+def slot_mistake(found: int, table: list[int], p: int, block_size: int, trial: int) -> str:
+    """What a wrong slot shows, from its value."""
+    if p < 0:
+        return ": padding positions (-1) map to slot -1, whatever the table holds"
+    if p >= block_size and found == table[p // block_size] * block_size + p:
+        return f": block * block_size + the whole position {p}; a position's offset in its block is p % block_size"
+    if trial == 2:
+        return (
+            ". The same function was right on the int32 tables of the trials before; these tables are int64: read "
+            "them in their own dtype (or .long() them), never as a view of int32"
+        )
+    return ""
 
 
 # The grader's own clock at two sizes (grader/structure.py) beside the worker's line counts, which the
@@ -1462,21 +1521,73 @@ def attention_case(
 TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 
 
-def check_attention(out, want, q, lengths, atol, what):
+def check_attention(out, want, q, lengths, atol, what, inputs=None, tiled=False):
+    """`inputs` (k, v, tables, sm_scale), if given, let a wrong output be recognised as a known mistake's (query
+    heads interleaved over the KV heads, sm_scale not used); `tiled`: the code walks the keys in tiles (the
+    kernel), so a wrong answer only on the longest sequences points at what carries from tile to tile."""
     assert out.shape == q.shape and out.dtype == q.dtype, (
         f"{what}: expected output {tuple(q.shape)} {q.dtype}, found {tuple(out.shape)} {out.dtype}"
     )
     assert not torch.isnan(out).any(), f"{what}: NaN in the output (lengths {lengths}); an empty sequence gives zeros"
+    if testing.is_close(out, want, atol=atol):
+        return
+    diagnosis = attention_mistake(out, q, lengths, atol, inputs, tiled, want)
     testing.assert_close(
         out,
         want,
         atol=atol,
         what=f"{what} [sequence, head, feature]",
-        hint=lambda at: (
+        hint=lambda at: diagnosis or (
             f"Sequence {at[0]} has length {lengths[at[0]]}. Check the gather through the table, the mask "
             "for positions >= seq_len, and that query head h reads KV head h // (Hq // Hkv)"
         ),
     )
+
+
+def attention_mistake(out, q, lengths, atol, inputs, tiled, want) -> str | None:
+    """What a wrong attention output shows, judged from its values: the output of a known mistake, a
+    sequence read as empty, or errors only on the longest sequences of a tiled kernel. None if nothing."""
+    B, Hq, _ = q.shape
+    if inputs is not None:
+        k, v, tables, sm_scale = inputs
+        Hkv = k.shape[2]
+        if Hkv not in (1, Hq):
+            interleaved = attention_oracle(q, k, v, tables, lengths, sm_scale, kv_of=lambda h, hq, hkv: h % hkv)
+            if testing.is_close(out, interleaved, atol=atol):
+                return (
+                    f"Your output is exactly what query head h reading KV head h % Hkv gives (Hq={Hq}, Hkv={Hkv}): "
+                    f"the {Hq // Hkv} query heads of a group are consecutive, so query head h reads KV head "
+                    "h // (Hq // Hkv)"
+                )
+        if sm_scale is not None and sm_scale != 1 / math.sqrt(q.shape[-1]):
+            default = attention_oracle(q, k, v, tables, lengths, None)
+            if testing.is_close(out, default, atol=atol):
+                return (
+                    f"Your output is exactly what the default scale 1/sqrt(D) gives: sm_scale={sm_scale} was not "
+                    "used"
+                    + (
+                        " (0 is a scale, not a missing one: test `sm_scale is None`, not the truth of sm_scale)"
+                        if sm_scale == 0
+                        else ""
+                    )
+                )
+    wrong = [b for b in range(B) if not testing.is_close(out[b], want[b], atol=atol)]
+    empty = [b for b in wrong if lengths[b] > 0 and not out[b].any()]
+    if empty:
+        b = empty[0]
+        return (
+            f"Sequence {b} came out all zeros although its length is {lengths[b]}, as if it were empty: is its "
+            "length read right? seq_lens may be int32 or int64; read it in its own dtype"
+        )
+    right = [b for b in range(B) if b not in wrong and lengths[b] > 0]
+    if tiled and right and min(lengths[b] for b in wrong) > max(lengths[b] for b in right):
+        return (
+            f"Only the longest sequences are wrong (lengths {sorted({lengths[b] for b in wrong})}; those of "
+            f"{sorted({lengths[b] for b in right})} tokens are right): look at what carries from one tile of keys "
+            "to the next. When a tile raises the running max m, the running sum l and the accumulator must both "
+            "be rescaled by exp(m_old - m_new)"
+        )
+    return None
 
 
 ATTENTION_CASES = [
@@ -1507,7 +1618,9 @@ def test_paged_attention_matches_the_oracle(pk, rng, case):
         q,
         lengths,
         TOL[dtype],
-        f"paged_attention, {dtype}, Hq={Hq}, Hkv={Hkv}, block size {block_size}",
+        f"paged_attention, {dtype}, Hq={Hq}, Hkv={Hkv}, block size {block_size}"
+        + ("" if sm_scale is None else f", sm_scale={sm_scale}"),
+        inputs=(k, v, tables, sm_scale),
     )
 
 
@@ -1612,15 +1725,39 @@ def test_paged_attention_triton_matches_the_oracle(pkk, rng, case):
     r = rand(rng)
     q, k, v, tables_t, tables, lengths = attention_case(r, B, Hq, Hkv, D, block_size, dtype, 0, lengths=lengths)
     kwargs = {} if sm_scale is None else {"sm_scale": sm_scale}
-    out = pkk.paged_attention_triton(q, k, v, tables_t, torch.tensor(lengths, dtype=lens_dtype), **kwargs)
+    want = attention_oracle(q, k, v, tables, lengths, sm_scale)
+    atol = 1e-4 if dtype == torch.float32 else 5e-3
+    try:
+        out = pkk.paged_attention_triton(q, k, v, tables_t, torch.tensor(lengths, dtype=lens_dtype), **kwargs)
+        failure = None
+    except Exception as exc:  # noqa: BLE001 - told apart below, then raised as it was
+        out, failure = None, exc
+    if lens_dtype == torch.int64 and (failure is not None or not testing.is_close(out, want, atol=atol)):
+        # The same call with int32 lengths (the same values): right there, the int64 lengths are what it misreads.
+        try:
+            as_int32 = pkk.paged_attention_triton(q, k, v, tables_t, torch.tensor(lengths, dtype=torch.int32), **kwargs)
+        except Exception:  # noqa: BLE001 - the int32 call is only a witness
+            as_int32 = None
+        if as_int32 is not None and as_int32.shape == want.shape and testing.is_close(as_int32, want, atol=atol):
+            pytest.fail(
+                f"paged_attention_triton with seq_lens {lengths} as torch.int64 "
+                + (f"raised {type(failure).__name__}: {failure}" if failure is not None else "gives a wrong output")
+                + "; the same call with the same lengths as torch.int32 is right. seq_lens may be int32 or int64: "
+                "read it in its own dtype (a pointer to int64 lengths loads int64 values), never as a view of int32",
+                pytrace=False,
+            )
+    if failure is not None:
+        raise failure
     check_attention(
         out,
-        attention_oracle(q, k, v, tables, lengths, sm_scale),
+        want,
         q,
         lengths,
-        1e-4 if dtype == torch.float32 else 5e-3,
+        atol,
         f"paged_attention_triton, {dtype}, Hq={Hq}, Hkv={Hkv}, block size {block_size}, seq_lens {lens_dtype}"
         + ("" if sm_scale is None else f", sm_scale={sm_scale} (it multiplies q.k; default 1/sqrt(D))"),
+        inputs=(k, v, tables, sm_scale),
+        tiled=True,
     )
 
 
