@@ -117,7 +117,14 @@ def test_gptq_with_a_diagonal_hessian_is_rtn(gq):
     # d = U[i, i] = 1 / sqrt(h_i), so each weight's loss is (w - q)^2 * h_i / 2
     want = float(((W.double() - rtn.Q.double()) ** 2 * h.double()).sum() / 2)
     assert isinstance(res.loss, float), f"loss should be a Python float, found {type(res.loss).__name__}"
-    assert_close(res.loss, want, atol=0.0, rtol=1e-4, what="loss", hint="It is sum((w - q)^2 / d^2 / 2)")
+    hint = "It is sum((w - q)^2 / d^2 / 2)"
+    if abs(res.loss - 2 * want) <= 1e-4 * 2 * want:
+        hint += ": yours is twice that, the factor 1/2 is missing"
+    elif abs(res.loss - want * float(((W.double() - rtn.Q.double()) ** 2 * h.double() ** 2).sum()) / (2 * want)) \
+            <= 1e-4 * abs(res.loss):
+        hint += (", with d = U[i, i] = 1 / sqrt(h_i) here: yours is what d = (H^-1)[i, i] = 1 / h_i gives. The feedback "
+                 "rows come from U, the upper Cholesky factor of H^-1, not from H^-1 itself")
+    assert_close(res.loss, want, atol=0.0, rtol=1e-4, what="loss", hint=hint)
 
 
 @pytest.mark.check("gptq_public")

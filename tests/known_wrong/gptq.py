@@ -20,6 +20,7 @@ MUTANTS = [
                            "        for k in range(cols):  # the Hessian of the remaining columns, inverted anew\n"
                            "            Hinv = torch.linalg.inv(H[k:, k:])\n"
                            "            U[k, k:] = Hinv[0] / Hinv[0, 0].sqrt()")],
+        cause=r"Re-inverting",
         loses=["factor_once", "lazy_batch"],
         keeps=_CORRECTNESS,
     ),
@@ -33,6 +34,7 @@ MUTANTS = [
                            "        for k in range(cols):  # remove column k from the inverse (OBS), for every column\n"
                            "            U[k, k:] = Hinv[0] / Hinv[0, 0].sqrt()\n"
                            "            Hinv = Hinv[1:, 1:] - torch.outer(Hinv[1:, 0], Hinv[0, 1:]) / Hinv[0, 0]")],
+        cause=r"OBS update",
         loses=["factor_once", "lazy_batch"],
         keeps=_CORRECTNESS,
     ),
@@ -40,6 +42,7 @@ MUTANTS = [
         name="lower_cholesky_factor",
         why="I took the lower Cholesky factor of H^-1, so row i of it holds nothing right of the diagonal",
         edits=[(_CHOLESKY, _CHOLESKY.replace("upper=True", "upper=False"))],
+        cause=r"UPPER Cholesky factor",
         loses=["gptq_public", "obq_oracle", "block_invariance", "damping_dead", "act_order", "quality", "lazy_batch"],
     ),
     Mutant(
@@ -53,6 +56,7 @@ MUTANTS = [
         name="no_lazy_tail_update",
         why="I updated the columns inside each block but forgot to apply the block's errors to the later columns",
         edits=[(_TAIL, "        pass")],
+        cause=r"errors of the earlier blocks",
         loses=["obq_oracle", "block_invariance", "damping_dead", "act_order", "lazy_batch"],
     ),
     Mutant(
@@ -62,6 +66,7 @@ MUTANTS = [
             (_IN_BLOCK, _IN_BLOCK + "\n            W[:, i2:] -= err[:, None] * U[col, i2:][None, :]"),
             (_TAIL, "        pass"),
         ],
+        cause=r"every later column after each column",
         loses=["lazy_batch"],
     ),
     Mutant(
@@ -73,6 +78,7 @@ MUTANTS = [
                         "                W[:, c0 : c0 + 16] -= err[:, None] * U[col, c0 : c0 + 16][None, :]"),
             (_TAIL, "        pass"),
         ],
+        cause=r"every later column after each column",
         loses=["lazy_batch"],
     ),
     Mutant(
@@ -84,6 +90,7 @@ MUTANTS = [
                         "            view[:, i2:] -= err.numpy()[:, None] * U[col, i2:].numpy()[None, :]"),
             (_TAIL, "        pass"),
         ],
+        cause=r"numpy",
         loses=["lazy_batch"],
     ),
     Mutant(
@@ -94,6 +101,7 @@ MUTANTS = [
                         "                W[r0 : r0 + 32, i2:] -= err[r0 : r0 + 32, None] * U[col, i2:][None, :]"),
             (_TAIL, "        pass"),
         ],
+        cause=r"every later column after each column",
         loses=["lazy_batch"],
     ),
     Mutant(
@@ -107,18 +115,21 @@ MUTANTS = [
             (_IN_BLOCK, "            Err[:, col] = err"),
             (_TAIL, "        pass"),
         ],
+        cause=r"re-reading every earlier column's error",
         loses=["lazy_batch"],
     ),
     Mutant(
         name="absolute_damping",
         why="I added percdamp itself to the diagonal instead of percdamp * mean(diag(H))",
         edits=[("H.diagonal().add_(percdamp * torch.diag(H).mean())", "H.diagonal().add_(percdamp)")],
+        cause=r"damped by percdamp itself",
         loses=["obq_oracle", "diagonal", "block_invariance", "damping_dead", "act_order"],
     ),
     Mutant(
         name="no_dead_column_fix",
         why="I skipped the dead-column fix: damping keeps H invertible anyway, doesn't it?",
         edits=[("    H[dead, dead] = 1\n    W[:, dead] = 0\n", "")],
+        cause=r"dead columns",
         loses=["damping_dead"],
     ),
     Mutant(
@@ -128,6 +139,7 @@ MUTANTS = [
             ("    dead = torch.diag(H) == 0\n", "    dead = torch.diag(H) == 0\n    if not grouped:\n        scale[:, 0], zero[:, 0] = fit_quantizer(W, bits, sym)\n"),
             ("    if not grouped:  # one grid per row, from the fixed (and permuted) weights\n        scale[:, 0], zero[:, 0] = fit_quantizer(W, bits, sym)\n", ""),
         ],
+        cause=r"AFTER zeroing the dead columns",
         loses=["damping_dead"],
     ),
     Mutant(
@@ -158,6 +170,7 @@ MUTANTS = [
         name="zero_not_rounded",
         why="I left the asymmetric zero point as -xmin / scale, not rounded to a whole number",
         edits=[("        zero = torch.round(-xmin / scale)", "        zero = -xmin / scale")],
+        cause=r"whole number",
         loses=["quantizer_public", "quantizer", "obq_oracle", "diagonal", "block_invariance", "damping_dead",
                "act_order"],
     ),
@@ -165,6 +178,7 @@ MUTANTS = [
         name="symmetric_only_with_negatives",
         why="Symmetric grids: I set xmin = -xmax only for rows that have a negative value (halving the others' range)",
         edits=[("        xmin = -xmax\n", "        xmin = torch.where(xmin < 0, -xmax, xmin)\n")],
+        cause=r"no negative value",
         loses=["quantizer_public", "quantizer"],
     ),
     Mutant(
@@ -177,12 +191,14 @@ MUTANTS = [
         name="hessian_counts_calls",
         why="n counts calls, as in the reference implementation's add_batch with a batch of one sequence",
         edits=[("    H.mul_(n / (n + m))\n    n += m\n", "    H.mul_(n / (n + 1))\n    n += 1\n")],
+        cause=r"counts? (the )?rows",
         loses=["hessian_public", "hessian"],
     ),
     Mutant(
         name="loss_without_the_half",
         why="I summed (w - q)^2 / d^2 and forgot the factor 1/2",
         edits=[("            losses += err**2 / 2", "            losses += err**2")],
+        cause=r"factor 1/2 is missing",
         loses=["gptq_public", "obq_oracle", "diagonal"],
     ),
     Mutant(
@@ -190,6 +206,7 @@ MUTANTS = [
         why="I did not check that block_size and group_size divide one another",
         edits=[("    if group_size > 0 and not static_groups and block_size % group_size and group_size % block_size:",
                 "    if False:")],
+        cause=r"block_size=3 with group_size=4",
         loses=["validation"],
     ),
     Mutant(
@@ -212,6 +229,7 @@ MUTANTS = [
             ("                scale[:, g], zero[:, g] = fit_quantizer(current, bits, sym)",
              "                scale[:, g], zero[:, g] = _grid(current, bits, sym)"),
         ],
+        cause=r"all-zero row",
         loses=["quantizer_public", "quantizer"],
     ),
     Mutant(
@@ -220,6 +238,7 @@ MUTANTS = [
             "they differ only on exact midpoints, which the old hand-picked rows never hit",
         edits=[("    q = torch.clamp(torch.round(x / scale) + zero, 0, maxq)",
                 "    q = torch.clamp(torch.floor(x / scale + 0.5) + zero, 0, maxq)")],
+        cause=r"half to even",
         loses=["quantizer"],
     ),
     Mutant(
@@ -228,6 +247,7 @@ MUTANTS = [
             "to even goes the other way",
         edits=[("    q = torch.clamp(torch.round(x / scale) + zero, 0, maxq)",
                 "    q = torch.clamp(torch.round(x / scale + zero), 0, maxq)")],
+        cause=r"before adding zero",
         loses=["quantizer"],
     ),
     Mutant(
@@ -254,18 +274,21 @@ MUTANTS = [
             "fp16 (the contract does all the arithmetic in fp32)",
         edits=[("        W1 = W[:, i1:i2].clone()  # this block", "        W1 = W[:, i1:i2].to(dtype)  # this block"),
                ("        Err1 = torch.zeros_like(W1)", "        Err1 = torch.zeros_like(W1, dtype=torch.float32)")],
+        cause=r"in fp32",
         loses=["obq_oracle"],
     ),
     Mutant(
         name="group_size_zero_as_groups",
         why="I took only group_size == -1 to mean \"no groups\"; the contract says group_size <= 0",
         edits=[("    grouped = group_size > 0\n", "    grouped = group_size != -1\n")],
+        cause=r"group_size <= 0",
         loses=["obq_oracle"],
     ),
     Mutant(
         name="integer_weights_accepted",
         why="I checked that W is 2-D but not that it is floating point: an integer W is quantised as if it were one",
         edits=[("W.dim() != 2 or not W.is_floating_point()", "W.dim() != 2")],
+        cause=r"integer W",
         loses=["validation"],
     ),
     Mutant(
@@ -275,6 +298,7 @@ MUTANTS = [
                 "    if torch.isnan(W).any():\n        raise ValueError(\"W holds NaN\")"),
                ("    if not torch.isfinite(H).all():\n        raise ValueError(\"H holds NaN or inf\")",
                 "    if torch.isnan(H).any():\n        raise ValueError(\"H holds NaN\")")],
+        cause=r"inf in W",
         loses=["validation"],
     ),
     Mutant(
@@ -283,12 +307,14 @@ MUTANTS = [
             "and a float one fails with a TypeError",
         edits=[("    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:\n"
                 "        raise ValueError(f\"block_size must be a positive int, found {block_size!r}\")\n", "")],
+        cause=r"block_size=-4",
         loses=["validation"],
     ),
     Mutant(
         name="negative_percdamp_accepted",
         why="I did not check percdamp: a negative one undamps H, and the call returns",
         edits=[("    if not percdamp >= 0:\n        raise ValueError(f\"percdamp must be >= 0, found {percdamp!r}\")\n", "")],
+        cause=r"percdamp=-0.01",
         loses=["validation"],
     ),
 ]

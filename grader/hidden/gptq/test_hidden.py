@@ -289,6 +289,11 @@ def assert_matches_oracle(
             hint=(
                 "It is the sum over all weights of (w - q)^2 / d^2 / 2 with d = U[i, i], w the column as updated just "
                 "before rounding"
+                + (
+                    ": yours is twice that, the factor 1/2 is missing"
+                    if abs(res.loss - 2 * path.loss) <= 2 * path.loss_tol
+                    else ""
+                )
             ),
         )
     return oracle
@@ -659,18 +664,70 @@ ORACLE_CASES = [
 @pytest.mark.parametrize("rows,cols,bits,group_size,block_size,sym", ORACLE_CASES)
 def test_matches_the_textbook_loop(gq, rng, rows, cols, bits, group_size, block_size, sym):
     W, H = correlated_layer(rng, rows, cols, 3 * cols)
-    res = gq.gptq_quantize(W, H, bits=bits, group_size=group_size, block_size=block_size, sym=sym)
     what = f"gptq_quantize(bits={bits}, group_size={group_size}, block_size={block_size}, sym={sym}) on a [{rows}, {cols}] layer"
+    try:
+        res = gq.gptq_quantize(W, H, bits=bits, group_size=group_size, block_size=block_size, sym=sym)
+    except ZeroDivisionError as exc:
+        if group_size != 0:
+            raise
+        raise AssertionError(
+            f"{what} raised ZeroDivisionError: {exc}. group_size=0 is valid: any group_size <= 0 means no groups "
+            "(one grid per row), 0 as well as -1"
+        ) from None
     assert res.Q.shape == W.shape and res.Q.dtype == W.dtype, f"{what}: Q should be {tuple(W.shape)} {W.dtype}"
-    assert_matches_oracle(
-        res,
-        W,
-        H,
-        what,
-        bits=bits,
-        group_size=group_size,
-        sym=sym,
-        grid_note=" (groups are fit from the weights as updated so far)",
+    try:
+        assert_matches_oracle(
+            res,
+            W,
+            H,
+            what,
+            bits=bits,
+            group_size=group_size,
+            sym=sym,
+            grid_note=" (groups are fit from the weights as updated so far)",
+        )
+    except AssertionError as exc:
+        told = str(exc).split("\nassert ")[0]
+        seen = loop_mistake(res, W, H, bits=bits, group_size=group_size, sym=sym, block_size=block_size)
+        if seen is None:
+            raise
+        raise AssertionError(f"{told}. {seen}") from None
+
+
+def loop_mistake(res, W, H, *, bits: int, group_size: int, sym: bool, block_size: int) -> str | None:
+    """What a Q that differs from the textbook loop's (natural column order) shows, from its values: the Q of
+    damping by percdamp itself, or errors that start only after the first block. None if nothing."""
+    params = dict(bits=bits, group_size=group_size, sym=sym)
+    oracle = obq64(W, H, **params)
+    gs = group_size if group_size > 0 else W.shape[1]
+    g_idx = torch.arange(W.shape[1]) // gs
+    rtn_q, rtn_scale = rtn_rule(W, bits, group_size, sym)[:2]
+    if not torch.equal(rtn_q.double(), oracle.Q) and not differing_rows(res.Q, rtn_q, rtn_scale[:, g_idx]):
+        return (
+            "Your Q is exactly round-to-nearest of W: no column's rounding error reached a later column. Column i's "
+            "feedback into column j > i is err * U[i, j], with U the UPPER Cholesky factor of H^-1 (the lower factor "
+            "holds nothing right of the diagonal)"
+        )
+    absolute = obq64(W, H, **params, percdamp=0.01 / float(torch.diagonal(H).double().mean()))
+    if not torch.equal(absolute.Q, oracle.Q) and not differing_rows(
+        on_grid(res, absolute.scale[:, g_idx]), absolute.Q, absolute.scale[:, g_idx]
+    ):
+        return (
+            "Your Q is exactly the loop's with H damped by percdamp itself (H + 0.01 I): damping is relative to H, "
+            "H + percdamp * mean(diag(H)) I, so that scaling H changes nothing"
+        )
+    step = oracle.scale[:, g_idx]
+    bad = mismatches(on_grid(res, step), oracle.Q, atol=1e-3 * step.double() + 1e-6) & ~oracle.ties.int().cummax(1).values.bool()
+    if not bad.any():
+        return None
+    first = int(torch.nonzero(bad.any(0)).flatten()[0])
+    if first < block_size:
+        return None
+    return (
+        f"In every row, columns 0 to {first - 1} agree with the loop: the first wrong column, {first}, is in block "
+        f"{first // block_size} (block_size {block_size}), after whole blocks that came out right. Do the errors of "
+        "the earlier blocks reach the later columns? After each block, apply its errors to every later column at "
+        "once (W[:, i2:] -= Err1 @ U[i1:i2, i2:])"
     )
 
 
