@@ -6,6 +6,8 @@ Every expected value below is worked out by hand in the comments, or by a plain 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -56,9 +58,14 @@ def test_router_probs_is_an_fp32_softmax(sm):
 ])
 def test_expert_capacity(sm, T, E, k, cf, mc, want):
     got = sm.expert_capacity(T, E, k, cf, mc)
+    hint = ""
+    if got != want and got == max(mc, math.floor(k * T * cf / E)):
+        hint = ": round UP (a floor leaves the last assignments of a fair share without a slot)"
+    elif got != want and k > 1 and got == max(mc, math.ceil(T * cf / E)):
+        hint = f": there are k * T = {k * T} assignments to share among the experts, not T = {T}"
     assert got == want and isinstance(got, int), (
         f"expert_capacity(num_tokens={T}, num_experts={E}, k={k}, capacity_factor={cf}, min_capacity={mc}) "
-        f"is {got!r}, expected {want} = max(min_capacity, ceil(k * T * cf / E)) as a Python int"
+        f"is {got!r}, expected {want} = max(min_capacity, ceil(k * T * cf / E)) as a Python int{hint}"
     )
 
 
@@ -74,9 +81,16 @@ def test_top1_switch_routing(sm):
     assert isinstance(r, tuple) and hasattr(r, "slot"), "route must return the Routing named tuple"
     assert holds(r.expert_index, [[0], [0], [0], [1]]), f"expert_index is {show(r.expert_index)}"
     # Expert 0 is wanted by tokens 0, 1, 2 but has 2 slots: earlier tokens first, token 2 is dropped.
+    slot_hint = ""
+    if holds(r.slot, [[1], [-1], [-1], [1]]):
+        slot_hint = (". Your slots start at 1: an assignment's slot is the number of assignments to its expert "
+                     "BEFORE it (an exclusive count), not counting itself")
+    elif holds(r.slot, [[0], [-1], [-1], [0]]):
+        slot_hint = (". Expert 0 kept one assignment fewer than its capacity: there is room while the number kept "
+                     "BEFORE the assignment is below the capacity (rank < capacity), not the count with it")
     assert holds(r.slot, [[0], [1], [-1], [0]]), (
         f"slot is {show(r.slot)}, expected [[0], [1], [-1], [0]]: expert 0 has capacity 2, so tokens 0 and 1 "
-        "take its slots 0 and 1 and token 2 is dropped (slot -1); token 3 is expert 1's first"
+        f"take its slots 0 and 1 and token 2 is dropped (slot -1); token 3 is expert 1's first{slot_hint}"
     )
     p = torch.softmax(logits, -1)
     want_w = torch.tensor([[p[0, 0]], [p[1, 0]], [0.0], [p[3, 1]]])

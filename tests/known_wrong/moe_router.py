@@ -16,6 +16,7 @@ MUTANTS = [
                 "    return (routing.combine_weight[..., None] * rows).sum(1), routing\n")],
         loses=["sparse_experts"],
         keeps=["layer_public", "layer", "dispatch_public", "dispatch_combine", "drops", "vectorised"],
+        cause=r"every expert on every token",
     ),
     Mutant(
         name="textbook_one_hot_dispatch",
@@ -53,6 +54,7 @@ MUTANTS = [
                 "    if capacity == 0:  # min_capacity=0 and a tiny factor: every assignment was dropped, there is no row to read\n")],
         loses=["sparse_experts"],
         keeps=["dispatch_public", "dispatch_combine", "layer_public", "layer"],
+        cause=r"every expert on every token|one-hot \[T, E, capacity\]",
     ),
     Mutant(
         name="dense_in_a_pre_hook_via_bilinear",
@@ -86,6 +88,7 @@ MUTANTS = [
                 "    expert_out = torch.stack(out)\n")],
         loses=["sparse_experts"],
         keeps=["layer_public", "layer", "dispatch_public", "dispatch_combine", "drops", "vectorised"],
+        cause=r"every expert on every token",
     ),
     Mutant(
         name="dense_in_a_forward_hook_via_addbmm",
@@ -114,6 +117,7 @@ MUTANTS = [
                 "        handle.remove()\n")],
         loses=["sparse_experts"],
         keeps=["layer_public", "layer", "dispatch_public", "dispatch_combine", "drops", "vectorised"],
+        cause=r"every expert on every token",
     ),
     Mutant(
         name="dense_in_a_pre_hook_elementwise",
@@ -146,6 +150,7 @@ MUTANTS = [
                 "    expert_out = torch.stack(out)\n")],
         loses=["sparse_experts"],
         keeps=["layer_public", "layer", "dispatch_public", "dispatch_combine", "drops", "vectorised"],
+        cause=r"every expert on every token",
     ),
     Mutant(
         name="capacity_floor",
@@ -153,6 +158,7 @@ MUTANTS = [
         edits=[("math.ceil(k * num_tokens * capacity_factor / num_experts)",
                 "math.floor(k * num_tokens * capacity_factor / num_experts)")],
         loses=["probs_public", "capacity", "drops"],
+        cause=r"round UP",
     ),
     Mutant(
         name="capacity_without_k",
@@ -160,6 +166,7 @@ MUTANTS = [
         edits=[("math.ceil(k * num_tokens * capacity_factor / num_experts)",
                 "math.ceil(num_tokens * capacity_factor / num_experts)")],
         loses=["probs_public", "capacity", "drops"],
+        cause=r"k \* T = \d+ assignments|k \* T assignments",
     ),
     Mutant(
         name="token_major_priority",
@@ -167,6 +174,7 @@ MUTANTS = [
         edits=[("order = torch.arange(num_tokens * k, device=logits.device).view(k, num_tokens).t()  # [T, k]",
                 "order = torch.arange(num_tokens * k, device=logits.device).view(num_tokens, k)  # [T, k]")],
         loses=["route_public", "drops", "priority"],
+        cause=r"first choices .{0,30}before any second choice",
     ),
     Mutant(
         name="renormalise_after_drop",
@@ -176,18 +184,21 @@ MUTANTS = [
                 "    if renormalize:\n"
                 "        combine_weight = combine_weight / combine_weight.sum(-1, keepdim=True).clamp_min(1e-30)\n")],
         loses=["drops", "priority", "layer"],
+        cause=r"renormalised over its kept choices only",
     ),
     Mutant(
         name="aux_after_drops",
         why="counts f_e from the kept assignments, so the balancing loss cannot see the overflow it should punish",
         edits=[("    f = wanted.float() / (num_tokens * k)", "    f = tokens_per_expert.float() / (num_tokens * k)")],
         loses=["aux"],
+        cause=r"BEFORE capacity drops",
     ),
     Mutant(
         name="topk_tie_order",
         why="takes torch.topk's order among equal probabilities as given (it is unspecified)",
         edits=[("    remaining = probs.detach().clone()\n", "    return torch.topk(probs, k, dim=-1)\n")],
         loses=["route_public", "topk", "drops"],
+        cause=r"topk does not promise",
     ),
     Mutant(
         name="loop_over_tokens",
@@ -199,6 +210,7 @@ MUTANTS = [
                 "            if routing.slot[t, j] >= 0:\n"
                 "                buffers[routing.expert_index[t, j] * capacity + routing.slot[t, j]] = x[t]\n")],
         loses=["vectorised"],
+        cause=r"loops over tokens",
     ),
     Mutant(
         name="running_count_run_by_map",
@@ -216,18 +228,21 @@ MUTANTS = [
              "    ids = torch.arange(num_experts, device=sequence.device)\n"),
         ],
         loses=["vectorised_public", "vectorised"],
+        cause=r"back into Python",
     ),
     Mutant(
         name="bf16_softmax",
         why="takes the softmax in the logits' own dtype and casts afterwards",
         edits=[("    return torch.softmax(logits.float(), dim=-1)", "    return torch.softmax(logits, dim=-1).float()")],
         loses=["topk"],
+        cause=r"fp32 BEFORE the softmax",
     ),
     Mutant(
         name="renormalise_top1",
         why="renormalises for k = 1 too: every weight becomes 1 and the router gets no gradient",
         edits=[("        renormalize = k > 1", "        renormalize = True")],
         loses=["route_public", "topk", "layer"],
+        cause=r"k = 1 the weight is the raw router probability",
     ),
     Mutant(
         name="detached_weights",
@@ -235,12 +250,14 @@ MUTANTS = [
         edits=[("    top_p, expert_index = _top_k(probs, k)  # [T, k] each",
                 "    top_p, expert_index = _top_k(probs.detach(), k)  # [T, k] each")],
         loses=["topk", "layer"],
+        cause=r"does not require grad",
     ),
     Mutant(
         name="probs_policy_by_weight",
         why="ranks overflowing assignments by the renormalised weight instead of the router probability",
         edits=[("        flat_p = top_p.reshape(-1)", "        flat_p = weight.reshape(-1)")],
         loses=["priority"],
+        cause=r"not by the renormalised weight",
     ),
     Mutant(
         name="slot_off_by_one",
@@ -248,12 +265,14 @@ MUTANTS = [
             "(a slot decision: it lost topk too until topk judged only the chosen experts and their weights)",
         edits=[("- starts[grouped]\n", "- starts[grouped] + 1\n")],
         loses=["route_public", "capacity", "drops"],
+        cause=r"start at 1|fill from slot 0",
     ),
     Mutant(
         name="tokens_per_expert_wanted",
         why="reports how many assignments wanted each expert instead of how many it kept",
         edits=[("    tokens_per_expert = wanted.clamp(max=capacity)", "    tokens_per_expert = wanted")],
         loses=["capacity", "drops"],
+        cause=r"tokens_per_expert says \d+, capacity is",
     ),
     Mutant(
         name="combine_reads_dropped_slots",
@@ -261,6 +280,7 @@ MUTANTS = [
         edits=[("    gathered = torch.where(kept[..., None], gathered, torch.zeros_like(gathered))  # mask, not 0 * weight: 0 * inf is NaN\n",
                 "")],
         loses=["dispatch_combine"],
+        cause=r"for a dropped one 0",
     ),
     Mutant(
         name="z_loss_not_squared",
@@ -268,6 +288,7 @@ MUTANTS = [
         edits=[("    z_loss = torch.logsumexp(logits.float(), dim=-1).square().mean()",
                 "    z_loss = torch.logsumexp(logits.float(), dim=-1).mean()")],
         loses=["route_public", "aux"],
+        cause=r"logsumexp(\(logits\))?\^2",
     ),
     Mutant(
         name="nan_where_weights_are_wrong",
@@ -278,6 +299,7 @@ MUTANTS = [
                 "    lost_one = kept & (~kept).any(dim=-1, keepdim=True)  # kept choices of a token that lost another\n"
                 "    combine_weight = torch.where(lost_one, torch.full_like(combine_weight, float('nan')), combine_weight)\n")],
         loses=["drops", "priority", "layer", "vectorised"],
+        cause=r"NaN where a finite value is expected",
     ),
     Mutant(
         name="capacity_edge_one_short",
@@ -289,6 +311,7 @@ MUTANTS = [
                ("    tokens_per_expert = wanted.clamp(max=capacity)  # each expert keeps min(wanted, capacity)",
                 "    tokens_per_expert = torch.bincount(expert_index[kept], minlength=num_experts)")],
         loses=["route_public", "capacity", "drops", "priority"],
+        cause=r"one assignment fewer than its capacity",
     ),
     Mutant(
         name="probs_ties_to_later_tokens",
@@ -297,6 +320,7 @@ MUTANTS = [
         edits=[("by_prob = torch.sort(flat_p, descending=True, stable=True).indices",
                 "by_prob = torch.sort(flat_p, stable=True).indices.flip(0)")],
         loses=["priority"],
+        cause=r"earlier token",
     ),
     Mutant(
         name="combine_fails_at_capacity_zero",
@@ -305,6 +329,7 @@ MUTANTS = [
         edits=[("    if capacity == 0:  # min_capacity=0 and a tiny factor: every assignment was dropped, there is no row to read\n"
                 "        return expert_out.new_zeros(routing.slot.shape[0], d)\n", "")],
         loses=["dispatch_combine"],
+        cause=r"capacity 0",
     ),
     Mutant(
         name="min_capacity_ignored",
@@ -312,6 +337,7 @@ MUTANTS = [
         edits=[("    capacity = expert_capacity(num_tokens, num_experts, k, capacity_factor, min_capacity)",
                 "    capacity = expert_capacity(num_tokens, num_experts, k, capacity_factor)")],
         loses=["capacity"],
+        cause=r"min_capacity=3",
     ),
     # Contract clauses that issue 36 brought into the tests (each clause's table row is in the hidden tests' docstring).
     Mutant(
@@ -322,18 +348,21 @@ MUTANTS = [
                 "        logits = logits.float()\n"
                 "    return torch.softmax(logits, dim=-1)")],
         loses=["topk", "aux"],
+        cause=r"fp32 whatever the logits' dtype",
     ),
     Mutant(
         name="tokens_per_expert_int32",
         why="reports the kept counts as int32",
         edits=[("    tokens_per_expert = wanted.clamp(max=capacity)", "    tokens_per_expert = wanted.clamp(max=capacity).int()")],
         loses=["topk"],
+        cause=r"'tokens_per_expert': torch\.int32",
     ),
     Mutant(
         name="aux_loss_in_fp64",
         why="counts f_e in fp64, so aux_loss comes back fp64",
         edits=[("    f = wanted.float() / (num_tokens * k)", "    f = wanted.double() / (num_tokens * k)")],
         loses=["aux"],
+        cause=r"aux_loss should be a scalar fp32",
     ),
     Mutant(
         name="softmax_without_max_shift",
@@ -342,6 +371,7 @@ MUTANTS = [
                 "    e = logits.float().exp()\n"
                 "    return e / e.sum(dim=-1, keepdim=True)")],
         loses=["topk", "aux"],
+        cause=r"subtract each row's maximum",
     ),
     Mutant(
         name="z_loss_naive_logsumexp",
@@ -349,12 +379,14 @@ MUTANTS = [
         edits=[("    z_loss = torch.logsumexp(logits.float(), dim=-1).square().mean()",
                 "    z_loss = logits.float().exp().sum(dim=-1).log().square().mean()")],
         loses=["aux"],
+        cause=r"log\(sum\(exp\(logits\)\)\) overflows",
     ),
     Mutant(
         name="k_checked_against_zero_only",
         why="refuses k = 0 and k > E but lets a negative k through (it then fails inside torch with a RuntimeError)",
         edits=[("    if not 1 <= k <= num_experts:", "    if k == 0 or k > num_experts:")],
         loses=["topk"],
+        cause=r"k=-1\b.*expected a ValueError",
     ),
     Mutant(
         name="combine_accumulates_in_bf16",
@@ -365,6 +397,7 @@ MUTANTS = [
                 "        y = y + (weight[:, j] * gathered[:, j].float()).to(expert_out.dtype)\n"
                 "    return y")],
         loses=["dispatch_combine"],
+        cause=r"accumulate the weighted rows in fp32",
     ),
     Mutant(
         name="layer_combines_token_by_token",
@@ -377,5 +410,6 @@ MUTANTS = [
                 "    return y, routing\n")],
         loses=["vectorised"],
         keeps=["layer", "layer_public"],
+        cause=r"loops over tokens",
     ),
 ]

@@ -235,12 +235,26 @@ def assert_same_experts(r, o: dict, where: str) -> None:
         )
 
 
-def weight_hint(o: dict):
+def weight_hint(o: dict, found: torch.Tensor | None = None):
+    """The rule behind a wrong combine_weight at `at`, told apart by the value found there (`found`: the student's
+    combine_weight) when it is one a known mistake gives: 1 for a lone choice renormalised, or the weight
+    renormalised over the token's kept choices only."""
     def hint(at: tuple[int, ...]) -> str:
         t, j = at
-        return (f"Token {t}'s choice {j} is dropped (in your routing too): its weight must be 0"
-                if not bool(o["kept"][t, j]) else
-                "Kept assignments keep the weight they had before any drop (renormalise over the k chosen "
+        if not bool(o["kept"][t, j]):
+            return f"Token {t}'s choice {j} is dropped (in your routing too): its weight must be 0"
+        got = float(found[t, j]) if found is not None else math.nan
+        want = float(o["combine_weight"][t, j])
+        if o["slot"].shape[1] == 1 and not o["args"]["renormalize"] and abs(got - 1.0) <= 1e-5 < abs(want - 1.0):
+            return (f"With k = 1 the weight is the raw router probability ({want:.6g} here), not renormalised: "
+                    "renormalising a lone choice makes every weight 1, and the router gets no gradient")
+        kept = o["kept"][t]
+        if bool((~kept).any()):
+            over_kept = float(o["weight"][t, j]) / float(o["weight"][t][kept].sum())
+            if abs(got - over_kept) <= 1e-5 < abs(want - over_kept):
+                return (f"Token {t} lost a choice to capacity and you renormalised over its kept choices only "
+                        f"({got:.6g}): kept assignments keep the weight they had before any drop ({want:.6g})")
+        return ("Kept assignments keep the weight they had before any drop (renormalise over the k chosen "
                 "when renormalize is on, never over the kept ones only)")
     return hint
 
@@ -265,7 +279,7 @@ def assert_choices_and_weights(r, o: dict, where: str) -> dict:
     assert_same_experts(r, o, where)
     agree = (r.slot >= 0) == o["kept"]
     assert_close(torch.where(agree, r.combine_weight.double(), 0.0), torch.where(agree, o["combine_weight"], 0.0),
-                 atol=1e-5, what=f"{where}: combine_weight [token, choice]", hint=weight_hint(o))
+                 atol=1e-5, what=f"{where}: combine_weight [token, choice]", hint=weight_hint(o, r.combine_weight))
     return o
 
 
@@ -287,7 +301,7 @@ def assert_routing_matches(r, o: dict, logits: torch.Tensor, where: str, policy:
             f"{PRIORITY_RULE[o['policy']]}; the expert's buffer fills in that order from slot 0, with no gaps."
         )
     assert_close(r.combine_weight, o["combine_weight"], atol=1e-5, what=f"{where}: combine_weight [token, choice]",
-                 hint=weight_hint(o))
+                 hint=weight_hint(o, r.combine_weight))
     at = first_mismatch(r.tokens_per_expert.long(), o["tokens_per_expert"])
     assert at is None, (
         f"{where}: tokens_per_expert[{at[0]}] is {int(r.tokens_per_expert[at[0]])}, expected "
@@ -380,9 +394,13 @@ def test_route_uses_that_capacity(sm, rng, cf):
     cap = capacity_formula(T, E, k, cf)
     assert_invariants(r, T, k, E, cap, f"route(T={T}, E={E}, k={k}, capacity_factor={cf}), capacity {cap}")
     o = accepting(r, oracle_route(logits, k, cf), f"route(T={T}, E={E}, k={k}, capacity_factor={cf})")
+    full = o["tokens_per_expert"] == cap
+    one_short = bool(full.any()) and torch.equal(r.tokens_per_expert.long()[full], o["tokens_per_expert"][full] - 1)
     assert torch.equal(r.tokens_per_expert.long(), o["tokens_per_expert"]), (
         f"route(T={T}, E={E}, k={k}, capacity_factor={cf}): tokens_per_expert {show(r.tokens_per_expert)}, "
         f"expected {show(o['tokens_per_expert'])} with capacity {cap} = ceil(k * T * cf / E)"
+        + (f". Every full expert keeps one assignment fewer than its capacity: an assignment has room when the "
+           f"number kept BEFORE it is below {cap} (rank < capacity), not when the count with it is" if one_short else "")
     )
     r = sm.route(logits, k, 0.01, min_capacity=3)
     assert_invariants(r, T, k, E, 3, f"route(T={T}, E={E}, k={k}, capacity_factor=0.01, min_capacity=3)")
@@ -462,11 +480,24 @@ def test_combine_weight_gradient(student, sm, rng, k):
 def test_bad_arguments(sm, E):
     logits = torch.zeros(6, E)
     for bad in (0, -1, E + 1):
-        with pytest.raises(ValueError):
-            sm.route(logits, bad, 1.0)
+        assert_refused(lambda bad=bad: sm.route(logits, bad, 1.0), f"route(logits [6, {E}], k={bad}, capacity_factor=1.0)",
+                       f"k must be in 1..E = 1..{E}: check its range before using it")
     for policy in ("random", "Position", "prob", ""):
-        with pytest.raises(ValueError):
-            sm.route(logits, 1, 1.0, drop_policy=policy)
+        assert_refused(lambda policy=policy: sm.route(logits, 1, 1.0, drop_policy=policy), f"route(..., drop_policy={policy!r})",
+                       "drop_policy must be 'position' or 'probs', spelt exactly so")
+
+
+def assert_refused(call, where: str, rule: str) -> None:
+    """`call()` raises ValueError; anything else (another exception, or none) fails naming the argument and rule."""
+    try:
+        call()
+    except ValueError:
+        return
+    except Exception as exc:  # noqa: BLE001  (named in the message: the contract asks for a ValueError)
+        said = str(exc).removeprefix(f"{type(exc).__name__}: ")  # some wrappers repeat the type in the text
+        raise AssertionError(f"{where}: expected a ValueError ({rule}); your code raised {type(exc).__name__}: "
+                             f"{said[:200]}") from None
+    raise AssertionError(f"{where}: expected a ValueError ({rule}); your code returned without raising")
 
 
 LOGIT_DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
