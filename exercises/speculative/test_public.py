@@ -91,7 +91,9 @@ def check_layout(tokens, num_accepted, draft, vocab):
         assert 0 <= n <= gamma, f"row {b}: num_accepted = {n} is outside 0..{gamma}"
         assert row[:n] == draft[b, :n].tolist(), (
             f"row {b}: the first {n} tokens must be the accepted draft tokens, found {show(tokens[b])}")
-        assert 0 <= row[n] < vocab, f"row {b}: position {n} (num_accepted) must hold the extra token, found {row[n]}"
+        assert 0 <= row[n] < vocab, f"row {b}: position {n} (num_accepted) must hold the extra token, found {row[n]}" + (
+            f" (all {gamma} drafts were accepted: the extra token is the bonus, drawn from target_probs[:, {gamma}])"
+            if n == gamma else "")
         assert row[n + 1 :] == [-1] * (gamma - n), (
             f"row {b}: tokens = {show(tokens[b])} with num_accepted = {n}; everything after the extra token is -1"
         )
@@ -104,8 +106,18 @@ def test_p_equal_q_accepts_everything_and_adds_the_bonus(sm):
     draft = torch.tensor([[1, 0], [2, 0], [0, 1], [1, 2]])
     tokens, num_accepted = sm.speculative_accept(draft, q, p, gen(0))
     check_layout(tokens, num_accepted, draft, 3)
+    hint = ""
+    if num_accepted.tolist() != [2, 2, 2, 2]:  # two more calls: is draft token i scored with target row i?
+        one = torch.tensor([[[1.0, 0.0, 0.0]]])
+        _, n = sm.speculative_accept(torch.tensor([[0]]), one, torch.tensor([[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]]), gen(5))
+        _, both = sm.speculative_accept(torch.tensor([[0]]), one, torch.tensor([[[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]]), gen(6))
+        if isinstance(n, torch.Tensor) and n.tolist() == [0] and isinstance(both, torch.Tensor) and both.tolist() == [1]:
+            hint = (". Two more calls, gamma = 1, where target row 0 and the draft are both sure of token 0: yours "
+                    "rejected it where target row 1 gives it 0 and kept it where row 1 is sure of it too: score draft "
+                    "token i with target row i (target_probs[:, i]); the last row, gamma, is only for the bonus")
     assert num_accepted.tolist() == [2, 2, 2, 2], (
         f"with p == q every draft token passes u <= p(x)/q(x) = 1 (u in (0, 1]); num_accepted = {show(num_accepted)}"
+        + hint
     )
     assert tokens[:, 2].tolist() == [2, 2, 2, 2], (
         "all gamma = 2 accepted, so the bonus comes from target_probs[:, 2], which puts all its mass on token 2; "
@@ -189,10 +201,20 @@ def test_greedy_tables(sm, draft, best, expected):
     assert isinstance(num_accepted, torch.Tensor) and tuple(num_accepted.shape) == (B,), (
         f"num_accepted must be a tensor [B] = [{B}], found {type(num_accepted).__name__} "
         f"{show(getattr(num_accepted, 'shape', num_accepted))}")
+    hint = ""
+    for d, b, f in zip(draft, best, tokens.tolist()):
+        miss = next((i for i in range(gamma) if d[i] != b[i]), None)
+        if miss is None and f[:gamma] == d and f[gamma] == -1:
+            hint = f". Every draft token of {d} matches, and the bonus is missing: emit the last row's argmax, {b[gamma]}"
+        elif miss is not None and f[miss] == d[miss]:
+            hint = (f". Draft {d} first differs from the argmax at position {miss}, where you kept its token: the "
+                    "first mismatch ends the row, even if later draft tokens match again")
+        if hint:
+            break
     assert tokens.tolist() == expected, (
         f"draft {draft}, target argmax {best}: expected {expected}, found {show(tokens)}. Keep draft tokens "
         "while they equal the argmax; at the first mismatch emit the argmax and pad with -1; if all match, "
-        "append the argmax of the last row (the bonus)"
+        f"append the argmax of the last row (the bonus){hint}"
     )
     assert num_accepted.tolist() == [sum(t != -1 for t in row) - 1 for row in expected], (
         f"num_accepted counts the kept draft tokens; found {show(num_accepted)}"
@@ -217,9 +239,17 @@ def test_generate_shapes_and_calls_when_draft_equals_target(student, sm):
     assert int(calls) == result["target_calls"][0], (
         f"you reported {calls} target calls but the target model was called {result['target_calls'][0]} times"
     )
+    late = ""
+    if result["target_calls"][0] != 3:  # one row of one-hot models: every next token certain (0 -> 1 -> 2 -> ...)
+        cycle = torch.eye(5)[(torch.arange(5) + 1) % 5]
+        probe = student.drive(DRIVER, sm.speculative_generate, cycle, cycle, torch.tensor([[0]]), 3, 4, 5)["tokens"][0]
+        if isinstance(probe, torch.Tensor) and probe.dim() == 2 and probe.shape[1] >= 1 and int(probe[0, 0]) == 2:
+            late = (". A second run, one row, where both models put all their mass on t + 1 after t, prefix [0]: your "
+                    "first new token is 2, not 1: the target's rows were read one position late. The gamma + 1 rows "
+                    "that score the drafts (and the bonus) start at length - 1, the prefix's last position")
     assert result["target_calls"][0] == 3, (
         f"draft == target, so every step keeps all 3 drafts plus the bonus: 4 tokens per call, 3 calls for 10 "
-        f"tokens; found {result['target_calls'][0]}. Advance each row by num_accepted + 1"
+        f"tokens; found {result['target_calls'][0]}. Advance each row by num_accepted + 1{late}"
     )
 
 

@@ -31,6 +31,7 @@ MUTANTS = [
         )],
         loses=["coupling", "accept_public", "generate_public"],
         keeps=CORRECTNESS,
+        cause=r"u <= p\(x\)/q\(x\)",
     ),
     Mutant(
         name="textbook_always_reject",
@@ -42,6 +43,7 @@ MUTANTS = [
         ],
         loses=["coupling", "accept_public", "accept_rules", "generate_public"],
         keeps=["distribution", "generate"],
+        cause=r"u <= p\(x\)/q\(x\)",
     ),
     Mutant(
         name="one_percent_bias",
@@ -58,6 +60,7 @@ MUTANTS = [
             "    mass = residual.sum(dim=-1, keepdim=True)\n",
         )],
         loses=["coupling"],
+        cause=r"token drawn after a rejection",
     ),
     Mutant(
         name="acceptance_one_point_low",
@@ -65,12 +68,14 @@ MUTANTS = [
         edits=[("accepted = (q_x > 0) & (u * q_x <= p_x)",
                 "accepted = (q_x > 0) & (u * q_x <= torch.where(p_x < q_x, (p_x - 0.01 * q_x).clamp(min=0), p_x))")],
         loses=["coupling"],
+        cause=r"rows that reached it .*min\(1, p/q\)",
     ),
     Mutant(
         name="acceptance_times_0_99",
         why="I kept the draft with probability min(1, p/q) * 0.99",
         edits=[("accepted = (q_x > 0) & (u * q_x <= p_x)", "accepted = (q_x > 0) & (u * q_x <= 0.99 * p_x)")],
         loses=["coupling"],
+        cause=r"rows that reached it .*min\(1, p/q\)",
     ),
     Mutant(
         name="p_and_q_swapped",
@@ -80,24 +85,28 @@ MUTANTS = [
             ("residual = (p_next - q_next).clamp(min=0)", "residual = (q_next - p_next).clamp(min=0)"),
         ],
         loses=["accept_public", "distribution", "accept_rules", "generate"],
+        cause=r"max\(0, p - q\) = \[|q/p\)",
     ),
     Mutant(
         name="resample_from_p",
         why="after a rejection I sampled again from the target p instead of the residual max(0, p - q)",
         edits=[("residual = (p_next - q_next).clamp(min=0)", "residual = p_next")],
         loses=["accept_public", "distribution", "generate"],
+        cause=r"after a rejection (sample|at position)",
     ),
     Mutant(
         name="resample_from_q",
         why="after a rejection I sampled again from the draft q",
         edits=[("residual = (p_next - q_next).clamp(min=0)", "residual = q_next")],
         loses=["accept_public", "distribution", "accept_rules", "generate"],
+        cause=r"after (the|a) rejection (the token comes|at position)",
     ),
     Mutant(
         name="no_stop_at_first_rejection",
         why="I counted every accepted draft token, not just the ones before the first rejection",
         edits=[("num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)", "num_accepted = accepted.long().sum(dim=1)")],
         loses=["distribution", "accept_rules", "generate"],
+        cause=r"after the first rejection",
     ),
     Mutant(
         name="bonus_after_rejection",
@@ -113,6 +122,7 @@ MUTANTS = [
             ),
         )],
         loses=["accept_public", "distribution", "accept_rules"],
+        cause=r"extra token.{0,40}-1",
     ),
     Mutant(
         name="bonus_missing",
@@ -126,18 +136,21 @@ MUTANTS = [
             ),
         )],
         loses=["accept_public", "distribution", "accept_rules", "generate"],
+        cause=r"bonus",
     ),
     Mutant(
         name="target_row_misaligned",
         why="I scored draft token i with the target's row i + 1 (off by one: the target's first row is the prefix's last position)",
         edits=[("p_x = target_probs[:, :gamma].gather", "p_x = target_probs[:, 1:].gather")],
         loses=["accept_public", "distribution", "accept_rules", "generate_public", "generate"],
+        cause=r"target row i \(target_probs\[:, i\]\)|draft token i is scored with target row i",
     ),
     Mutant(
         name="nan_when_p_equals_q",
         why="I normalised the residual by its sum, which is 0/0 = NaN when p == q",
         edits=[("residual = torch.where(mass > 0, residual, p_next)", "residual = residual / mass")],
         loses=["distribution", "accept_rules"],
+        cause=r"all zeros",
     ),
     Mutant(
         name="empty_residual_fallback_for_the_whole_batch",
@@ -145,12 +158,14 @@ MUTANTS = [
         edits=[("residual = torch.where(mass > 0, residual, p_next)",
                 "residual = residual if bool((mass > 0).all()) else p_next")],
         loses=["accept_rules"],
+        cause=r"only in THOSE rows",
     ),
     Mutant(
         name="accepts_q_zero",
         why="with q(x) = 0 the ratio p/q is infinite, so I accepted the token",
         edits=[("accepted = (q_x > 0) & (u * q_x <= p_x)", "accepted = u * q_x <= p_x")],
         loses=["accept_rules", "distribution"],
+        cause=r"q = 0",
     ),
     Mutant(
         name="loop_over_rows_for_the_resample",
@@ -160,6 +175,7 @@ MUTANTS = [
             "extra = torch.stack([torch.multinomial(residual[b], 1, generator=generator)[0] for b in range(B)])",
         )],
         loses=["vectorised_public", "vectorised"],
+        cause=r"loop over (the )?rows|once per element",
     ),
     Mutant(
         name="loop_over_rejected_rows",
@@ -173,6 +189,7 @@ MUTANTS = [
             ),
         )],
         loses=["vectorised"],
+        cause=r"loop over (the )?rows",
     ),
     Mutant(
         name="one_draw_per_row_through_map",
@@ -185,6 +202,7 @@ MUTANTS = [
              "    extra = torch.cat(list(map(draw, residual.unbind(0))))"),
         ],
         loses=["vectorised_public", "vectorised"],
+        cause=r"once per element",
     ),
     Mutant(
         name="leading_accepts_counted_by_map",
@@ -198,6 +216,7 @@ MUTANTS = [
              "    num_accepted = torch.tensor(list(leading), dtype=torch.long, device=device)\n"),
         ],
         loses=["vectorised"],
+        cause=r"back into Python",
     ),
     Mutant(
         name="coins_from_a_generator_of_my_own",
@@ -205,6 +224,7 @@ MUTANTS = [
         edits=[("u = _uniform_open_closed((B, gamma), generator, device)",
                 "u = _uniform_open_closed((B, gamma), torch.Generator(device).manual_seed(0), device)")],
         loses=["reproducible"],
+        cause=r"do not come from `generator`",
     ),
     Mutant(
         name="one_coin_per_position_for_the_whole_batch",
@@ -212,6 +232,7 @@ MUTANTS = [
         edits=[("u = _uniform_open_closed((B, gamma), generator, device)",
                 "u = _uniform_open_closed((1, gamma), generator, device)")],
         loses=["distribution"],
+        cause=r"decided alike",
     ),
     Mutant(
         name="global_rng",
@@ -219,6 +240,7 @@ MUTANTS = [
         edits=[("return 1.0 - torch.rand(shape, generator=generator, device=device)",
                 "return 1.0 - torch.rand(shape, device=device)")],
         loses=["reproducible"],
+        cause=r"from `generator`",
     ),
     Mutant(
         name="residual_fallback_with_a_tolerance",
@@ -227,6 +249,7 @@ MUTANTS = [
         edits=[("residual = torch.where(mass > 0, residual, p_next)",
                 "residual = torch.where(mass > 1e-6, residual, p_next)")],
         loses=["coupling"],
+        cause=r"no tolerance",
     ),
     Mutant(
         name="one_coin_per_row_for_every_position",
@@ -235,6 +258,7 @@ MUTANTS = [
         edits=[("u = _uniform_open_closed((B, gamma), generator, device)",
                 "u = _uniform_open_closed((B, 1), generator, device).expand(B, gamma)")],
         loses=["distribution"],
+        cause=r"reused across positions",
     ),
     Mutant(
         name="greedy_ties_to_the_highest_id",
@@ -243,6 +267,7 @@ MUTANTS = [
         edits=[("best = target_probs.argmax(dim=-1)                                     # [B, gamma + 1]",
                 "best = target_probs.shape[-1] - 1 - target_probs.flip(-1).argmax(dim=-1)  # [B, gamma + 1]")],
         loses=["greedy"],
+        cause=r"LOWEST id",
     ),
     Mutant(
         name="greedy_no_bonus",
@@ -255,18 +280,21 @@ MUTANTS = [
                     "    return tokens, num_accepted"
                 ))],
         loses=["greedy_public", "greedy"],
+        cause=r"bonus is missing",
     ),
     Mutant(
         name="greedy_keeps_matches_after_a_mismatch",
         why="greedy: I kept every matching draft token, even after the first mismatch",
         edits=[("num_accepted = matches.long().cumprod(dim=1).sum(dim=1)", "num_accepted = matches.long().sum(dim=1)")],
         loses=["greedy_public", "greedy"],
+        cause=r"first mismatch ends the row",
     ),
     Mutant(
         name="expected_tokens_without_bonus",
         why="equation 1 without the bonus term: 1 + alpha + ... + alpha^(gamma - 1)",
         edits=[("    for _ in range(gamma):\n        term = term * alpha", "    for _ in range(gamma - 1):\n        term = term * alpha")],
         loses=["formulas_public", "formulas"],
+        cause=r"bonus",
     ),
     Mutant(
         name="speedup_ignores_draft_cost",
@@ -274,6 +302,7 @@ MUTANTS = [
         edits=[("return expected_tokens_per_step(alpha, gamma) / (gamma * draft_cost_ratio + 1)",
                 "return expected_tokens_per_step(alpha, gamma) / (draft_cost_ratio + 1)")],
         loses=["formulas_public", "formulas"],
+        cause=r"gamma \* c \+ 1",
     ),
     Mutant(
         name="speedup_closed_form",
@@ -281,6 +310,7 @@ MUTANTS = [
         edits=[("return expected_tokens_per_step(alpha, gamma) / (gamma * draft_cost_ratio + 1)",
                 "return (1 - alpha ** (gamma + 1)) / ((1 - alpha) * (gamma * draft_cost_ratio + 1))")],
         loses=["formulas"],
+        cause=r"divides 0 by 0 at alpha = 1",
     ),
     Mutant(
         name="closed_form_nan_at_one",
@@ -301,6 +331,7 @@ MUTANTS = [
             ),
         )],
         loses=["formulas_public", "formulas"],
+        cause=r"0/0|divides 0 by 0",
     ),
     Mutant(
         name="loop_drops_the_extra_token",
@@ -308,6 +339,7 @@ MUTANTS = [
         edits=[("length = torch.where(active, length + num_accepted + 1, length)",
                 "length = torch.where(active, length + num_accepted, length)")],
         loses=["generate_public", "reproducible", "generate"],
+        cause=r"num_accepted \+ 1",
     ),
     Mutant(
         name="lockstep_rows",
@@ -320,6 +352,7 @@ MUTANTS = [
                 "        length = torch.where(active, length + step, length)")],
         loses=["coupling"],
         keeps=CORRECTNESS + ["generate_public", "accept_public"],
+        cause=r"its own num_accepted \+ 1",
     ),
     Mutant(
         name="loop_stops_when_the_first_row_finishes",
@@ -328,6 +361,7 @@ MUTANTS = [
         edits=[("while int((length - P).min()) < max_new_tokens:", "while int((length - P).max()) < max_new_tokens:")],
         loses=["coupling", "generate"],
         keeps=["distribution", "accept_rules", "greedy", "formulas", "vectorised", "generate_public"],
+        cause=r"FEWEST new tokens",
     ),
     Mutant(
         name="loop_target_off_by_one",
@@ -335,12 +369,14 @@ MUTANTS = [
         edits=[("target_probs = p[rows[:, None], length[:, None] - 1 + steps]",
                 "target_probs = p[rows[:, None], (length[:, None] + steps).clamp(max=p.shape[1] - 1)]")],
         loses=["generate_public", "generate"],
+        cause=r"one position late|start at length - 1",
     ),
     Mutant(
         name="loop_forgets_to_write_drafts",
         why="my loop kept the draft tokens in a list but never wrote them into the sequence the models read",
         edits=[("            seq[rows, length + i] = x\n", "")],
         loses=["generate"],
+        cause=r"write draft i into the row",
     ),
     Mutant(
         name="loop_one_length_for_all_rows",
@@ -349,12 +385,14 @@ MUTANTS = [
                ("target_probs = p[rows[:, None], length[:, None] - 1 + steps]",
                 "target_probs = p[rows[:, None], length[0] - 1 + steps[None, :]]")],
         loses=["generate"],
+        cause=r"ITS own length",
     ),
     Mutant(
         name="loop_counts_draft_calls",
         why="I reported model calls of both models as target calls",
         edits=[("        target_calls += 1\n", "        target_calls += 1 + gamma\n")],
         loses=["generate_public", "generate"],
+        cause=r"reported \d+ target calls but the target model was called",
     ),
     Mutant(
         name="formulas_return_tensors_for_floats",
@@ -363,12 +401,14 @@ MUTANTS = [
                 "    alpha = torch.as_tensor(alpha, dtype=torch.float64)\n"
                 "    total = alpha * 0 + 1.0  # the k = 0 term, with alpha's type and shape\n")],
         loses=["formulas"],
+        cause=r"a float alpha gives a float",
     ),
     Mutant(
         name="acceptance_rate_sums_dim_2",
         why="I summed over dim 2 (the vocabulary of a [B, gamma, V] tensor), not over the last dim",
         edits=[("return torch.minimum(p, q).sum(dim=-1)", "return torch.minimum(p, q).sum(dim=2)")],
         loses=["formulas"],
+        cause=r"last dim|dim=-1",
     ),
     Mutant(
         name="greedy_argmax_in_float32",
@@ -376,6 +416,7 @@ MUTANTS = [
         edits=[("best = target_probs.argmax(dim=-1)                                     # [B, gamma + 1]",
                 "best = target_probs.float().argmax(dim=-1)                             # [B, gamma + 1]")],
         loses=["greedy"],
+        cause=r"float32",
     ),
     Mutant(
         name="gamma_zero_takes_the_argmax",
@@ -385,6 +426,7 @@ MUTANTS = [
                 "    if gamma == 0:\n"
                 "        return target_probs[:, 0].argmax(-1, keepdim=True), torch.zeros(B, dtype=torch.long, device=device)\n")],
         loses=["accept_rules"],
+        cause=r"not its argmax",
     ),
     Mutant(
         name="loop_one_draft_call_too_many",
@@ -394,11 +436,13 @@ MUTANTS = [
                 "        draft(seq[:, : int(length.max()) + gamma])\n"
                 "        # Verify: ONE call of the big model scores all gamma drafts and the position after them.\n")],
         loses=["generate"],
+        cause=r"exactly gamma draft calls",
     ),
     Mutant(
         name="generate_counts_calls_in_a_tensor",
         why="I counted the target calls in a tensor and returned it, not a Python int",
         edits=[("    target_calls = 0\n", "    target_calls = torch.zeros((), dtype=torch.long)\n")],
         loses=["generate"],
+        cause=r"as a Python int",
     ),
 ]

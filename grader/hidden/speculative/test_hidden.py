@@ -395,6 +395,13 @@ class NamedRuns:
             rng = torch.Generator().manual_seed((self.seed * 1_000_003 + zlib.crc32(kind.encode())) % 2**63)
             try:
                 self.done[kind] = NamedRun(self.student, self.sm, kind, rng)
+            except RuntimeError as exc:
+                # torch.multinomial refuses a NaN or inf row: say which case's rows made one
+                self.done[kind] = exc if "nan" not in str(exc) else AssertionError(
+                    f"[{kind}] speculative_accept raised RuntimeError: {str(exc).removeprefix('RuntimeError: ')}: "
+                    "a probability row you sampled from "
+                    f"held NaN or inf. In this case: {named_case(kind, torch.Generator().manual_seed(0), 1)[4]} "
+                    "(a sum of 0 divided by 0 is NaN)")
             except BaseException as exc:  # noqa: BLE001  (re-raised below, for every test that reads this run)
                 self.done[kind] = exc
         run = self.done[kind]
@@ -446,10 +453,12 @@ def check_layout(tokens, num_accepted, draft, vocab):
     if bad.any():
         b = int(bad.nonzero()[0])
         k = int(num_accepted[b])
+        bonus = (f" All {gamma} drafts were accepted, so the extra token is the bonus, drawn from target_probs[:, gamma]."
+                 if k == gamma and not bool(extra_ok[b]) else "")
         raise AssertionError(
             f"row {b}: num_accepted = {k} and tokens = {show(tokens[b])} for draft {show(draft[b])}. "
             f"Expected the first {k} draft tokens, then one token in [0, {vocab}), then -1 up to the end: "
-            "stop at the first rejection, emit exactly one extra token, and pad the rest with -1."
+            "stop at the first rejection, emit exactly one extra token, and pad the rest with -1." + bonus
         )
 
 
@@ -498,7 +507,14 @@ def test_acceptance_rate_over_the_last_dim_of_any_shape(sm, rng, shape):
     """Tensor[..., V] -> Tensor[...]: one vocabulary (a 0-d result) and four dims, in float32."""
     p = torch.softmax(torch.randn(shape, generator=rng) * 2, -1)
     q = torch.softmax(torch.randn(shape, generator=rng) * 2, -1)
-    got = sm.acceptance_rate(p, q)
+    try:
+        got = sm.acceptance_rate(p, q)
+    except IndexError as exc:
+        raise AssertionError(
+            f"acceptance_rate of two {show(shape)} tensors raised IndexError "
+            f"({str(exc).removeprefix('IndexError: ')}): the sum runs over the LAST dim "
+            "(dim=-1), whatever the number of leading dims, not over a fixed dim"
+        ) from None
     assert isinstance(got, torch.Tensor) and tuple(got.shape) == shape[:-1], (
         f"acceptance_rate of two {show(shape)} tensors: expected a tensor of shape {show(shape[:-1])} (the sum runs over "
         f"the LAST dim, whatever the leading dims), found {described(got)}"
@@ -523,7 +539,10 @@ def test_expected_tokens_per_step_on_floats(sm, gamma):
             atol=0.0,
             rtol=1e-9 if alpha < 0.9999 else 1e-5,
             what=f"expected_tokens_per_step({alpha}, {gamma})",
-            hint="It is (1 - alpha^(gamma+1)) / (1 - alpha)",
+            hint="It is (1 - alpha^(gamma+1)) / (1 - alpha)" + (
+                f"; yours is 1 + alpha + ... + alpha^(gamma - 1) = {want - alpha ** gamma:.12g}, the sum without the "
+                "bonus term alpha^gamma (all gamma drafts accepted, plus the bonus token)"
+                if gamma > 0 and abs(got - (want - alpha ** gamma)) <= 1e-9 * max(1.0, abs(want)) else ""),
         )
     at_one = sm.expected_tokens_per_step(1.0, gamma)
     assert float(at_one) == gamma + 1, (
@@ -565,7 +584,15 @@ def test_expected_tokens_per_step_elementwise_and_near_one(sm, rng):
 @pytest.mark.check("formulas")
 def test_expected_speedup(sm, rng):
     for alpha, gamma, c in [(0.8, 4, 0.05), (0.6, 3, 0.0), (0.5, 7, 0.2), (1.0, 2, 0.1), (0.0, 3, 0.01)]:
-        value = sm.expected_speedup(alpha, gamma, c)
+        try:
+            value = sm.expected_speedup(alpha, gamma, c)
+        except ZeroDivisionError as exc:
+            raise AssertionError(
+                f"expected_speedup({alpha}, {gamma}, {c}) raised ZeroDivisionError "
+                f"({str(exc).removeprefix('ZeroDivisionError: ')}): the closed form "
+                "(1 - alpha^(gamma+1)) / (1 - alpha) divides 0 by 0 at alpha = 1, where the limit is gamma + 1 tokens "
+                "per step: sum alpha^0 + ... + alpha^gamma instead (expected_tokens_per_step), then divide by gamma * c + 1"
+            ) from None
         assert isinstance(value, float), (
             f"expected_speedup({alpha}, {gamma}, {c}): a float alpha gives a float, found {described(value)}"
         )
@@ -607,19 +634,85 @@ def test_expected_speedup(sm, rng):
 
 @pytest.mark.check("distribution")
 @pytest.mark.parametrize("kind", NAMED)
-def test_each_position_is_distributed_as_the_target(named, kind):
+def test_each_position_is_distributed_as_the_target(named, sm, kind):
     """Among the rows that emit position i, its token follows p_i (the bonus at i = gamma included): what any
-    exact sampler of the target gives, speculative or not. Power: see the module docstring (ALARM_MARGINALS)."""
+    exact sampler of the target gives, speculative or not. Power: see the module docstring (ALARM_MARGINALS).
+    A failure says which step of the rule the same rows broke (`which_step_is_off`)."""
     run = named.get(kind)
     for i in range(GAMMA + 1):
-        assert_counts(
-            run.marginal[i],
-            run.p[i],
-            f"[{kind}] position {i} (the {'bonus' if i == GAMMA else 'emitted'} token, {int(run.marginal[i].sum())} rows "
-            "emitted it)",
-            run.hint,
-            false_alarm=ALARM_MARGINALS / (len(NAMED) * (GAMMA + 1)),
-        )
+        try:
+            assert_counts(
+                run.marginal[i],
+                run.p[i],
+                f"[{kind}] position {i} (the {'bonus' if i == GAMMA else 'emitted'} token, {int(run.marginal[i].sum())} rows "
+                "emitted it)",
+                run.hint,
+                false_alarm=ALARM_MARGINALS / (len(NAMED) * (GAMMA + 1)),
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc} {which_step_is_off(sm, run)}") from None
+
+
+def which_step_is_off(sm, run) -> str:
+    """The step of the rule the rows broke, for a failed marginal: first whether a row stops at its first rejection
+    (a second call whose answer is certain: position 0's draft has p = 0, position 1's has p = q = 1), then, on the
+    run's own rows, the keep rate of each drafted token against min(1, p/q), then the law of the token drawn after
+    a rejection against norm(max(0, p - q)). Each bound at FALSE_ALARM per cell; '' when none of them is off."""
+    draft = torch.tensor([[0, 1]]).expand(64, 2)
+    q = torch.nn.functional.one_hot(draft, 4).double()
+    p = torch.tensor([[0.0, 0.5, 0.25, 0.25], [0.0, 1.0, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25]]).double().expand(64, 3, 4)
+    try:
+        _, num_accepted = sm.speculative_accept(draft, q.contiguous(), p.contiguous(), torch.Generator().manual_seed(0))
+    except Exception:  # noqa: BLE001  (the failed marginal is the verdict; this call only explains it)
+        num_accepted = None
+    if isinstance(num_accepted, torch.Tensor) and tuple(num_accepted.shape) == (64,) and bool((num_accepted > 0).any()):
+        return (f"The step that is off: a second call, gamma = 2, where position 0's draft token has p = 0 (always "
+                f"rejected) and position 1's has p = q = 1 (always kept), returned num_accepted = "
+                f"{int(num_accepted.max())} in {int((num_accepted > 0).sum())} of 64 rows: you counted draft tokens "
+                "after the first rejection. A row stops at its first rejection: num_accepted counts the LEADING "
+                "accepted drafts (a cumprod along the positions, then a sum).")
+    def matches(m: int, k: int, a: float) -> bool:
+        half = 0.0 if a in (0.0, 1.0) else bernstein_halfwidth(m, a, FALSE_ALARM)
+        return abs(k - m * a) <= half
+
+    position_0_right = True
+    for i in range(GAMMA):
+        for t in range(V):
+            m, k = int(run.reached[i, t]), int(run.kept[i, t])
+            pt, qt = float(run.p[i, t]), float(run.q[i, t])
+            a = keep_probability(pt, qt)
+            if m == 0 or matches(m, k, a):
+                continue
+            if i == 0:
+                position_0_right = False
+            why = ""
+            if matches(m, k, keep_probability(qt, pt)):
+                why = (f"; that is min(1, q/p) = {keep_probability(qt, pt):.4f}: p is the target (target_probs), "
+                       "q the draft (draft_probs)")
+            elif matches(m, k, keep_probability(float(run.p[i + 1, t]), qt)):
+                why = (f"; that is min(1, p_{i + 1}(x)/q_{i}(x)): draft token i is scored with target row i "
+                       f"(target_probs[:, i]), not row i + 1")
+            elif m >= 100 and 0.0 < a < 1.0 and k in (0, m):
+                why = ("; every one of those rows decided alike, which independent coins do not do: is one u shared "
+                       "by the rows?")
+            elif position_0_right and i > 0 and k > m * a:
+                why = (f"; position 0 follows the rule, but rows that reached position {i} keep more often: their coins "
+                       "were small to get there, so are a row's coins reused across positions?")
+            return (f"The step that is off, in the same rows: at position {i}, draft token {t} was kept in {k} of "
+                    f"the {m} rows that reached it ({k / m:.4f}), where the rule keeps it with probability "
+                    f"min(1, p/q) = min(1, {pt:.4g}/{qt:.4g}) = {a:.4f}{why}{'' if why.endswith('?') else '.'} "
+                    "The acceptance test: keep x when "
+                    "u <= p(x)/q(x), p the target's row i, q the draft's, one fresh u per row and position.")
+    for i in range(GAMMA):
+        want = residual_of(run.p[i], run.q[i])
+        try:
+            assert_counts(run.after_reject[i], want, f"position {i}", "", false_alarm=FALSE_ALARM)
+        except AssertionError as exc:
+            return (f"The step that is off, in the same rows: the token drawn after a rejection at position {i} "
+                    f"({str(exc).removeprefix(f'position {i}: ').strip().rstrip('.')}) does not follow the residual "
+                    "norm(max(0, p_i - q_i)) (p_i where that is all zeros): sample it from the residual, not from "
+                    "p_i or q_i.")
+    return ""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -812,8 +905,11 @@ def test_the_empty_residual_fallback_is_per_row(sm, rng):
         f"row {int(bad.nonzero()[0])} has an empty residual (p == q) and emitted a token with p = 0: sample that row from p"
     )
     rejected = ~empty & (num_accepted == 0)
-    assert bool(rejected.any()) and bool((~empty & (num_accepted > 0)).any()), (
-        "the draft's token has p = 1/2 in the other rows: about half of them should keep it and half reject it"
+    kept_normal, normal = int((~empty & (num_accepted > 0)).sum()), int((~empty).sum())
+    assert bool(rejected.any()) and kept_normal > 0, (
+        f"in the {normal} rows whose draft is sure of token a (q(a) = 1) and whose target gives it p(a) = 1/2, "
+        f"{kept_normal} kept it: the acceptance test keeps x when u <= p(x)/q(x), here with probability "
+        "min(1, p(a)/q(a)) = 1/2, so about half of them keep it and half reject it"
     )
     leak = rejected & (tokens[:, 0] == token)
     assert not leak.any(), (
@@ -932,10 +1028,26 @@ def test_greedy_tables_from_vllm(sm, case):
     assert tokens.tolist() == expected, (
         f"draft {draft} against target argmax {best}: expected {expected}, found {show(tokens)}. "
         "Keep draft tokens while they equal the argmax; at the first mismatch emit the argmax and stop (-1 after); "
-        "if all match, add the argmax of the last position"
+        "if all match, add the argmax of the last position" + greedy_table_hint(draft, best, tokens.tolist())
     )
     want_n = [sum(1 for t in row if t != -1) - 1 for row in expected]
     assert num_accepted.tolist() == want_n, f"num_accepted should be {want_n}, found {show(num_accepted)}"
+
+
+def greedy_table_hint(draft: list, best: list, found: list) -> str:
+    """The rule a wrong row of a greedy table breaks: a missing bonus (every draft matched, the last position holds
+    -1), or draft tokens kept after the first mismatch."""
+    for d, b, f in zip(draft, best, found):
+        gamma = len(d)
+        if d == b[:gamma] and f[:gamma] == d and f[gamma] == -1:
+            return (f". Draft {d} matches the argmax everywhere, and the bonus is missing: when every draft token "
+                    f"matches, emit the argmax of the last position ({b[gamma]}) after them")
+        miss = next((i for i in range(gamma) if d[i] != b[i]), None)
+        if miss is not None and f[miss] == d[miss]:
+            return (f". Draft {d} first differs from the argmax at position {miss}, and you kept draft token "
+                    f"{d[miss]} there: the first mismatch ends the row (emit the argmax {b[miss]}, then -1), even if "
+                    "later draft tokens match again")
+    return ""
 
 
 @pytest.mark.check("greedy")
@@ -1660,16 +1772,68 @@ def test_whole_sequences_are_distributed_as_the_target(student, sm, rng):
             counts[j] += torch.bincount(codes[j * per_call : (j + 1) * per_call], minlength=vocab**max_new)
     sequences = list(itertools.product(range(vocab), repeat=max_new))
     for j, pre in enumerate(prefixes):
-        assert_counts(
-            counts[j],
-            tables[j],
-            f"after prefix {pre}, {max_new} new tokens",
-            "Whole sequences must follow the target's chain rule. Check that the drafts are written into "
-            "the sequence the models read, that draft i reads the draft at position length - 1 + i of ITS "
-            "row, that the target's gamma + 1 rows start at length - 1, and that each row advances by "
-            "its own num_accepted + 1.",
-            name=lambda k: f"the sequence {show(sequences[k])}",
-        )
+        try:
+            assert_counts(
+                counts[j],
+                tables[j],
+                f"after prefix {pre}, {max_new} new tokens",
+                "Whole sequences must follow the target's chain rule. Check that the drafts are written into "
+                "the sequence the models read, that draft i reads the draft at position length - 1 + i of ITS "
+                "row, that the target's gamma + 1 rows start at length - 1, and that each row advances by "
+                "its own num_accepted + 1.",
+                name=lambda k: f"the sequence {show(sequences[k])}",
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc} {where_the_loop_reads_wrong(student, sm, rng, gamma)}") from None
+
+
+def where_the_loop_reads_wrong(student, sm, rng, gamma: int) -> str:
+    """For a failed whole-sequence law: runs whose every next token is certain (one-hot bigram models,
+    rows_of_their_own), whose right output is the target's chain from each row's last prefix token. First one row at
+    a time (a first new token one step ahead of the chain: the target's rows read one position late; another
+    departure: the models did not read the drafts), then the whole batch (rows right alone but wrong together:
+    a row read at another row's length). '' when every run follows the chain."""
+    target, draft, prefix, target_next, _, _ = rows_of_their_own(gamma, rng)
+    max_new = 3 * (gamma + 1)
+
+    def departure(rows: torch.Tensor):
+        result = student.drive(DRIVER, sm.speculative_generate, target, draft, prefix[rows], gamma, max_new, 0)
+        tokens = result["tokens"][0]
+        if not (isinstance(tokens, torch.Tensor) and tuple(tokens.shape) == (len(rows), max_new)):
+            return None
+        for b, row in enumerate(tokens.tolist()):
+            at, want = int(prefix[rows[b], -1]), []
+            for _ in range(max_new):
+                at = target_next[at]
+                want.append(at)
+            j = next((j for j in range(max_new) if row[j] != want[j]), None)
+            if j is not None:
+                return int(rows[b]), j, row, want
+        return None
+
+    for b in range(min(len(prefix), 4)):
+        found = departure(torch.tensor([b]))
+        if found is None:
+            continue
+        _, j, row, want = found
+        last = int(prefix[b, -1])
+        if j == 0 and row[0] == target_next[want[0]]:
+            return (f"Where your loop goes wrong: one row, one-hot target and draft (every next token certain), prefix "
+                    f"ending in {last}: the target puts all its mass on {want[0]} next, yet your first new token is "
+                    f"{row[0]}, the token AFTER it. The target's rows were read one position late: the gamma + 1 rows "
+                    "that score draft i (and the bonus) start at length - 1, the prefix's last position.")
+        return (f"Where your loop goes wrong: one row, one-hot target and draft (every next token certain), prefix "
+                f"ending in {last}: new token {j} is {row[j]}, where the target's chain gives {want[j]} "
+                f"(expected {show(want)}, found {show(row)}). The models did not read the sequence so far: write "
+                "draft i into the row at length + i before the next draft call and before the target call reads it.")
+    found = departure(torch.arange(len(prefix)))
+    if found is not None:
+        b, j, row, want = found
+        return (f"Where your loop goes wrong: one-hot models (every next token certain); each row alone follows the "
+                f"target's chain, but in a batch of {len(prefix)} rows that keep different numbers of drafts, row {b}'s "
+                f"new token {j} is {row[j]} where its chain gives {want[j]}: read each row at ITS own length "
+                "(position length[b] - 1 + i for draft i), not at another row's.")
+    return ""
 
 
 # The tokens-per-call test's power, measured with calls_distribution (exact): at alpha in 0.4..0.9 its band
@@ -1768,6 +1932,10 @@ def test_each_row_advances_by_its_own_count(student, sm, rng, gamma):
     trap = [n for n, last in zip(own, lasts) if last not in fast_tokens]
     seen = "that is what advancing every row by the batch's smallest num_accepted + 1 gives" if found == together else (
         f"advancing every row by the batch's smallest num_accepted + 1 would take {together}")
+    if found < want:
+        seen += (f"; fewer calls than the slowest row needs, so the loop stopped while some rows still had fewer than "
+                 f"{max_new} new tokens: run it while the row with the FEWEST new tokens still needs some (the min "
+                 "over rows), not until the fastest row is done")
     assert found == want, (
         f"B = {B} rows, gamma = {gamma}, {max_new} new tokens, one-hot target and draft (nothing random): rows whose "
         f"draft equals the target keep every draft and emit gamma + 1 = {gamma + 1} tokens per call, rows that "
