@@ -242,7 +242,10 @@ def test_generate_shapes_and_calls_when_draft_equals_target(student, sm):
     late = ""
     if result["target_calls"][0] != 3:  # one row of one-hot models: every next token certain (0 -> 1 -> 2 -> ...)
         cycle = torch.eye(5)[(torch.arange(5) + 1) % 5]
-        probe = student.drive(DRIVER, sm.speculative_generate, cycle, cycle, torch.tensor([[0]]), 3, 4, 5)["tokens"][0]
+        try:
+            probe = student.drive(DRIVER, sm.speculative_generate, cycle, cycle, torch.tensor([[0]]), 3, 4, 5)["tokens"][0]
+        except Exception:  # noqa: BLE001  (the call count is the verdict; this run only explains it)
+            probe = None
         if isinstance(probe, torch.Tensor) and probe.dim() == 2 and probe.shape[1] >= 1 and int(probe[0, 0]) == 2:
             late = (". A second run, one row, where both models put all their mass on t + 1 after t, prefix [0]: your "
                     "first new token is 2, not 1: the target's rows were read one position late. The gamma + 1 rows "
