@@ -109,8 +109,11 @@ def test_p_equal_q_accepts_everything_and_adds_the_bonus(sm):
     hint = ""
     if num_accepted.tolist() != [2, 2, 2, 2]:  # two more calls: is draft token i scored with target row i?
         one = torch.tensor([[[1.0, 0.0, 0.0]]])
-        _, n = sm.speculative_accept(torch.tensor([[0]]), one, torch.tensor([[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]]), gen(5))
-        _, both = sm.speculative_accept(torch.tensor([[0]]), one, torch.tensor([[[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]]), gen(6))
+        try:
+            _, n = sm.speculative_accept(torch.tensor([[0]]), one, torch.tensor([[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]]), gen(5))
+            _, both = sm.speculative_accept(torch.tensor([[0]]), one, torch.tensor([[[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]]), gen(6))
+        except Exception:  # noqa: BLE001  (the count above is the verdict; these calls only explain it)
+            n = both = None
         if isinstance(n, torch.Tensor) and n.tolist() == [0] and isinstance(both, torch.Tensor) and both.tolist() == [1]:
             hint = (". Two more calls, gamma = 1, where target row 0 and the draft are both sure of token 0: yours "
                     "rejected it where target row 1 gives it 0 and kept it where row 1 is sure of it too: score draft "
