@@ -675,6 +675,12 @@ def which_step_is_off(sm, run) -> str:
         half = 0.0 if a in (0.0, 1.0) else bernstein_halfwidth(m, a, FALSE_ALARM)
         return abs(k - m * a) <= half
 
+    def every_cell_follows(law) -> bool:  # a whole other rule, told apart only when all the rows fit it
+        return all(matches(int(run.reached[i, t]), int(run.kept[i, t]), law(i, t))
+                   for i in range(GAMMA) for t in range(V) if int(run.reached[i, t]) > 0)
+
+    swapped = every_cell_follows(lambda i, t: keep_probability(float(run.q[i, t]), float(run.p[i, t])))
+    shifted = every_cell_follows(lambda i, t: keep_probability(float(run.p[i + 1, t]), float(run.q[i, t])))
     position_0_right = True
     for i in range(GAMMA):
         for t in range(V):
@@ -686,12 +692,12 @@ def which_step_is_off(sm, run) -> str:
             if i == 0:
                 position_0_right = False
             why = ""
-            if matches(m, k, keep_probability(qt, pt)):
-                why = (f"; that is min(1, q/p) = {keep_probability(qt, pt):.4f}: p is the target (target_probs), "
-                       "q the draft (draft_probs)")
-            elif matches(m, k, keep_probability(float(run.p[i + 1, t]), qt)):
-                why = (f"; that is min(1, p_{i + 1}(x)/q_{i}(x)): draft token i is scored with target row i "
-                       f"(target_probs[:, i]), not row i + 1")
+            if swapped and not shifted:
+                why = (f"; that is min(1, q/p) = {keep_probability(qt, pt):.4f}, and every drafted token's keep rate "
+                       "fits min(1, q/p): p is the target (target_probs), q the draft (draft_probs)")
+            elif shifted and not swapped:
+                why = (f"; that is min(1, p_{i + 1}(x)/q_{i}(x)), and every drafted token's keep rate fits that "
+                       "shifted rule: draft token i is scored with target row i (target_probs[:, i]), not row i + 1")
             elif m >= 100 and 0.0 < a < 1.0 and k in (0, m):
                 why = ("; every one of those rows decided alike, which independent coins do not do: is one u shared "
                        "by the rows?")
