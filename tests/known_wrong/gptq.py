@@ -49,6 +49,7 @@ MUTANTS = [
         name="rows_of_the_plain_inverse",
         why="I used the rows of H^-1 itself as the update, without the Cholesky factor that accounts for the columns already done",
         edits=[(_CHOLESKY, "U = torch.cholesky_inverse(torch.linalg.cholesky(H))")],
+        cause=r"H\^-1 itself",
         loses=["gptq_public", "obq_oracle", "diagonal", "block_invariance", "damping_dead", "act_order", "quality",
                "lazy_batch"],
     ),
@@ -146,24 +147,28 @@ MUTANTS = [
         name="act_order_not_restored",
         why="I processed the columns in act-order but returned Q in that processing order",
         edits=[("        Q = Q[:, torch.argsort(perm)]", "        pass")],
+        cause=r"Q\[:, argsort\(perm\)\]",
         loses=["diagonal", "damping_dead", "act_order"],
     ),
     Mutant(
         name="act_order_ascending",
         why="I sorted diag(H) ascending: the least important columns first",
         edits=[("descending=True, stable=True", "descending=False, stable=True")],
+        cause=r"ASCENDING diag\(H\)",
         loses=["damping_dead", "act_order"],
     ),
     Mutant(
         name="static_group_of_the_position",
         why="With act_order and static groups I used the group of the processing position, not of the original column",
         edits=[("group_of = (perm // gs).tolist()", "group_of = (torch.arange(cols) // gs).tolist()")],
+        cause=r"group of its PROCESSING position",
         loses=["diagonal", "damping_dead", "act_order"],
     ),
     Mutant(
         name="group_fit_from_stale_weights",
         why="I fit each group from W, which still misses the updates made earlier in the same block (as the reference implementation does)",
         edits=[("current = W1[:, i : end - i1] if end <= i2 else W[:, col:end]", "current = W[:, col:end]")],
+        cause=r"same block",
         loses=["obq_oracle", "block_invariance"],
     ),
     Mutant(
@@ -185,6 +190,7 @@ MUTANTS = [
         name="hessian_not_rescaled",
         why="I added 2/(n + m) x^T x for each batch without rescaling the mean of the earlier batches",
         edits=[("    H.mul_(n / (n + m))\n", "")],
+        cause=r"rescal",
         loses=["hessian_public", "hessian"],
     ),
     Mutant(
@@ -257,6 +263,7 @@ MUTANTS = [
                 "    if grouped and static_groups and act_order:  # every group's grid"),
                ("            if grouped and not static_groups and col % gs == 0:",
                 "            if grouped and not (static_groups and act_order) and col % gs == 0:")],
+        cause=r"with or without act_order",
         loses=["obq_oracle"],
     ),
     Mutant(
@@ -265,6 +272,7 @@ MUTANTS = [
             "in reverse order (not a stable descending sort)",
         edits=[("perm = torch.sort(torch.diag(H), descending=True, stable=True).indices",
                 "perm = torch.sort(torch.diag(H), stable=True).indices.flip(0)")],
+        cause=r"stable descending sort",
         loses=["act_order"],
     ),
     # Contract clauses drawn since issue 36 (the table at the head of grader/hidden/gptq/test_hidden.py).

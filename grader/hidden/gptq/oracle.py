@@ -108,6 +108,9 @@ def obq64(
     static_groups=False,
     follow=None,
     reinvert=True,
+    sort="descending",
+    stale_block=0,
+    plain_inverse=False,
 ) -> Oracle:
     """The textbook loop: re-invert the remaining columns' Hessian after every column (or, with
     reinvert=False, for large layers, remove the column from the inverse by the OBS update
@@ -117,7 +120,14 @@ def obq64(
     points of groups fit from updated weights. With `follow` (a QuantResult of the code under test) the
     loop takes that code's side at each of its own ties, wherever the code took one of the two sides:
     the path that code followed, so that its rows after a tie, its grids and its loss can be compared
-    with it. Nowhere else does `follow` count."""
+    with it. Nowhere else does `follow` count.
+
+    Three options run a known mistake instead, so that a message can name it from a Q that equals its loop:
+    `sort="ascending"` (act-order by ascending diag(H)) or `"flipped"` (an ascending stable sort reversed:
+    equal diagonals in reverse index order); `stale_block=B` (dynamic groups fit from the weights as they
+    stood at the start of their block of B columns, missing the updates made earlier in the same block);
+    `plain_inverse` (row t of the full, damped H^-1 as column t's feedback, never updated for the columns
+    already done)."""
     W, H = W.double().clone(), H.double().clone()
     rows, cols = W.shape
     maxq = 2**bits - 1
@@ -129,6 +139,9 @@ def obq64(
     order = list(range(cols))
     if act_order:
         order = sorted(range(cols), key=lambda i: -float(H[i, i]))  # Python's sort is stable
+        if sort != "descending":  # a known mistake (above)
+            order = sorted(range(cols), key=lambda i: float(H[i, i]))
+            order = order[::-1] if sort == "flipped" else order
     H = H + percdamp * float(torch.diagonal(H).mean()) * torch.eye(cols, dtype=torch.float64)
     kappa = float(torch.linalg.cond(H))
     grids, slack = {}, {}
@@ -144,10 +157,13 @@ def obq64(
     noise = EPS32 * W.abs()  # the running bound of float32's error in each weight
     loss, loss_of_zero = 0.0, 0.0
     Hinv = torch.linalg.inv(H)
+    full_inverse, start = Hinv, W
     for t, j in enumerate(order):
         g = j // gs
+        if stale_block and t % stale_block == 0:
+            start = W.clone()  # the weights as the block starts
         if group_size > 0 and not static_groups and j % gs == 0:  # (dynamic groups: natural order, t == j)
-            group = W[:, t : t + gs]
+            group = (start if stale_block else W)[:, t : t + gs]
             scale, zero = fit_rule(group, bits, sym)  # from the weights as updated so far
             spread = NOISE_K * noise[:, t : t + gs].amax(1)  # how far float32 may have moved its extremes
             slack[g] = 2 * spread / maxq
@@ -174,7 +190,9 @@ def obq64(
             theirs = scale * torch.round(follow.Q[:, j].double() / follow.scale[:, g].double())
             for side in (below, above):
                 q = torch.where(tied & ~mismatches(theirs, side, atol=0.25 * (above - below).abs()), side, q)
-        if reinvert and t:
+        if plain_inverse:
+            Hinv = full_inverse[t:, t:]
+        elif reinvert and t:
             Hinv = torch.linalg.inv(H[t:, t:])  # the Hessian of the columns still to be quantised
         Q[:, t] = q
         d2 = Hinv[0, 0]
@@ -184,7 +202,7 @@ def obq64(
         update = ((w - q) / d2)[:, None] * Hinv[0][None, :]
         W[:, t:] -= update
         noise[:, t:] += err_noise[:, None] * (Hinv[0].abs() / d2)[None, :] + EPS32 * (1 + kappa) * update.abs()
-        if not reinvert:
+        if not reinvert and not plain_inverse:
             Hinv = torch.addr(Hinv[1:, 1:], Hinv[1:, 0], Hinv[0, 1:], alpha=-1 / float(Hinv[0, 0]))
     back = torch.argsort(torch.tensor(order))  # to the original column order
     Q, ties = Q[:, back], ties[:, back]

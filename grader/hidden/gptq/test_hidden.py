@@ -68,6 +68,7 @@ from grader import rehearsal, speed
 from grader.hidden.gptq.oracle import (
     Oracle,
     fit_rule,
+    q_rule,
     naive_grid,
     naive_quantize,
     obq64,
@@ -220,7 +221,80 @@ def assert_grid_matches(res, scale, zero, what: str, slack=0.0) -> None:
     )
 
 
-def assert_matches_oracle(
+def assert_matches_oracle(res, W, H, what: str, **params) -> Oracle:
+    """`check_against_oracle`, and where it fails, the known mistake of the contract's order or groups that the
+    code's Q (and grids) equal, if one does (`order_mistake`), named after the failure."""
+    try:
+        return check_against_oracle(res, W, H, what, **params)
+    except AssertionError as exc:
+        told = str(exc).split("\nassert ")[0]
+        seen = order_mistake(res, W, H, **params)
+        if seen is None:
+            raise
+        raise AssertionError(f"{told}. {seen}") from None
+
+
+def follows(res, alt: Oracle, g_idx: torch.Tensor) -> bool:
+    """Whether res's Q equals the loop `alt`'s, up to alt's own rounding ties (a row may differ from one on)."""
+    step = alt.scale[:, g_idx]
+    if tuple(res.Q.shape) != tuple(alt.Q.shape) or tuple(res.scale.shape) != tuple(alt.scale.shape):
+        return False
+    bad = mismatches(on_grid(res, step), alt.Q, atol=1e-3 * step.double() + 1e-6)
+    pos = torch.tensor(alt.order)
+    after_tie = alt.ties[:, pos].int().cummax(1).values.bool()[:, torch.argsort(pos)]
+    return not bool((bad & ~after_tie).any())
+
+
+def order_mistake(
+    res,
+    W,
+    H,
+    *,
+    bits: int,
+    group_size: int = -1,
+    sym: bool = False,
+    act_order: bool = False,
+    static_groups: bool = False,
+    percdamp: float = 0.01,
+    **_,
+) -> str | None:
+    """What a Q that differs from the textbook loop's shows about the processing order or the static groups, from
+    the test's own loop run with that mistake (obq64's options): act-order by ascending diag(H), or with equal
+    diagonals in reverse index order; static groups fit dynamically. None if it equals none of them."""
+    params = dict(bits=bits, group_size=group_size, sym=sym, percdamp=percdamp, reinvert=W.shape[1] <= 128)
+    gs = group_size if group_size > 0 else W.shape[1]
+    g_idx = torch.arange(W.shape[1]) // gs
+    try:
+        if not isinstance(res.Q, torch.Tensor) or not isinstance(res.scale, torch.Tensor):
+            return None
+        right = obq64(W, H, **params, act_order=act_order, static_groups=static_groups)
+        if act_order:
+            for sort, name in (
+                ("ascending", "processed by ASCENDING diag(H): act_order takes the LARGEST diag(H) first (descending)"),
+                (
+                    "flipped",
+                    "equal diag(H) processed in reverse index order: act_order needs a stable descending sort "
+                    "(torch.sort(diag(H), descending=True, stable=True)); reversing an ascending sort puts ties "
+                    "the wrong way round",
+                ),
+            ):
+                alt = obq64(W, H, **params, act_order=True, static_groups=static_groups, sort=sort)
+                if alt.order != right.order and follows(res, alt, g_idx):
+                    return f"Your Q is exactly the textbook loop's with the columns {name}"
+        elif group_size > 0 and static_groups:
+            alt = obq64(W, H, **params)
+            if not torch.equal(alt.scale, right.scale) and follows(res, alt, g_idx):
+                return (
+                    "Your Q and grids are the ones DYNAMIC groups give (each group fit when the loop reaches it, from its "
+                    "weights as updated so far): with static_groups=True every group's grid is fit from the original "
+                    "W (dead columns zeroed) before any update, with or without act_order"
+                )
+    except (RuntimeError, ValueError, IndexError, TypeError):
+        return None
+    return None
+
+
+def check_against_oracle(
     res,
     W,
     H,
@@ -509,10 +583,21 @@ def test_generated_grids_with_ties(gq, rng):
 # hessian
 
 
-def hessian_hint(H, want: torch.Tensor) -> str:
-    """What usually makes H differ from 2/n X^T X (n right, as the tests check first): a scale (the mean
-    over calls, or earlier batches not rescaled), or precision (the product taken in fp16)."""
+def hessian_hint(H, want: torch.Tensor, unrescaled: torch.Tensor | None = None) -> str:
+    """What usually makes H differ from 2/n X^T X (n right, as the tests check first): earlier batches not
+    rescaled (`unrescaled`: the sum of 2 / (n + m) x^T x over the batches, each added as it came), a scale (the
+    mean over calls), or precision (the product taken in fp16)."""
     got = H.double()
+    if (
+        unrescaled is not None
+        and not is_close(unrescaled, want, atol=0.0, rtol=1e-3)
+        and is_close(got, unrescaled, atol=1e-4, rtol=1e-5)
+    ):
+        return (
+            "H is exactly what adding 2 / (n + m) x^T x for each batch gives WITHOUT rescaling the earlier batches: "
+            "H holds the mean over the n rows seen so far, so before adding a batch of m rows rescale H by "
+            "n / (n + m), then add 2 / (n + m) x^T x"
+        )
     ratio = float((got * want).sum() / (want * want).sum())
     if is_close(got, ratio * want, atol=0.0, rtol=1e-4) and not is_close(ratio, 1.0, atol=1e-3):
         return (
@@ -550,6 +635,12 @@ def test_hessian_streams_random_batches(gq, rng):
         H, n = gq.accumulate_hessian(H, n, X[start : start + m])
         start += m
     want = 2 / len(X) * X.double().T @ X.double()
+    unrescaled, seen, start = torch.zeros(cols, cols, dtype=torch.float64), 0, 0
+    for m in sizes:  # each batch added as 2 / (n + m) x^T x, the earlier ones never rescaled: a known mistake
+        x = X[start : start + m].double()
+        seen, start = seen + m, start + m
+        if m:
+            unrescaled += 2 / seen * x.T @ x
     assert_counts_rows(n, len(X), f"after batches of {sizes} rows")
     assert_close(
         H,
@@ -557,7 +648,7 @@ def test_hessian_streams_random_batches(gq, rng):
         atol=1e-4,
         rtol=1e-5,
         what=f"H after batches of {sizes} rows, against 2/n X^T X",
-        hint=lambda _: hessian_hint(H, want),
+        hint=lambda _: hessian_hint(H, want, unrescaled),
     )
 
 
@@ -696,7 +787,9 @@ def test_matches_the_textbook_loop(gq, rng, rows, cols, bits, group_size, block_
 
 def loop_mistake(res, W, H, *, bits: int, group_size: int, sym: bool, block_size: int) -> str | None:
     """What a Q that differs from the textbook loop's (natural column order) shows, from its values: the Q of
-    damping by percdamp itself, or errors that start only after the first block. None if nothing."""
+    the rows of the plain inverse as the feedback, of groups fit from the weights as their block began, of
+    damping by percdamp itself (each the test's own loop run with that mistake), or errors that start only
+    after the first block. None if nothing."""
     params = dict(bits=bits, group_size=group_size, sym=sym)
     oracle = obq64(W, H, **params)
     gs = group_size if group_size > 0 else W.shape[1]
@@ -708,6 +801,22 @@ def loop_mistake(res, W, H, *, bits: int, group_size: int, sym: bool, block_size
             "feedback into column j > i is err * U[i, j], with U the UPPER Cholesky factor of H^-1 (the lower factor "
             "holds nothing right of the diagonal)"
         )
+    plain = obq64(W, H, **params, plain_inverse=True)
+    if differing_rows(plain.Q, oracle.Q, oracle.scale[:, g_idx]) and follows(res, plain, g_idx):
+        return (
+            "Your Q is exactly the loop's with row i of H^-1 itself as column i's feedback (err = (w - q) / H^-1[i, i], "
+            "then err * H^-1[i, i:]): the rows of the plain inverse do not account for the columns already quantised. "
+            "Use row i of U, the upper Cholesky factor of H^-1: err = (w - q) / U[i, i], then err * U[i, i:]"
+        )
+    if group_size > 0 and block_size > 1:
+        stale = obq64(W, H, **params, stale_block=block_size)
+        if differing_rows(stale.Q, oracle.Q, oracle.scale[:, g_idx]) and follows(res, stale, g_idx):
+            return (
+                f"Your Q is exactly the loop's with each group's grid fit from its weights as they stood when its block "
+                f"(block_size {block_size}) began: the updates made by the earlier columns of the same block are "
+                "missing. Inside a block the current weights are in the block's working copy (W1), not in W: fit a "
+                "group that starts inside the block from W1"
+            )
     absolute = obq64(W, H, **params, percdamp=0.01 / float(torch.diagonal(H).double().mean()))
     if not torch.equal(absolute.Q, oracle.Q) and not differing_rows(
         on_grid(res, absolute.scale[:, g_idx]), absolute.Q, absolute.scale[:, g_idx]
@@ -717,7 +826,10 @@ def loop_mistake(res, W, H, *, bits: int, group_size: int, sym: bool, block_size
             "H + percdamp * mean(diag(H)) I, so that scaling H changes nothing"
         )
     step = oracle.scale[:, g_idx]
-    bad = mismatches(on_grid(res, step), oracle.Q, atol=1e-3 * step.double() + 1e-6) & ~oracle.ties.int().cummax(1).values.bool()
+    bad = (
+        mismatches(on_grid(res, step), oracle.Q, atol=1e-3 * step.double() + 1e-6)
+        & ~oracle.ties.int().cummax(1).values.bool()
+    )
     if not bad.any():
         return None
     first = int(torch.nonzero(bad.any(0)).flatten()[0])
@@ -876,8 +988,11 @@ def test_diagonal_hessian_is_rtn(gq, rng, bits, group_size, sym, act_order):
     assert torch.equal(res.Q, rtn.Q), (
         f"{what}: GPTQ should equal your quantize_rtn exactly. Uncorrelated features cannot compensate one another, so "
         "U is diagonal and no feedback reaches other columns; "
-        + ("with act_order, is Q put back in the original column order? " if act_order else "")
-        + "are groups fit from the right columns?"
+        + (
+            diagonal_order_mistake(res, W, h, bits, group_size, sym)
+            if act_order
+            else "are groups fit from the right columns?"
+        )
     )
     Q, scale, _, g_idx = rtn_rule(W, bits, group_size, sym)
     assert_same_q(res.Q, Q, scale[:, g_idx], what + " vs the contract's rounding", hint=RTN_HINT)
@@ -891,6 +1006,34 @@ def test_diagonal_hessian_is_rtn(gq, rng, bits, group_size, sym, act_order):
         what=f"{what}: loss",
         hint=("It is sum((w - q)^2 * (h_i + damp) / 2), since d = U[i, i] = 1 / sqrt(h_i + damp)"),
     )
+
+
+def diagonal_order_mistake(res, W, h, bits: int, group_size: int, sym: bool) -> str:
+    """With a diagonal H and act_order (static groups), which of two mistakes the code's Q is, by the contract's
+    rounding (rtn_rule's grids): round-to-nearest left in the processing order (Q not un-permuted), or each
+    column rounded on the grid of the group of its processing position. The open question if neither."""
+    cols, maxq = W.shape[1], 2**bits - 1
+    _, scale, zero, g_idx = rtn_rule(W, bits, group_size, sym)
+    perm = sorted(range(cols), key=lambda i: -float(h[i]))  # stable descending
+    gs = group_size if group_size > 0 else cols
+    at = torch.tensor([perm.index(j) // gs for j in range(cols)])  # the group of each column's position
+    Wf = W.float()
+    rtn = q_rule(Wf, scale[:, g_idx].float(), zero[:, g_idx].float(), maxq).double()
+    by_position = q_rule(Wf, scale[:, at].float(), zero[:, at].float(), maxq).double()
+    got = res.Q.double() if isinstance(res.Q, torch.Tensor) and tuple(res.Q.shape) == tuple(W.shape) else None
+    if got is not None:
+        if not torch.equal(rtn[:, perm], rtn) and not differing_rows(got, rtn[:, perm], scale[:, g_idx][:, perm]):
+            return (
+                "your Q is exactly round-to-nearest with its columns left in the PROCESSING order (descending "
+                "diag(H)): put Q back in the original column order, Q[:, argsort(perm)]"
+            )
+        if not torch.equal(by_position, rtn) and not differing_rows(got, by_position, scale[:, at]):
+            return (
+                "your Q is exactly each column rounded on the grid of the group of its PROCESSING position: with "
+                "static groups, original column j keeps group j // group_size's grid whatever its place in the "
+                "order (group_of = perm // group_size)"
+            )
+    return "with act_order, is Q put back in the original column order? are groups fit from the right columns?"
 
 
 # --------------------------------------------------------------------------------------------------
