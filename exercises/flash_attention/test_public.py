@@ -13,7 +13,7 @@ import torch
 from grader import testing
 
 from grader.harness.kernel_rule import KERNELS_ONLY
-from grader.testing import assert_close, is_close, show
+from grader.testing import assert_close, is_close, mismatches, show
 
 INF = float("inf")
 O_AXES = "o [batch, head, query, feature]"
@@ -59,12 +59,13 @@ def shrunk_rows(o, want, atol=1e-5):
     got, ref = o.detach().cpu().double().flatten(0, -2), want.detach().cpu().double().flatten(0, -2)
     if not torch.isfinite(got).all():
         return None
-    wrong = ((got - ref).abs() > atol + 1e-5 * ref.abs()).any(-1) & (ref.abs().amax(-1) > 0)
+    wrong = mismatches(got, ref, atol=atol, rtol=1e-5).any(-1) & ref.ne(0).any(-1)
     if not wrong.any():
         return None
     g, r = got[wrong], ref[wrong]
     c = (g * r).sum(-1) / (r * r).sum(-1)
-    if bool(((g - c[:, None] * r).abs().amax(-1) <= 1e-4 * r.abs().amax(-1) + atol).all()) and bool((c < 1 - 1e-3).all()):
+    row_tol = atol + 1e-4 * r.abs().amax(-1, keepdim=True)  # relative to each row's largest value
+    if not bool(mismatches(g, c[:, None] * r, atol=row_tol).any()) and bool((c < 1 - 1e-3).all()):
         return float(c[0])
     return None
 
@@ -87,8 +88,8 @@ def o_hint(o, want, lse, want_lse, n_k):
 def lse_hint(lse, want_lse):
     """Base 2 left unconverted, told from the values (lse2 = lse / ln 2), else the general reminder."""
     got, ref = lse.detach().cpu().double(), want_lse.detach().cpu().double()
-    finite = torch.isfinite(ref) & torch.isfinite(got) & (ref.abs() > 1e-3)
-    if finite.any() and bool(((got[finite] * math.log(2) - ref[finite]).abs() <= 1e-4 * ref[finite].abs() + 1e-5).all()):
+    finite = torch.isfinite(ref) & torch.isfinite(got) & mismatches(ref, torch.zeros_like(ref), atol=1e-3)  # |ref| > 1e-3
+    if finite.any() and is_close(got[finite] * math.log(2), ref[finite], atol=1e-5, rtol=1e-4):
         return ("Your lse is the expected one times 1/ln(2) = 1.4427: the base-2 logsumexp. Convert it back to the "
                 "natural log (multiply by ln 2)")
     return "It is the natural-log logsumexp of the SCALED scores, m + log(l), m the row max of scale * q k^T"
@@ -99,14 +100,14 @@ def grad_hint(name, got, want, causal, n_q, n_k, sm_scale, atol):
     g, r = got.detach().cpu().double(), want.detach().cpu().double()
     if torch.isfinite(g).all() and bool((r != 0).any()):
         c = float((g * r).sum() / (r * r).sum())
-        if abs(c - 1) > 1e-2 and float((g - c * r).abs().max()) <= atol + 1e-3 * float(r.abs().max()):
+        if not math.isclose(c, 1, abs_tol=1e-2) and is_close(g, c * r, atol=atol + 1e-3 * float(r.abs().max())):
             why = (" = 1/sm_scale: the factor sm_scale is missing" if math.isclose(c, 1 / sm_scale, rel_tol=1e-2)
                    else " = sm_scale: the factor sm_scale is applied twice" if math.isclose(c, sm_scale, rel_tol=1e-2)
                    else "")
             return f"{name} is the expected {name} times {c:.4g} everywhere{why}"
     if causal and name in ("dk", "dv"):
         shift = n_k - n_q  # key j is hidden from some query iff j > shift (bottom-right: query i sees j <= i + shift)
-        wrong = ((g - r).abs() > atol).flatten(0, 1).any(0).any(-1)  # per key
+        wrong = mismatches(g, r, atol=atol).flatten(0, 1).any(0).any(-1)  # per key
         if wrong.any() and shift >= 0 and not wrong[: shift + 1].any():
             return (f"{name} is right for keys 0..{shift}, which every query sees, and wrong from key "
                     f"{int(wrong.nonzero()[0])}: only keys that the causal mask hides from some query are wrong. Is "

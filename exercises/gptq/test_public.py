@@ -5,6 +5,8 @@ Every expected value here is worked out by hand (see the comments) or by the tex
 float64, never by a clever implementation.
 """
 
+import math
+
 import pytest
 import torch
 
@@ -118,10 +120,10 @@ def test_gptq_with_a_diagonal_hessian_is_rtn(gq):
     want = float(((W.double() - rtn.Q.double()) ** 2 * h.double()).sum() / 2)
     assert isinstance(res.loss, float), f"loss should be a Python float, found {type(res.loss).__name__}"
     hint = "It is sum((w - q)^2 / d^2 / 2)"
-    if abs(res.loss - 2 * want) <= 1e-4 * 2 * want:
+    plain_inverse = float(((W.double() - rtn.Q.double()) ** 2 * h.double() ** 2).sum()) / 2  # d = (H^-1)[i, i]
+    if math.isclose(res.loss, 2 * want, rel_tol=1e-4):
         hint += ": yours is twice that, the factor 1/2 is missing"
-    elif abs(res.loss - want * float(((W.double() - rtn.Q.double()) ** 2 * h.double() ** 2).sum()) / (2 * want)) \
-            <= 1e-4 * abs(res.loss):
+    elif math.isclose(res.loss, plain_inverse, rel_tol=1e-4):
         hint += (", with d = U[i, i] = 1 / sqrt(h_i) here: yours is what d = (H^-1)[i, i] = 1 / h_i gives. The feedback "
                  "rows come from U, the upper Cholesky factor of H^-1, not from H^-1 itself")
     assert_close(res.loss, want, atol=0.0, rtol=1e-4, what="loss", hint=hint)

@@ -232,7 +232,7 @@ MUTANTS = [
         edits=[("u = _uniform_open_closed((B, gamma), generator, device)",
                 "u = _uniform_open_closed((1, gamma), generator, device)")],
         loses=["distribution"],
-        cause=r"decided alike",
+        cause=r"decided alike|one fresh u per row and position",  # the statistical diagnosis, or the rule itself
     ),
     Mutant(
         name="global_rng",
@@ -258,7 +258,7 @@ MUTANTS = [
         edits=[("u = _uniform_open_closed((B, gamma), generator, device)",
                 "u = _uniform_open_closed((B, 1), generator, device).expand(B, gamma)")],
         loses=["distribution"],
-        cause=r"reused across positions",
+        cause=r"reused across positions|one fresh u per row and position",
     ),
     Mutant(
         name="greedy_ties_to_the_highest_id",

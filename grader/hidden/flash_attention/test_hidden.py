@@ -77,7 +77,7 @@ from grader import blocks, kernelmodel, rehearsal, speed, testing
 from grader.cases import flash_attention as cases
 from grader.harness.kernel_rule import KERNELS_ONLY
 from grader.hidden.flash_attention.oracle import grads_from_lse, naive_attention, naive_grads, scores
-from grader.testing import show
+from grader.testing import is_close, mismatches, show
 
 INF = float("inf")
 FP16, FP32, BF16 = torch.float16, torch.float32, torch.bfloat16
@@ -140,12 +140,13 @@ def shrunk_rows(o, ref, atol):
     got, want = o.detach().cpu().double().flatten(0, -2), ref.detach().cpu().double().flatten(0, -2)
     if not torch.isfinite(got).all():
         return None
-    wrong = ((got - want).abs() > atol).any(-1) & (want.abs().amax(-1) > 0)
+    wrong = mismatches(got, want, atol=atol).any(-1) & want.ne(0).any(-1)
     if not wrong.any():
         return None
     g, r = got[wrong], want[wrong]
     c = (g * r).sum(-1) / (r * r).sum(-1)
-    if bool(((g - c[:, None] * r).abs().amax(-1) <= atol + 1e-3 * r.abs().amax(-1)).all()) and bool((c < 1 - 1e-2).all()):
+    row_tol = atol + 1e-3 * r.abs().amax(-1, keepdim=True)  # relative to each row's largest value
+    if not bool(mismatches(g, c[:, None] * r, atol=row_tol).any()) and bool((c < 1 - 1e-2).all()):
         return float(c[0])
     return None
 
@@ -171,7 +172,7 @@ def forward_diagnosis(o, lse, ref_o, ref_lse, n_k, atol, hint=""):
     lse = lse.detach().cpu().double()
     finite = torch.isfinite(ref_lse)
     if (bool(torch.isfinite(got).all()) and torch.equal(lse == INF, ref_lse == INF)
-            and bool(((lse - ref_lse)[finite].abs() <= 1e-4).all())):
+            and is_close(lse[finite], ref_lse[finite], atol=1e-4)):
         return ("lse is right, so the running max m and the sum l are: the output accumulator is what goes wrong. "
                 f"Is it multiplied by exp(m_old - m_new) whenever the max grows, as l is? {hint}")
     return hint
@@ -220,8 +221,8 @@ def assert_lse(lse, ref_lse, what="lse"):
 
 def lse_hint(lse, ref_lse):
     """Base 2 left unconverted, told from the values (the base-2 lse is lse / ln 2), else the general reminder."""
-    ok = torch.isfinite(ref_lse) & torch.isfinite(lse) & (ref_lse.abs() > 1e-3)
-    if ok.any() and bool(((lse[ok] * math.log(2) - ref_lse[ok]).abs() <= 1e-4 * ref_lse[ok].abs() + 1e-4).all()):
+    ok = torch.isfinite(ref_lse) & torch.isfinite(lse) & mismatches(ref_lse, torch.zeros_like(ref_lse), atol=1e-3)
+    if ok.any() and is_close(lse[ok] * math.log(2), ref_lse[ok], atol=1e-4, rtol=1e-4):
         return ("Your lse is the expected one times 1/ln(2) = 1.4427: the base-2 logsumexp. Convert it back to the "
                 "natural log (multiply by ln 2)")
     return ("lse is the NATURAL-log logsumexp of the scaled, masked scores: m + log(l) with m the row max of "
@@ -614,14 +615,14 @@ def grad_diagnosis(name, got, ref, causal, n_q, n_k, scale, atol):
     g, r = got.detach().cpu().double(), ref.detach().cpu().double()
     if bool(torch.isfinite(g).all()) and bool((r != 0).any()):
         c = float((g * r).sum() / (r * r).sum())
-        if abs(c - 1) > 1e-2 and float((g - c * r).abs().max()) <= atol + 1e-3 * float(r.abs().max()):
+        if not math.isclose(c, 1, abs_tol=1e-2) and is_close(g, c * r, atol=atol + 1e-3 * float(r.abs().max())):
             why = (" = 1/sm_scale: the factor sm_scale is missing" if scale and math.isclose(c, 1 / scale, rel_tol=1e-2)
                    else " = sm_scale: the factor sm_scale is applied twice" if math.isclose(c, scale, rel_tol=1e-2)
                    else "")
             return f"{name} is the expected {name} times {c:.4g} everywhere{why}"
     if causal and name in ("dk", "dv"):
         shift = n_k - n_q  # key j is hidden from some query iff j > shift (query i sees key j iff j <= i + shift)
-        wrong = ((g - r).abs() > atol).flatten(0, 1).any(0).any(-1)  # per key
+        wrong = mismatches(g, r, atol=atol).flatten(0, 1).any(0).any(-1)  # per key
         if wrong.any() and shift >= 0 and not wrong[: shift + 1].any():
             return (f"{name} is right for keys 0..{shift}, which every query sees, and wrong from key "
                     f"{int(wrong.nonzero()[0])}: only keys that the causal mask hides from some query are wrong. Is "

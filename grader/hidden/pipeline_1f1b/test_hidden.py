@@ -136,9 +136,9 @@ def difference_cause(got_row, want_row, i: int, s: int, p: int, warmup_rule: str
     """What usually makes op i of stage s differ from the definition (every op before it agrees)."""
     a, b = tuple(got_row[i]), tuple(want_row[i])
     nf_got, nf_want = forwards_before_first_backward(got_row), forwards_before_first_backward(want_row)
-    if len(a) in (2, 3) and a[0] == "B" and ("F", *a[1:]) not in {tuple(op) for op in got_row[:i]}:
+    if len(a) in (2, 3) and a[0] == "B" and ("F", *a[1:3]) not in {tuple(op) for op in got_row[:i]}:
         return (
-            f"stage {s} runs {a!r} before its own forward {('F', *a[1:])!r} ({nf_got} forwards before its first "
+            f"stage {s} runs {show(a)} before its own forward {show(('F', *a[1:3]))} ({nf_got} forwards before its first "
             f"backward, the definition {nf_want}): a backward needs its forward first. After the warm-up, each "
             "steady-state pair is a forward THEN a backward"
         )

@@ -1034,7 +1034,8 @@ def test_greedy_tables_from_vllm(sm, case):
     assert tokens.tolist() == expected, (
         f"draft {draft} against target argmax {best}: expected {expected}, found {show(tokens)}. "
         "Keep draft tokens while they equal the argmax; at the first mismatch emit the argmax and stop (-1 after); "
-        "if all match, add the argmax of the last position" + greedy_table_hint(draft, best, tokens.tolist())
+        "if all match, add the argmax of the last position"
+        + greedy_table_hint(draft, best, tokens[:16, :16].tolist())  # the tables are a few tokens
     )
     want_n = [sum(1 for t in row if t != -1) - 1 for row in expected]
     assert num_accepted.tolist() == want_n, f"num_accepted should be {want_n}, found {show(num_accepted)}"
