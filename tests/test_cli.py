@@ -187,3 +187,16 @@ def test_tables_fit_80_columns_and_wrap_a_cause_never_cut_it():
     for part in ("'%timeit online_softmax(x)'", "is the last, partial block included in pass 1?",
                  "'# scratch' to keep it out of the grade", *(e.id for e in COURSE.exercises)):
         assert part in words, f"{part!r} must be shown whole (wrapped), found:\n{text}"
+
+
+def test_a_batch_line_keeps_the_whole_reason():
+    """A refused submission's reason is printed whole (the terminal wraps it), however long."""
+    from grader import results
+    from grader.scale.summary import one_line
+
+    reason = ("'online_softmax.ipynb' in the submission: cell 2 (code cell 2, starting '%timeit 1'), line 1: a shell "
+              "or magic line ('%timeit 1'); the notebook is graded as a Python file, where only Python runs: delete "
+              "the line, or mark the cell as scratch (tag it 'scratch', or make its first line '# scratch'); refused")
+    result = results.ungradable(COURSE, [COURSE.exercise("online_softmax")], "erin", reason, suite_sha="ab" * 32, seed=1)
+    line = one_line("erin", result, None)
+    assert line.endswith("make its first line '# scratch'); refused"), f"the reason was cut: {line}"

@@ -27,10 +27,10 @@ def one_line(job_id: str, result: dict | None, error: str | None) -> str:
     job_id = inert(job_id)[:200].replace("\n", " ")
     if error is not None:
         last = error.strip().splitlines()[-1] if error.strip() else error
-        return f"{job_id}: {INTERNAL_ERROR}: {inert(last)[:200]}"
+        return f"{job_id}: {INTERNAL_ERROR}: {inert(last, 2000)}"  # a cause is never cut (wrapped by the terminal)
     kind, reason = classify(result)
     if kind != "graded":
-        return f"{job_id}: {kind.replace('_', ' ')}: " + inert(reason)[:200].replace("\n", " ")
+        return f"{job_id}: {kind.replace('_', ' ')}: " + inert(reason, 2000).replace("\n", " ")
     assert result is not None  # classify: graded
     return f"{job_id}: {result['score']:g}/{result['gradable_max_score']:g}"
 
@@ -121,7 +121,7 @@ def summarize(course: Course, out_dir: Path, ids: list[str], exercise_ids: list[
         for check_id, messages in sorted(failures.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:5]:
             message, count = Counter(m for m in messages if m).most_common(1)[0] if any(messages) else ("", 0)
             most_failed.append({"check": check_id, "title": titles[check_id], "failed": len(messages),
-                                "message": message[:300], "with_this_message": count})
+                                "message": inert(message, 2000), "with_this_message": count})
         per_exercise.append({"id": ex_id, "max_score": course_ex.points,
                              "gradable_max_score": max(tops) if tops else course_ex.points,
                              "graded": len(scores), **_stats(scores), "full_marks": int(full),
