@@ -24,8 +24,8 @@ setup: $(BIN)/grader
 demo: setup                       ## grade the reference solutions and the starter stubs
 	$(BIN)/grader demo
 
-check: setup                      ## public tests on your exercises/ (EX=<id> for one; V=1: every failure in full)
-	$(BIN)/grader check $(EX) $(if $(V),--verbose)
+check: setup                      ## public tests on your exercises/ (EX=<id> for one; V=1: every failure in full; CALL_TIMEOUT=s)
+	$(BIN)/grader check $(EX) $(if $(V),--verbose) $(if $(CALL_TIMEOUT),--call-timeout $(CALL_TIMEOUT))
 
 hint: setup                       ## the next hint: make hint EX=online_softmax
 	@test -n "$(EX)" || (echo "usage: make hint EX=<exercise id>" && exit 2)

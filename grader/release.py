@@ -52,7 +52,7 @@ $(BIN)/grader: pyproject.toml
 setup: $(BIN)/grader
 
 check: setup            ## public tests on your exercises/ (EX=<id> for one; V=1: every failure in full)
-\t$(BIN)/grader check $(EX) $(if $(V),--verbose)
+\t$(BIN)/grader check $(EX) $(if $(V),--verbose) $(if $(CALL_TIMEOUT),--call-timeout $(CALL_TIMEOUT))
 
 hint: setup             ## the next hint: make hint EX=online_softmax
 \t@test -n "$(EX)" || (echo "usage: make hint EX=<exercise id>" && exit 2)
