@@ -753,3 +753,40 @@ def run_distributed(
     """
     return run_distributed_cases(fn, [tensors], *args, rank_args=rank_args, backend=backend, timeout_s=timeout_s,
                                  trace=trace)[0]
+
+
+# What a wrong result's chunks show, for the public and the hidden tests' messages (never called by a driver).
+
+
+def finished_chunk_sizes(xs: list[torch.Tensor], outputs: list[torch.Tensor], atol: float = 0.0) -> list[int] | None:
+    """The chunk sizes the ranks' results show, or None when they show none: rank r finishes chunk (r + 1) % N, and
+    the positions where its output holds every rank's contribution are that chunk. None unless those runs are
+    contiguous and tile the tensor in chunk order."""
+    from grader.testing import mismatches  # the test process's comparison; never needed where rank code runs
+
+    world = len(xs)
+    total = torch.stack([x.reshape(-1).double() for x in xs]).sum(0)
+    scale = torch.stack([x.reshape(-1).double().abs() for x in xs]).sum(0)
+    sizes, pos = [], 0
+    for c in range(world):
+        got = outputs[(c - 1) % world].reshape(-1).double()
+        full = (~mismatches(got, total, atol=atol * scale)).nonzero().flatten()  # the complete sums
+        if not full.numel():
+            sizes.append(0)
+            continue
+        if int(full[0]) != pos or int(full[-1]) - int(full[0]) + 1 != full.numel():
+            return None
+        sizes.append(full.numel())
+        pos += full.numel()
+    return sizes if pos == total.numel() else None
+
+
+def chunking_cause(xs: list[torch.Tensor], outputs: list[torch.Tensor], atol: float = 0.0) -> str:
+    """'' unless the results show chunks cut other than torch.tensor_split's; else what they show."""
+    world, n = len(xs), xs[0].numel()
+    sizes, want = finished_chunk_sizes(xs, outputs, atol), [n // world + (1 if c < n % world else 0) for c in range(world)]
+    if sizes is None or sizes == want:
+        return ""
+    return (f"The ranks finished chunks of sizes {sizes} (rank r finishes chunk (r + 1) % N, and its complete sums sit "
+            f"there), but the contract cuts n = {n} into N = {world} chunks as torch.tensor_split(flat, N) does: sizes "
+            f"{want}, the first n % N chunks one element longer. Cut the chunks that way on every rank")

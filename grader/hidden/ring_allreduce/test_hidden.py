@@ -79,7 +79,7 @@ from grader.hidden.ring_allreduce.oracle import (
     ring_partials,
     sizes_of,
 )
-from grader.support.ring_allreduce import forbidden_collectives, message_digest
+from grader.support.ring_allreduce import chunking_cause, forbidden_collectives, message_digest
 from grader.testing import is_close, mismatches, show
 
 SIMULATED = "grader.support.ring_allreduce:run_simulated"
@@ -195,38 +195,6 @@ def first_wrong(got: torch.Tensor, want: torch.Tensor, world: int) -> str:
 def run_ring(student, fn, xs, trace=True, **kwargs):
     """fn on a simulated ring of copies of xs, every message traced (a copy each, or a digest)."""
     return student.drive(SIMULATED, fn, [x.clone() for x in xs], trace=trace, **kwargs)
-
-
-def finished_chunk_sizes(xs: list[torch.Tensor], outputs: list[torch.Tensor], atol: float = 0.0) -> list[int] | None:
-    """The chunk sizes the ranks' results show, or None when they show none: rank r finishes chunk (r + 1) % N, and
-    the positions where its output holds every rank's contribution are that chunk. None unless those runs are
-    contiguous and tile the tensor in chunk order."""
-    world = len(xs)
-    total = torch.stack([x.reshape(-1).double() for x in xs]).sum(0)
-    scale = torch.stack([x.reshape(-1).double().abs() for x in xs]).sum(0)
-    sizes, pos = [], 0
-    for c in range(world):
-        got = outputs[(c - 1) % world].reshape(-1).double()
-        full = (~mismatches(got, total, atol=atol * scale)).nonzero().flatten()  # the complete sums
-        if not full.numel():
-            sizes.append(0)
-            continue
-        if int(full[0]) != pos or int(full[-1]) - int(full[0]) + 1 != full.numel():
-            return None
-        sizes.append(full.numel())
-        pos += full.numel()
-    return sizes if pos == total.numel() else None
-
-
-def chunking_cause(xs: list[torch.Tensor], outputs: list[torch.Tensor], atol: float = 0.0) -> str:
-    """'' unless the results show chunks cut other than torch.tensor_split's; else what they show."""
-    world, n = len(xs), xs[0].numel()
-    sizes, want = finished_chunk_sizes(xs, outputs, atol), [n // world + (1 if c < n % world else 0) for c in range(world)]
-    if sizes is None or sizes == want:
-        return ""
-    return (f"The ranks finished chunks of sizes {sizes} (rank r finishes chunk (r + 1) % N, and its complete sums sit "
-            f"there), but the contract cuts n = {n} into N = {world} chunks as torch.tensor_split(flat, N) does: sizes "
-            f"{want}, the first n % N chunks one element longer. Cut the chunks that way on every rank")
 
 
 def exchanges_cause(msgs: list[dict], r: int, world: int, n: int) -> str:
