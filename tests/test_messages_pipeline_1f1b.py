@@ -46,11 +46,17 @@ CASES = [
     ]),
     # the clock's probes of the same ops over 2 stages and over many (work per op done by C, which no line shows)
     (("next_stage_by_index", "interleaved_filters_in_c"), [
-        ("simulate_linear", "test_simulate_is_linear_in_the_number_of_ops", ["the same 8192 ops over 4096 stages",
-                                                                            "with the stages", "park a stage"]),
-        ("simulate_linear", "test_simulate_is_linear_for_interleaved_schedules", ["over 4096 stages"]),
-        ("interleaved", "test_interleaved_work_is_linear", ["the same 65536 ops over 128 stages",
-                                                            "work per op that grows with the stages"]),
+        # on a loaded machine the growth probe (about 128 against 8192 ops) may fire before the same-ops probe:
+        # either names the cause, a cost per op that grows with the number of stages (a tuple: any one phrase)
+        ("simulate_linear", "test_simulate_is_linear_in_the_number_of_ops", [
+            ("the same 8192 ops over 4096 stages", "more work per op when there are more stages"),
+            ("park a stage", "wake a stage only when the op it waits for finishes")]),
+        ("simulate_linear", "test_simulate_is_linear_for_interleaved_schedules", [
+            ("over 4096 stages", "more work per op when there are more stages")]),
+        ("interleaved", "test_interleaved_work_is_linear", [("the same 65536 ops over 128 stages",
+                                                             "more work per op when there are more stages"),
+                                                            ("work per op that grows with the stages",
+                                                             "Build each stage's list from the formulas")]),
     ]),
     (("chunk_cost_not_split",), [
         ("simulate", "test_simulate_against_an_event_by_event_oracle", ["first divergence at time", "1/v"]),
@@ -75,7 +81,9 @@ def test_generated_cases_name_the_first_divergence_and_its_cause(tmp_path, names
     for check, test, phrases in expected:
         message = message_of(result, check, test)
         for phrase in phrases:
-            assert phrase in message, f"{mutant.name}: {test}'s message should say {phrase!r}, found: {message}"
+            either = phrase if isinstance(phrase, tuple) else (phrase,)  # a tuple: any one of its phrases
+            assert any(p in message for p in either), (
+                f"{mutant.name}: {test}'s message should say {' or '.join(map(repr, either))}, found: {message}")
 
 
 RAISES_ON_EVERYTHING = '''
