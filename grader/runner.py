@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import fcntl
+import glob
 import hashlib
 import json
 import os
@@ -30,7 +31,7 @@ from typing import Callable, Literal
 
 from grader import forkserver, results, torchbuild
 from grader.course import Course, Exercise
-from grader.harness import cgroup
+from grader.harness import cgroup, zygote
 from grader.harness.client import describe_exit
 from grader.options import GradeOptions
 from grader.submission import Submission, SubmissionError, locate
@@ -108,16 +109,21 @@ def run_exercise(root: Path, exercise: Exercise, files_dir: Path | None, seed: i
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "wb") if log_path else open(os.devnull, "wb")
+    keep = [write_fd]
+    warm_worker = worker_zygote() if opts.mode == "sandbox" and opts.isolate else None
+    if warm_worker is not None:  # the worker starts warm: its socket travels under its own number
+        env[zygote.ENV_VAR] = warm_worker.handle()
+        keep.append(warm_worker.sock.fileno())
     proc: subprocess.Popen | forkserver.ForkedProcess | None
     try:
         server = warm_server(env)
-        proc = server.spawn(cmd, env, str(root), log.fileno(), [write_fd]) if server else None
+        proc = server.spawn(cmd, env, str(root), log.fileno(), keep) if server else None
     except OSError as exc:
         _warm_failed(exc)
         proc = None
     try:
         if proc is None:
-            proc = subprocess.Popen(cmd, cwd=root, env=env, pass_fds=[write_fd], stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(cmd, cwd=root, env=env, pass_fds=keep, stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     finally:
         os.close(write_fd)
@@ -305,8 +311,36 @@ def warm_server(env: dict[str, str]) -> "forkserver.ForkServer | None":
 
 
 def warm_server_pids() -> set[int]:
-    """The fork servers this process keeps (a helper that outlives each grade by design, ended with this process)."""
-    return {server.proc.pid for server in _warm.values() if server and server.proc.poll() is None}
+    """The fork servers this process keeps (helpers that outlive each grade by design, ended with this process):
+    the pytest fork server and the worker's zygote."""
+    servers = [*_warm.values(), *_zygotes.values()]
+    return {server.proc.pid for server in servers if server and server.proc.poll() is None}
+
+
+_zygotes: dict[int, "zygote.Zygote | None"] = {}  # by this process's pid, as _warm
+
+
+def worker_zygote() -> "zygote.Zygote | None":
+    """The zygote that starts this process's sandboxed workers warm (grader/harness/zygote.py), or None: they
+    start cold (GRADER_COLD_START=1, not Linux, a GPU on this machine, or the zygote could not start)."""
+    if os.environ.get("GRADER_COLD_START") == "1" or sys.platform != "linux" or glob.glob("/dev/nvidia[0-9]*"):
+        return None
+    if os.getpid() in _zygotes and _zygotes[os.getpid()] is None:
+        return None  # it failed before
+    server = _zygotes.get(os.getpid())
+    if server is not None and server.alive():
+        return server
+    if server is not None:
+        server.close()
+    from grader.harness.client import Sandbox, worker_environment
+
+    try:
+        server = zygote.Zygote(worker_environment(Sandbox(isolate=True, cuda=False)))
+    except OSError as exc:
+        print(f"grader: starting each sandboxed worker cold ({exc})", file=sys.stderr)
+        server = None
+    _zygotes[os.getpid()] = server
+    return server
 
 
 def _warm_failed(exc: Exception) -> None:

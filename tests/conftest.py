@@ -31,6 +31,24 @@ def grade_folder(folder: Path, exercises: list[str] | None = None, out: Path | N
     return grade(COURSE, ROOT, folder, out, opts)
 
 
+@pytest.fixture(params=["warm", "cold"])
+def worker_start(request, monkeypatch) -> str:
+    """A worker that this test starts directly (a StudentSession, no runner) starts as a grade's would: forked
+    from this process's zygote (grader/harness/zygote.py), or cold, as on a GPU host. Use it in a module's
+    tests through `pytestmark = pytest.mark.usefixtures("worker_start")`."""
+    from grader.harness import zygote
+    from grader.runner import worker_zygote
+
+    if request.param == "cold":
+        monkeypatch.delenv(zygote.ENV_VAR, raising=False)
+        return "cold"
+    server = worker_zygote()
+    if server is None:
+        pytest.skip("no zygote on this machine (GRADER_COLD_START=1, not Linux, or a GPU): the cold start is the one")
+    monkeypatch.setenv(zygote.ENV_VAR, server.handle())
+    return "warm"
+
+
 def checks_of(result: dict, exercise_id: str) -> dict[str, dict]:
     ex = next(e for e in result["exercises"] if e["id"] == exercise_id)
     return {c["id"]: c for c in ex["checks"]}

@@ -22,6 +22,9 @@ from grader.harness.session import StudentSession
 from tests.conftest import checks_of, grade_folder
 from tests.test_hostile import EXERCISE, grade_hostile, hand_in, messages
 
+# Every attack below on a worker forked warm from the zygote, as a grade starts it, and on a cold one.
+pytestmark = pytest.mark.usefixtures("worker_start")
+
 SPAWNS = lambda _id: True  # noqa: E731 - a session whose exercise's drivers start threads or processes (no lock)
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="uids of their own and the allow-list view need root here")
 

@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from grader.harness import cgroup, identity, wire
+from grader import forkserver
+from grader.harness import cgroup, identity, wire, zygote
 from grader.harness.ledger import LEDGER
 from grader.text import inert
 
@@ -145,6 +146,33 @@ LOG_TAIL_BYTES = 4000
 DECODE_GRACE_S = 5.0
 
 
+def worker_environment(sandbox: Sandbox) -> dict[str, str]:
+    """The worker's whole environment (nothing else of the grader's reaches it)."""
+    env = {k: os.environ[k] for k in _PASS_ENV if k in os.environ}
+    threads = str(sandbox.threads)
+    home = "/tmp" if sandbox.isolate else tempfile.gettempdir()
+    env.update(
+        PATH="/usr/local/bin:/usr/bin:/bin",
+        HOME=home,
+        TMPDIR=home,
+        USER="student",
+        LOGNAME="student",
+        LANG="C.UTF-8",
+        OMP_NUM_THREADS=threads,
+        MKL_NUM_THREADS=threads,
+        TRITON_CACHE_DIR=os.path.join(home, ".triton"),
+        # torch.compile runs eagerly here: the probes must see every operator (compiled code dispatches
+        # none), and the lock lets no compiler start on CPU hosts.
+        TORCHDYNAMO_DISABLE="1",
+        # torch.load never unpickles arbitrary objects here, whatever the submission sets later (red team
+        # round 11 set TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD at import and unpickled an exec of unscanned code)
+        TORCH_FORCE_WEIGHTS_ONLY_LOAD="1",
+    )
+    if not sandbox.cuda:
+        env["TRITON_INTERPRET"] = "1"
+    return env
+
+
 class WorkerProcess:
     """One sandboxed worker serving one student module; restarted on demand after a failure.
 
@@ -162,7 +190,7 @@ class WorkerProcess:
         # no new thread (Triton runs ptxas, a process, to compile), elsewhere no new thread, process or program.
         self.lock = "none" if spawns else ("threads" if sandbox.cuda else "all")
         self.generation = 0
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | forkserver.ForkedProcess | None = None
         self.sock: socket.socket | None = None
         self.log: IO[bytes] | None = None  # the worker's stdout and stderr: an unlinked temporary file
         self.status_fd: int | None = None
@@ -172,6 +200,7 @@ class WorkerProcess:
         self.group_warning: str | None = None
         self.warnings: list[str] = []
         self.starts = 0
+        self.warm_starts = 0  # of `starts`, forked from the zygote
         self._starting = False
 
     # -- identity -----------------------------------------------------------------------------
@@ -283,39 +312,20 @@ class WorkerProcess:
                 "processes": self.sandbox.processes,
             },
         }
-        env = {k: os.environ[k] for k in _PASS_ENV if k in os.environ}
-        threads = str(self.sandbox.threads)
-        home = "/tmp" if self.sandbox.isolate else tempfile.gettempdir()
-        env.update(
-            PATH="/usr/local/bin:/usr/bin:/bin",
-            HOME=home,
-            TMPDIR=home,
-            USER="student",
-            LOGNAME="student",
-            LANG="C.UTF-8",
-            OMP_NUM_THREADS=threads,
-            MKL_NUM_THREADS=threads,
-            TRITON_CACHE_DIR=os.path.join(home, ".triton"),
-            # torch.compile runs eagerly here: the probes must see every operator (compiled code dispatches
-            # none), and the lock lets no compiler start on CPU hosts.
-            TORCHDYNAMO_DISABLE="1",
-            # torch.load never unpickles arbitrary objects here, whatever the submission sets later (red team
-            # round 11 set TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD at import and unpickled an exec of unscanned code)
-            TORCH_FORCE_WEIGHTS_ONLY_LOAD="1",
-        )
-        if not self.sandbox.cuda:
-            env["TRITON_INTERPRET"] = "1"
+        env = worker_environment(self.sandbox)
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-m", "grader.harness.launch", json.dumps(config)],
-                pass_fds=[child_sock.fileno(), status_w, module_fd],
-                start_new_session=True,
-                env=env,
-                cwd="/",
-                stdin=subprocess.DEVNULL,
-                stdout=self.log,
-                stderr=self.log,
-            )
+            self.proc = self._warm_start(config, env)
+            if self.proc is None:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-I", "-m", "grader.harness.launch", json.dumps(config)],
+                    pass_fds=[child_sock.fileno(), status_w, module_fd],
+                    start_new_session=True,
+                    env=env,
+                    cwd="/",
+                    stdin=subprocess.DEVNULL,
+                    stdout=self.log,
+                    stderr=self.log,
+                )
         finally:
             child_sock.close()
             os.close(status_w)
@@ -325,6 +335,23 @@ class WorkerProcess:
         self.generation += 1
         self.starts += 1
         self._starting = True
+
+    def _warm_start(self, config: dict, env: dict[str, str]) -> "forkserver.ForkedProcess | None":
+        """The worker forked from the grading process's zygote (grader/harness/zygote.py), or None: start it
+        cold (no zygote, another environment, CUDA, or the zygote failed, which costs only the warm start)."""
+        control = None if self.sandbox.cuda else zygote.from_environment(env)
+        if control is None:
+            return None
+        assert self.log is not None
+        try:
+            proc = zygote.launch(control, config, {k: config[k] for k in ("sock_fd", "status_fd", "module_fd")},
+                                 self.log.fileno())
+        except OSError:
+            return None
+        finally:
+            control.close()
+        self.warm_starts += 1
+        return proc
 
     def close(self) -> None:
         """Stop the worker and everything it started; keep the identity for the next start."""

@@ -19,8 +19,9 @@ pipe, and the log (stdout and stderr, an unlinked file only the trusted side can
 5. As root: drops to the grade's own unprivileged uid (identity.py), with no supplementary groups
    and no way back (PR_SET_NO_NEW_PRIVS: no setuid binary can raise it again); then a seccomp filter
    refuses the system calls a worker has no use for (seccomp.py: new namespaces, mounts, bpf, ...).
-6. Reports its warnings on the status pipe, closes it, and execs the worker, which the kernel kills
-   if the process that started it dies (PR_SET_PDEATHSIG). The worker itself adds the lock (seccomp.py)
+6. Reports its warnings on the status pipe, closes it, and execs the worker (or, started warm by the
+   zygote, grader/harness/zygote.py, runs it in this same process), which the kernel kills if the
+   process that started it dies (PR_SET_PDEATHSIG). The worker itself adds the lock (seccomp.py)
    before it imports the student's module: no thread, and on CPU hosts no process, starts after that.
 
 Root never opens, creates or changes a path inside a folder a worker can write: the log and the
@@ -35,6 +36,7 @@ import os
 import resource
 import signal
 import sys
+from typing import Callable
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
@@ -169,12 +171,19 @@ def scratch_folder(parent: str, module_fd: int, module_name: str, uid: int | Non
     return folder
 
 
-def main() -> None:
+def exec_worker(argv: list[str]) -> None:
+    """Replace this process by the worker (a fresh interpreter, which imports torch and the probes)."""
+    os.execv(sys.executable, [sys.executable, "-I", "-m", "grader.harness.worker", *argv])
+
+
+def main(config: dict | None = None, run_worker: Callable[[list[str]], None] = exec_worker) -> None:
+    """Set up the sandbox described by `config` (this process's argument when None) and run the worker in it:
+    `run_worker` gets the worker's arguments (grader/harness/zygote.py runs it in this process, already warm)."""
     die_with_parent()
-    config = json.loads(sys.argv[1])
+    config = json.loads(sys.argv[1]) if config is None else config
     status = os.fdopen(config["status_fd"], "w")
     try:
-        start(config, status)
+        start(config, status, run_worker)
     except BaseException as exc:  # noqa: BLE001 - reported to the trusted side, which fails the grade
         try:
             status.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
@@ -184,7 +193,7 @@ def main() -> None:
         os._exit(70)
 
 
-def start(config: dict, status) -> None:
+def start(config: dict, status, run_worker: Callable[[list[str]], None] = exec_worker) -> None:
     for procs in config.get("cgroup_procs") or []:  # the worker's own cgroup, before anything else runs
         fd = os.open(procs, os.O_WRONLY | os.O_NOFOLLOW)
         try:
@@ -259,8 +268,7 @@ def start(config: dict, status) -> None:
     status.write(json.dumps({"warnings": warnings, "workdir": workdir}) + "\n")
     status.close()
     lock = config.get("lock", "none") if config["isolate"] else "none"
-    os.execv(sys.executable, [sys.executable, "-I", "-m", "grader.harness.worker", str(config["sock_fd"]), module_path,
-                              lock])
+    run_worker([str(config["sock_fd"]), module_path, lock])
 
 
 if __name__ == "__main__":

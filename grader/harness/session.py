@@ -285,6 +285,10 @@ class StudentSession:
     def worker_starts(self) -> int:
         return sum(w.starts for w in self._workers.values())
 
+    def warm_worker_starts(self) -> int:
+        """Of `worker_starts`, those forked from the zygote (grader/harness/zygote.py)."""
+        return sum(w.warm_starts for w in self._workers.values())
+
     def close(self) -> None:
         for worker in self._workers.values():
             worker.shutdown()
