@@ -243,3 +243,107 @@ def test_a_grade_started_warm_scores_as_one_started_cold(tmp_path, monkeypatch, 
     points = lambda r: {c: v["points"] for c, v in checks_of(r, EXERCISE).items()}  # noqa: E731
     assert points(warm_result) == points(cold_result), (points(warm_result), points(cold_result))
     assert any(points(warm_result).values()), "the reference earned nothing: the comparison proves nothing"
+
+
+# --------------------------------------------------------------------------------------------------
+# Red team: what a warm worker inherits on its own stack. The worker runs in the zygote's child, called from
+# forkserver.serve and from launch.start: their frames stay live under the student's code, and a submission
+# reads them (sys._getframe().f_back..., gc). A cold worker exec'd: nothing of its launcher is left.
+
+LEAK_PROBE = '''
+import gc
+import sys
+
+
+def _containers():
+    """Every frame's locals above this call, and every container the collector tracks."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        yield dict(frame.f_locals)
+        frame = frame.f_back
+    yield from gc.get_objects()
+
+
+def ints_held():
+    """Every int held by a frame's locals above this call: as a value, a key, or in a container there."""
+    found = set()
+    frame = sys._getframe(1)
+    while frame is not None:
+        for value in frame.f_locals.values():
+            items = value.items() if isinstance(value, dict) else value if isinstance(value, (list, tuple, set)) else [value]
+            for item in items:
+                for x in item if isinstance(item, tuple) else (item,):
+                    if type(x) is int:
+                        found.add(x)
+        frame = frame.f_back
+    return sorted(found)
+
+
+def strings_holding(reversed_needle):
+    """Where a string (or bytes) containing the needle is reachable: frames' locals and tracked containers."""
+    needle = reversed_needle[::-1]
+    hits = []
+    for container in _containers():
+        if isinstance(container, dict):
+            values = [*container.keys(), *container.values()]
+        elif isinstance(container, (list, tuple, set, frozenset)):
+            values = list(container)
+        else:
+            continue
+        for value in values:
+            if value is needle:
+                continue
+            if isinstance(value, str) and needle in value:
+                hits.append(value[:200])
+            elif isinstance(value, (bytes, bytearray)) and needle.encode() in value:
+                hits.append(repr(bytes(value[:200])))
+    return hits
+'''
+
+
+def leak_session(tmp_path, name: str, hide: list[str] | None = None) -> StudentSession:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "leak.py").write_text(LEAK_PROBE)
+    return StudentSession("sandbox", lambda _id: folder / "leak.py", Sandbox(hide=hide or []), lambda _id: 60.0)
+
+
+def test_a_warm_worker_holds_no_other_worker_s_pid(tmp_path, warm):
+    """The zygote's table of its children (forkserver.serve's `waiting`: pid -> status socket) is copied into each
+    child, and serve's frame stays live under the worker: a submission read the host pid of another grade's
+    worker, running at the same time, off its own stack."""
+    other = leak_session(tmp_path, "other")
+    try:
+        other.load("leak").ints_held()
+        other_pid = next(iter(other._workers.values())).proc.pid
+        assert other.warm_worker_starts() == 1
+        mine = leak_session(tmp_path, "mine")
+        try:
+            held = mine.load("leak").ints_held()
+            assert mine.warm_worker_starts() == 1
+        finally:
+            mine.close()
+    finally:
+        other.close()
+    assert other_pid not in held, (
+        f"a warm worker finds the host pid {other_pid} of another grade's worker on its own stack (the zygote's "
+        "table of its children, forkserver.serve's `waiting`)")
+
+
+@pytest.mark.parametrize("start", ["warm", "cold"])
+def test_a_worker_never_reads_its_sandbox_s_configuration(tmp_path, start, request, monkeypatch):
+    """The launcher's configuration (the folders the grader hides, its own scratch folder on the host, the
+    cgroups) is the trusted side's: a cold worker's exec left none of it. A warm one runs under launch.start
+    and the zygote's child, whose `config` and the request's raw JSON stay reachable."""
+    if start == "warm":
+        request.getfixturevalue("warm")
+    else:
+        monkeypatch.delenv(zygote.ENV_VAR, raising=False)
+    marker = f"hidden-by-the-grader-{os.getpid()}-{time.time_ns()}"
+    session = leak_session(tmp_path, "probe", hide=[f"/nonexistent/{marker}"])
+    try:
+        hits = session.load("leak").strings_holding(marker[::-1])
+        assert session.warm_worker_starts() == (1 if start == "warm" else 0)
+    finally:
+        session.close()
+    assert not hits, f"a {start} worker reads its sandbox's configuration (a folder the grader hides): {hits[:3]}"
