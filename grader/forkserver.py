@@ -270,8 +270,11 @@ def serve(control: socket.socket, warm: tuple[str, ...], child: Callable[[dict, 
                     os.close(fd)
                 continue
             if pid == 0:
-                child(request, fds[1:], [control.fileno(), wake_r, wake_w, status,
-                                         *(fd for fd in waiting.values() if fd >= 0)])
+                own = [control.fileno(), wake_r, wake_w, status, *(fd for fd in waiting.values() if fd >= 0)]
+                # This frame stays live under the child: it keeps no other child's pid (nor the raw request).
+                waiting.clear()
+                del message
+                child(request, fds[1:], own)
                 os._exit(70)  # pragma: no cover - the child function exits
             try:
                 os.setpgid(pid, pid)  # its own process group before anyone hears of it: killpg(pid) reaches it

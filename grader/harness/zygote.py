@@ -130,6 +130,7 @@ def _worker_child(_request: dict, fds: list[int], own: list[int]) -> None:
             message, received = forkserver._receive(request)
         payload = json.loads(message)
         config, keys = payload["config"], payload["keys"]
+        del message, payload  # the frames below the worker stay live: they keep no raw request
         log_fd, *worker_fds = received
         if len(worker_fds) != len(keys):
             raise OSError(f"expected {len(keys)} descriptors for the worker, found {len(worker_fds)}")
@@ -151,7 +152,11 @@ def _worker_child(_request: dict, fds: list[int], own: list[int]) -> None:
         _fresh_process_state()
         from grader.harness import launch
 
-        launch.main(config, run_worker=_run_worker)
+        def run_worker(argv: list[str]) -> None:
+            config.clear()  # launch.start's frame, and this one, stay live under the worker: no configuration there
+            _run_worker(argv)
+
+        launch.main(config, run_worker=run_worker)
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
