@@ -358,7 +358,10 @@ class WorkerProcess:
         self._starting = False
         if self.proc is not None:
             try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                # A warm worker's launcher reaped by the zygote: its pid may be another process's by now (the
+                # zygote itself kills the group of a child it has not reaped once its status socket closes).
+                if not isinstance(self.proc, forkserver.ForkedProcess) or self.proc.poll() is None:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
             try:

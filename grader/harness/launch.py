@@ -171,6 +171,17 @@ def scratch_folder(parent: str, module_fd: int, module_name: str, uid: int | Non
     return folder
 
 
+class WorkerReady(BaseException):
+    """Raised by the zygote's `run_worker` once the sandbox is set up (grader/harness/zygote.py), to leave every
+    frame of the launcher and of the server that forked it (their locals: this sandbox's description, the
+    server's table of its children) before the worker runs on a stack as bare as a fresh interpreter's. A
+    BaseException, so that no `except Exception` on the way stops it."""
+
+    def __init__(self, argv: list[str]):
+        super().__init__()
+        self.argv = argv
+
+
 def exec_worker(argv: list[str]) -> None:
     """Replace this process by the worker (a fresh interpreter, which imports torch and the probes)."""
     os.execv(sys.executable, [sys.executable, "-I", "-m", "grader.harness.worker", *argv])
@@ -185,6 +196,8 @@ def main(config: dict | None = None, run_worker: Callable[[list[str]], None] = e
     try:
         start(config, status, run_worker)
     except BaseException as exc:  # noqa: BLE001 - reported to the trusted side, which fails the grade
+        if isinstance(exc, WorkerReady) and status.closed:  # the zygote's way out: the worker runs next
+            raise
         try:
             status.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
             status.close()

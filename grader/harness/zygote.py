@@ -17,6 +17,11 @@ What keeps each worker as independent as a cold one:
   and its descriptors are read by the child, after the fork, from a socket of the request's own.
 - The child closes every descriptor but the worker's own (the request's socket, the status pipe, the
   student's file, the log), so it holds neither the zygote's socket nor another worker's status socket.
+- The worker runs on a bare stack: once the sandbox is set up, the child leaves every frame of the launcher
+  and of the server by an exception (launch.WorkerReady) and runs the worker from the module's top. A
+  submission that walks its stack or the collector's objects finds neither its sandbox's description (the
+  folders the grader hides, the host's scratch folder, the cgroups) nor the server's table of its children
+  (another grade's pid): red team, the first round on the zygote.
 - It reseeds numpy's global generator from the OS (a cold worker draws one at import); Python's `random`
   reseeds itself after fork. torch's default generator is untouched in the zygote, as in a fresh process.
 - The zygote is not dumpable (no process of its uid may ptrace it or read its memory); the child is made
@@ -28,8 +33,11 @@ What keeps each worker as independent as a cold one:
 
 What differs from a cold start, and why it is accepted: all workers of one zygote share its address-space
 layout and its string-hash secret (a worker could learn them, and they protect nothing the grader relies
-on); and the pages the zygote imported are charged, copy-on-write, to the zygote's memory cgroup, not to the
-worker's own (the address-space limit, RLIMIT_AS, counts them as before).
+on); the memory that held the sandbox's description is freed, not wiped, so a scan of the worker's own raw
+memory may find those paths (all of them outside the worker's view, and named in the README); numpy's
+generator is reseeded with 32 bits of the OS's entropy; and the pages the zygote imported are charged,
+copy-on-write, to the zygote's memory cgroup, not to the worker's own (the address-space limit, RLIMIT_AS,
+counts them as before).
 
 Used when the runner started one (``GRADER_WORKER_ZYGOTE``, passed to the grader's pytest with its socket)
 and the worker's environment is the zygote's; never with CUDA (a CUDA worker is started cold until a GPU has
@@ -45,6 +53,7 @@ import socket
 import sys
 
 from grader import forkserver
+from grader.harness.launch import WorkerReady
 
 # What the zygote imports: what the worker imports at its start, and what every exercise file imports.
 WARM_MODULES = ("grader.harness.worker", "grader.harness.launch", "grader.harness.view", "grader.harness.seccomp",
@@ -119,58 +128,64 @@ def _not_dumpable(flag: int) -> None:
 
 
 def _worker_child(_request: dict, fds: list[int], own: list[int]) -> None:
-    """In the forked child: read the sandbox's description from the request's socket, then do what a cold
-    launcher does, and run the worker here."""
-    code = 70
+    """In the forked child: read the sandbox's description from the request's socket, do what a cold launcher
+    does, and leave by WorkerReady (launch.main lets it through) for `_main` to run the worker."""
     try:
-        forkserver.reset_child(own)
-        _not_dumpable(1)  # as a fresh process is: the launcher's steps (a user namespace's maps) need it
-        (request_fd,) = fds
-        with socket.socket(fileno=request_fd) as request:
-            message, received = forkserver._receive(request)
-        payload = json.loads(message)
-        config, keys = payload["config"], payload["keys"]
-        del message, payload  # the frames below the worker stay live: they keep no raw request
-        log_fd, *worker_fds = received
-        if len(worker_fds) != len(keys):
-            raise OSError(f"expected {len(keys)} descriptors for the worker, found {len(worker_fds)}")
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
-        for key, fd in zip(keys, worker_fds):
-            config[key] = fd
-        keep = {0, 1, 2, *worker_fds}
-        for fd in map(int, os.listdir("/proc/self/fd")):  # nothing of the zygote's reaches the worker
-            if fd not in keep:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        for fd in worker_fds:
-            os.set_inheritable(fd, True)
-        _fresh_process_state()
-        from grader.harness import launch
-
-        def run_worker(argv: list[str]) -> None:
-            config.clear()  # launch.start's frame, and this one, stay live under the worker: no configuration there
-            _run_worker(argv)
-
-        launch.main(config, run_worker=run_worker)
-        code = 0
+        _set_up(fds, own)
+    except WorkerReady:
+        raise
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+        _exit(exc.code if isinstance(exc.code, int) else 1)
     except BaseException:  # noqa: BLE001 - report, then exit like a crashed interpreter
         import traceback
 
         traceback.print_exc()
-        code = 1
+        _exit(1)
+    _exit(0)  # pragma: no cover - launch.main ends in the worker or exits
+
+
+def _set_up(fds: list[int], own: list[int]) -> None:
+    forkserver.reset_child(own)
+    _not_dumpable(1)  # as a fresh process is: the launcher's steps (a user namespace's maps) need it
+    (request_fd,) = fds
+    with socket.socket(fileno=request_fd) as request:
+        message, received = forkserver._receive(request)
+    payload = json.loads(message)
+    config, keys = payload["config"], payload["keys"]
+    log_fd, *worker_fds = received
+    if len(worker_fds) != len(keys):
+        raise OSError(f"expected {len(keys)} descriptors for the worker, found {len(worker_fds)}")
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    for key, fd in zip(keys, worker_fds):
+        config[key] = fd
+    keep = {0, 1, 2, *worker_fds}
+    for fd in map(int, os.listdir("/proc/self/fd")):  # nothing of the zygote's reaches the worker
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    for fd in worker_fds:
+        os.set_inheritable(fd, True)
+    _fresh_process_state()
+    from grader.harness import launch
+
+    launch.main(config, run_worker=_ready)  # raises WorkerReady, or exits
+
+
+def _ready(argv: list[str]) -> None:
+    raise WorkerReady(argv)
+
+
+def _exit(code: int) -> None:
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
     finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+        os._exit(code)
 
 
 def _fresh_process_state() -> None:
@@ -187,7 +202,7 @@ def _fresh_process_state() -> None:
 
 
 def _run_worker(argv: list[str]) -> None:
-    """The worker, in this process (the launcher's last step, instead of an exec)."""
+    """The worker, in this process (the launcher's last step, instead of an exec); never returns."""
     from grader.harness import worker
 
     sys.argv = [worker.__file__, *argv]
@@ -201,14 +216,25 @@ def _run_worker(argv: list[str]) -> None:
 
         traceback.print_exc()
         code = 1
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+    _exit(code)
+
+
+def _main() -> None:
+    """The zygote; in each child, once the sandbox is set up, the worker (with no frame of the server's or the
+    launcher's below it: they were left by WorkerReady)."""
+    _not_dumpable(0)  # no process of this uid may ptrace the zygote, or read its memory
+    argv: list[str] | None = None
+    try:
+        forkserver.serve(socket.socket(fileno=int(sys.argv[1])), WARM_MODULES, _worker_child)
+    except WorkerReady as ready:
+        argv = ready.argv
+    if argv is None:
+        return  # the server: its client closed the socket
+    import gc
+
+    gc.collect()  # what the frames held (the sandbox's description): gone before the student's module loads
+    _run_worker(argv)
 
 
 if __name__ == "__main__":
-    _not_dumpable(0)  # no process of this uid may ptrace the zygote, or read its memory
-    forkserver.serve(socket.socket(fileno=int(sys.argv[1])), WARM_MODULES, _worker_child)
+    _main()
