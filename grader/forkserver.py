@@ -245,7 +245,7 @@ def serve(control: socket.socket, warm: tuple[str, ...], child: Callable[[dict, 
     control.sendall(b"ready")
     waiting: dict[int, int] = {}  # child pid -> its status socket's descriptor (-1: the client gave it up)
     while True:
-        watched = [control, wake_r, *(fd for fd in waiting.values() if fd >= 0)]
+        watched: list[socket.socket | int] = [control, wake_r, *(fd for fd in waiting.values() if fd >= 0)]
         ready = select.select(watched, [], [])[0]
         if wake_r in ready:
             os.read(wake_r, 4096)
