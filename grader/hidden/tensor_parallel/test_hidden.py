@@ -1,0 +1,315 @@
+"""Hidden checks for tensor_parallel: the conjugate operators, the column/row split, a TP MLP and an MLP block
+with sequence parallelism, on simulated ranks (grader/support/tensor_parallel.py), and one run on real processes.
+
+The oracles (oracle.py) are the unsharded module in float64 with autograd on whole tensors, shards taken by
+index lists written from the contract, and the ring's closed-form traffic.
+
+The signature: the communication pattern. `communication` reads each rank's log of collectives (kept by the
+driver, out of the rank's reach) and asserts the exact operations, their order and the elements each rank sent,
+forward and backward: TP one all-reduce of s*b*h each way per MLP; SP an all-gather then a reduce-scatter
+forward, and all-gather, all-gather (the column layer's input gathered again), reduce-scatter backward.
+`activation_memory` reads the shapes autograd saved (saved-tensor hooks) under SP. Right values reached by an
+all-reduce then a slice, by gathering the whole sequence before the norm, or by keeping the gathered input for
+backward lose these two. They cannot see traffic that bypasses the given collectives (a module-level variable
+shared by the simulated ranks): the real-process check would then fail.
+
+Contract clauses (README "The contract") and the tests that draw them:
+
+| clause | tests |
+| --- | --- |
+| f, g, g-bar, the SP g: forward and backward, t in 1..4, fp32/fp64 | test_conjugates |
+| shard_linear column/row, stride 1..3, errors | test_shard_linear, test_shard_linear_rejects |
+| column then row equal one linear pair, bias once | test_column_then_row |
+| tp_mlp GeLU and SwiGLU, values and every gradient | test_mlp |
+| tp_mlp_block with and without SP, finalize_grads | test_block_sp |
+| the collectives each way, elements per rank | test_communication |
+| saved tensors under SP | test_activation_memory |
+| real processes | test_distributed |
+"""
+
+import pytest
+import torch
+
+from grader.hidden.tensor_parallel.oracle import (
+    block_full, column_rows, expected_pattern, full_grads, mlp_full, row_cols, shard_params,
+)
+from grader.testing import assert_close
+
+RUN = "grader.support.tensor_parallel:run_tp"
+CALL = "grader.support.tensor_parallel:run_call"
+DIST = "grader.support.tensor_parallel:run_tp_distributed"
+
+
+@pytest.fixture(scope="module")
+def tp(student):
+    from grader.support.ring_allreduce import forbidden_collectives
+    return student.load("tensor_parallel", forbid=forbidden_collectives(),
+                        forbid_why="use the communicator's collectives (comm.all_reduce, ...)")
+
+
+def mlp_params(h, f, act, rng, ln=False):
+    rows = 2 * f if act == "swiglu" else f
+    p = {"w1": torch.randn(rows, h, generator=rng, dtype=torch.float64) / h ** 0.5,
+         "b1": torch.randn(rows, generator=rng, dtype=torch.float64),
+         "w2": torch.randn(h, f, generator=rng, dtype=torch.float64) / f ** 0.5,
+         "b2": torch.randn(h, generator=rng, dtype=torch.float64)}
+    if ln:
+        p["ln_w"] = 1 + 0.1 * torch.randn(h, generator=rng, dtype=torch.float64)
+        p["ln_b"] = 0.1 * torch.randn(h, generator=rng, dtype=torch.float64)
+    return p
+
+
+def ops(entries):
+    return [(e["op"], e["elements"]) for e in entries]
+
+
+# ---------------------------------------------------------------- conjugates
+
+OPS = {  # name: (forward of the per-rank inputs, backward of the per-rank grads), summed with Python loops
+    "copy_to_tp": (lambda xs, r: xs[r], lambda gs, r: sum(gs[k] for k in range(len(gs)))),
+    "reduce_from_tp": (lambda xs, r: sum(xs[k] for k in range(len(xs))), lambda gs, r: gs[r]),
+    "gather_from_sp": (lambda xs, r: torch.cat([xs[k] for k in range(len(xs))]),
+                       lambda gs, r: sum(gs[k] for k in range(len(gs))).chunk(len(gs))[r]),
+    "reduce_scatter_to_sp": (lambda xs, r: sum(xs[k] for k in range(len(xs))).chunk(len(xs))[r],
+                             lambda gs, r: torch.cat([gs[k] for k in range(len(gs))])),
+}
+WHY = {
+    "copy_to_tp": "f is the identity forward and all-reduces the gradient backward: the input of a column-parallel "
+                  "layer is already replicated, so f's reduction belongs to the backward pass",
+    "reduce_from_tp": "g all-reduces forward (the row-parallel layer's partial sums) and passes the gradient "
+                      "unchanged backward: each rank's gradient is already the whole gradient",
+    "gather_from_sp": "g-bar all-gathers the sequence forward and reduce-scatters the gradient backward",
+    "reduce_scatter_to_sp": "the SP g reduce-scatters forward and all-gathers the gradient backward",
+}
+
+
+@pytest.mark.check("conjugates")
+@pytest.mark.parametrize("name", list(OPS))
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_conjugates(student, tp, rng, name, world, dtype):
+    shape_in = (4 * world, 3, 5) if name in ("reduce_from_tp", "copy_to_tp", "reduce_scatter_to_sp") else (4, 3, 5)
+    xs = [torch.randn(*shape_in, generator=rng, dtype=torch.float64) for _ in range(world)]
+    fwd, bwd = OPS[name]
+    out_shape = fwd(xs, 0).shape
+    gs = [torch.randn(*out_shape, generator=rng, dtype=torch.float64) for _ in range(world)]
+    res = student.drive(RUN, getattr(tp, name), [x.to(dtype) for x in xs], grads=[g.to(dtype) for g in gs])
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for r in range(world):
+        assert_close(res[r]["out"], fwd(xs, r), atol=tol, rtol=tol, what=f"{name} forward, rank {r} of {world}",
+                     hint=WHY[name])
+        assert res[r]["out"].dtype == dtype, f"{name} forward returned {res[r]['out'].dtype} for {dtype} input"
+        assert_close(res[r]["x_grad"], bwd(gs, r), atol=tol, rtol=tol,
+                     what=f"{name} backward (x's gradient), rank {r} of {world}", hint=WHY[name])
+        if world == 1:
+            assert sum(e["elements"] for e in res[r]["forward"] + res[r]["backward"]) == 0, \
+                f"{name} sent elements with world_size 1"
+
+
+# ---------------------------------------------------------------- shard_linear, column and row
+
+
+@pytest.mark.check("column_row")
+@pytest.mark.parametrize("world,stride", [(1, 1), (2, 1), (3, 1), (2, 2), (4, 2), (2, 3), (3, 3)])
+def test_shard_linear(student, tp, rng, world, stride):
+    out_f, in_f = 4 * world * stride, 6 * world
+    w = torch.randn(out_f, in_f, generator=rng, dtype=torch.float64)
+    b = torch.randn(out_f, generator=rng, dtype=torch.float64)
+    col = student.drive(CALL, tp.shard_linear, world, [w, b, "column", stride], 2)
+    row = student.drive(CALL, tp.shard_linear, world, [w, b, "row", 1], 2)
+    for r in range(world):
+        rows = column_rows(out_f, world, r, stride)
+        hint = ("with stride k the output is k fused matrices: rank r takes block r of each, not the r-th "
+                "contiguous block of the stack" if stride > 1 else "rank r takes the r-th block of rows")
+        assert_close(col[r]["value"][0], w[rows], atol=0, rtol=0, what=f"column w, rank {r}, stride {stride}",
+                     hint=hint)
+        assert_close(col[r]["value"][1], b[rows], atol=0, rtol=0, what=f"column b, rank {r}, stride {stride}",
+                     hint=hint)
+        assert_close(row[r]["value"][0], w[:, row_cols(in_f, world, r)], atol=0, rtol=0, what=f"row w, rank {r}")
+        assert_close(row[r]["value"][1], b, atol=0, rtol=0, what=f"row b, rank {r}",
+                     hint="a row-parallel layer's bias is not split: every rank holds it whole")
+
+
+@pytest.mark.check("column_row")
+@pytest.mark.parametrize("kind,out_f,in_f,stride", [("column", 6, 4, 1), ("column", 8, 4, 3), ("row", 4, 5, 1)])
+def test_shard_linear_rejects(student, tp, kind, out_f, in_f, stride):
+    w, b = torch.zeros(out_f, in_f, dtype=torch.float64), torch.zeros(out_f, dtype=torch.float64)
+    with pytest.raises(ValueError):
+        student.drive(CALL, tp.shard_linear, 4, [w, b, kind, stride], 2)
+
+
+@pytest.mark.check("column_row")
+@pytest.mark.parametrize("world", [2, 3])
+def test_column_then_row(student, tp, rng, world):
+    """Each rank's column output is its columns of x @ W1.T + b1; the row layer's reduced output is the whole
+    x @ W2.T + b2 with the bias counted once; gradients of w, b and x match the full linear's slices."""
+    s, b, h, f = 6, 2, 8, 4 * world
+    w1, b1 = torch.randn(f, h, generator=rng, dtype=torch.float64), torch.randn(f, generator=rng, dtype=torch.float64)
+    w2, b2 = torch.randn(h, f, generator=rng, dtype=torch.float64), torch.randn(h, generator=rng, dtype=torch.float64)
+    x = torch.randn(s, b, h, generator=rng, dtype=torch.float64)
+    g1 = torch.randn(s, b, f, generator=rng, dtype=torch.float64)
+    hid = x @ w1.T + b1
+    rows = [column_rows(f, world, r) for r in range(world)]
+    res = student.drive(RUN, tp.column_parallel_linear, [x] * world, [(w1[rw], b1[rw]) for rw in rows],
+                        [g1[..., rw] for rw in rows])
+    for r in range(world):
+        assert_close(res[r]["out"], hid[..., rows[r]], atol=1e-12, rtol=1e-12,
+                     what=f"column_parallel_linear output, rank {r} of {world}",
+                     hint="rank r computes its own columns of the output: x @ w_r.T + b_r, with no communication")
+        assert_close(res[r]["grads"]["0"], g1[..., rows[r]].reshape(-1, f // world).T @ x.reshape(-1, h),
+                     atol=1e-10, rtol=1e-10, what=f"column w's gradient, rank {r}")
+    assert_close(res[0]["x_grad"], g1 @ w1, atol=1e-10, rtol=1e-10, what="column_parallel_linear's x gradient",
+                 hint="each rank's x gradient holds only its columns' part: f's backward all-reduces it")
+    g2 = torch.randn(s, b, h, generator=rng, dtype=torch.float64)
+    cols = [row_cols(f, world, r) for r in range(world)]
+    res = student.drive(RUN, tp.row_parallel_linear, [hid[..., c] for c in cols], [(w2[:, c], b2) for c in cols],
+                        [g2] * world)
+    for r in range(world):
+        assert_close(res[r]["out"], hid @ w2.T + b2, atol=1e-10, rtol=1e-10,
+                     what=f"row_parallel_linear output, rank {r} of {world}",
+                     hint="sum the partial products over the ranks, then add the bias once: a bias added before "
+                          "the all-reduce is counted t times")
+        assert_close(res[r]["grads"]["1"], g2.reshape(-1, h).sum(0), atol=1e-10, rtol=1e-10,
+                     what=f"row b's gradient, rank {r}")
+        assert_close(res[r]["x_grad"], g2 @ w2[:, cols[r]], atol=1e-10, rtol=1e-10, what=f"row x gradient, rank {r}")
+
+
+# ---------------------------------------------------------------- the MLP
+
+
+@pytest.mark.check("mlp")
+@pytest.mark.parametrize("act", ["gelu", "swiglu"])
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_mlp(student, tp, rng, act, world):
+    s, b, h, f = 8, 2, 16, 8 * world
+    p = mlp_params(h, f, act, rng)
+    x = torch.randn(s, b, h, generator=rng, dtype=torch.float64)
+    g = torch.randn(s, b, h, generator=rng, dtype=torch.float64)
+    out, xg, pg = full_grads(mlp_full, x, p, g, act)
+    shards = student.drive(CALL, tp.shard_mlp, world, [p], 1, {"act": act})
+    for r in range(world):
+        want = shard_params(p, world, r, act)
+        for k in ("w1", "b1", "w2", "b2"):
+            assert_close(shards[r]["value"][k], want[k], atol=0, rtol=0, what=f"shard_mlp({act})[{k!r}], rank {r}",
+                         hint="SwiGLU's fc1 stacks gate and up: shard it with stride 2" if act == "swiglu" else None)
+    res = student.drive(RUN, tp.tp_mlp, [x] * world, [shard_params(p, world, r, act) for r in range(world)],
+                        [g] * world, {"act": act})
+    for r in range(world):
+        stride = 2 if act == "swiglu" else 1
+        rows, cols = column_rows(p["w1"].shape[0], world, r, stride), row_cols(f, world, r)
+        assert_close(res[r]["out"], out, atol=1e-10, rtol=1e-10, what=f"tp_mlp({act}) output, rank {r} of {world}")
+        assert_close(res[r]["x_grad"], xg, atol=1e-10, rtol=1e-10, what=f"tp_mlp({act}) x gradient, rank {r}",
+                     hint="x's gradient is the sum of every rank's part: f's backward must all-reduce")
+        for k, sl in (("w1", rows), ("b1", rows)):
+            assert_close(res[r]["grads"][k], pg[k][sl], atol=1e-10, rtol=1e-10, what=f"{k}'s gradient, rank {r}")
+        assert_close(res[r]["grads"]["w2"], pg["w2"][:, cols], atol=1e-10, rtol=1e-10, what=f"w2's gradient, rank {r}")
+        assert_close(res[r]["grads"]["b2"], pg["b2"], atol=1e-10, rtol=1e-10, what=f"b2's gradient, rank {r}",
+                     hint="g's backward is the identity: an all-reduce there makes upstream gradients t times too big")
+
+
+# ---------------------------------------------------------------- sequence parallelism
+
+
+def _block_run(student, tp, rng, world, sp, act="gelu", saved=False, s=8, b=2, h=16):
+    f = 2 * h
+    p = mlp_params(h, f, act, rng, ln=True)
+    x = torch.randn(s, b, h, generator=rng, dtype=torch.float64)
+    g = torch.randn(s, b, h, generator=rng, dtype=torch.float64)
+    xs = list(x.chunk(world)) if sp else [x] * world
+    gs = list(g.chunk(world)) if sp else [g] * world
+    res = student.drive(RUN, tp.tp_mlp_block, xs, [shard_params(p, world, r, act) for r in range(world)], gs,
+                        {"sequence_parallel": sp, "act": act}, finalize=True, saved=saved)
+    return res, (x, p, g, f, (s, b, h))
+
+
+@pytest.mark.check("sequence_parallel")
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("act", ["gelu", "swiglu"])
+def test_block_sp(student, tp, rng, world, act):
+    for sp in (False, True):
+        res, (x, p, g, f, _) = _block_run(student, tp, rng, world, sp, act)
+        out, xg, pg = full_grads(block_full, x, p, g, act)
+        what = "SP block" if sp else "TP block"
+        got = torch.cat([r["out"] for r in res]) if sp else res[0]["out"]
+        assert_close(got, out, atol=1e-10, rtol=1e-10, what=f"{what} output, shards concatenated")
+        got = torch.cat([r["x_grad"] for r in res]) if sp else res[0]["x_grad"]
+        assert_close(got, xg, atol=1e-10, rtol=1e-10, what=f"{what} x gradient")
+        for r in range(world):
+            for k in ("ln_w", "ln_b"):
+                assert_close(res[r]["grads"][k], pg[k], atol=1e-10, rtol=1e-10, what=f"{what}: {k}'s gradient, rank {r}",
+                             hint="under SP each rank's norm sees only its shard of the sequence: finalize_grads "
+                                  "must all-reduce the norm's gradients" if sp else None)
+            stride = 2 if act == "swiglu" else 1
+            rows = column_rows(p["w1"].shape[0], world, r, stride)
+            assert_close(res[r]["grads"]["w1"], pg["w1"][rows], atol=1e-10, rtol=1e-10, what=f"{what}: w1's gradient, rank {r}")
+
+
+# ---------------------------------------------------------------- the signature
+
+
+@pytest.mark.check("communication")
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("sp", [False, True])
+def test_communication(student, tp, rng, world, sp):
+    res, (*_, (s, b, h)) = _block_run(student, tp, rng, world, sp)
+    want = expected_pattern(s, b, h, world, sp)
+    for r in range(world):
+        for phase in ("forward", "backward"):
+            got = ops(res[r][phase])
+            assert got == want[phase], (
+                f"{'SP' if sp else 'TP'} block, rank {r} of {world}, {phase}: your collectives were {got} "
+                f"(operation, elements this rank sent); the block must run exactly {want[phase]}. "
+                + ("Under SP the forward is one all-gather (g-bar, before the column layer) and one reduce-scatter "
+                   "(after the row layer): an all-reduce then a slice sends twice what a reduce-scatter sends, and "
+                   "gathering the sequence before the norm runs it on the whole sequence. Backward: the row layer's "
+                   "all-gather, then the column layer gathers its saved input shard again and reduce-scatters "
+                   "the input's gradient." if sp else
+                   "Without SP each MLP runs one all-reduce forward (g, after the row layer) and one backward "
+                   "(f, before the column layer)."))
+        if sp:
+            assert ops(res[r]["finalize"]) == [("all_reduce", 2 * (world - 1) * h // world)] * 2, (
+                f"finalize_grads under SP, rank {r}: {ops(res[r]['finalize'])}; expected one all-reduce of each "
+                "norm gradient (h elements)")
+    total = sum(e for _, e in want["forward"])
+    tp_total = sum(e for _, e in expected_pattern(s, b, h, world, False)["forward"])
+    assert total == tp_total  # the oracle's own claim: RS + AG moves what AR moves
+
+
+@pytest.mark.check("activation_memory")
+@pytest.mark.parametrize("act", ["gelu", "swiglu"])
+def test_activation_memory(student, tp, rng, act):
+    world, s, b, h = 4, 8, 2, 16
+    res, _ = _block_run(student, tp, rng, world, True, act, saved=True, s=s, b=b, h=h)
+    for r in range(world):
+        big = [shape for shape, is_param in res[r]["saved"] if not is_param and _numel(shape) >= s * b * h]
+        assert not big, (
+            f"SP block, rank {r} of {world}: autograd saved tensors of shapes {big[:4]} for backward, each as big as "
+            f"a whole [s, b, h] = [{s}, {b}, {h}] activation. Under SP every activation a rank keeps is 1/t of the "
+            "full one: the norm runs on the sequence shard, and the column layer saves its input shard and "
+            "gathers it again in backward instead of keeping the gathered input")
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+# ---------------------------------------------------------------- real processes
+
+
+@pytest.mark.check("distributed")
+def test_distributed(student, tp, rng):
+    world, s, b, h, f = 2, 4, 2, 8, 16
+    p = mlp_params(h, f, "gelu", rng)
+    x = torch.randn(s, b, h, generator=rng, dtype=torch.float64)
+    g = torch.randn(s, b, h, generator=rng, dtype=torch.float64)
+    out, xg, _ = full_grads(mlp_full, x, p, g, "gelu")
+    res = student.drive(DIST, tp.tp_mlp, [x] * world, [shard_params(p, world, r, "gelu") for r in range(world)],
+                        [g] * world)
+    for r in range(world):
+        assert_close(res[r]["out"], out, atol=1e-10, rtol=1e-10, what=f"tp_mlp on 2 gloo processes, rank {r}")
+        assert_close(res[r]["x_grad"], xg, atol=1e-10, rtol=1e-10, what=f"tp_mlp's x gradient on gloo, rank {r}")
+        assert ops(res[r]["forward"]) == [("all_reduce", s * b * h)], (
+            f"rank {r} on gloo sent {ops(res[r]['forward'])} forward; expected one all-reduce")

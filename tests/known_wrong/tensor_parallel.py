@@ -1,0 +1,101 @@
+"""Known-wrong tensor_parallel submissions: the mistakes students make, each as an edit of the reference.
+
+The signature is the communication pattern (`communication`) and, under SP, the size of what autograd keeps
+(`activation_memory`). The textbook submission composes the SP column layer from g-bar and a plain matmul: the
+values and gradients are right, but autograd keeps the gathered [s, b, h] input and the backward has no second
+all-gather, so it loses those two checks and keeps every value check.
+"""
+
+from tests.known_wrong import Mutant
+
+_SP_COLUMN = "        return _SPColumnLinear.apply(x, w, b, comm)\n"
+
+MUTANTS = [
+    Mutant(
+        name="textbook_gathered_input_saved",
+        why="I wrote the SP column layer as g-bar(x) @ w.T: autograd keeps the gathered full-sequence input",
+        cause=r"as big as a whole|expected an all-gather|must run exactly",
+        edits=[(_SP_COLUMN, "        y = gather_from_sp(x, comm) @ w.T\n        return y if b is None else y + b\n")],
+        loses=["communication", "activation_memory"],
+        keeps=["conjugates", "column_row", "mlp", "sequence_parallel", "distributed", "mlp_public", "sp_public"],
+    ),
+    Mutant(
+        name="f_identity_backward",
+        why="f's backward returns the gradient unchanged: x's gradient misses the other ranks' parts",
+        cause=r"f's backward all-reduces|f's reduction|must all-reduce",
+        edits=[("        return ctx.comm.all_reduce(grad), None\n", "        return grad, None\n")],
+        loses=["conjugates_public", "conjugates", "mlp", "sequence_parallel"],
+    ),
+    Mutant(
+        name="g_reduces_backward",
+        why="g all-reduces in both directions: upstream gradients are t times too big",
+        cause=r"g's backward is the identity|t times too big",
+        edits=[("    @staticmethod\n    def backward(ctx, grad):\n        return grad, None\n",
+                "    @staticmethod\n    def backward(ctx, grad):\n        return ctx.comm.all_reduce(grad), None\n"),
+               ("    def forward(ctx, x, comm):\n        return comm.all_reduce(x)\n",
+                "    def forward(ctx, x, comm):\n        ctx.comm = comm\n        return comm.all_reduce(x)\n")],
+        loses=["conjugates_public", "conjugates", "mlp", "communication"],
+    ),
+    Mutant(
+        name="f_reduces_forward",
+        why="f and g swapped: f all-reduces in forward",
+        cause=r"f's reduction belongs to the backward|f is the identity",
+        edits=[("        ctx.comm = comm\n        return x.view_as(x)\n",
+                "        ctx.comm = comm\n        return comm.all_reduce(x)\n")],
+        loses=["conjugates_public", "conjugates", "mlp"],
+    ),
+    Mutant(
+        name="row_bias_every_rank",
+        why="the row-parallel bias is added before the all-reduce, so it is counted t times",
+        cause=r"bias once|counted t times",
+        edits=[("    partial = x @ w.T\n", "    partial = x @ w.T if b is None else x @ w.T + b\n"),
+               ("    y = reduce_scatter_to_sp(partial, comm) if sequence_parallel else reduce_from_tp(partial, comm)\n"
+                "    return y if b is None else y + b\n",
+                "    return reduce_scatter_to_sp(partial, comm) if sequence_parallel else reduce_from_tp(partial, comm)\n")],
+        loses=["mlp_public", "column_row", "mlp"],
+    ),
+    Mutant(
+        name="fused_contiguous_split",
+        why="the fused weight (SwiGLU's gate and up) is cut into t contiguous blocks, ignoring the stride",
+        cause=r"stride",
+        edits=[("        w = torch.cat([m.chunk(t, dim=0)[r] for m in weight.chunk(stride, dim=0)])\n"
+                "        b = None if bias is None else torch.cat([m.chunk(t)[r] for m in bias.chunk(stride)])\n",
+                "        w = weight.chunk(t, dim=0)[r]\n"
+                "        b = None if bias is None else bias.chunk(t)[r]\n")],
+        loses=["column_row", "mlp"],
+    ),
+    Mutant(
+        name="sp_forgot_norm_allreduce",
+        why="under SP the norm's gradients stay partial: finalize_grads does nothing",
+        cause=r"finalize_grads",
+        edits=[("            out[name] = comm.all_reduce(grads[name])\n", "            out[name] = grads[name]\n")],
+        loses=["sequence_parallel"],
+        keeps=["mlp", "conjugates", "column_row"],
+    ),
+    Mutant(
+        name="sp_allreduce_then_split",
+        why="the SP g as an all-reduce then a local slice: right values, twice the traffic",
+        cause=r"all-reduce then a slice|must run exactly",
+        edits=[("        return comm.reduce_scatter(x, 0)\n",
+                "        return comm.all_reduce(x).chunk(comm.world_size)[comm.rank].clone()\n")],
+        loses=["communication"],
+        keeps=["mlp", "sequence_parallel", "column_row"],
+    ),
+    Mutant(
+        name="ln_on_full_sequence",
+        why="under SP I gathered the sequence before the norm and ran the TP block on all of it, then kept my rows",
+        cause=r"before the norm|as big as a whole|must run exactly",
+        edits=[("    y = F.layer_norm(x, x.shape[-1:], params[\"ln_w\"], params[\"ln_b\"], eps=1e-5)\n"
+                "    return x + tp_mlp(y, params, comm, sequence_parallel, act)\n",
+                "    if sequence_parallel:\n"
+                "        full = gather_from_sp(x, comm)\n"
+                "        y = F.layer_norm(full, full.shape[-1:], params[\"ln_w\"], params[\"ln_b\"], eps=1e-5)\n"
+                "        out = full + tp_mlp(y, params, comm, False, act)\n"
+                "        return out.chunk(comm.world_size)[comm.rank]\n"
+                "    y = F.layer_norm(x, x.shape[-1:], params[\"ln_w\"], params[\"ln_b\"], eps=1e-5)\n"
+                "    return x + tp_mlp(y, params, comm, sequence_parallel, act)\n"),
+               ("            out[name] = comm.all_reduce(grads[name])\n", "            out[name] = grads[name]\n")],
+        loses=["communication", "activation_memory"],
+        keeps=["sequence_parallel", "mlp"],
+    ),
+]
