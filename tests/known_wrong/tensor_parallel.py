@@ -29,7 +29,7 @@ MUTANTS = [
     Mutant(
         name="g_reduces_backward",
         why="g all-reduces in both directions: upstream gradients are t times too big",
-        cause=r"g's backward is the identity|t times too big",
+        cause=r"g.s backward is the identity|t times too big|passes the gradient unchanged backward",
         edits=[("    @staticmethod\n    def backward(ctx, grad):\n        return grad, None\n",
                 "    @staticmethod\n    def backward(ctx, grad):\n        return ctx.comm.all_reduce(grad), None\n"),
                ("    def forward(ctx, x, comm):\n        return comm.all_reduce(x)\n",
