@@ -83,18 +83,15 @@ MUTANTS = [
     ),
     Mutant(
         name="ln_on_full_sequence",
-        why="under SP I gathered the sequence before the norm and ran the TP block on all of it, then kept my rows",
+        why="under SP I gathered the sequence before the norm, ran the norm on all of it, then kept my rows",
         cause=r"before the norm|as big as a whole|must run exactly",
-        edits=[("    y = F.layer_norm(x, x.shape[-1:], params[\"ln_w\"], params[\"ln_b\"], eps=1e-5)\n"
-                "    return x + tp_mlp(y, params, comm, sequence_parallel, act)\n",
+        edits=[("    y = F.layer_norm(x, x.shape[-1:], params[\"ln_w\"], params[\"ln_b\"], eps=1e-5)\n",
                 "    if sequence_parallel:\n"
                 "        full = gather_from_sp(x, comm)\n"
                 "        y = F.layer_norm(full, full.shape[-1:], params[\"ln_w\"], params[\"ln_b\"], eps=1e-5)\n"
-                "        out = full + tp_mlp(y, params, comm, False, act)\n"
-                "        return out.chunk(comm.world_size)[comm.rank]\n"
-                "    y = F.layer_norm(x, x.shape[-1:], params[\"ln_w\"], params[\"ln_b\"], eps=1e-5)\n"
-                "    return x + tp_mlp(y, params, comm, sequence_parallel, act)\n"),
-               ("            out[name] = comm.all_reduce(grads[name])\n", "            out[name] = grads[name]\n")],
+                "        y = y.chunk(comm.world_size)[comm.rank]\n"
+                "    else:\n"
+                "        y = F.layer_norm(x, x.shape[-1:], params[\"ln_w\"], params[\"ln_b\"], eps=1e-5)\n")],
         loses=["communication", "activation_memory"],
         keeps=["sequence_parallel", "mlp"],
     ),
