@@ -37,12 +37,12 @@ def reduce_from_tp(x: torch.Tensor, comm) -> torch.Tensor:
 
 
 def gather_from_sp(x: torch.Tensor, comm) -> torch.Tensor:
-    """g-bar: forward all-gathers along dim 0; backward reduce-scatters along dim 0."""
+    """The SP paper's g: forward all-gathers along dim 0; backward reduce-scatters along dim 0."""
     raise NotImplementedError
 
 
 def reduce_scatter_to_sp(x: torch.Tensor, comm) -> torch.Tensor:
-    """forward reduce-scatters along dim 0; backward all-gathers along dim 0."""
+    """The SP paper's g-bar: forward reduce-scatters along dim 0; backward all-gathers along dim 0."""
     raise NotImplementedError
 
 
@@ -91,5 +91,6 @@ def tp_mlp_block(x, params, comm, sequence_parallel: bool = False, act: str = "g
 
 
 def finalize_grads(grads: dict, comm, sequence_parallel: bool = False) -> dict:
-    """After backward: under SP each rank's norm gradients cover only its shard: sum them over the ranks."""
+    """After backward, under SP: the parameters applied to the sequence shard (the norm's ln_w and ln_b, and the
+    row layer's bias b2) have gradients that cover only this rank's rows: sum them over the ranks."""
     raise NotImplementedError

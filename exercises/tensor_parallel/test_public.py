@@ -85,7 +85,7 @@ def test_sp_block_shards(student, tp):
     want = x + F.linear(F.gelu(F.linear(y, full["w1"], full["b1"])), full["w2"], full["b2"])
     assert_close(torch.cat([res[0]["out"], res[1]["out"]]), want, atol=1e-12, rtol=1e-12,
                  what="SP block, the ranks' output shards concatenated [s, b, h]",
-                 hint="under SP rank r holds rows r*s/t .. (r+1)*s/t - 1: gather before the column layer (g-bar), "
+                 hint="under SP rank r holds rows r*s/t .. (r+1)*s/t - 1: gather before the column layer (gather_from_sp), "
                       "reduce-scatter after the row layer")
     for r in range(2):
         assert ops(res[r]["forward"]) == ["all_gather", "reduce_scatter"], (

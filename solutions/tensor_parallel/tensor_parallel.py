@@ -46,7 +46,7 @@ class _ReduceFromTP(torch.autograd.Function):
 
 
 class _GatherFromSP(torch.autograd.Function):
-    """g-bar: all-gather along the sequence forward, reduce-scatter backward."""
+    """Korthikanti et al.'s g (not Shoeybi et al.'s): all-gather along the sequence forward, reduce-scatter backward."""
 
     @staticmethod
     def forward(ctx, x, comm):
@@ -59,7 +59,7 @@ class _GatherFromSP(torch.autograd.Function):
 
 
 class _ReduceScatterToSP(torch.autograd.Function):
-    """The sequence-parallel g: reduce-scatter along the sequence forward, all-gather backward."""
+    """Korthikanti et al.'s g-bar: reduce-scatter along the sequence forward, all-gather backward."""
 
     @staticmethod
     def forward(ctx, x, comm):
@@ -82,12 +82,12 @@ def reduce_from_tp(x: torch.Tensor, comm) -> torch.Tensor:
 
 
 def gather_from_sp(x: torch.Tensor, comm) -> torch.Tensor:
-    """g-bar: forward all-gathers along dim 0; backward reduce-scatters along dim 0."""
+    """The SP paper's g: forward all-gathers along dim 0; backward reduce-scatters along dim 0."""
     return _GatherFromSP.apply(x, comm)
 
 
 def reduce_scatter_to_sp(x: torch.Tensor, comm) -> torch.Tensor:
-    """forward reduce-scatters along dim 0; backward all-gathers along dim 0."""
+    """The SP paper's g-bar: forward reduce-scatters along dim 0; backward all-gathers along dim 0."""
     return _ReduceScatterToSP.apply(x, comm)
 
 
@@ -196,9 +196,10 @@ def tp_mlp_block(x, params, comm, sequence_parallel: bool = False, act: str = "g
 
 
 def finalize_grads(grads: dict, comm, sequence_parallel: bool = False) -> dict:
-    """After backward: under SP each rank's norm gradients cover only its shard: sum them over the ranks."""
+    """After backward, under SP: the parameters applied to the sequence shard (the norm's ln_w and ln_b, and the
+    row layer's bias b2) have gradients that cover only this rank's rows: sum them over the ranks."""
     out = dict(grads)
     if sequence_parallel:
-        for name in ("ln_w", "ln_b"):
+        for name in ("ln_w", "ln_b", "b2"):
             out[name] = comm.all_reduce(grads[name])
     return out

@@ -1,7 +1,7 @@
 """Known-wrong tensor_parallel submissions: the mistakes students make, each as an edit of the reference.
 
 The signature is the communication pattern (`communication`) and, under SP, the size of what autograd keeps
-(`activation_memory`). The textbook submission composes the SP column layer from g-bar and a plain matmul: the
+(`activation_memory`). The textbook submission composes the SP column layer from gather_from_sp and a plain matmul: the
 values and gradients are right, but autograd keeps the gathered [s, b, h] input and the backward has no second
 all-gather, so it loses those two checks and keeps every value check.
 """
@@ -13,7 +13,7 @@ _SP_COLUMN = "        return _SPColumnLinear.apply(x, w, b, comm)\n"
 MUTANTS = [
     Mutant(
         name="textbook_gathered_input_saved",
-        why="I wrote the SP column layer as g-bar(x) @ w.T: autograd keeps the gathered full-sequence input",
+        why="I wrote the SP column layer as gather_from_sp(x) @ w.T: autograd keeps the gathered full-sequence input",
         cause=r"as big as a whole|expected an all-gather|must run exactly",
         edits=[(_SP_COLUMN, "        y = gather_from_sp(x, comm) @ w.T\n        return y if b is None else y + b\n")],
         loses=["communication", "activation_memory"],
@@ -73,8 +73,16 @@ MUTANTS = [
         keeps=["mlp", "conjugates", "column_row"],
     ),
     Mutant(
+        name="sp_row_bias_grad_partial",
+        why="under SP finalize_grads sums the norm's gradients but not the row layer's bias, added to the shard",
+        cause=r"b2",
+        edits=[('        for name in ("ln_w", "ln_b", "b2"):\n', '        for name in ("ln_w", "ln_b"):\n')],
+        loses=["sequence_parallel", "communication"],
+        keeps=["mlp", "conjugates", "column_row", "activation_memory", "sp_public"],
+    ),
+    Mutant(
         name="sp_allreduce_then_split",
-        why="the SP g as an all-reduce then a local slice: right values, twice the traffic",
+        why="reduce_scatter_to_sp as an all-reduce then a local slice: right values, twice the traffic",
         cause=r"all-reduce then a slice|must run exactly",
         edits=[("        return comm.reduce_scatter(x, 0)\n",
                 "        return comm.all_reduce(x).chunk(comm.world_size)[comm.rank].clone()\n")],
