@@ -79,7 +79,7 @@ interview-done: setup
 STUDENT_README = """\
 # LLM efficiency lab{marker}
 
-Eight exercises on making large language models efficient. Each folder under `exercises/` has a
+Exercises on making large language models efficient. Each folder under `exercises/` has a
 README that teaches the technique and states the contract, a stub to fill in, and public tests.
 
 ```bash
