@@ -271,6 +271,9 @@ class RankView:
     the grader reads, are not attributes a rank can reach; its attributes cannot be set."""
 
     __slots__ = ("rank", "world_size", "send_recv")
+    rank: int
+    world_size: int
+    send_recv: Callable[[torch.Tensor, int, torch.Tensor, int], None]
 
     def __init__(self, comm: Any):
         exchange = comm.send_recv
@@ -289,7 +292,7 @@ class RankView:
         raise AttributeError(f"the communicator is read-only (tried to delete {name!r})")
 
     def __repr__(self) -> str:
-        return f"Communicator(rank={self.rank}, world_size={self.world_size})"  # type: ignore[attr-defined]  # slots set in __init__
+        return f"Communicator(rank={self.rank}, world_size={self.world_size})"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -35,11 +35,11 @@ def _strip(entries: list[dict]) -> list[dict]:
     return [{**e, "dtype": str(e["dtype"]).removeprefix("torch.")} for e in entries]
 
 
-def _step(fn: Callable, rank: int, comm: Any, log: list, x: torch.Tensor, params: dict | None,
+def _step(fn: Callable, rank: int, comm: Any, log: list, x: torch.Tensor, params: dict | tuple | None,
           grad: torch.Tensor | None, kwargs: dict, finalize: bool, saved: bool) -> dict:
     x = x.detach().clone().requires_grad_(True)
     # params: a dict (fn(x, params, comm)), a tuple of tensors (fn(x, *params, comm): a linear's w, b) or None
-    named = dict(params) if isinstance(params, dict) else {str(i): v for i, v in enumerate(params or ())}
+    named: dict[str, Any] = dict(params) if isinstance(params, dict) else {str(i): v for i, v in enumerate(params or ())}
     leaves = {k: v.detach().clone().requires_grad_(True) for k, v in named.items() if v is not None}
     storages = {v.untyped_storage().data_ptr() for v in leaves.values()}
     packed: list[tuple[tuple[int, ...], bool]] = []

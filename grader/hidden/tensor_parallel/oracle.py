@@ -53,7 +53,7 @@ def block_full(x: torch.Tensor, p: dict, act: str) -> torch.Tensor:
     return x + mlp_full(_layer_norm(x, p["ln_w"], p["ln_b"]), p, act)
 
 
-def full_grads(fn, x: torch.Tensor, p: dict, grad: torch.Tensor, act: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def full_grads(fn, x: torch.Tensor, p: dict, grad: torch.Tensor, act: str) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
     """(output, x's gradient, each parameter's gradient) of `fn` in float64 on one device."""
     x = x.detach().double().requires_grad_(True)
     q = {k: v.detach().double().requires_grad_(True) for k, v in p.items()}
