@@ -60,7 +60,8 @@ def shard_linear(weight: torch.Tensor, bias: torch.Tensor | None, comm, kind: st
 
 
 def column_parallel_linear(x, w, b, comm, sequence_parallel: bool = False):
-    """Y_r = X @ w_r.T + b_r: this rank's columns of the output; no communication in forward."""
+    """Y_r = X @ w_r.T + b_r: this rank's columns of the output. Without SP no communication in forward (f);
+    with SP the forward all-gathers the sequence shard x (README, "The contract")."""
     raise NotImplementedError
 
 

@@ -147,7 +147,8 @@ class _SPColumnLinear(torch.autograd.Function):
 
 
 def column_parallel_linear(x, w, b, comm, sequence_parallel: bool = False):
-    """Y_r = X @ w_r.T + b_r: this rank's columns of the output; no communication in forward."""
+    """Y_r = X @ w_r.T + b_r: this rank's columns of the output. Without SP no communication in forward (f);
+    with SP the forward all-gathers the sequence shard x (README, "The contract")."""
     if sequence_parallel:
         return _SPColumnLinear.apply(x, w, b, comm)
     y = copy_to_tp(x, comm) @ w.T
