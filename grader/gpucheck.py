@@ -109,7 +109,8 @@ def host_memory_used_mib() -> float | None:
 class PeakMemory:
     """The peak memory in use while each exercise grades, above what was in use before the grade started,
     sampled every `interval_s` from `read` in a thread; `on_update` (the grade's callback) says which exercise
-    is running. A peak is a sample's, so a spike shorter than the interval can be missed."""
+    is running, and each change of exercise is read too (an exercise that grades in less than the interval, as
+    a warm one may, has a reading). A peak is a sample's, so a spike shorter than the interval can be missed."""
 
     def __init__(self, read: Callable[[], float | None], interval_s: float = 0.1):
         import threading
@@ -122,13 +123,20 @@ class PeakMemory:
         self._thread = threading.Thread(target=self._sample, name="gpu-check peak memory", daemon=True)
 
     def on_update(self, result: dict) -> None:
-        self.current = next((e["id"] for e in result.get("exercises", []) if e.get("status") == "running"), None)
+        running = next((e["id"] for e in result.get("exercises", []) if e.get("status") == "running"), None)
+        if running != self.current:  # a reading at each change too: an exercise shorter than the interval has one
+            self._record(self.current)
+            self._record(running)
+        self.current = running
+
+    def _record(self, exercise: str | None) -> None:
+        used = self.read() if exercise is not None else None
+        if used is not None and exercise is not None:
+            self.peaks[exercise] = max(self.peaks.get(exercise, used), used)
 
     def _sample(self) -> None:
         while not self._stop.wait(self.interval_s):
-            used, current = self.read(), self.current
-            if used is not None and current is not None:
-                self.peaks[current] = max(self.peaks.get(current, used), used)
+            self._record(self.current)
 
     def __enter__(self) -> "PeakMemory":
         self.baseline = self.read()
