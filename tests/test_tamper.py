@@ -383,6 +383,23 @@ def test_a_finding_reads_as_line_what_why():
     assert str(finding) == "line 5: sys.settrace: your code changes the tracing the grader's probes use"
 
 
+def test_an_own_private_name_that_a_library_shares_says_to_rename_it():
+    """A method of the file's own named like a private attribute of the grader's probes (`_own`) cannot be told
+    from a reach into them, and is flagged; the message says the name is the student's and how to rename it (a
+    helper's reference scored zero with "your code uses a module's private internals" and nothing more)."""
+    source = textwrap.dedent("""
+        class Shards:
+            def _own(self, full):
+                return full[:1]
+
+            def init(self, full):
+                self.master = self._own(full)
+    """)
+    (finding,) = tamper.scan(source)
+    assert "_own is a name your file defines" in str(finding) and "rename yours" in str(finding), str(finding)
+    assert tamper.scan(source.replace("_own", "_own_piece")) == [], "a private name no library has is the file's own"
+
+
 def test_bytes_are_read_as_python_reads_them():
     # In UTF-7, "+AHM-" is "s": a reader that assumes UTF-8 sees no sys.settrace here; Python does. A coding other
     # than the plain ones is refused before anything is decoded (punycode decodes in quadratic time).

@@ -493,7 +493,13 @@ class _Scanner(ast.NodeVisitor):
         path = self.dotted(node)
         self.check_wrapper(node, path)
         if path is None and _private(node.attr) and not self.own_private(node.attr):
-            self.flag(node, f"...{node.attr}", PRIVATE)
+            if node.attr in self.own_attributes:  # the file's own name, which a library's private one shadows
+                self.flag(node, f"...{node.attr}", f"{PRIVATE}: {node.attr} is a name your file defines, but torch, "
+                          "Python or the grader has a private attribute of the same name, and the scan cannot tell "
+                          f"the two apart; rename yours (for example {node.attr.lstrip('_')}_ or "
+                          f"my{node.attr})")
+            else:
+                self.flag(node, f"...{node.attr}", PRIVATE)
         if (path is None and node.attr in _IMPORT_STATE and isinstance(node.ctx, ast.Load)
                 and not isinstance(self.parents.get(id(node)), ast.Call)):
             self.flag(node, f"...{node.attr}", HARNESS)
