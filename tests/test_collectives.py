@@ -124,3 +124,50 @@ def test_communicator_is_read_only():
         return repr(comm)
 
     assert run_ranks(body, 2)["returns"] == ["Communicator(rank=0, world_size=2)", "Communicator(rank=1, world_size=2)"]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("n", [13, 12, 3, 0])
+def test_flat_pair_uneven_pieces(world, n):
+    """reduce_scatter_flat and all_gather_flat cut like torch.tensor_split (uneven, even empty pieces)."""
+    xs = [(torch.arange(n, dtype=torch.float64) + 1000 * r).reshape(-1) for r in range(world)]
+    total = torch.stack(xs).sum(0) if n else torch.zeros(0, dtype=torch.float64)
+    rs = run(world, "reduce_scatter_flat", xs)
+    pieces = list(total.tensor_split(world))
+    for r in range(world):
+        torch.testing.assert_close(rs["returns"][r], pieces[r], rtol=0, atol=0)
+        assert rs["elements_sent"][r] == ring_elements("reduce_scatter_flat", n, world, r) == n - pieces[r].numel()
+        assert rs["messages_sent"][r] == world - 1
+        assert rs["logs"][r][0]["op"] == "reduce_scatter_flat"
+    whole = torch.arange(n, dtype=torch.float32) * 3
+    mine = [p.clone() for p in whole.tensor_split(world)]
+
+    def body(rank, comm, log):
+        return comm.all_gather_flat(mine[rank], n)
+
+    ag = run_ranks(body, world)
+    for r in range(world):
+        torch.testing.assert_close(ag["returns"][r], whole, rtol=0, atol=0)
+        assert ag["elements_sent"][r] == ring_elements("all_gather_flat", n, world, r)
+        assert ag["elements_sent"][r] == n - mine[(r + 1) % world].numel()
+    # a reduce-scatter then an all-gather moves what the flat all-reduce moves, rank by rank
+    for r in range(world):
+        assert (ring_elements("reduce_scatter_flat", n, world, r) + ring_elements("all_gather_flat", n, world, r)
+                == ring_elements("all_reduce", n, world, r))
+
+
+def test_flat_pair_errors_and_observer():
+    def wrong_piece(rank, comm, log):
+        return comm.all_gather_flat(torch.zeros(3), 4)   # piece sizes of 4 over 2 ranks are 2, 2
+
+    with pytest.raises(Exception, match="piece"):
+        run_ranks(wrong_piece, 2, timeout_s=10)
+    seen = []
+
+    def body(rank, comm, log):
+        out = comm.all_gather_flat(torch.ones(2) * rank, 4)
+        return out.data_ptr()
+
+    got = run_ranks(body, 2, on_output=lambda rank, op, out: seen.append((rank, op, out.data_ptr())))
+    assert sorted((r, op) for r, op, _ in seen) == [(0, "all_gather_flat"), (1, "all_gather_flat")]
+    assert {r: p for r, _, p in seen} == dict(enumerate(got["returns"]))

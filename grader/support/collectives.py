@@ -12,6 +12,8 @@ What a rank's code is handed is a `CollectiveView`::
     comm.all_reduce(x)                             # every rank gets the sum of all ranks' x
     comm.all_gather(x, dim=0)                      # torch.cat([x_0, ..., x_(t-1)], dim)
     comm.reduce_scatter(x, dim=0)                  # rank r gets chunk r (along dim) of the sum
+    comm.reduce_scatter_flat(x)                    # rank r gets tensor_split(sum.flatten(), t)[r] (uneven ok)
+    comm.all_gather_flat(piece, numel)             # the flat [numel] tensor whose tensor_split piece r is rank r's
 
 Each returns a new tensor (never a view of `x`, never changing `x`) of `x`'s dtype, computed without
 autograd: a collective is not differentiable here. Wrapping it in a `torch.autograd.Function` whose
@@ -29,6 +31,10 @@ The ring algorithms, for t = world_size ranks (t = 1: a copy, no message):
 * all-reduce: the flat tensor cut as ``torch.tensor_split(flat, t)`` (uneven sizes allowed), a
   reduce-scatter, then an all-gather: 2 (t - 1) messages, 2 (t - 1) / t of the elements when t divides n.
 
+The flat pair (zero_sharding's) cuts a flat tensor as ``torch.tensor_split(flat, t)``, so pieces may differ
+by one element and be empty: reduce_scatter_flat sends every piece but its own (numel - size_r elements),
+all_gather_flat every piece but rank r + 1's (numel - size_(r+1)).
+
 Every collective a rank calls is also recorded in the driver's log (out of the rank's reach, as the
 counters are): ``{"op", "shape", "dim", "dtype", "messages", "elements"}``, ``messages`` and
 ``elements`` being what this rank sent for it. `run_ranks` runs a body on every rank and returns the
@@ -43,7 +49,8 @@ import torch
 
 from grader.support.ring_allreduce import CommError, RankView, run_simulated
 
-__all__ = ["CollectiveView", "run_ranks", "ring_elements", "all_reduce", "all_gather", "reduce_scatter", "CommError"]
+__all__ = ["CollectiveView", "run_ranks", "ring_elements", "all_reduce", "all_gather", "reduce_scatter",
+           "reduce_scatter_flat", "all_gather_flat", "flat_sizes", "CommError"]
 
 
 def _ring(view: Any) -> tuple[int, int, int, int]:
@@ -132,20 +139,61 @@ def reduce_scatter(x: torch.Tensor, view: Any, dim: int = 0) -> torch.Tensor:
     return out
 
 
+def flat_sizes(numel: int, world_size: int) -> list[int]:
+    """The sizes of ``torch.tensor_split(torch.empty(numel), world_size)``: the first numel % t pieces one longer."""
+    return [numel // world_size + (1 if c < numel % world_size else 0) for c in range(world_size)]
+
+
+def reduce_scatter_flat(x: torch.Tensor, view: Any) -> torch.Tensor:
+    """Piece `rank` of ``torch.tensor_split(s, t)``, s the sum of every rank's flattened `x` (same numel on every rank).
+
+    A new 1-D tensor of `x`'s dtype; pieces may be uneven or empty."""
+    x = _check_tensor(x, "reduce_scatter_flat")
+    with torch.no_grad():
+        buf = x.detach().reshape(-1).clone()
+        chunks = list(buf.tensor_split(view.world_size))
+        _reduce_scatter_chunks(chunks, view)
+        out = chunks[view.rank].clone()
+    return out
+
+
+def all_gather_flat(x: torch.Tensor, view: Any, numel: Any = None) -> torch.Tensor:
+    """The flat [numel] tensor whose ``torch.tensor_split(_, t)`` piece r is rank r's `x` (flattened).
+
+    Every rank passes the same `numel`; `x` must have exactly its piece's size (ValueError otherwise)."""
+    x = _check_tensor(x, "all_gather_flat")
+    if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
+        raise TypeError(f"comm.all_gather_flat(piece, numel): numel must be a non-negative int, found {numel!r}")
+    want = flat_sizes(numel, view.world_size)[view.rank]
+    if x.numel() != want:
+        raise ValueError(f"comm.all_gather_flat: rank {view.rank}'s piece has {x.numel()} elements; piece "
+                         f"{view.rank} of torch.tensor_split over {numel} elements and {view.world_size} ranks has {want}")
+    with torch.no_grad():
+        out = torch.empty(numel, dtype=x.dtype, device=x.device)
+        chunks = list(out.tensor_split(view.world_size))
+        chunks[view.rank].copy_(x.detach().reshape(-1))
+        _all_gather_chunks(chunks, view)
+    return out
+
+
 class CollectiveView:
     """One rank's communicator with the collectives (see the module docstring); read-only.
 
     The log of its collectives lives with the driver (a closure here), out of the rank's reach."""
 
-    __slots__ = ("rank", "world_size", "send_recv", "all_reduce", "all_gather", "reduce_scatter")
+    __slots__ = ("rank", "world_size", "send_recv", "all_reduce", "all_gather", "reduce_scatter",
+                 "reduce_scatter_flat", "all_gather_flat")
 
-    def __init__(self, view: RankView, counters: Callable[[], tuple[int, int]], log: list[dict]):
+    def __init__(self, view: RankView, counters: Callable[[], tuple[int, int]], log: list[dict],
+                 on_output: Callable[[str, torch.Tensor], None] | None = None):
         def record(op: str, x: Any, dim: int | None, run: Callable[[], torch.Tensor]) -> torch.Tensor:
             m0, e0 = counters()
             out = run()
             m1, e1 = counters()
             log.append({"op": op, "shape": tuple(x.shape), "dim": dim, "dtype": x.dtype,
                         "messages": m1 - m0, "elements": e1 - e0})
+            if on_output is not None:  # the driver's (zero_sharding's: which gathered tensors stay alive)
+                on_output(op, out)
             return out
 
         def all_reduce_(x: torch.Tensor) -> torch.Tensor:
@@ -157,12 +205,21 @@ class CollectiveView:
         def reduce_scatter_(x: torch.Tensor, dim: int = 0) -> torch.Tensor:
             return record("reduce_scatter", x, dim, lambda: reduce_scatter(x, view, dim))
 
+        def reduce_scatter_flat_(x: torch.Tensor) -> torch.Tensor:
+            return record("reduce_scatter_flat", x, None, lambda: reduce_scatter_flat(x, view))
+
+        def all_gather_flat_(x: torch.Tensor, numel: int) -> torch.Tensor:
+            return record("all_gather_flat", x, None, lambda: all_gather_flat(x, view, numel))
+
+        reduce_scatter_flat_.__doc__ = reduce_scatter_flat.__doc__
+        all_gather_flat_.__doc__ = all_gather_flat.__doc__
         all_reduce_.__doc__ = all_reduce.__doc__
         all_gather_.__doc__ = all_gather.__doc__
         reduce_scatter_.__doc__ = reduce_scatter.__doc__
         for name, value in (("rank", view.rank), ("world_size", view.world_size), ("send_recv", view.send_recv),
                             ("all_reduce", all_reduce_), ("all_gather", all_gather_),
-                            ("reduce_scatter", reduce_scatter_)):
+                            ("reduce_scatter", reduce_scatter_), ("reduce_scatter_flat", reduce_scatter_flat_),
+                            ("all_gather_flat", all_gather_flat_)):
             object.__setattr__(self, name, value)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -188,18 +245,22 @@ class _Counting:
         self.elements += send.numel()
 
 
-def run_ranks(body: Callable[[int, CollectiveView, list], Any], world_size: int, timeout_s: float = 60.0) -> dict:
+def run_ranks(body: Callable[[int, CollectiveView, list], Any], world_size: int, timeout_s: float = 60.0,
+              on_output: Callable[[int, str, torch.Tensor], None] | None = None) -> dict:
     """Run ``body(rank, comm, log)`` on `world_size` simulated ranks (threads) at once.
 
     `body` is the driver's code (it hands `comm` to the student's); `log` is that rank's list of collective
     entries so far, for a driver that marks where a phase began (``len(log)`` before the backward pass).
     Returns ``{"returns": [...], "logs": [[entry, ...] per rank], "messages_sent": [...],
-    "elements_sent": [...]}``; a rank's exception is raised here (see ring_allreduce's `run_simulated`)."""
+    "elements_sent": [...]}``; a rank's exception is raised here (see ring_allreduce's `run_simulated`).
+    `on_output(rank, op, out)`, when given, sees every collective's result as it is returned."""
     logs: list[list[dict]] = [[] for _ in range(world_size)]
 
     def rank_main(_: torch.Tensor, view: RankView) -> Any:
         counting = _Counting(view)
-        comm = CollectiveView(counting, lambda: (counting.messages, counting.elements), logs[view.rank])  # type: ignore[arg-type]
+        hook = None if on_output is None else (lambda op, out: on_output(view.rank, op, out))
+        comm = CollectiveView(counting, lambda: (counting.messages, counting.elements), logs[view.rank],  # type: ignore[arg-type]
+                              hook)
         return body(view.rank, comm, logs[view.rank])
 
     run = run_simulated(rank_main, [torch.empty(0) for _ in range(world_size)], timeout_s=timeout_s)
@@ -212,10 +273,16 @@ def ring_elements(op: str, numel: int, world_size: int, rank: int = 0) -> int:
 
     `numel` is the input's element count: the whole tensor for all_reduce and reduce_scatter, the rank's
     own piece for all_gather. all_reduce: twice the elements of the chunks it sends (tensor_split sizes);
-    reduce_scatter: (t - 1) / t of the input; all_gather: (t - 1) times the piece."""
+    reduce_scatter: (t - 1) / t of the input; all_gather: (t - 1) times the piece. The flat pair takes the
+    whole flat numel: reduce_scatter_flat every tensor_split piece but the rank's own, all_gather_flat every
+    piece but rank + 1's."""
     t = world_size
     if t == 1:
         return 0
+    if op == "reduce_scatter_flat":
+        return numel - flat_sizes(numel, t)[rank]
+    if op == "all_gather_flat":
+        return numel - flat_sizes(numel, t)[(rank + 1) % t]
     if op == "all_gather":
         return (t - 1) * numel
     if op == "reduce_scatter":
