@@ -1,31 +1,99 @@
-"""Known-wrong submissions for ZeRO stages 0-3: a sharded mixed-precision AdamW: the bugs students really make, as edits of the reference.
+"""Known-wrong zero_sharding submissions: the mistakes students make, each as an edit of the reference.
 
-TODO: the signature check and the mistakes students make (the scaffold's placeholders: a textbook loop over
-rows that keeps `compute` and loses `signature`, and two plain bugs).
+The signature is what each rank holds (`memory`) and sends (`traffic`), and in stage 3 how many gathered layers
+are alive at once (`stage3`). The textbook stage 3 gathers every layer once, up front, and keeps them for the
+backward: right values, less traffic even, and every layer's full weights alive at once, so it loses `stage3`
+and keeps the rest. The all-reduce-then-slice stages 1 and 2 are right too and lose only `traffic`.
 """
 
 from tests.known_wrong import Mutant
 
+_FWD = "            w = gather(i)\n            h = fn(h, w)\n            del w\n"
+_BWD = "        w = gather(i).requires_grad_(True)\n"
+
 MUTANTS = [
     Mutant(
-        name="textbook",
-        why="TODO: the textbook computation, the same numbers without the technique (placeholder: I summed the rows "
-            "one by one in a Python loop)",
-        edits=[("    return x.sum(dim=-1)\n",
-                "    return torch.stack([row.sum() for row in x]) if len(x) else x.sum(dim=-1)\n")],
-        loses=["signature"],
-        keeps=["compute"],
+        name="textbook_gather_all_up_front",
+        why="stage 3 gathers every layer's weights before the forward and keeps them for the backward",
+        cause=r"gathered layers were alive at once",
+        edits=[(_FWD, "            h = fn(h, ws[i])\n"),
+               ("    inputs = []\n    h = x\n", "    inputs = []\n    h = x\n    ws = [gather(i) for i in range(len(layers))]\n"),
+               (_BWD, "        w = ws[i].detach().requires_grad_(True)\n")],
+        loses=["stage3"],
+        keeps=["partition", "adamw", "stages_agree", "memory", "traffic", "clip", "step_public", "memory_public"],
     ),
     Mutant(
-        name="wrong_dim",
-        why="TODO: a mistake students make (placeholder: I summed over the rows instead of along them)",
-        edits=[("return x.sum(dim=-1)", "return x.sum(dim=0)")],
-        loses=["compute_public", "compute"],
+        name="stage2_allreduce_then_slice",
+        why="stage 2 all-reduces the full gradient, keeps its own slice, then all-gathers the parameters: 3 Psi",
+        cause=r"An all-reduce of the full gradient already costs 2 Psi",
+        edits=[("            self.grad.copy_(self.comm.reduce_scatter_flat(grad.float()) / n)\n",
+                "            a, b = self.ranges[0]\n"
+                "            self.grad.copy_(self.comm.all_reduce(grad.float())[a:b] / n)\n")],
+        loses=["traffic"],
+        keeps=["partition", "adamw", "stages_agree", "memory", "stage3", "clip", "memory_public"],
     ),
     Mutant(
-        name="first_column_dropped",
-        why="TODO: a mistake students make (placeholder: I started each row's sum at its second element)",
-        edits=[("return x.sum(dim=-1)", "return x[:, 1:].sum(dim=-1)")],
-        loses=["compute_public", "compute"],
+        name="stage1_allreduce_grads",
+        why="stage 1 all-reduces the full gradient and slices it, then all-gathers: right values, 3 Psi sent",
+        cause=r"An all-reduce of the full gradient already costs 2 Psi|expected one reduce_scatter_flat",
+        edits=[("            mean = (self.comm.reduce_scatter_flat(self.grad.float()) / n).to(self.param_dtype).float()\n",
+                "            a, b = self.ranges[0]\n"
+                "            mean = (self.comm.all_reduce(self.grad.float())[a:b] / n).to(self.param_dtype).float()\n")],
+        loses=["traffic", "step_public"],
+        keeps=["partition", "adamw", "stages_agree", "memory", "stage3", "clip"],
+    ),
+    Mutant(
+        name="sum_not_mean",
+        why="the reduced gradient is the sum over ranks, never divided by world_size",
+        cause=r"MEAN over|divides by world_size|step divides by world_size",
+        edits=[("        n = self.comm.world_size\n        if self.stage == 0:\n",
+                "        n = 1\n        if self.stage == 0:\n")],
+        loses=["step_public", "stages_agree", "stage3"],  # clip keeps: a clipped sum and a clipped mean are equal
+    ),
+    Mutant(
+        name="stage2_keeps_full_grad",
+        why="stage 2 keeps a full-size gradient buffer and reduce-scatters from it, as stage 1 does",
+        cause=r"Stage 2 keeps only its piece of the gradient|memory_bytes\(\) sums to",
+        edits=[("            grad_numel = self.shard_numel if self.stage == 2 else self.numel\n",
+                "            grad_numel = self.numel\n"),
+               ("        elif self.stage == 1:\n", "        elif self.stage in (1, 2):\n")],
+        loses=["memory", "memory_public"],
+        keeps=["partition", "adamw", "stages_agree", "traffic", "stage3", "clip", "step_public"],
+    ),
+    Mutant(
+        name="update_bf16_params",
+        why="no fp32 master: each step's update is written into param_dtype values, so small updates round away",
+        cause=r"fp32 master|rounds away",
+        edits=[("        self.master.addcdiv_(self.exp_avg, denom, value=-self.lr / bias1)\n",
+                "        self.master.addcdiv_(self.exp_avg, denom, value=-self.lr / bias1)\n"
+                "        self.master.copy_(self.master.to(self.param_dtype))\n")],
+        loses=["adamw"],
+    ),
+    Mutant(
+        name="local_norm_clip",
+        why="each rank clips by the norm of its own piece of the gradient",
+        cause=r"GLOBAL norm|global norm",
+        edits=[("            if self.stage > 0:                                # each rank holds only its piece: sum the squares\n"
+                "                sq = self.comm.all_reduce(sq.reshape(1))[0]\n", "")],
+        loses=["clip", "traffic"],
+        keeps=["partition", "adamw", "stages_agree", "memory", "stage3"],
+    ),
+    Mutant(
+        name="stage3_no_free",
+        why="stage 3 keeps every layer it gathers in the optimizer",
+        cause=r"gathered layers were alive at once",
+        edits=[("        return comm.all_gather_flat(opt.params()[starts[i]:starts[i + 1]], layers[i][1])\n",
+                "        w = comm.all_gather_flat(opt.params()[starts[i]:starts[i + 1]], layers[i][1])\n"
+                "        opt.gathered.append(w)\n        return w\n"),
+               ("        self.t = 0\n", "        self.t = 0\n        self.gathered: list[torch.Tensor] = []\n")],
+        loses=["stage3"],
+    ),
+    Mutant(
+        name="floor_shards",
+        why="every piece is numel // world_size: the remainder's elements belong to no rank",
+        cause=r"floor every piece|tensor_split",
+        edits=[("    start = rank * base + min(rank, extra)\n    stop = start + base + (1 if rank < extra else 0)\n",
+                "    start = rank * base\n    stop = start + base\n")],
+        loses=["partition_public", "partition", "stages_agree"],
     ),
 ]
