@@ -240,6 +240,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         ex = course.exercise(problem.exercise)
         _print_not_run(problem, str(Path(args.source) / ex.id / ex.file) if args.source
                        else f"exercises/{ex.id}/{ex.file}")
+    _warn_scan_findings(root, exercises, args.source, set(not_run), result)
     failures = [f for f in report.failures(result) if f.exercise not in not_run]  # the reason above says it once
     started = [f for f in failures if not f.not_started]
     for failure in started:
@@ -266,6 +267,29 @@ def cmd_check(args: argparse.Namespace) -> int:
     if cuda_checks and not _has_cuda():
         console.print(f"[dim]no CUDA device here: these checks run only when graded on a GPU: {', '.join(cuda_checks)}[/]")
     return 1 if failures or not_run else 0
+
+
+def _warn_scan_findings(root: Path, exercises: list, source: str | None, skip: set[str], result: dict) -> list[str]:
+    """The graded run scans each file (grader.harness.tamper) where its checks guard library calls or time the
+    student's code, and fails those checks on a finding; the public tests here do not scan, so say it now, not
+    after the deadline (an outsider's file passed every public test and scored 10 of 100 for `self._grad`).
+    Returns the exercises flagged (not those whose public tests already failed on the same findings)."""
+    from grader.harness import tamper
+
+    flagged = []
+    for ex in exercises:
+        if ex.id in skip:
+            continue
+        path = (Path(source).resolve() / ex.id if source else root / "exercises" / ex.id) / ex.file
+        findings = tamper.scan_file(path) if path.is_file() else []
+        said = [t["message"] for c in results.find_exercise(result, ex.id)["checks"] for t in c["tests"]
+                if str(findings[0]) in str(t.get("message") or "")] if findings else []
+        if findings and not said:
+            flagged.append(ex.id)
+            console.print(Text.assemble(("SCAN ", "yellow"), f"{ex.id}: when graded, the checks that guard library "
+                                        "calls or time your code fail on what the scan finds in your file: ",
+                                        inert(tamper.describe(findings))))
+    return flagged
 
 
 def _has_cuda() -> bool:

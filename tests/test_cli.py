@@ -53,6 +53,28 @@ def test_check_shows_the_first_failure_and_its_message(root, tmp_path):
     assert "exp(-inf - (-inf)) is NaN" in verbose.stdout and "make check V=1" not in verbose.stdout, verbose.stdout
 
 
+def test_check_warns_of_what_the_graded_scan_will_fail(root, tmp_path):
+    """zero_sharding's public tests do not scan; its graded run does, and an outsider's file using `self._grad`
+    (a private name torch's tensors have) passed every public test and scored 10 of 100. make check says so.
+    online_softmax's public tests scan: their failure says it, and no SCAN line repeats it."""
+    keeps = ("\n\nclass _Keeps:\n    def __init__(self):\n        self._grad = None\n\n"
+             "    def grad(self):\n        return self._grad\n")
+    for exercise in ("zero_sharding", "online_softmax"):
+        folder = tmp_path / exercise
+        folder.mkdir()
+        source = (root / f"solutions/{exercise}/{exercise}.py").read_text()
+        (folder / f"{exercise}.py").write_text(source + keeps)
+    run = grader(root, "check", "zero_sharding", "--from", str(tmp_path))
+    assert run.returncode == 0, f"the public tests pass: the warning does not fail make check: {run.stdout}"
+    scan = [line for line in run.stdout.splitlines() if line.startswith("SCAN zero_sharding")]
+    assert scan and "_grad is a name your file defines" in run.stdout and "rename yours" in run.stdout, run.stdout
+    scanned_publicly = grader(root, "check", "online_softmax", "--from", str(tmp_path))
+    assert scanned_publicly.returncode == 1 and "_grad is a name your file defines" in scanned_publicly.stdout
+    assert "SCAN" not in scanned_publicly.stdout, "the failing public tests already say it"
+    clean = grader(root, "check", "zero_sharding", "--from", "solutions")
+    assert clean.returncode == 0 and "SCAN" not in clean.stdout, clean.stdout
+
+
 def test_points_are_rounded_for_people():
     from grader.report import _points
 
