@@ -17,6 +17,7 @@ on the same launches; README.md, "Performance", holds the table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
@@ -191,8 +192,30 @@ def measure(found: list[Launch], archs=ARCHS, jobs: int | None = None) -> dict[t
 
     # Largest groups first, so that the threads finish together.
     work = sorted(groups.items(), key=lambda item: -len(item[1]))
-    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 2) as pool:
+    with one_parse_at_a_time(), ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 2) as pool:
         return dict(pair for pairs in pool.map(one, work) for pair in pairs)
+
+
+@contextlib.contextmanager
+def one_parse_at_a_time():
+    """ast.parse serialised while the threads compile: CPython 3.11's AST conversion keeps its recursion depth
+    in shared state, and two threads parsing at once (the scan's, the model's or Triton's own parse of a kernel)
+    raised "SystemError: AST constructor recursion depth mismatch" in a fresh clone's `make test`. The compiles
+    (ptxas, a process each) still run in parallel."""
+    import ast
+    import threading
+
+    parse, lock = ast.parse, threading.Lock()
+
+    def locked(*args, **kwargs):
+        with lock:
+            return parse(*args, **kwargs)
+
+    ast.parse = locked
+    try:
+        yield
+    finally:
+        ast.parse = parse
 
 
 def table(found: list[Launch], results: dict, archs=ARCHS) -> str:
