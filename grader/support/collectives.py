@@ -47,7 +47,7 @@ from typing import Any, Callable
 
 import torch
 
-from grader.support.ring_allreduce import CommError, RankView, run_simulated
+from grader.support.ring_allreduce import CommError, RankView, ReadOnly, run_simulated
 
 __all__ = ["CollectiveView", "run_ranks", "ring_elements", "all_reduce", "all_gather", "reduce_scatter",
            "reduce_scatter_flat", "all_gather_flat", "flat_sizes", "CommError"]
@@ -176,7 +176,7 @@ def all_gather_flat(x: torch.Tensor, view: Any, numel: Any = None) -> torch.Tens
     return out
 
 
-class CollectiveView:
+class CollectiveView(ReadOnly):
     """One rank's communicator with the collectives (see the module docstring); read-only.
 
     The log of its collectives lives with the driver (a closure here), out of the rank's reach."""
@@ -222,14 +222,6 @@ class CollectiveView:
                             ("all_gather_flat", all_gather_flat_)):
             object.__setattr__(self, name, value)
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"the communicator is read-only (tried to set {name!r})")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"the communicator is read-only (tried to delete {name!r})")
-
-    def __repr__(self) -> str:
-        return f"Communicator(rank={self.rank}, world_size={self.world_size})"  # type: ignore[attr-defined]
 
 
 class _Counting:

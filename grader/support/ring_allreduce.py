@@ -264,7 +264,25 @@ def _trace_entry(payload: torch.Tensor, dst: int, src: int, mode: bool | str, pr
     return {"dst": dst, "src": src, "sent": sent}
 
 
-class RankView:
+class ReadOnly:
+    """A communicator view whose attributes, set once in `__init__` by ``object.__setattr__``, cannot be set or
+    deleted: RankView here, and grader.support.collectives.CollectiveView."""
+
+    __slots__ = ()
+    rank: int
+    world_size: int
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"the communicator is read-only (tried to set {name!r})")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"the communicator is read-only (tried to delete {name!r})")
+
+    def __repr__(self) -> str:
+        return f"Communicator(rank={self.rank}, world_size={self.world_size})"
+
+
+class RankView(ReadOnly):
     """One rank's communicator as the rank's code sees it: ``rank``, ``world_size`` and ``send_recv``.
 
     It holds the communicator only inside a function, so the counters and trace behind it, which
@@ -285,14 +303,6 @@ class RankView:
         for name, value in (("rank", comm.rank), ("world_size", comm.world_size), ("send_recv", send_recv)):
             object.__setattr__(self, name, value)
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"the communicator is read-only (tried to set {name!r})")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError(f"the communicator is read-only (tried to delete {name!r})")
-
-    def __repr__(self) -> str:
-        return f"Communicator(rank={self.rank}, world_size={self.world_size})"
 
 
 # --------------------------------------------------------------------------------------------------
