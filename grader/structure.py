@@ -430,7 +430,8 @@ OPS_ALLOWANCE = 300
 
 
 def assert_no_hidden_loop(what: str, sizes: tuple[str, str], small: SupportsWork, big: SupportsWork,
-                          advice: str, slack: int = 10, max_ops: int | None = OPS_ALLOWANCE) -> None:
+                          advice: str, slack: int = 10, max_ops: int | None = OPS_ALLOWANCE,
+                          max_read_bytes: int = READ_ALLOWANCE) -> None:
     """Fail when the torch operators a call dispatched, or the tensor elements it read back into Python,
     grow from the small size to the big one (`sizes` names them, "T=48" and "T=480"): a loop over the data
     that runs in C (``map``, ``sorted`` with a key, a comprehension over ``.tolist()``) executes no line per
@@ -438,8 +439,10 @@ def assert_no_hidden_loop(what: str, sizes: tuple[str, str], small: SupportsWork
     both counts whatever the size. `max_ops` bounds the count at either size outright (`OPS_ALLOWANCE`): a
     growth test alone let a loop pad the small call's operators up to the big one's (red team round 18: one
     tensor_split(k) dispatches k slices), so the big size must hold more elements to loop over than
-    `max_ops`; a test whose big size is smaller passes None (the public tests' quick sizes). Worker
-    figures: call `student.assert_untampered` first (the session's `work_executed` does)."""
+    `max_ops`; a test whose big size is smaller passes None (the public tests' quick sizes). `max_read_bytes`
+    bounds the bytes read back at the big size (`READ_ALLOWANCE`). Worker figures: call
+    `student.assert_untampered` first (the session's `work_executed` does). An exercise's test declares the
+    whole check with `assert_no_loop_over`, which chooses both bounds from its sizes."""
     path = os.environ.get("GRADER_WORK_LOG")
     if path:
         with open(path, "a") as out:
@@ -458,11 +461,11 @@ def assert_no_hidden_loop(what: str, sizes: tuple[str, str], small: SupportsWork
             "grows with the input, so something runs operators once per element (a loop, perhaps run by map() or "
             f"a comprehension, over rows, tokens or their values). {advice}".strip()
         )
-    if big.read_bytes > READ_ALLOWANCE:
+    if big.read_bytes > max_read_bytes:
         raise AssertionError(
             f"{what} read {big.reads} tensor elements ({big.read_bytes} bytes) back into Python for {sizes[1]} "
             f"(.tolist(), .item(), .numpy(), iterating or printing a tensor): vectorised code reads back at most a "
-            f"few scalars ({READ_ALLOWANCE} bytes here) whatever the size; the work is being done on Python values. "
+            f"few scalars ({max_read_bytes} bytes here) whatever the size; the work is being done on Python values. "
             f"{advice}".strip()
         )
     if big.reads > small.reads + slack:
@@ -472,6 +475,60 @@ def assert_no_hidden_loop(what: str, sizes: tuple[str, str], small: SupportsWork
             "values, element by element, where the GPU cannot help; vectorised code keeps the data in tensors. "
             f"{advice}".strip()
         )
+
+
+# The fewest items the big size of `assert_no_loop_over` may hold: a vectorised call dispatches a few dozen
+# operators whatever the size (the references 10-52), and a loop over the items dispatches at least one per item,
+# so the big size must hold more items than an honest call has operators for the two to be told apart.
+FEWEST_ITEMS = 64
+
+
+def assert_no_loop_over(student: Any, fn: Any, make: Callable[[int], Sequence[Any]], check: Callable[..., None], *,
+                        over: str, sizes: tuple[int, int] = (8, 128), advice: str = "", name: str | None = None,
+                        scaling: Scaling | None = None) -> None:
+    """The declared structural check "no Python loop over `over`": one call in a hidden test, no counters to read.
+
+    `make(n)` builds the arguments of one call in which the dimension `over` ("query heads", "experts") has n
+    items, fresh each time; `check(result, *args)` asserts the answer (the test's oracle), so every counted call
+    did the work. `sizes` are the small and the big n: take real model shapes (a big size of 64 to 128 heads or
+    experts is enough; `FEWEST_ITEMS` is the least). The call is counted at both sizes in the process that runs
+    the student's code (`student.work_executed`: the lines of their file, the torch operators dispatched, the
+    tensor bytes read back into Python), and it fails when
+
+    * the lines executed grow with n (a Python loop);
+    * the operators or the elements read back grow with n (a loop run by C: ``map``, a comprehension over
+      ``.tolist()``), or exceed what the big size leaves to a loop: fewer operators than items
+      (``sizes[1] - 1``, at most `OPS_ALLOWANCE`), so a loop padded to a fixed trip count at the small size pays
+      at least one operator per item at both; fewer bytes read back than items (at most `READ_ALLOWANCE`).
+
+    Those figures come from the student's process, and a file that tampers with the counters fails first (the
+    trusted static scan, as `work_executed` does). `scaling`, when given, adds the grader's own clock at its sizes
+    (`clock`, `assert_flat_on_the_clock`): use it where the sizes can be far apart (hundreds of times) and a loop
+    costs tens of round trips to the worker; at real model shapes the counts are the check.
+
+    What it cannot see: a loop over a dimension that `make` does not grow, and work that is quadratic inside
+    vectorised operators (both are the test's to choose sizes for)."""
+    small, big = sizes
+    if not 0 < small < big or big < FEWEST_ITEMS:
+        raise ValueError(f"assert_no_loop_over(over={over!r}): expected sizes (small, big) with 0 < small < big and "
+                         f"big >= {FEWEST_ITEMS} (a vectorised call's operators would hide a loop over fewer items), "
+                         f"found {sizes}")
+    what: str = name or getattr(fn, "__name__", None) or "the call"
+    work = {}
+    for n in sizes:
+        args = tuple(make(n))
+        _, work[n] = student.work_executed(fn, *args, check=lambda result, args=args: check(result, *args))
+    labels = (f"{small} {over}", f"{big} {over}")
+    if work[big].lines > work[small].lines + 10:
+        raise AssertionError(
+            f"{what} executed {work[small].lines} lines of your file for {labels[0]} and {work[big].lines} for "
+            f"{labels[1]}: the count grows with the {over}, so something loops over them in Python. {advice}".strip())
+    assert_no_hidden_loop(what, labels, work[small], work[big], advice, max_ops=min(OPS_ALLOWANCE, big - 1),
+                          max_read_bytes=min(READ_ALLOWANCE, big - 1))
+    if scaling is not None:
+        timing = clock(student.mode, fn, make, check, scaling)
+        assert_flat_on_the_clock(timing, what, advice, lines=(work[small].lines, work[big].lines),
+                                 loop=f"a loop over {over}")
 
 
 def assert_worker_agrees(timing: Timing, what: str, worker_says: str) -> None:

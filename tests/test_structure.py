@@ -11,6 +11,7 @@ import textwrap
 import time
 
 import pytest
+import torch
 
 from grader import structure
 from grader.harness import counters, tamper
@@ -510,3 +511,88 @@ def test_reads_padded_at_the_small_size_still_fail_at_the_big_one():
     assert READ_ALLOWANCE >= 16 * 8, "the allowance must stay above what a few honest scalars need"
     honest = SimpleNamespace(lines=20, ops=30, reads=2, read_bytes=16)
     assert_no_hidden_loop("route", ("T=48", "T=480"), honest, honest, "")
+
+
+# --------------------------------------------------------------------------------------------------
+# The declared check: assert_no_loop_over, at real model shapes
+
+HEADS = '''
+import torch
+
+
+def vectorised(x):
+    return (x * 2).sum(-1)
+
+
+def loop(x):
+    return torch.stack([(x[h] * 2).sum() for h in range(x.shape[0])])
+
+
+def loop_padded(x):
+    out = []
+    for h in range(200):  # a fixed trip count above any size: lines and operators the same at both sizes
+        out.append((x[min(h, x.shape[0] - 1)] * 2).sum())
+    return torch.stack(out[:x.shape[0]])
+
+
+def loop_in_c(x):
+    return torch.stack(list(map(torch.sum, x * 2)))
+
+
+def on_values(x):
+    return torch.tensor(list(map(sum, x.tolist()))) * 2  # the loop runs in C, on Python floats
+
+
+def wrong(x):
+    return x.sum(-1)
+'''
+
+
+@pytest.fixture
+def heads(tmp_path):
+    from grader.harness.session import StudentSession
+
+    path = tmp_path / "heads.py"
+    path.write_text(HEADS)
+    session = StudentSession("local", lambda _id: path)
+    return session, session.load("heads")
+
+
+def _heads_input(n: int):
+    return (torch.randn(n, 16, dtype=torch.float64),)
+
+
+def _heads_check(result, x):
+    assert torch.allclose(result.double(), (x * 2).sum(-1)), "not twice the row sums"
+
+
+
+def test_a_vectorised_call_passes_the_declared_check_at_real_model_shapes(heads):
+    session, module = heads
+    structure.assert_no_loop_over(session, module.vectorised, _heads_input, _heads_check, over="query heads",
+                                  sizes=(8, 128))
+
+
+@pytest.mark.parametrize("fn,found", [("loop", "grows with the query heads"),
+                                      ("loop_padded", "torch operators for 8 query heads"),
+                                      ("loop_in_c", "torch operators"),
+                                      ("on_values", "back into Python")])
+def test_every_kind_of_loop_over_the_declared_dimension_fails(heads, fn, found):
+    session, module = heads
+    with pytest.raises(AssertionError, match=found):
+        structure.assert_no_loop_over(session, getattr(module, fn), _heads_input, _heads_check, over="query heads",
+                                      sizes=(8, 128), advice="Index all heads at once.")
+
+
+def test_the_declared_check_counts_only_calls_whose_answer_is_right(heads):
+    session, module = heads
+    with pytest.raises(AssertionError, match="not twice the row sums"):
+        structure.assert_no_loop_over(session, module.wrong, _heads_input, _heads_check, over="query heads")
+
+
+@pytest.mark.parametrize("sizes", [(8, 32), (128, 128), (0, 128)])
+def test_sizes_too_small_to_tell_a_loop_are_refused_with_what_is_needed(heads, sizes):
+    session, module = heads
+    with pytest.raises(ValueError, match=f"big >= {structure.FEWEST_ITEMS}"):
+        structure.assert_no_loop_over(session, module.vectorised, _heads_input, _heads_check, over="query heads",
+                                      sizes=sizes)
