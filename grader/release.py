@@ -299,7 +299,7 @@ def _given_complete(rel: str, course_root: Path) -> set[str]:
 INSTRUCTOR_GRADER = (
     "hidden", "bench", "cases", "scale", "export", "gpucheck.py", "release.py", "proctree.py",
     "schemas/gradescope_results.schema.json", "schemas/prairielearn_results.schema.json",
-    "AUTHORING.md", "SLURM.md", "derived.py", "scaffold.py",
+    "AUTHORING.md", "CHECKS.md", "SLURM.md", "derived.py", "scaffold.py",
 )
 # In an exercise README, the paragraphs between these markers are for the instructor (seed sweeps, benchmarks
 # against the reference solution): the release leaves them out.

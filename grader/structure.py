@@ -40,7 +40,7 @@ The sizes stay the tables' own: sizes drawn from the seed would not help, since 
 them is in the student's release and a padded loop would pad to the top of any range it can read;
 the cap is what bounds padding, whatever the sizes.
 
-What this does not cover (grader/AUTHORING.md, "What each structural check can and cannot prove"):
+What this does not cover (grader/CHECKS.md, "What each structural check can and cannot prove"):
 
 * a loop cheaper at the large size than ``bar * small_cap`` round trips, padded with work (no clock)
   at the small size: honest small calls measured 0.3-3x their round trip (speculative, moe_router,

@@ -126,7 +126,7 @@ def test_every_command_the_release_names_is_in_the_release(release):
             if not there:
                 missing.append(f"{doc.relative_to(release)}: {command}")
     assert not missing, "the release names commands it does not hold:\n" + "\n".join(missing)
-    assert not any((release / "grader" / doc).exists() for doc in ("AUTHORING.md", "SLURM.md", "export/README.md"))
+    assert not any((release / "grader" / doc).exists() for doc in ("AUTHORING.md", "CHECKS.md", "SLURM.md", "export/README.md"))
     assert "<!-- instructor" not in "".join(p.read_text() for p in release.glob("exercises/*/README.md"))
 
 

@@ -32,7 +32,7 @@ What they do together:
   Neither layer can stop code in the same process from dismantling it (popping the mode, patching
   these modules). That is what the trusted static scan (grader/harness/tamper.py) is for: the session
   scans the student's file in the grader's own process and fails every guarded call of a file that
-  reaches for that machinery. grader/AUTHORING.md says what each layer can and cannot prove.
+  reaches for that machinery. grader/CHECKS.md says what each layer can and cannot prove.
 * `KERNELS_ONLY`, a rule named in the same `forbid` list: the call is a Triton-contract function
   (softmax_triton, FlashAttention, paged_attention_triton), so its work must run inside @triton.jit
   kernels. Outside a kernel launch only the operators in `HOST_OPS` may run (allocation, views,

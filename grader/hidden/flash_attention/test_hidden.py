@@ -735,7 +735,7 @@ def test_backward_function_with_strided_inputs(fa, rng, device, layout, dtype):
 def test_forward_never_builds_the_score_matrix(student, fa, rng, device, causal):
     q, k, v = make_qkv(rng, 1, 2, 2, 96, 160, 32, FP32, device)
     result = student.drive(f"{DRIVERS}:guarded", fa.flash_attention_forward, q, k, v, causal, n_q=96, n_k=160)
-    # The guard runs beside the student's code; no trusted cross-check exists on the CPU (AUTHORING.md, "What
+    # The guard runs beside the student's code; no trusted cross-check exists on the CPU (CHECKS.md, "What
     # each structural check can and cannot prove"), so a file that tampers with it fails.
     student.assert_untampered(fa.flash_attention_forward, "the memory guard's verdict")
     o, _ = result["out"]

@@ -1298,7 +1298,7 @@ def test_the_lazy_batch_is_real(student, gq, rng):
     rows, cols, block = LAZY_SHAPE
     W, H = correlated_layer(rng, rows, cols, 1024, spread=1.0)
     out = student.drive("grader.support.gptq:count_traffic", gq.gptq_quantize, W, H, bits=4, block_size=block)
-    # The count is taken beside the student's code; no trusted cross-check exists on the CPU (AUTHORING.md,
+    # The count is taken beside the student's code; no trusted cross-check exists on the CPU (CHECKS.md,
     # "What each structural check can and cannot prove"), so a file that tampers with it fails.
     student.assert_untampered(gq.gptq_quantize, "the count of elements your code read and wrote")
     read, written, ops = out["read"], out["written"], out["ops"]
@@ -1402,7 +1402,7 @@ def test_the_inverse_hessian_is_factored_once(student, gq, rng):
         W, H = correlated_layer(rng, rows, cols, 2 * cols, spread=1.0)
         out = student.drive("grader.support.gptq:count_traffic", gq.gptq_quantize, W, H, bits=4, block_size=block)
         counted[cols] = (W, H, out)
-    # The counts are taken beside the student's code; no trusted cross-check exists on the CPU (AUTHORING.md, "What
+    # The counts are taken beside the student's code; no trusted cross-check exists on the CPU (CHECKS.md, "What
     # each structural check can and cannot prove"), so a file that tampers with them fails.
     student.assert_untampered(gq.gptq_quantize, "the count of your code's factorisations and memory traffic")
     for cols, (_, _, out) in counted.items():

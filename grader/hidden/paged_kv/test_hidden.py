@@ -1414,7 +1414,7 @@ def slot_mistake(found: int, table: list[int], p: int, block_size: int, trial: i
 #   paged_attention  reference: sequences 1.0-1.8 / 1.5-1.7, length 1.4-1.5 / 1.5-1.6
 #                    loop over sequences 28-31 (at 1024) / 42-51   loop over positions 23-49 / 47-53
 # A loop over .tolist() data in plain Python costs about 0.3 us a token, which no clock here can tell from
-# vectorised code: the line count is what catches it (AUTHORING.md, "What each structural check can and
+# vectorised code: the line count is what catches it (CHECKS.md, "What each structural check can and
 # cannot prove").
 CLOCK = {
     "slots": Scaling(16, 16384, bar=8.0, large_in_process=4096, unit="tokens"),
@@ -1790,7 +1790,7 @@ def test_paged_attention_triton_launches_one_kernel_per_batch(student, pkk, rng)
         launches[len(lengths)] = len(got["launches"])
     (few, n_few), (many, n_many) = launches.items()
     # The launches are counted beside the student's code; no trusted cross-check exists under the CPU's
-    # interpreter (AUTHORING.md), so a file that tampers with the count fails.
+    # interpreter (CHECKS.md), so a file that tampers with the count fails.
     student.assert_untampered(pkk.paged_attention_triton, "the count of Triton launches")
     assert n_few >= 1, (
         "paged_attention_triton returned the right answer without launching a Triton kernel: write a "

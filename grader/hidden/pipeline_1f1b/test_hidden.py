@@ -469,7 +469,7 @@ def schedule_timing(student, fn, oracle, what: str, make, scaling: Scaling, work
 # (in-process, one thread, the interleaved filter costs 6.6x the reference per op at p = 64 and 11x at p = 128;
 # the digest the driver returns is hashed from the schedule's repr, so it no longer hides that: support.digest)
 # The small shape counts for at most `linear_cap` times the trusted baseline of that shape, so padding it
-# with work (a scan padded to a fixed length) buys only that much (grader/AUTHORING.md says what is left).
+# with work (a scan padded to a fixed length) buys only that much (grader/CHECKS.md says what is left).
 STAGES_CLOCK = {
     "plain": Scaling(2, 4096, bar=3.0, bar_in_process=4.0, unit="stages", same="8192 ops", small_cap=math.inf,
                      linear_cap=10.0),
@@ -1726,7 +1726,7 @@ def test_run_pipeline_holds_what_the_schedule_holds(student, pm, rng, seed, kind
     xs, ys = batch(rng, m)
     run, measured, held, left = drive(student, pm, stages, xs, ys, sched)
     # The census's counts come from beside the student's code; no trusted cross-check exists for them
-    # (AUTHORING.md, "What each structural check can and cannot prove"), so a file that tampers with them fails.
+    # (CHECKS.md, "What each structural check can and cannot prove"), so a file that tampers with them fails.
     student.assert_untampered(pm.run_pipeline, "the saved activations the census counted")
     want = trusted_simulate(sched)["peaks"]
     what = f"run_pipeline({label})"
