@@ -55,7 +55,7 @@ grade: setup                      ## grade a submission: make grade SUB=path/to/
 	$(BIN)/grader grade $(SUB) $(if $(EX),--exercise $(EX))
 
 IMAGE      ?= llm-efficiency-lab-grader:latest
-BASE_IMAGE ?= pytorch/pytorch:2.9.1-cuda12.8-cudnn9-runtime
+BASE_IMAGE ?= python:3.11-slim-bookworm
 image:                            ## the grading image: make image [IMAGE=name:tag] [BASE_IMAGE=...]
 	docker build -f docker/Dockerfile --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(IMAGE) .
 

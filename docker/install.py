@@ -1,8 +1,11 @@
 """Finish the grading image (run once, as root, by docker/Dockerfile's RUN step).
 
 1. Installs the Python packages pyproject.toml asks for that the base image lacks or has outside the
-   range pyproject.toml gives (the tested range: a base whose torch CI does not test gets the tested one);
-   pip runs only when something is missing, so a complete base needs no network.
+   range pyproject.toml gives; torch is the exception: a base without a torch CI tests (grader/torchbuild.py
+   `TESTED`) gets exactly the image's (`torchbuild.IMAGE`), never whatever newest release pip finds in the
+   range. pip runs only when something is missing, so a complete base needs no network. Then a C compiler
+   (Triton builds its GPU launcher with one): Debian's gcc where the base has none, unless the build says
+   C_COMPILER=none (an image that runs Triton's interpreter only: the project's CPU-only test image).
 2. Puts /opt/course on every Python's path (a .pth file), so `python -I -m grader...` finds it.
 3. Creates the users `grader` (owns the hidden checks and the solutions) and `student` (the
    sandboxed worker runs as it).
@@ -52,22 +55,72 @@ def version_tuple(text: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
+def tested_torch() -> tuple[set[str], str]:
+    """(the torch releases CI tests, the image's), read from grader/torchbuild.py's text: nothing is imported."""
+    import ast
+
+    tree = ast.parse((COURSE / "grader" / "torchbuild.py").read_text())
+    values = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+              if isinstance(t, ast.Name) and t.id in ("TESTED", "IMAGE")}
+    tested = ast.literal_eval(values["TESTED"])
+    return set(tested), ast.literal_eval(values["IMAGE"])
+
+
+def torch_to_install(have: str | None, tested: set[str], image: str) -> str | None:
+    """The torch requirement to install: None when the base's torch (`have`, "2.14.1+cu130") is a tested
+    release, else exactly the image's."""
+    if have is not None and have.split("+")[0] in tested:
+        return None
+    return f"torch=={image}"
+
+
 def install_missing() -> None:
     missing = []
+    tested, image = tested_torch()
     for spec, name, lower, upper in requirements():
         try:
-            have = importlib.metadata.version(name)
+            have: str | None = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
-            missing.append(spec)
-            continue
-        # outside the tested range (a base image's torch older or newer than CI tests): the tested one replaces it
-        if version_tuple(have) < lower or upper is not None and version_tuple(have) >= upper:
+            have = None
+        if name == "torch":  # a base image's torch that CI does not test: the image's tested one replaces it
+            pinned = torch_to_install(have, tested, image)
+            missing += [pinned] if pinned else []
+        elif have is None or version_tuple(have) < lower or upper is not None and version_tuple(have) >= upper:
             missing.append(spec)
     if not missing:
         print("install.py: every Python requirement is in the base image")
         return
     print(f"install.py: installing {missing}")
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-cache-dir", *missing], check=True)
+
+
+def c_compiler() -> str | None:
+    """The C compiler Triton would use (triton/runtime/build.py: $CC, then gcc, then clang)."""
+    import shutil
+
+    return os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")
+
+
+def ensure_c_compiler() -> None:
+    if os.environ.get("C_COMPILER", "gcc") == "none":
+        print("install.py: C_COMPILER=none: no C compiler installed; Triton's kernels run here under its "
+              "interpreter only (TRITON_INTERPRET=1), a GPU grade needs one")
+        return
+    if c_compiler():
+        print(f"install.py: Triton's C compiler: {c_compiler()}")
+        return
+    import shutil
+
+    if not shutil.which("apt-get"):
+        raise SystemExit("install.py: expected a C compiler (gcc or clang: Triton builds its GPU launcher with one) "
+                         "or apt-get to install gcc, found neither; build FROM a base with one, or pass "
+                         "--build-arg C_COMPILER=none for an image that never runs a kernel on a GPU")
+    print("install.py: installing gcc (Triton builds its GPU launcher with it)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "gcc", "libc6-dev"], check=True,
+                   env=env)
+    subprocess.run(["rm", "-rf", "/var/lib/apt/lists"], check=True)
 
 
 def add_to_path() -> None:
@@ -122,6 +175,7 @@ def check() -> None:
 
 if __name__ == "__main__":
     install_missing()
+    ensure_c_compiler()
     add_to_path()
     add_users()
     set_modes()

@@ -17,7 +17,8 @@ STUDENT_USER = "student"  # the unprivileged user the sandboxed worker runs as (
 
 
 def doctor() -> dict:
-    """What this machine grades with: GPU, driver, CUDA, torch, triton, and whether the sandbox's user exists."""
+    """What this machine grades with: GPU, driver, CUDA, torch, triton, the C compiler Triton's GPU launcher
+    needs, and whether the sandbox's user exists."""
     info = results.device_info()
     report = {"python": info["python"], "torch": info["torch"], "triton": info["triton"], "cuda": info["cuda"],
               "gpu": info["gpu"], "driver": None, "in_container": os.environ.get("GRADER_IN_CONTAINER") == "1"}
@@ -28,6 +29,8 @@ def doctor() -> dict:
     build = torchbuild.installed()
     report["torch_tested"] = (f"yes: {torchbuild.TESTED[build.release]}" if build and build.tested else
                               "no: grading refuses it without --allow-untested-torch")
+    # Triton compiles a small C launcher the first time a kernel runs on a GPU (triton/runtime/build.py)
+    report["c_compiler"] = os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")
     try:
         import pwd
 
