@@ -1,4 +1,5 @@
-"""Measure each exercise's memory figure (course.yaml ``memory_mb``) with the torch that is installed.
+"""Measure each exercise's memory figure with the torch that is installed (course.yaml ``memory_mb`` for the CPU
+build, ``memory_mb_cuda_torch`` for a CUDA build).
 
     python -m grader.bench.memory [--exercise ID ...] [--seed 5] [--out peaks.json]
 
@@ -6,8 +7,8 @@ Grades the reference of each exercise, one exercise per grade, in a memory cgrou
 cgroup v2's ``memory.peak`` or v1's ``memory.max_usage_in_bytes``), and prints the peak of the whole grade
 (grader, pytest and worker together, as a Gradescope container counts them) next to course.yaml's figure.
 The torch build matters: importing a CUDA build of torch costs each process about twice the memory of the
-CPU build, so the figures in course.yaml are for the CUDA build a grading machine has (README.md, "Memory").
-A peak above ``memory_mb`` exits 1: the figure would let a platform grade with too little memory, and a grade
+CPU build, so course.yaml holds a figure per build (README.md, "Memory"), and the table compares the peak with
+the installed build's. A peak above it exits 1: the figure would let a platform grade with too little memory, and a grade
 killed part-way reads as the student's crash.
 """
 
@@ -27,6 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grader.course import find_root, load_course
+from grader.runner import torch_is_cuda_build
 
 V2 = Path("/sys/fs/cgroup")
 
@@ -102,18 +104,20 @@ def main(argv: list[str] | None = None) -> int:
     course = load_course(root)
     ids = args.exercise or [e.id for e in course.exercises]
     build = torch_build()
+    cuda_torch = torch_is_cuda_build()
+    field = "memory_mb_cuda_torch" if cuda_torch else "memory_mb"  # the figure a grade on this build checks
     table = Table(title=f"a whole grade's peak memory, reference solutions, torch {build}")
-    for col in ("exercise", "score", "peak MiB", "course.yaml memory_mb", "suggested", "verdict"):
+    for col in ("exercise", "score", "peak MiB", f"course.yaml {field}", "suggested", "verdict"):
         table.add_column(col)
     rows, ok = [], True
     for exercise_id in ids:
-        declared = course.exercise(exercise_id).memory_mb
+        declared = course.exercise(exercise_id).memory_needed(cuda_torch)
         peak, score, state = measure(root, exercise_id, args.seed)
         fits = declared is not None and peak <= declared
         ok &= fits
-        rows.append({"exercise": exercise_id, "peak_mb": peak, "memory_mb": declared, "score": score, "state": state})
+        rows.append({"exercise": exercise_id, "peak_mb": peak, field: declared, "score": score, "state": state})
         table.add_row(exercise_id, f"{score:g} ({state})", str(peak), str(declared), str(suggested(peak)),
-                      "[green]within[/]" if fits else "[red]above: raise memory_mb[/]")
+                      "[green]within[/]" if fits else f"[red]above: raise {field}[/]")
     Console().print(table)
     if args.out:
         args.out.write_text(json.dumps({"torch": build, "seed": args.seed, "exercises": rows}, indent=2))
