@@ -99,7 +99,7 @@ def test_known_wrong_submission_loses_its_checks(tmp_path, exercise, mutant):
 # The exercises whose known-wrong submissions all declare the cause their messages must name (issue "The user's
 # side", row 6): an exercise joins when every mutant of it has one; the test below keeps it that way.
 CAUSES_DECLARED = ["online_softmax", "flash_attention", "ring_allreduce", "pipeline_1f1b", "paged_kv", "moe_router",
-                   "speculative", "gptq", "tensor_parallel", "zero_sharding"]
+                   "speculative", "gptq", "tensor_parallel", "zero_sharding", "budgets"]
 
 
 @pytest.mark.parametrize("exercise_id", CAUSES_DECLARED)

@@ -232,7 +232,7 @@ def test_model_states(sm, rng):
             got = sm.model_state_bytes(n, stage, dp)
             assert got == want, (
                 f"model_state_bytes({n}, zero_stage={stage}, dp={dp}) = {got}, expected {want}: 2 + 2 + 12 bytes per "
-                "parameter (bf16 weights, gradients; fp32 master, momentum, variance); stage 1 shards the 12, stage 2 "
+                "parameter (bf16 weights, gradients; the fp32 master copy, momentum, variance); stage 1 shards the 12, stage 2 "
                 f"also the gradients, stage 3 everything; the largest rank holds ceil({n} / {dp}) parameters")
     with pytest.raises(ValueError):
         sm.model_state_bytes(100, 4, 2)
@@ -369,18 +369,18 @@ def test_planner(sm, rng):
         cfg = {"vocab": 32000, "hidden": 1024 * pick(rng, [1, 2]), "ffn": 4096, "layers": pick(rng, [8, 12, 16]),
                "heads": 16, "kv_heads": pick(rng, [4, 8, 16]), "tied": bool(draw(rng, 0, 1))}
         seq, gb, stage = pick(rng, [2048, 4096]), pick(rng, [16, 32, 48]), draw(rng, 0, 3)
-        rec = pick(rng, ["none", "selective", "full"])
-        everything = o.plans_by_enumeration(cfg, world, 8, float("inf"), seq, gb, stage, rec)
+        rec, gpn = pick(rng, ["none", "selective", "full"]), pick(rng, [2, 4])
+        everything = o.plans_by_enumeration(cfg, world, gpn, float("inf"), seq, gb, stage, rec)
         need = sorted(float(o.memory_oracle(cfg, dict(tp=t, pp=p, dp=d, cp=c, zero_stage=stage, sp=t > 1, recompute=rec,
                                                       micro_batch=1, seq=seq, num_microbatches=gb // d)))
                       for t, p, d, c in everything)
         mid = len(need) // 2                                   # about half the plans fit, no plan at the edge
         budget = (need[mid - 1] + need[mid]) / 2 if need[mid] > need[mid - 1] else need[mid] * (1 + 1e-6)
-        want = o.plans_by_enumeration(cfg, world, 8, budget, seq, gb, stage, rec)
-        got = [tuple(p) for p in sm.plan_4d(cfg, world, 8, budget, seq, gb, stage, rec)]
+        want = o.plans_by_enumeration(cfg, world, gpn, budget, seq, gb, stage, rec)
+        got = [tuple(p) for p in sm.plan_4d(cfg, world, gpn, budget, seq, gb, stage, rec)]
         missing, extra = [p for p in want if p not in got], [p for p in got if p not in want]
         assert not missing and not extra, (
-            f"plan_4d(world={world}, gpu_bytes={budget:.6g}, seq={seq}, global_batch={gb}, zero_stage={stage}, "
+            f"plan_4d(world={world}, gpus_per_node={gpn}, gpu_bytes={budget:.6g}, seq={seq}, global_batch={gb}, zero_stage={stage}, "
             f"recompute={rec!r}, cfg={cfg}): missing {missing[:4]}, not expected {extra[:4]} (of {len(want)} plans "
             "that fit): every (tp, pp, dp, cp) with product world, tp <= gpus_per_node and dividing heads and "
             "kv_heads, pp dividing layers, cp dividing seq, dp dividing global_batch, memory_per_rank <= gpu_bytes")
