@@ -93,11 +93,13 @@ def measured_model_state_bytes(sizes: list[tuple[int, int]]) -> tuple[int, int]:
     x = torch.randn(3, sizes[0][0], dtype=torch.bfloat16)
     model(x).float().square().sum().backward()
     for m, p in zip(master, model.parameters()):
+        assert p.grad is not None
         m.grad = p.grad.float()
     opt.step()
     for m in master:
         m.grad = None                       # the fp32 gradient copy is transient: freed after the step
-    held = [p for p in model.parameters()] + [p.grad for p in model.parameters()] + master
+    held: list[torch.Tensor] = [p for p in model.parameters()] + master
+    held += [p.grad for p in model.parameters() if p.grad is not None]
     held += [t for state in opt.state.values() for key, t in state.items() if key != "step"]
     n = sum(p.numel() for p in model.parameters())
     return n, sum(t.numel() * t.element_size() for t in held)
