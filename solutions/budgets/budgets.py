@@ -40,7 +40,8 @@ def attention_cost(b: int, hq: int, hkv: int, nq: int, nk: int, d: int, causal: 
                    elem_bytes: int = 2, materialize_scores: bool = False) -> tuple[int, int]:
     """(flops, bytes) of attention: S = Q K^T and O = P V are 2 d FLOPs each per visible (query, key) pair and
     query head; Q and O (hq heads) and K and V (hkv heads) are read or written once. With
-    materialize_scores, S and P also go through memory: S written and read, P written and read."""
+    materialize_scores, S and P also go through memory: S written and read, P written and read (all nq x nk
+    of them, causal or not). ValueError unless hkv > 0 and hq is a multiple of hkv."""
     _need(min(b, hq, hkv, nq, nk, d) >= 0 and elem_bytes > 0, "attention_cost: sizes must be >= 0")
     _need(hkv > 0 and hq % hkv == 0, f"attention_cost: hq = {hq} must be a multiple of hkv = {hkv} > 0")
     pairs = causal_pairs(nq, nk) if causal else nq * nk
@@ -66,7 +67,8 @@ def roofline(flops: float, bytes: float, peak_flops: float, peak_bw: float) -> d
 
 
 def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, elem_bytes: int) -> int:
-    """Bytes one token adds to the KV cache: a K and a V vector per layer and per KV head."""
+    """Bytes one token adds to the KV cache: a K and a V vector per layer and per KV head. ValueError unless
+    every size is > 0."""
     _need(min(layers, kv_heads, head_dim, elem_bytes) > 0, "kv_bytes_per_token: every size must be > 0")
     return 2 * layers * kv_heads * head_dim * elem_bytes
 
@@ -74,7 +76,8 @@ def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, elem_bytes: in
 def decode_step_cost(n_params: int, param_bytes: int, kv_bytes_per_token: int,
                      contexts: list[int]) -> tuple[int, int]:
     """(flops, bytes) of one decode step of len(contexts) sequences: each new token costs 2 n_params FLOPs; the
-    weights are read once for the whole batch and each sequence's cached K and V once."""
+    weights are read once for the whole batch and each sequence's cached K and V once (attention FLOPs and the new
+    token's writes are left out). ValueError on an empty or negative contexts list."""
     _need(len(contexts) > 0 and min(contexts) >= 0, "decode_step_cost: contexts must be a non-empty list of >= 0")
     _need(n_params > 0 and param_bytes > 0 and kv_bytes_per_token > 0, "decode_step_cost: sizes must be > 0")
     return 2 * n_params * len(contexts), n_params * param_bytes + kv_bytes_per_token * sum(contexts)
@@ -87,7 +90,8 @@ def param_count(cfg: dict) -> int:
     """Exact parameter count of a Llama-style decoder: embedding [vocab, hidden]; per layer an RMSNorm weight
     before attention and before the MLP, q and o [hidden, hidden], k and v [hidden, kv_heads * head_dim]
     (head_dim = hidden // heads), gate, up and down (hidden x ffn each), no biases; a final RMSNorm weight; an
-    lm_head [vocab, hidden] unless `tied` (then it is the embedding, counted once)."""
+    lm_head [vocab, hidden] unless `tied` (then it is the embedding, counted once). ValueError unless heads
+    divides hidden and kv_heads divides heads."""
     h, heads, kv = cfg["hidden"], cfg["heads"], cfg["kv_heads"]
     _need(heads > 0 and h % heads == 0, f"param_count: hidden = {h} must be a multiple of heads = {heads}")
     _need(kv > 0 and heads % kv == 0, f"param_count: heads = {heads} must be a multiple of kv_heads = {kv}")
@@ -122,7 +126,7 @@ def activation_bytes(hidden: int, heads: int, seq: int, batch: int, tp: int = 1,
     with 16-bit activations, 1-byte dropout masks, ffn = 4 hidden, scores materialised) on one of tp ranks.
     "none": sbh (10 + 24/t + 5as/(ht)), or sbh (34/t + 5as/(ht)) with sequence parallelism; "selective"
     (the attention core recomputed): sbh (10 + 24/t), or 34 sbh / t with sp; "full": the layer's input, 2 sbh,
-    or 2 sbh / t with sp."""
+    or 2 sbh / t with sp. ValueError for another recompute or a tp that does not divide heads."""
     _need(recompute in RECOMPUTE, f"activation_bytes: recompute {recompute!r} is not one of {RECOMPUTE}")
     _need(tp >= 1 and heads % tp == 0, f"activation_bytes: tp = {tp} must divide heads = {heads}")
     sbh = seq * batch * hidden
@@ -139,7 +143,7 @@ def memory_per_rank(cfg: dict, plan: dict) -> float:
     """Bytes on the busiest rank of a (tp, pp, dp, cp) plan: the model states of ceil(P / (tp pp)) parameters
     (P = param_count(cfg)) sharded by ZeRO over the dp * cp ranks that hold the same weights, plus the first
     pipeline stage's activations: layers / pp layers at seq / cp tokens, for min(pp, num_microbatches)
-    microbatches in flight (1F1B)."""
+    microbatches in flight (1F1B). ValueError unless pp divides layers and cp divides seq."""
     tp, pp, dp, cp = plan["tp"], plan["pp"], plan["dp"], plan["cp"]
     _need(min(tp, pp, dp, cp) >= 1, "memory_per_rank: every degree must be >= 1")
     _need(cfg["layers"] % pp == 0, f"memory_per_rank: pp = {pp} must divide layers = {cfg['layers']}")

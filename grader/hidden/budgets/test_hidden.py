@@ -19,15 +19,16 @@ Contract clauses (README "The contract") and the tests that draw them:
 
 | clause | tests |
 | --- | --- |
-| matmul_cost: 2mnk, operands read once, out_bytes default | test_matmul_cost, test_matmul_flops_are_measured |
+| matmul_cost: 2mnk, operands read once, out_bytes default, errors | test_matmul_cost, test_matmul_flops_are_measured |
+| causal_pairs: bottom-right aligned visible pairs | test_causal_pairs |
 | attention_cost: 4 b hq d pairs; bottom-right causal pairs; bytes over hq and hkv; materialised scores; errors | test_attention_bytes_and_full_flops, test_causal_flops_are_measured, test_attention_rejects |
 | roofline: intensity, ridge, bound (ties compute), time; bytes 0 | test_roofline, test_roofline_ties_and_edges |
-| kv_bytes_per_token: MHA, GQA, MQA | test_kv_bytes |
+| kv_bytes_per_token: MHA, GQA, MQA, errors | test_kv_bytes |
 | decode_step_cost: weights once per step, each context's KV once, 2 n_params per token; errors | test_decode_step |
 | param_count: tied and untied, GQA, against a real module | test_param_count_is_measured, test_param_count_rejects |
 | model_state_bytes: every stage, ceil shard, errors; 16 bytes per parameter measured | test_model_states, test_model_states_are_measured |
 | activation_bytes: every Table 2 row; tp = 1 rows measured on a real layer at s and 2s; errors | test_table2_rows, test_activations_are_measured |
-| memory_per_rank: shards, ZeRO over dp cp, first stage in flight, s / cp | test_memory_per_rank |
+| memory_per_rank: shards, ZeRO over dp cp, first stage in flight, s / cp, errors | test_memory_per_rank |
 | rank_mesh: coords and groups for random orders and sizes; Megatron's example; errors | test_mesh_random, test_mesh_megatron_example, test_mesh_rejects |
 | plan_4d: every feasible plan, the order, against enumeration | test_planner |
 """
@@ -77,6 +78,18 @@ def test_matmul_cost(sm, rng):
                              "2 m n k FLOPs; A [m, k] and B [k, n] read at in_bytes, C [m, n] written at out_bytes")
     got = tuple(sm.matmul_cost(4, 8, 16, 2))
     assert got == (1024, (64 + 128 + 32) * 2), f"matmul_cost(4, 8, 16, 2) = {got}: out_bytes defaults to in_bytes"
+    with pytest.raises(ValueError):
+        sm.matmul_cost(-1, 8, 16, 2)
+
+
+@pytest.mark.check("roofline")
+def test_causal_pairs(sm, rng):
+    shapes = [(draw(rng, 0, 40), draw(rng, 0, 40)) for _ in range(20)] + [(1, 1), (5, 5), (3, 9), (9, 3)]
+    for nq, nk in shapes:
+        want = o.visible_pairs(nq, nk, True)
+        got = sm.causal_pairs(nq, nk)
+        assert got == want, (f"causal_pairs({nq}, {nk}) = {got}, expected {want} (a loop over every query and key): "
+                             "query i sees keys 0 .. i + nk - nq, bottom-right aligned")
 
 
 @pytest.mark.check("roofline")
@@ -174,6 +187,8 @@ def test_kv_bytes(sm, rng):
         assert got == want, (f"kv_bytes_per_token(layers={layers}, kv_heads={kv}, head_dim={hd}, elem_bytes={e}) = "
                              f"{got}, expected {want}: a K and a V vector per layer and per KV head (not per query "
                              f"head: {heads} query heads share {kv} KV heads here)")
+    with pytest.raises(ValueError):
+        sm.kv_bytes_per_token(32, 0, 128, 2)
 
 
 @pytest.mark.check("kv_decode")
@@ -269,6 +284,8 @@ def test_table2_rows(sm, rng):
                     "the 10 sbh of layer norms, dropouts and the inputs to QKV and the MLP stay whole on every rank")
     with pytest.raises(ValueError):
         sm.activation_bytes(64, 4, 16, 1, 1, False, "some")
+    with pytest.raises(ValueError):
+        sm.activation_bytes(64, 4, 16, 1, 3, False, "none")
 
 
 @pytest.mark.check("activations")
@@ -310,6 +327,10 @@ def test_memory_per_rank(sm, rng):
             f"memory_per_rank(cfg={cfg}, plan={plan}) = {got}, expected {float(want)}: model states of "
             "ceil(P / (tp pp)) parameters with ZeRO over dp * cp ranks, plus layers / pp layers of activations at "
             "seq / cp tokens, times min(pp, num_microbatches) microbatches in flight")
+    cfg = random_cfg(rng)
+    plan = dict(random_plan(rng, cfg), pp=cfg["layers"] + 1)
+    with pytest.raises(ValueError):
+        sm.memory_per_rank(cfg, plan)
 
 
 # ------------------------------------------------------------------ the mesh
@@ -355,6 +376,8 @@ def test_mesh_rejects(sm):
         sm.rank_mesh(8, {"tp": 2, "pp": 2}, "tp-cp-ep-dp-pp")
     with pytest.raises(ValueError):
         sm.rank_mesh(4, {"tp": 2, "xx": 2}, "tp-cp-ep-dp-pp")
+    with pytest.raises(ValueError):
+        sm.rank_mesh(4, {"tp": 2, "dp": 2}, "tp-dp-tp")
     coords, _ = sm.rank_mesh(4, {"tp": 2, "dp": 2})
     assert coords[3] == {"tp": 1, "cp": 0, "ep": 0, "dp": 1, "pp": 0}, f"rank_mesh(4, tp 2, dp 2)[3] = {coords[3]}"
 
