@@ -55,8 +55,9 @@ class Sweep:
 
 
 def sweep(course: Course, root: Path, exercises: list[str], seeds: list[int], jobs: int = 1,
-          checks: list[str] | None = None, mode: str = "sandbox") -> Sweep:
-    """Grade the reference once per seed; collect every check that came out below full marks."""
+          checks: list[str] | None = None, mode: str = "sandbox", progress: bool = False) -> Sweep:
+    """Grade the reference once per seed; collect every check that came out below full marks. `progress`: a line
+    on standard error per seed graded (its points lost, the time so far)."""
     result = Sweep(seeds)
     started = time.perf_counter()
 
@@ -75,6 +76,11 @@ def sweep(course: Course, root: Path, exercises: list[str], seeds: list[int], jo
                     lost = result.losses.setdefault((ex["id"], c["id"]), [])
                     if c["points"] < c["max_points"] - 1e-9:
                         lost.append(Loss(seed, c["points"], c["max_points"], c["message"]))
+            if progress:
+                lost_here = sum(1 for losses in result.losses.values() for loss in losses if loss.seed == seed)
+                print(f"seed {seed} graded ({seeds.index(seed) + 1} of {len(seeds)}, "
+                      f"{time.perf_counter() - started:.0f} s): {lost_here or 'no'} check(s) below full marks",
+                      file=sys.stderr, flush=True)
     result.wall_s = time.perf_counter() - started
     return result
 
@@ -114,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.seeds < 1:
         parser.error(f"expected --seeds of at least 1, found {args.seeds}")
     result = sweep(course, root, exercises, list(range(args.first, args.first + args.seeds)), args.jobs,
-                   args.check, args.mode)
+                   args.check, args.mode, progress=True)
     Console().print(table(result))
     if args.out:
         args.out.write_text(json.dumps(result.to_json(), indent=2) + "\n")
