@@ -103,8 +103,8 @@ def test_attention_bytes_and_full_flops(sm, rng):
         moved = (2 * b * hq * nq * d + 2 * b * hkv * nk * d) * e + (4 * b * hq * nq * nk * e if mat else 0)
         got = tuple(sm.attention_cost(b, hq, hkv, nq, nk, d, False, e, mat))
         assert got == (flops, moved), (
-            f"attention_cost(b={b}, hq={hq}, hkv={hkv}, nq={nq}, nk={nk}, d={d}, causal=False, elem_bytes={e}, "
-            f"materialize_scores={mat}) = {got}, expected {(flops, moved)}: Q and O over hq heads, K and V over hkv, "
+            f"attention_cost(b={b}, hq={hq}, hkv={hkv}, nq={nq}, nk={nk}, d={d}, elem_bytes={e}, "
+            f"materialize_scores={mat}), not causal: {got}, expected {(flops, moved)}: Q and O over hq heads, K and V over hkv, "
             "each once; a materialised S and P are each written and read once")
 
 
