@@ -15,6 +15,11 @@ from grader.course import load_course
 from grader.release import INSTRUCTOR_GRADER, LeakError, build_release, leak_check
 
 
+# One test process for the module: the release below is built once per process (tens of seconds), not once per
+# worker that happens to run one of these tests.
+pytestmark = pytest.mark.xdist_group("release")
+
+
 @pytest.fixture(scope="module")
 def release(root, tmp_path_factory):
     out = tmp_path_factory.mktemp("release") / "lab"
