@@ -261,11 +261,12 @@ def cmd_check(args: argparse.Namespace) -> int:
                       f"`make hint EX={ex_id}` for the next hint"
                       + ("" if args.verbose else "; `make check V=1` shows every failure in full"))
     skipped = [f"{ex['id']}/{c['id']}" for ex in result["exercises"] for c in ex["checks"] if c["status"] == "not_graded"]
+    cuda_checks = [f"{ex.id}/{c.id}" for ex in exercises for c in ex.checks if c.cuda] if not _has_cuda() else []
+    if cuda_checks:  # one line names each check once (the skipped ones are these CUDA checks, on a CPU host)
+        console.print(f"[dim]no CUDA device here: these checks run only when graded on a GPU: {', '.join(cuda_checks)}[/]")
+    skipped = [s for s in skipped if s not in cuda_checks]
     if skipped:
         console.print(f"[dim]skipped here (need CUDA): {', '.join(skipped)}[/]")
-    cuda_checks = [f"{ex.id}/{c.id}" for ex in exercises for c in ex.checks if c.cuda]
-    if cuda_checks and not _has_cuda():
-        console.print(f"[dim]no CUDA device here: these checks run only when graded on a GPU: {', '.join(cuda_checks)}[/]")
     return 1 if failures or not_run else 0
 
 

@@ -63,9 +63,16 @@ def not_written(found: list[Failure]) -> dict[str, tuple[list[str], int]]:
             continue
         names, count = by_exercise.get(failure.exercise, ([], 0))
         match = re.search(r"NotImplementedError:? ([A-Za-z_][\w.]*)", failure.message)
-        name = match.group(1) if match else "a function of the stub"
+        name = match.group(1) if match else _raising_function(failure.traceback) or "a function of the stub"
         by_exercise[failure.exercise] = (names if name in names else [*names, name], count + 1)
     return by_exercise
+
+
+def _raising_function(traceback: str) -> str:
+    """The function a bare `raise NotImplementedError` came from (a stub whose message does not start with the
+    function's name): the last frame pytest's traceback shows, `path.py:31: in copy_to_tp`."""
+    frames = re.findall(r"^\S+\.py:\d+: in ([A-Za-z_]\w*)\s*$", traceback, re.MULTILINE)
+    return frames[-1] if frames and frames[-1] != "<module>" else ""
 
 
 class NotRun(NamedTuple):

@@ -255,3 +255,31 @@ def test_a_name_the_file_lacks_is_named_with_what_the_file_defines(tmp_path):
     misnamed.write_text("import math\n\ndef gptq(W, H):\n    return W\n\nclass Quant:\n    pass\n")
     with pytest.raises(AttributeError, match=r"found no such name: it defines Quant, gptq$"):
         student_attribute(import_file(misnamed), "gptq_quantize")
+
+
+def test_a_bare_not_implemented_error_is_named_by_the_function_that_raised_it():
+    """A stub whose `raise NotImplementedError` carries no message (tensor_parallel's, zero_sharding's): `make
+    check` names the function from the traceback's last frame, not "a function of the stub"."""
+    from grader import report
+
+    traceback = ("grader/support/tensor_parallel.py:64: in _step\n    out = fn(*args, **kwargs)\n"
+                 "exercises/tensor_parallel/tensor_parallel.py:31: in copy_to_tp\n    raise NotImplementedError\n"
+                 "E   NotImplementedError\nE   (raised on rank 0 of 2, simulated ring)\n")
+    failures = [report.Failure("tensor_parallel", f"tensor_parallel, check c: test_{i}", "NotImplementedError: ",
+                               "NotImplementedError: ", traceback.replace("copy_to_tp", name), True)
+                for i, name in enumerate(["copy_to_tp", "copy_to_tp", "reduce_from_tp"])]
+    assert report.not_written(failures) == {"tensor_parallel": (["copy_to_tp", "reduce_from_tp"], 3)}, (
+        "each unwritten function is named once, from the frame that raised, with every test that waits on it")
+
+
+def test_check_names_each_cuda_check_once_on_a_cpu_host(root, tmp_path):
+    """On a host without CUDA, `make check` says once which checks wait for a GPU (it said it twice: "skipped here"
+    and "no CUDA device here", the same list)."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CPU host's output")
+    run = grader(root, "check", "speculative", "--from", str(root / "exercises"))
+    out = flat(run.stdout)
+    assert out.count("speculative/accept_speed") == 1, f"each CUDA-only check is named once: {out}"
+    assert "no CUDA device here: these checks run only when graded on a GPU: speculative/accept_speed" in out, out
