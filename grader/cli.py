@@ -177,6 +177,7 @@ class _Live:
     def __init__(self, exercise: Any, marks: bool, limit: float):
         self.exercise, self.marks, self.limit = exercise, marks, limit
         self.running: str | None = None  # the test that started last
+        self.said: str | None = None  # the test named as still running (once: not every QUIET_S seconds)
 
     def __call__(self, event: dict) -> None:
         if event.get("exercise") != self.exercise.id:
@@ -187,7 +188,8 @@ class _Live:
         elif kind == "test" and self.marks:
             mark = {"passed": "[green].[/]", "not_graded": "[dim]s[/]"}.get(event["status"], "[red]F[/]")
             console.print(mark, end="")
-        elif kind == "quiet" and self.running:
+        elif kind == "quiet" and self.running and self.said != self.running:
+            self.said = self.running
             console.print()
             console.print(Text.assemble(
                 ("  still running ", "dim"), inert(self.running),

@@ -422,7 +422,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
         from grader.harness.deadline import limited
 
         with limited(_call_timeout(item.config, exercise_id), _student_file(item.config, exercise_id),
-                     Path(str(item.path))):
+                     Path(str(item.path)), item.name):
             yield
     else:
         yield

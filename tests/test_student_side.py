@@ -283,3 +283,21 @@ def test_check_names_each_cuda_check_once_on_a_cpu_host(root, tmp_path):
     out = flat(run.stdout)
     assert out.count("speculative/accept_speed") == 1, f"each CUDA-only check is named once: {out}"
     assert "no CUDA device here: these checks run only when graded on a GPU: speculative/accept_speed" in out, out
+
+
+def test_one_endless_loop_costs_one_call_limit_not_one_per_test(root, looping):
+    """A loop hangs every test that reaches it. The first is stopped at the call limit; a later test found at the
+    same line is stopped after a few seconds, saying so (at 120 s each, eight hung tests spent online_softmax's
+    600 s and left the rest "not run", ten minutes of `make check` for one `while True`)."""
+    source, line = looping
+    start = time.monotonic()
+    run = grader(root, "check", "online_softmax", "--from", str(source), "--call-timeout", "20")
+    took, out = time.monotonic() - start, flat(run.stdout)
+    assert run.returncode == 1, out
+    assert len(re.findall(r"FAILED online_softmax, check \w+: test_\S+ stopped after 20 s", out)) == 1, (
+        f"one test, the first to loop, is given the whole limit: {out}")
+    same = re.findall(rf"stopped after \d+ s in online_normalizer \(line {line} of online_softmax.py\), the line where "
+                      r"test_\w+ ran out of the 20 s limit for one call into your code: the same endless loop", out)
+    assert same, f"later tests at the same line name the test that ran out there: {out}"
+    assert "not run" not in out, f"no test is left 'not run': {out}"
+    assert took < 20 + 10 * (len(same) + 1) + 60, f"{took:.0f} s for {len(same) + 1} looping tests: {out}"
