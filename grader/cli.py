@@ -197,6 +197,19 @@ class _Live:
                  "one call); Ctrl-C stops the run here", "dim")))
 
 
+def _list_failures(failures: list[report.Failure]) -> list[report.Failure]:
+    """A FAILED line per test that ran the student's code and failed; the tests that met a stub's
+    NotImplementedError grouped per exercise by the functions not written yet. Returns the former."""
+    started = [f for f in failures if not f.not_started]
+    for failure in started:
+        console.print(Text.assemble(("FAILED ", "red"), inert(failure.where), " ", inert(failure.first_line)))
+    for ex_id, (names, count) in report.not_written(failures).items():  # every failing test is accounted for
+        console.print(Text.assemble(("NOT WRITTEN YET ", "yellow"), f"{ex_id}: ", inert(", ".join(names)),
+                                    f" ({count} test{'s' if count != 1 else ''} wait on "
+                                    f"{'them' if len(names) != 1 else 'it'})"))
+    return started
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """Self-study: public tests on the student's own exercises/, in-process, with a progress table.
     Exit status 1 when a public test fails (as pytest's) or a file does not compile or import (no test of it
@@ -244,13 +257,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                        else f"exercises/{ex.id}/{ex.file}")
     _warn_scan_findings(root, exercises, args.source, set(not_run), result)
     failures = [f for f in report.failures(result) if f.exercise not in not_run]  # the reason above says it once
-    started = [f for f in failures if not f.not_started]
-    for failure in started:
-        console.print(Text.assemble(("FAILED ", "red"), inert(failure.where), " ", inert(failure.first_line)))
-    for ex_id, (names, count) in report.not_written(failures).items():  # every failing test is accounted for
-        console.print(Text.assemble(("NOT WRITTEN YET ", "yellow"), f"{ex_id}: ", inert(", ".join(names)),
-                                    f" ({count} test{'s' if count != 1 else ''} wait on "
-                                    f"{'them' if len(names) != 1 else 'it'})"))
+    started = _list_failures(failures)
     if started:
         first = started[0] if not args.verbose else None
         for failure in ([first] if first else started):
@@ -427,8 +434,7 @@ def cmd_interview(args: argparse.Namespace) -> int:
     verdict = "[green]pass[/]" if passes else "[red]not yet[/]"
     console.print(f"{round_.id}: {passed}/{len(tests)} public tests pass: {verdict}; "
                   f"{used:.0f} of {state['minutes']} minutes used")
-    for failure in report.failures(result, checks=wanted):
-        console.print(Text.assemble(("FAILED ", "red"), inert(failure.where), " ", inert(failure.first_line)))
+    _list_failures(report.failures(result, checks=wanted))  # as `make check`: unwritten functions grouped
     if args.action == "done":
         if not tests:
             console.print(f"[red]not recorded[/]: expected the public tests of {round_.id} ({', '.join(round_.checks)}) "

@@ -93,6 +93,19 @@ def test_an_interview_round_on_a_file_that_does_not_compile_is_not_recorded(lab,
     assert "{" not in out, f"`make interview-done` prints a line for people, not a dict: {out}"
 
 
+def test_interview_check_groups_the_functions_not_written_yet(lab):
+    """A fresh round's stub: `make interview-check` says which functions are not written yet, once, as `make check`
+    does, not a FAILED line per test repeating the stub's NotImplementedError."""
+    start = grader(lab, "interview", "start", "--exercise", "online_softmax/normalizer")
+    assert start.returncode == 0, start.stdout + start.stderr
+    check = grader(lab, "interview", "check")
+    out = flat(check.stdout)
+    assert check.returncode == 1, out
+    assert "NotImplementedError" not in out and "FAILED" not in out, f"no FAILED line per unwritten test: {out}"
+    assert re.search(r"NOT WRITTEN YET online_softmax: online_normalizer, merge_states \(6 tests wait on them\)",
+                     out), out
+
+
 def test_starting_a_round_again_keeps_the_earlier_practice_file(lab):
     start = grader(lab, "interview", "start", "--exercise", "online_softmax")
     assert start.returncode == 0, start.stdout + start.stderr
