@@ -14,6 +14,8 @@ command with a container backend refuses them rather than ignore them.
 from __future__ import annotations
 
 import argparse
+import os
+import pwd
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +61,13 @@ class GradeOptions:
             if value is not None and not value > 0:
                 flag = "--" + name[: -len("_s")].replace("_", "-")
                 raise OptionsError(f"expected {flag} greater than 0 seconds, found {value:g}")
+        if self.user not in ("auto", "") and os.geteuid() == 0:  # as root, each worker runs as this account
+            try:
+                pwd.getpwnam(self.user)
+            except KeyError:  # else every exercise fails later as "the test process exited with code 3"
+                raise OptionsError(f"expected --user {self.user!r} to name an account on this machine (as root, "
+                                   f"the student's code runs as it), found none: create it (the Gradescope bundle's "
+                                   f"setup.sh creates 'student'), or use --user auto (GRADER_USER=auto)") from None
 
     # -- the command line ---------------------------------------------------------------------------
 

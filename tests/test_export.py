@@ -822,11 +822,31 @@ def test_run_autograder_posts_no_partial_score_when_the_grader_fails(tmp_path, m
 
     root = _gradescope_tree(tmp_path / "autograder")
     monkeypatch.setenv("GRADER_IGNORE_MEMORY", "1")
+    monkeypatch.setenv("GRADER_USER", "nobody")  # an account this machine has (setup.sh makes 'student')
     monkeypatch.setattr("grader.runner.grade", lambda *a, **k: grader_failed("erin"))
     assert gradescope_run.run(root) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert not (root / "results" / "results.json").exists(), "a failed run leaves no results.json: no score posted"
     assert "The autograder failed, not the submission: the grade failed on the grader's side" in out, out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the account is looked up only as root, where the worker drops to it")
+def test_run_autograder_without_the_student_account_says_so(tmp_path, monkeypatch, capsys):
+    """run_autograder before setup.sh made the account 'student': one line naming the account and the way out,
+    not "the grader's test process for online_softmax stopped before it finished: it exited with code 3"."""
+    from grader.export import gradescope_run
+
+    root = _gradescope_tree(tmp_path / "autograder")
+    monkeypatch.setenv("GRADER_IGNORE_MEMORY", "1")
+    monkeypatch.setenv("GRADER_USER", "no-such-account-for-the-course")
+    graded = []
+    monkeypatch.setattr("grader.runner.grade", lambda *a, **k: graded.append(a))
+    assert gradescope_run.run(root) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert not graded and not (root / "results" / "results.json").exists(), "nothing graded, no score posted"
+    assert ("expected --user 'no-such-account-for-the-course' to name an account on this machine (as root, the "
+            "student's code runs as it), found none: create it (the Gradescope bundle's setup.sh creates 'student'), "
+            "or use --user auto (GRADER_USER=auto)") in out, out
 
 
 def test_a_real_result_exports_to_every_format(gradescope_run, tmp_path):

@@ -92,7 +92,7 @@ def run(root: Path) -> int:
     from grader.export.checks import GradeFailed
     from grader.export.gradescope import to_gradescope
     from grader.export.settings import load_settings
-    from grader.options import GradeOptions
+    from grader.options import GradeOptions, OptionsError
     from grader.runner import grade
 
     started = time.monotonic()
@@ -103,14 +103,14 @@ def run(root: Path) -> int:
         course = load_course(source)
         settings = load_settings(source, course)
         config = _config(source)
-        opts = GradeOptions(exercises=config["exercises"], tests=config["tests"], user=config["user"])
-        refusal = _memory_refusal(course, opts.exercises)
+        refusal = _memory_refusal(course, config["exercises"])  # first: a container too small grades nothing
         if refusal is not None:
             return _failed(root, refusal)
+        opts = GradeOptions(exercises=config["exercises"], tests=config["tests"], user=config["user"])
         result = grade(course, source, root / "submission", out_dir / "result.json", opts,
                        submission_id=_submission_id(root))
         payload = to_gradescope(result, settings, course, execution_time_s=time.monotonic() - started)
-    except GradeFailed as exc:
+    except (GradeFailed, OptionsError) as exc:
         return _failed(root, str(exc))
     except Exception as exc:  # noqa: BLE001 -- the grader failed, not the student: no score, a run to redo
         traceback.print_exc()
