@@ -195,7 +195,8 @@ def progress_table(result: dict) -> Table:
             pointed = True
         else:
             nxt = Text(f"{_first_line(bad['name'])}: {_first_line(bad['message'])}", style="red")
-        table.add_row(plain(ex["id"]), f"{passed}/{len(tests)}", _points(earned, possible), nxt)
+        # a file that did not compile or import ran no test: "not run", not an empty 0/0 (the reason is in "next")
+        table.add_row(plain(ex["id"]), f"{passed}/{len(tests)}" if tests else "not run", _points(earned, possible), nxt)
     return table
 
 

@@ -40,6 +40,8 @@ def test_check_of_a_file_that_does_not_run_exits_1_with_the_reason(root, tmp_pat
     assert f"NOT RUN online_softmax: expected {tmp_path}/online_softmax/online_softmax.py to compile and import, " \
            f"found: " in out, out
     assert reason in out, f"`make check` must name the reason ({reason!r}): {out}"
+    if source == SYNTAX_ERROR:  # no test was collected
+        assert re.search(r"online_softmax not run 0/\d+", out), f"the table says 'not run', not 0/0 tests: {out}"
     if source == IMPORT_ERROR:
         assert 'online_softmax.py", line 3, in <module>' in run.stdout, f"the import's line is shown: {run.stdout}"
         assert "FAILED online_softmax" not in out, "one reason, not a FAILED line per test that never ran its code"
