@@ -460,7 +460,8 @@ def cmd_notebook(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     console.print(f"wrote {path.relative_to(root)}: the contract, then exercises/{ex.id}/{ex.file} as it is now (the "
                   f"stub, or your work so far) as code cells. Hand in "
-                  f"{path.name} instead of {ex.file} (a .py beside it is graded first); cells tagged 'scratch' or "
+                  f"{path.name} instead of {ex.file}, without {ex.file} beside it (where both are handed in, the .py is "
+                  f"graded); cells tagged 'scratch' or "
                   f"starting '# scratch' are not graded, and no cell may hold a shell or magic line",
                   markup=False, highlight=False)
     return 0

@@ -60,12 +60,14 @@ def shown_hints(state: dict, available: int) -> list[int]:
 
 
 def pick_hint(hints: list, shown: list[int], failing: list[str]) -> int | None:
-    """The next hint to show: the first unseen one for a check the last `make check` failed, else the first
-    unseen one; None when all were shown."""
+    """The next hint to show: the first unseen one for the first check the last `make check` failed (in the
+    course's order of checks: the first failure is the one to fix first), then for the next failed check, else
+    the first unseen one; None when all were shown."""
     unseen = [i for i in range(len(hints)) if i not in shown]
-    for i in unseen:
-        if set(hints[i].checks) & set(failing):
-            return i
+    for check in failing:
+        for i in unseen:
+            if check in hints[i].checks:
+                return i
     return unseen[0] if unseen else None
 
 

@@ -113,3 +113,17 @@ def test_a_hint_names_only_checks_its_exercise_has():
             "minutes": 1, "time_limit_s": 1, "call_timeout_s": 1,
             "checks": [{"id": "a", "title": "a", "points": 1}],
             "hints": ["plain", {"text": "linked", "checks": ["nope"]}]})
+
+
+def test_the_first_failed_check_gets_its_hint_before_a_later_one():
+    """online_softmax's no_rescale fails normalizer_public first and softmax_public after it: the rescale hint
+    (normalizer's) is the one to read first, though a softmax hint comes earlier in the list (the journey of
+    issue "The user's side" met the general one first)."""
+    from types import SimpleNamespace
+
+    from grader.selfstudy import pick_hint
+
+    hints = [SimpleNamespace(checks=["softmax_public"]), SimpleNamespace(checks=["normalizer_public"])]
+    assert pick_hint(hints, [], ["normalizer_public", "softmax_public"]) == 1
+    assert pick_hint(hints, [1], ["normalizer_public", "softmax_public"]) == 0
+    assert pick_hint(hints, [], []) == 0
