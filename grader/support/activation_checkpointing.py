@@ -32,7 +32,8 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as _library
 
 __all__ = ["SavedBytes", "CASES", "build_case", "run_case", "run_plan", "run_attention", "plan_costs",
-           "stack_weights", "stack_forward", "no_library_checkpoint"]
+           "stack_weights", "stack_forward", "no_library_checkpoint", "device_stack", "Step", "plan_memory",
+           "bench_step"]
 
 
 def _storage_key(t: torch.Tensor) -> tuple[int, int]:
@@ -254,9 +255,9 @@ def stack_forward(weights: list, start: int, stop: int) -> Callable:
     return segment
 
 
-def plan_costs(widths: Sequence[int], hidden: Sequence[int], rows: int) -> list[tuple[int, int, int]]:
-    """(a, x, f) per layer of the stack, fp32: it saves its input and its relu output; 2 matmuls' FLOPs."""
-    return [(4 * rows * (widths[i] + hidden[i]), 4 * rows * widths[i],
+def plan_costs(widths: Sequence[int], hidden: Sequence[int], rows: int, itemsize: int = 4) -> list[tuple[int, int, int]]:
+    """(a, x, f) per layer of the stack (fp32 by default): it saves its input and its relu output; 2 matmuls' FLOPs."""
+    return [(itemsize * rows * (widths[i] + hidden[i]), itemsize * rows * widths[i],
              2 * rows * hidden[i] * (widths[i] + widths[i + 1])) for i in range(len(hidden))]
 
 
@@ -298,3 +299,114 @@ def run_attention(attention_block: Callable, x: torch.Tensor, w_qkv: torch.Tenso
         out.backward(grad)
     return {"out": out.detach(), "grads": [x.grad, w_qkv.grad, w_out.grad], "forward_shapes": shapes,
             "forward_bytes": forward_bytes}
+
+
+# --------------------------------------------------------------------------------------------------
+# The CUDA checks: a bf16 stack on the GPU, its allocator's peak under a plan, and a timed training step
+
+
+_STACKS: dict[tuple, list] = {}
+
+
+def device_stack(widths: Sequence[int], hidden: Sequence[int], seed: int, dtype: torch.dtype,
+                 device: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`stack_weights` in `dtype` on `device` (made once per process: the grader and the worker each build the
+    same weights from the seed, on the CPU's generator, so the grader can check the worker's gradients)."""
+    key = (tuple(widths), tuple(hidden), seed, dtype, device)
+    if key not in _STACKS:
+        _STACKS.clear()  # one stack at a time on the GPU
+        # stack_weights' draws in its order, each moved as it is drawn: the worker's host memory holds one fp32
+        # weight at a time (16 MiB), not the whole fp32 stack (768 MiB at the CUDA checks' size)
+        g = torch.Generator().manual_seed(seed)
+
+        def weight(rows: int, cols: int) -> torch.Tensor:
+            return (torch.randn(rows, cols, generator=g) / rows ** 0.5).to(device, dtype).requires_grad_(True)
+
+        _STACKS[key] = [(weight(widths[i], hidden[i]), weight(hidden[i], widths[i + 1])) for i in range(len(hidden))]
+    return _STACKS[key]
+
+
+class Step:
+    """One training step of the stack under `plan`: forward (checkpointed segments through `checkpoint`; None runs
+    every segment plainly), backward from a fixed gradient, and what a grader can check of it: the input's
+    gradient and the float norm of every weight's gradient (the weights' .grad are cleared first)."""
+
+    def __init__(self, checkpoint: Callable | None, widths: Sequence[int], hidden: Sequence[int],
+                 plan: Sequence[Sequence[Any]], seed: int, dtype: torch.dtype, device: str):
+        self.checkpoint, self.plan = checkpoint, [(int(s), int(e), bool(c)) for s, e, c in plan]
+        self.weights = device_stack(widths, hidden, seed, dtype, device)
+        self.params = [w for pair in self.weights for w in pair]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x
+        for start, stop, checkpointed in self.plan:
+            segment = stack_forward(self.weights, start, stop)
+            h = self.checkpoint(segment, h) if checkpointed and self.checkpoint is not None else segment(h)
+        return h
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        for p in self.params:
+            p.grad = None
+        x = x.detach().requires_grad_(True)
+        out = self.forward(x)
+        # the gradient fed back: the output itself, scaled (d/dout of 0.5 |out|^2 / numel), made from x alone
+        out.backward(out.detach() / out.numel() ** 0.5)
+        norms = torch.stack([p.grad.float().norm() if p.grad is not None else p.new_zeros((), dtype=torch.float32)
+                             for p in self.params])
+        return x.grad, norms
+
+
+def bench_step(checkpoint: Callable, specs: Sequence[Any], kwargs: dict | None = None, **options: Any) -> dict:
+    """grader.support.timing's `bench` on a training `Step` through the student's `checkpoint`: the test times it
+    with ``speed.time_student`` (every rep's x fresh from the recipe), `kwargs` holding the Step's configuration."""
+    from grader.support.timing import bench, default_device
+
+    step = Step(checkpoint, device=default_device(), **(kwargs or {}))
+    with no_library_checkpoint():
+        return bench(step, specs, None, **options)
+
+
+def plan_memory(checkpoint: Callable, widths: Sequence[int], hidden: Sequence[int], rows: int,
+                plan: Sequence[Sequence[Any]], seed: int, dtype: torch.dtype, device: str) -> dict:
+    """One training step of the stack under `plan`, after a warm-up step: the memory allocated at its peak above
+    what was allocated before it (the weights and their .grad, the input, the gradient fed back), and the peak of
+    the bytes saved for backward (`SavedBytes`).
+
+    On CUDA the first is ``torch.cuda.max_memory_allocated``. On the CPU (the rehearsal, grader/rehearsal.py)
+    torch keeps no allocator statistics, and the stand-in is the second figure, never scored. (flash_attention's
+    `_Alive`, the bytes alive among the storages operations write, was tried as the stand-in: at the rehearsal's
+    tiny widths it counts each weight-gradient temporary as alive after autograd frees it, several layers'
+    activations too many, so it measures the stand-in's blind spot, not the plan.)"""
+    weights = device_stack(widths, hidden, seed, dtype, device)
+    params = [w for pair in weights for w in pair]
+    for p in params:
+        p.grad = torch.zeros_like(p)  # the gradients accumulate in place: part of the model, not the step
+    g = torch.Generator().manual_seed(seed + 7)
+    x = torch.randn(rows, widths[0], generator=g).to(device, dtype).requires_grad_(True)
+    grad = (torch.randn(rows, widths[-1], generator=g) / rows ** 0.5).to(device, dtype)
+
+    def step() -> torch.Tensor:
+        h = x
+        for start, stop, checkpointed in plan:
+            segment = stack_forward(weights, int(start), int(stop))
+            h = checkpoint(segment, h) if checkpointed else segment(h)
+        h.backward(grad)
+        return h
+
+    tracker = SavedBytes(excluded=params)
+    with no_library_checkpoint():
+        step()  # the warm-up: cuBLAS's workspace and the allocator's first blocks are no part of the figure
+        x.grad = None
+        if x.is_cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            with tracker.hooks():
+                step()
+            torch.cuda.synchronize()
+            extra = int(torch.cuda.max_memory_allocated() - before)
+        else:  # the rehearsal: no allocator statistics on the CPU
+            with tracker.hooks():
+                step()
+            extra = tracker.peak
+    return {"extra": extra, "saved_peak": tracker.peak, "device": str(x.device)}

@@ -5,6 +5,12 @@ The signature is the bytes saved for backward: `saves` sees every tensor autogra
 run under the student's plan against the plan's predicted peak. The textbook checkpoint calls fn and returns its
 outputs: the right values and gradients, with everything saved, so it keeps `grads` and `rng` and loses those two
 (and `selective`, whose "core" then saves the s x s scores, and the public test that counts the calls).
+
+The CUDA checks (`grader gpu-check` proves these losses on a GPU; a CPU host leaves them not graded): `cuda_memory`
+sees what keeps activations (textbook, forward_with_grad), a plan over the budget (forgets_recompute_spike) and what
+cannot run the stack (inputs_not_detached, library_checkpoint); `cuda_overhead` refuses to time a checkpoint whose
+saved bytes are not the plan's (textbook, forward_with_grad), and its checked rep's weight gradients catch
+grad_wrt_inputs_only.
 """
 
 from tests.known_wrong import Mutant
@@ -45,7 +51,7 @@ MUTANTS = [
         why="my checkpoint just calls fn: the values and gradients are right, and nothing is recomputed",
         cause=r"no_grad",
         edits=[("    return CheckpointFunction.apply(fn, *args)\n", "    return fn(*args)\n")],
-        loses=["checkpoint_public", "saves", "measured", "selective"],
+        loses=["checkpoint_public", "saves", "measured", "selective", "cuda_memory", "cuda_overhead"],
         keeps=["grads", "rng", "cost_model", "optimal", "sqrt", "planner_public"],
     ),
     Mutant(
@@ -53,7 +59,7 @@ MUTANTS = [
         why="I run fn with grad enabled in forward (to be safe), so it saves everything; backward still recomputes",
         cause=r"no_grad",
         edits=[(_NO_GRAD, "        with torch.enable_grad():\n")],
-        loses=["checkpoint_public", "saves", "measured", "selective"],
+        loses=["checkpoint_public", "saves", "measured", "selective", "cuda_memory", "cuda_overhead"],
         keeps=["grads", "rng", "cost_model", "optimal", "sqrt"],
     ),
     Mutant(
@@ -84,7 +90,7 @@ MUTANTS = [
                 "                     for a in args]\n"
                 "        else:\n"
                 "            grads = [None for a in args]\n")],
-        loses=["checkpoint_public", "grads"],
+        loses=["checkpoint_public", "grads", "cuda_overhead"],
         keeps=["saves", "rng", "selective", "measured"],
     ),
     Mutant(
@@ -94,7 +100,7 @@ MUTANTS = [
         cause=r"detach the saved inputs",
         edits=[("            args[i] = t.detach().requires_grad_(t.requires_grad)  # a fresh leaf: the earlier graph is "
                 "not ours\n", "            args[i] = t\n")],
-        loses=["grads"],
+        loses=["grads", "cuda_memory", "cuda_overhead"],
         keeps=["cost_model", "optimal", "sqrt"],
     ),
     Mutant(
@@ -104,7 +110,7 @@ MUTANTS = [
         edits=[("            peak = max(peak, held + sum(c.a for c in costs[start:stop]))\n", "            pass\n"),
                (_SPIKE_CHECK, ""),
                ("                    s = max(spike, held + seg_a) if ck else spike\n", "                    s = spike\n")],
-        loses=["planner_public", "cost_model", "optimal", "measured"],
+        loses=["planner_public", "cost_model", "optimal", "measured", "cuda_memory"],
         keeps=["grads", "saves", "rng", "selective"],
     ),
     Mutant(
@@ -122,7 +128,7 @@ MUTANTS = [
         edits=[("import torch.nn.functional as F\n",
                 "import torch.nn.functional as F\nfrom torch.utils.checkpoint import checkpoint as _library\n"),
                ("    return CheckpointFunction.apply(fn, *args)\n", "    return _library(fn, *args, use_reentrant=False)\n")],
-        loses=["checkpoint_public", "grads", "saves", "rng", "measured", "selective"],
+        loses=["checkpoint_public", "grads", "saves", "rng", "measured", "selective", "cuda_memory", "cuda_overhead"],
         keeps=["cost_model", "optimal", "sqrt"],
     ),
 ]

@@ -13,7 +13,16 @@ The signature: the bytes saved for backward. `saves` logs every tensor autograd'
 finalisers, distinct storages, parameters left out): their peak must equal the plan's predicted peak and fit the
 budget. A checkpoint that simply calls fn, or runs it with grad enabled in forward, has the right gradients and
 loses both. They cannot see memory held outside autograd's saved tensors (a copy of an activation the student keeps
-on ctx or in a global, which no hook packs), nor anything on the GPU (no CUDA check: see the README).
+on ctx or in a global, which no hook packs): the CUDA check `cuda_memory` does, with the allocator's own peak.
+
+The CUDA checks (`cuda: true`, rehearsed tiny on the CPU by `grader gpu-check --dry-run`; bars uncalibrated until a
+GPU runs them): `cuda_memory` runs a 24-layer bf16 stack (16384 tokens, width 1024, hidden 4096) under the
+student's plan at 40% of its no-checkpoint peak and bounds torch.cuda.max_memory_allocated above the weights, their
+gradients and the input by 1.1 x the budget plus two layers' activations (the backward's own gradients);
+`cuda_overhead` first proves on a small stack that the checkpoint saves what the plan predicts, then times a
+training step of the same 24-layer stack under Chen's plan through the student's checkpoint (speed.time_student,
+every rep's input fresh, one rep's gradients checked against the plain step run here) and scores the plain step's
+time (speed.time_here, in this process) over it.
 
 Contract clauses (README "The contract") and the tests that draw them:
 
@@ -27,6 +36,8 @@ Contract clauses (README "The contract") and the tests that draw them:
 | sqrt_plan: segments of ceil(sqrt(n)), the last shorter; peak within (2 ceil(sqrt(n)) + 1) a | test_sqrt_plan |
 | attention_block: the three modes agree with attention; "core" saves nothing s x s; "full" saves only its inputs; a bad mode raises ValueError | test_selective_recompute, test_attention_rejects_a_bad_mode |
 | the plan, run for real, saves what peak_bytes predicts, within the budget | test_measured_peak_of_the_plan |
+| (CUDA) the plan, run on a GPU, allocates what the plan predicts plus a backward's workspace | test_cuda_peak_memory_at_a_budget |
+| (CUDA) a checkpointed step costs about one extra forward | test_cuda_step_time_overhead |
 """
 
 from __future__ import annotations
@@ -38,15 +49,18 @@ import re
 import pytest
 import torch
 
+from grader import rehearsal, speed
 from grader.hidden.activation_checkpointing.oracle import (
     attention_fp64, brute_force, dropout_mask, every_plan, flops_loop, simulate_peak, sqrt_closed_form,
 )
-from grader.support.activation_checkpointing import CASES, plan_costs, run_plain
+from grader.support.activation_checkpointing import CASES, Step, plan_costs, run_plain
 from grader.testing import assert_close, is_close, show, valid_call
 
 CASE = "grader.support.activation_checkpointing:run_case"
 PLAN = "grader.support.activation_checkpointing:run_plan"
 ATTENTION = "grader.support.activation_checkpointing:run_attention"
+MEMORY = "grader.support.activation_checkpointing:plan_memory"
+BENCH = "grader.support.activation_checkpointing:bench_step"
 DROPOUT_CASES = ("dropout", "nested")
 
 
@@ -363,3 +377,120 @@ def test_measured_peak_of_the_plan(sm, student, seed):
             f"under your plan {plan} the stack held {got['peak']} bytes saved for backward, over the budget of "
             f"{budget}: the recompute spike of a checkpointed segment counts")
         assert got["left"] == 0, f"{got['left']} bytes stayed saved after backward: something keeps the graph alive"
+
+
+# ----------------------------------------------------------------------------------------------------
+# cuda_memory and cuda_overhead (CUDA only; rehearsed tiny on the CPU by `grader gpu-check --dry-run`)
+#
+# The design's stack (NEXT-EXERCISES.md 3.3): 24 layers relu(x @ W1) @ W2 of width h = 1024 and hidden 4h, in
+# bf16, on b * s = 8 * 2048 tokens: 160 MiB saved per layer, 3.75 GiB for the whole stack, 384 MiB of weights.
+
+LAYERS = 24
+WIDTH, ROWS = rehearsal.size((1024, 8 * 2048), (16, 32))
+BF16 = torch.bfloat16
+# One layer's backward holds, beside what the plan counts, the gradients of its output and input and two of its
+# hidden width (the relu's and the matmul's): about two layers' saved bytes. Uncalibrated (no GPU has run it).
+WORKSPACE_LAYERS = 2
+ALLOCATOR_SLACK = 1.1  # the design's slack for the allocator's rounding and fragmentation (judgement)
+
+
+def _gpu_stack():
+    widths, hidden = [WIDTH] * (LAYERS + 1), [4 * WIDTH] * LAYERS
+    dtype = rehearsal.dtype(BF16)
+    return widths, hidden, dtype, torch.tensor([], dtype=dtype).element_size()
+
+
+@pytest.mark.cuda
+@pytest.mark.check("cuda_memory")
+def test_cuda_peak_memory_at_a_budget(sm, student, seed, score):
+    widths, hidden, dtype, itemsize = _gpu_stack()
+    costs = plan_costs(widths, hidden, ROWS, itemsize)
+    everything = sum(c[0] for c in costs)  # the peak without checkpoints: every layer stored
+    budget = int(0.4 * everything)
+    plan = _plan(valid_call(f"plan_checkpoints(costs of a {LAYERS}-layer stack, budget = {budget})",
+                            lambda: sm.plan_checkpoints(costs, budget),
+                            f"A plan fits: Chen's sqrt plan peaks at {simulate_peak(sqrt_closed_form(LAYERS), costs)}"),
+                 "plan_checkpoints")
+    assert _covers(plan, LAYERS), f"plan_checkpoints returned {plan}, which does not cover 0..{LAYERS}"
+    predicted = simulate_peak(plan, costs)
+    assert predicted <= budget, (
+        f"plan_checkpoints(costs of a {LAYERS}-layer stack, budget = {budget}) = {plan}, whose peak is {predicted} > "
+        "the budget: count the recompute spike of each checkpointed segment (everything held before it plus its "
+        "whole activations)")
+    got = student.drive(MEMORY, sm.checkpoint, widths, hidden, ROWS, plan, seed % 1000, dtype, rehearsal.device())
+    largest = max(c[0] for c in costs)
+    allowed = ALLOCATOR_SLACK * budget + WORKSPACE_LAYERS * largest
+    mib = 2 ** 20  # the figures `grader gpu-check` reports, to calibrate the bar against
+    score.metrics(extra_mib=got["extra"] / mib, allowed_mib=allowed / mib, budget_mib=budget / mib,
+                  predicted_mib=predicted / mib, saved_peak_mib=got["saved_peak"] / mib,
+                  over_prediction_layers=(got["extra"] - predicted) / largest)
+    assert got["extra"] <= allowed, (
+        f"a {LAYERS}-layer {str(dtype).replace('torch.', '')} stack ({ROWS} tokens, width {WIDTH}, hidden "
+        f"{4 * WIDTH}) under your plan {plan} for a budget of {_size(budget)} (40% of the {_size(everything)} it "
+        f"saves without checkpoints) allocated {_size(got['extra'])} at its peak above the weights, their gradients "
+        f"and the input; allowed: {ALLOCATOR_SLACK} x the budget plus {WORKSPACE_LAYERS} layers' activations for "
+        f"the backward's own gradients ({_size(allowed)}). Its bytes saved for backward peaked at "
+        f"{_size(got['saved_peak'])} against the plan's {_size(predicted)}"
+        + (": your checkpoint's forward keeps activations (run fn under no_grad and save only the inputs)"
+           if got["saved_peak"] > predicted else
+           ": the saved bytes are as planned, so the memory is held outside autograd's saved tensors (a copy on ctx, "
+           "a global, a graph kept alive)"))
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def _assert_step(out, x, plain):
+    """The checked rep's gradients against the same step without checkpoints, run here on the same x."""
+    assert isinstance(out, (tuple, list)) and len(out) == 2, "the timed step returns (x.grad, the weights' grad norms)"
+    want_grad, want_norms = plain(x)
+    assert out[0] is not None and out[1] is not None, "the step left a gradient unset"
+    scale = float(want_grad.float().abs().max()) or 1.0
+    assert_close(out[0].float(), want_grad.float(), atol=0.02 * scale, rtol=0.02,
+                 what="the input's gradient after a step under the sqrt plan",
+                 hint="the recompute must rebuild the forward's values")
+    assert_close(out[1], want_norms, atol=1e-6, rtol=0.02, what="the norm of every weight's gradient",
+                 hint="every parameter inside fn accumulates its .grad: backward, not autograd.grad wrt the inputs")
+
+
+@pytest.mark.cuda
+@pytest.mark.check("cuda_overhead")
+def test_cuda_step_time_overhead(sm, student, seed, score):
+    widths, hidden, dtype, _ = _gpu_stack()
+    plan = sqrt_closed_form(LAYERS)  # Chen's plan from its definition: every layer recomputed once
+    config = {"widths": widths, "hidden": hidden, "plan": plan, "seed": seed % 1000, "dtype": dtype}
+    specs = [speed.Randn((ROWS, WIDTH), dtype)]
+    # A checkpoint that keeps its activations (or just calls fn) recomputes nothing, or pays for nothing: its step
+    # time is no checkpoint's overhead. First the plan's saved bytes, as `measured` counts them, on a small stack.
+    small_w, small_h, rows = [8] * (LAYERS + 1), [16] * LAYERS, 4
+    predicted = simulate_peak(plan, plan_costs(small_w, small_h, rows))
+    held = student.drive(PLAN, sm.checkpoint, small_w, small_h, rows, plan, seed % 1000)["peak"]
+    assert held == predicted, (
+        f"before the timing: a {LAYERS}-layer stack under Chen's plan {plan} held {held} bytes saved for backward "
+        f"at its peak, where the plan predicts {predicted}: "
+        + ("your checkpoint's forward keeps activations (run fn under no_grad and save only the inputs), so "
+           "there is no checkpointed step to time" if held > predicted else "save the inputs with save_for_backward"))
+    plain = Step(None, device=rehearsal.device(), **config)
+    # A step is about 30-50 ms on an H100 at these sizes (6.6 TFLOP forward, three times that for the step):
+    # 10 reps are 0.3-0.5 s, far above the wall-clock bound's slack (5 ms + 3%, grader/speed.py).
+    t = speed.time_student(_Via(student, BENCH), sm.checkpoint, specs, config, reps=10, warmup=2,
+                           check=lambda args, out: _assert_step(out, args[0], plain))
+    base = speed.time_here(plain, specs, reps=10, warmup=2)
+    flops = 3 * sum(f for _, _, f in plan_costs(widths, hidden, ROWS))
+    score.metrics(step_ms=t.mean_s * 1e3, plain_step_ms=base.mean_s * 1e3, overhead=t.mean_s / base.mean_s,
+                  plain_tflops=flops / base.mean_s / 1e12)
+    score.speed(base.mean_s / t.mean_s)
+
+
+class _Via:
+    """`student` with speed.time_student's timing driver swapped for `driver` (same arguments, same reply): the
+    timed function is a training step built in the worker around the student's checkpoint, and every check of
+    time_student (fresh inputs, the wall-clock bound, the fingerprint, the checked rep) applies unchanged."""
+
+    def __init__(self, student, driver: str):
+        self.student, self.driver = student, driver
+
+    def drive(self, driver: str, fn, *args, **kwargs):
+        assert driver == "grader.support.timing:bench", f"_Via redirects the timing loop only, not {driver}"
+        return self.student.drive(self.driver, fn, *args, **kwargs)
