@@ -1,11 +1,13 @@
 """What is derived from course.yaml, and `grader sync`, the one command that writes it.
 
-course.yaml is the only place an exercise is registered. Three kinds of block elsewhere copy its data, and the
+course.yaml is the only place an exercise is registered. Four kinds of block elsewhere copy its data, and the
 project's tests hold each to it:
 
   README.md                        "practice plan": each exercise's level and minutes (the follow-up questions
                                    column is prose, written in the README and kept row by row)
   README.md                        "practice parts": each part's round, title, level and minutes
+  README.md                        "demo table": what `make demo` prints on a CPU host, each exercise's points
+                                   without its CUDA checks (the reference earns all of them: tests/test_scoring.py)
   exercises/<id>/README.md         "points": each check and its points (the "what" column is prose, kept row by
                                    row; a new check's row starts from its course.yaml title)
   exercises/<id>/README.md         "hints": the numbered hints (grader.selfstudy.readme_with_hints)
@@ -176,6 +178,43 @@ def practice_parts_table(course, old: str = "") -> str:
 
 
 # --------------------------------------------------------------------------------------------------
+# The top README's demo table
+
+# An unmarked demo table: the fenced block `make demo`'s table starts, and the sentence after it.
+DEMO_BLOCK = re.compile(r"^```\n exercise +reference[^`]*```\n(?:\n\(The reference earns[^)]*\)\n)?", re.M)
+
+
+def demo_table(course) -> str:
+    """The table `make demo` ends with on a host without CUDA: each exercise's reference at every point but its
+    CUDA checks', the stub at none, and the CUDA points not graded there."""
+    width = max(len("exercise"), *(len(e.id) for e in course.exercises)) + 2
+    rows = [" " + "exercise".ljust(width) + "reference".rjust(9) + "stub".rjust(10) + "   not graded here (no CUDA)"]
+    earned = total = cuda_total = 0.0
+    for exercise in course.exercises:
+        cuda = sum(c.points for c in exercise.checks if c.cuda)
+        earned, total, cuda_total = earned + exercise.points - cuda, total + exercise.points, cuda_total + cuda
+        rows.append((" " + exercise.id.ljust(width) + f"{exercise.points - cuda:g}/{exercise.points:g}".rjust(9)
+                     + f"0/{exercise.points:g}".rjust(10) + (f"   {cuda:g}" if cuda else "")).rstrip())
+    rows.append(" " + "total".ljust(width) + f"{earned:g}/{total:g}".rjust(9) + f"0/{total:g}".rjust(10)
+                + f"   {cuda_total:g}")
+    return ("```\n" + "\n".join(rows) + "\n```\n\n(The reference earns every point that can be graded without a GPU; "
+            f"the remaining {cuda_total:g} are\nthe CUDA checks: speed, bf16 and GPU memory.)")
+
+
+def _demo_updater(course) -> Callable[[str], str]:
+    def update(text: str) -> str:
+        span = _marked_span(text, "demo table", "README.md")
+        if span is None:
+            found = DEMO_BLOCK.search(text)
+            if found is None:
+                raise ValueError(f"README.md: expected the demo table block ({start_marker('demo table')!r} ... "
+                                 f"{end_marker('demo table')!r}) or make demo's table, found neither")
+            span = found.span()
+        return text[:span[0]] + marked("demo table", demo_table(course)) + text[span[1]:]
+    return update
+
+
+# --------------------------------------------------------------------------------------------------
 # Every block, and the command
 
 
@@ -190,7 +229,7 @@ def blocks(root: Path, course=None) -> list[Block]:
                                      lambda old: practice_plan_table(course, old))),
         Block("README.md", "practice parts",
               lambda t: update_table(t, "practice parts", "README.md", PARTS_ROW,
-                                     lambda old: practice_parts_table(course, old))),
+                                     lambda old: practice_parts_table(course, old))),        Block("README.md", "demo table", _demo_updater(course)),
     ]
     for exercise in course.exercises:
         path = f"exercises/{exercise.id}/README.md"
