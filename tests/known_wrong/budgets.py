@@ -5,12 +5,14 @@ the full count: the right number for a long square sequence, give or take the di
 FlopCounterMode does not count on attention that computes only the visible pairs, so it loses `measured_flops`
 and keeps the rest. The other textbook simplifications (tied embeddings counted twice, Adam without its fp32
 master copy, activations without the scores) lose the check that measures the real module, step or layer.
+Two lose the CUDA check `calibration` too (a roofline that forgets the bytes, attention bytes over query heads):
+the project's tests prove only that it is not graded without CUDA; `grader gpu-check` proves the loss on a GPU.
 """
 
 from tests.known_wrong import Mutant
 
 _ALL = ["roofline_public", "memory_public", "mesh_public", "roofline", "measured_flops", "kv_decode", "params",
-        "model_states", "activations", "memory_per_rank", "mesh", "planner"]
+        "model_states", "activations", "memory_per_rank", "mesh", "planner", "calibration"]
 
 
 def _keeps(*lost):
@@ -28,6 +30,16 @@ MUTANTS = [
         keeps=_keeps("measured_flops"),
     ),
     Mutant(
+        name="roofline_flops_only",
+        why="an op costs its FLOPs: time = flops / peak_flops, the bytes never counted",
+        cause=r"bytes / peak_bw|larger of the two times",
+        edits=[("        \"time\": max(flops / peak_flops, bytes / peak_bw),\n",
+                "        \"time\": flops / peak_flops,\n")],
+        # On a GPU it predicts 0 s for softmax and the add and almost nothing for the GEMV and decode: `calibration`.
+        loses=["roofline_public", "roofline", "calibration"],
+        keeps=_keeps("roofline_public", "roofline", "calibration"),
+    ),
+    Mutant(
         name="kv_missing_factor_2",
         why="the KV cache holds K only: V is forgotten",
         cause=r"a K and a V vector per layer",
@@ -42,8 +54,9 @@ MUTANTS = [
         cause=r"K and V over hkv",
         edits=[("    moved = (2 * b * hq * nq * d + 2 * b * hkv * nk * d) * elem_bytes\n",
                 "    moved = (2 * b * hq * nq * d + 2 * b * hq * nk * d) * elem_bytes\n")],
-        loses=["roofline"],
-        keeps=_keeps("roofline"),
+        # On a GPU the decode op's predicted time is 4x the contract's (hq = 4 hkv): it loses `calibration` too.
+        loses=["roofline", "calibration"],
+        keeps=_keeps("roofline", "calibration"),
     ),
     Mutant(
         name="adam_without_master",

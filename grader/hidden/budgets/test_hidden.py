@@ -10,8 +10,9 @@ textbook's numbers and loses the check that measures: causal attention as half t
 the counted FLOPs of the visible pairs, off by the diagonal and wrong when nq != nk), tied embeddings counted twice
 (`params`: the real module shares the Parameter), Adam without its fp32 master copy (`model_states`: the real step
 holds it), activations without the attention scores (`activations`: the real layer saves softmax output, dropout
-mask and dropped probabilities, 5as^2b bytes). What these cannot see: the roofline's fidelity to real hardware
-(the CUDA calibration is not built; the formulas are graded, not the time a GPU takes), TP and SP activation rows
+mask and dropped probabilities, 5as^2b bytes). The roofline's fidelity to real hardware is the CUDA
+check `calibration` (test_roofline_predicts_measured_time, at the end: not graded without CUDA, rehearsed on the
+CPU by `grader gpu-check --dry-run`). What these cannot see: TP and SP activation rows
 (no simulated tensor parallel layer: those rows are graded against Table 2 alone), and a planner whose memory
 model agrees with the oracle's on the drawn cases only.
 
@@ -31,13 +32,18 @@ Contract clauses (README "The contract") and the tests that draw them:
 | memory_per_rank: shards, ZeRO over dp cp, first stage in flight, s / cp, errors | test_memory_per_rank |
 | rank_mesh: coords and groups for random orders and sizes; Megatron's example; errors | test_mesh_random, test_mesh_megatron_example, test_mesh_rejects |
 | plan_4d: every feasible plan, the order, against enumeration | test_planner |
+| roofline time, matmul_cost and attention_cost against six ops timed on CUDA (the `calibration` check) | test_roofline_predicts_measured_time |
 """
 
+import contextlib
+import math
 from fractions import Fraction
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+from grader import rehearsal, speed
 from grader.hidden.budgets import oracle as o
 
 TOL = 1e-9
@@ -413,3 +419,143 @@ def test_planner(sm, rng):
             "kv_heads, pp dividing layers, cp dividing seq, dp dividing global_batch, memory_per_rank <= gpu_bytes")
         assert got == want, (f"plan_4d: the right plans in the wrong order: {got[:6]}, expected {want[:6]}: sort by the "
                              "bubble (pp - 1) / num_microbatches, then tp, cp and pp")
+
+
+# ------------------------------------------------------------------ calibration (CUDA)
+#
+# The one place the course checks that the roofline holds on real hardware. The grader measures the GPU's two
+# peaks in this run (speed.ceilings(): a bf16 8192^3 matmul's FLOP/s and a 512 MiB device copy's bytes per
+# second), times six real bf16 ops, and asks the student's functions for each op's FLOPs and bytes and the
+# roofline's time at those peaks. The figure is the agreement min(predicted / measured, measured / predicted):
+# full marks within 2x (0.5), none past 4x (0.25), linear between. The 2x is the design's judgement, not yet
+# calibrated on a GPU: `grader gpu-check` prints the reference's agreement per op against the bar, with a
+# suggested bar where the margin is thin.
+#
+# What it measures is the fastest of torch's implementations of each op (every SDPA backend that accepts the
+# inputs, GQA decode both as enable_gqa and with a group's query heads folded into rows): the roofline bounds
+# what an implementation can reach, so a slow backend is not the model's miss. Softmax and the add have no
+# cost function in the contract: the grader counts their bytes (read once, written once; 0 FLOPs, as the
+# contract counts only matmuls) and the student's roofline alone predicts them.
+
+CALIBRATION = ["gemm", "gemv", "softmax", "add", "sdpa_4k", "decode_sdpa"]
+CALIBRATION_REPS = 50  # a rep takes 0.1-1 ms on an H100 at these sizes: a loop is 5-50 ms
+
+
+def _sdpa_backends():
+    """(name, context) for the default dispatch and for each SDPA backend forced alone."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    out = [("sdpa default", contextlib.nullcontext)]
+    for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                    SDPBackend.MATH):
+        out.append((f"sdpa {backend.name.lower()}", lambda backend=backend: sdpa_kernel(backend)))
+    return out
+
+
+def calibration_case(op: str) -> dict:
+    """One op: what it is, the student's (flops, bytes) for it, the contract's counts, and the ways to run it
+    as (name, context factory, fn); inputs made once here (bf16, fp16 in a CPU rehearsal), tiny in a rehearsal."""
+    dev, dt, e = rehearsal.device(), rehearsal.dtype(torch.bfloat16), 2
+    gen = torch.Generator(device=dev).manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, device=dev, dtype=dt, generator=gen)
+
+    if op == "gemm":  # a prefill projection: 16384 tokens through a 4096 x 4096 weight
+        m, n, k = rehearsal.size((16384, 4096, 4096), (64, 48, 32))
+        a, b = randn(m, k), randn(k, n)
+        return dict(what=f"GEMM [{m}, {k}] @ [{k}, {n}]", call=f"matmul_cost({m}, {n}, {k}, 2)",
+                    cost=lambda sm: sm.matmul_cost(m, n, k, e), contract=(2 * m * n * k, (m * k + k * n + m * n) * e),
+                    ways=[("torch.matmul", contextlib.nullcontext, lambda: a @ b)])
+    if op == "gemv":  # one decode token through a 28672 x 8192 weight (Llama-70B's MLP up-projection)
+        n, k = rehearsal.size((28672, 8192), (256, 128))
+        x, w = randn(1, k), randn(n, k)
+        return dict(what=f"GEMV [1, {k}] @ [{k}, {n}] (F.linear)", call=f"matmul_cost(1, {n}, {k}, 2)",
+                    cost=lambda sm: sm.matmul_cost(1, n, k, e), contract=(2 * n * k, (k + k * n + n) * e),
+                    ways=[("F.linear", contextlib.nullcontext, lambda: F.linear(x, w))])
+    if op == "softmax":  # rows of 16384 scores
+        r, c = rehearsal.size((16384, 16384), (64, 128))
+        x = randn(r, c)
+        moved = 2 * r * c * e
+        return dict(what=f"softmax over the last dim of [{r}, {c}]", call=None, cost=lambda sm: (0, moved),
+                    contract=(0, moved), ways=[("torch.softmax", contextlib.nullcontext, lambda: torch.softmax(x, -1))])
+    if op == "add":
+        n = rehearsal.size(1 << 28, 1 << 12)
+        a, b = randn(n), randn(n)
+        moved = 3 * n * e
+        return dict(what=f"elementwise add of two [{n}] tensors", call=None, cost=lambda sm: (0, moved),
+                    contract=(0, moved), ways=[("torch.add", contextlib.nullcontext, lambda: a + b)])
+    if op == "sdpa_4k":  # prefill attention, flash_attention's speed shape
+        b, h, n, d = rehearsal.size((4, 16, 4096, 128), (1, 2, 64, 16))
+        q, k, v = randn(b, h, n, d), randn(b, h, n, d), randn(b, h, n, d)
+        return dict(what=f"attention, non-causal, b={b} h={h} n={n} d={d}",
+                    call=f"attention_cost({b}, {h}, {h}, {n}, {n}, {d}, causal=False, elem_bytes=2)",
+                    cost=lambda sm: sm.attention_cost(b, h, h, n, n, d, False, e, False),
+                    contract=(4 * b * h * d * n * n, 4 * b * h * n * d * e),
+                    ways=[(name, ctx, lambda: F.scaled_dot_product_attention(q, k, v)) for name, ctx in _sdpa_backends()])
+    if op == "decode_sdpa":  # one new token per sequence against a long GQA cache
+        b, hq, hkv, nk, d = rehearsal.size((8, 32, 8, 32768, 128), (1, 4, 2, 64, 16))
+        q, k, v = randn(b, hq, 1, d), randn(b, hkv, nk, d), randn(b, hkv, nk, d)
+        folded = q.view(b, hkv, hq // hkv, d)  # query head h reads KV head h // group: a group's heads as rows
+        ways = []
+        for name, ctx in _sdpa_backends():
+            ways.append((f"{name} (enable_gqa)", ctx, lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)))
+            ways.append((f"{name} (group as rows)", ctx, lambda: F.scaled_dot_product_attention(folded, k, v)))
+        # One query sees every key: bottom-right causal is no mask (torch's is_causal would align top-left).
+        return dict(what=f"decode attention, b={b} hq={hq} hkv={hkv} nq=1 nk={nk} d={d}",
+                    call=f"attention_cost({b}, {hq}, {hkv}, 1, {nk}, {d}, causal=True, elem_bytes=2)",
+                    cost=lambda sm: sm.attention_cost(b, hq, hkv, 1, nk, d, True, e, False),
+                    contract=(4 * b * hq * d * nk, (2 * b * hq * d + 2 * b * hkv * nk * d) * e), ways=ways)
+    raise KeyError(op)
+
+
+def fastest(ways, reps: int) -> tuple[float, str, list[str]]:
+    """The least mean time of the ways that run here, its name, and the names of the ways that did not run."""
+    best, best_name, refused = math.inf, "", []
+    for name, ctx, fn in ways:
+        try:
+            with ctx():
+                t = speed.time_here(fn, [], reps=reps)
+        except RuntimeError as err:  # a backend that does not take these inputs on this device
+            why = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
+            refused.append((name, why))
+            continue
+        if t.mean_s < best:
+            best, best_name = t.mean_s, name
+    if not best_name:
+        raise RuntimeError(f"none of the ways to run the op ran here: {refused}")
+    return best, best_name, [name for name, _ in refused]
+
+
+@pytest.mark.cuda
+@pytest.mark.check("calibration")
+@pytest.mark.parametrize("op", CALIBRATION)
+def test_roofline_predicts_measured_time(sm, score, op):
+    ceil = speed.ceilings()  # measured once per grading run, on this GPU, before any op
+    peak, bw = ceil.matmul_flops_per_s, ceil.copy_bytes_per_s
+    case = calibration_case(op)
+    flops, moved = (tuple(case["cost"](sm)) if case["call"] else case["contract"])
+    verdict = sm.roofline(flops, moved, peak, bw)
+    predicted = float(verdict["time"])
+    measured, way, refused = fastest(case["ways"], CALIBRATION_REPS)
+    contract_s = max(case["contract"][0] / peak, case["contract"][1] / bw)
+    agreement = min(predicted / measured, measured / predicted) if math.isfinite(predicted) and predicted > 0 else 0.0
+    score.metrics(predicted_s=predicted, measured_s=measured, contract_predicted_s=contract_s,
+                  achieved_tflops=case["contract"][0] / measured / 1e12,
+                  achieved_gbps=case["contract"][1] / measured / 1e9, **ceil.figures())
+    off = (f"{measured / predicted:.2f}x slower than" if measured >= predicted else f"{predicted / measured:.2f}x faster than"
+           ) if predicted > 0 and math.isfinite(predicted) else "against"
+    counts = ""
+    if case["call"] and (flops, moved) != case["contract"]:
+        counts = (f" Your {case['call']} gave ({flops}, {moved}); the contract counts {case['contract']}: the roofline "
+                  "check grades those counts.")
+    elif not case["call"]:
+        counts = f" (The grader counted {moved} bytes, 0 FLOPs: each element read once and written once.)"
+    message = (f"{case['what']}: your roofline predicts {predicted * 1e6:.4g} us ({verdict.get('bound')}-bound at "
+               f"{peak / 1e12:.4g} TFLOP/s and {bw / 1e9:.4g} GB/s, both measured on this device in this run); "
+               f"the fastest way ({way}) took {measured * 1e6:.4g} us, {off} predicted; the contract's counts predict "
+               f"{contract_s * 1e6:.4g} us.{counts} Agreement {agreement:.2f}: full marks from 0.5 (within 2x), none "
+               "at 0.25 (4x); time = max(flops / peak_flops, bytes / peak_bw).")
+    if refused:
+        message += f" Not run on this device: {', '.join(refused)}."
+    score.speed(agreement, message)
