@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 from grader import rehearsal, speed
 from grader.hidden.budgets import oracle as o
+from grader.testing import show
 
 TOL = 1e-9
 
@@ -123,7 +124,7 @@ def test_roofline(sm, rng):
         bound = "compute" if Fraction(flops) * Fraction(bw) >= Fraction(moved) * Fraction(pf) else "memory"
         want = {"intensity": flops / moved, "ridge": pf / bw, "bound": bound, "time": max(flops / pf, moved / bw)}
         assert isinstance(got, dict) and set(got) == set(want), (
-            f"roofline returned {type(got).__name__} with keys {sorted(got) if isinstance(got, dict) else '-'}: "
+            f"roofline returned {type(got).__name__} with keys {show(list(got)) if isinstance(got, dict) else '-'}: "
             "expected a dict with intensity, ridge, bound and time")
         for key in ("intensity", "ridge", "time"):
             assert close(got[key], want[key]), (
