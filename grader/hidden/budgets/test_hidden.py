@@ -45,7 +45,7 @@ import torch.nn.functional as F
 
 from grader import rehearsal, speed
 from grader.hidden.budgets import oracle as o
-from grader.testing import show
+from grader.testing import is_close, show
 
 TOL = 1e-9
 
@@ -65,10 +65,13 @@ def pick(rng, values):
 
 
 def close(got, want) -> bool:
+    """`got` is a number within TOL (absolute and relative) of `want`; a NaN, or something not a number, is not."""
     try:
-        return abs(float(got) - float(want)) <= TOL * max(1.0, abs(float(want)))
+        value = float(got)
     except (TypeError, ValueError):
         return False
+    return is_close(torch.tensor(value, dtype=torch.float64), torch.tensor(float(want), dtype=torch.float64),
+                    atol=TOL, rtol=TOL)
 
 
 # ------------------------------------------------------------------ roofline
@@ -124,7 +127,7 @@ def test_roofline(sm, rng):
         bound = "compute" if Fraction(flops) * Fraction(bw) >= Fraction(moved) * Fraction(pf) else "memory"
         want = {"intensity": flops / moved, "ridge": pf / bw, "bound": bound, "time": max(flops / pf, moved / bw)}
         assert isinstance(got, dict) and set(got) == set(want), (
-            f"roofline returned {type(got).__name__} with keys {show(list(got)) if isinstance(got, dict) else '-'}: "
+            f"roofline returned {type(got).__name__} with keys {show(got) if isinstance(got, dict) else '-'}: "
             "expected a dict with intensity, ridge, bound and time")
         for key in ("intensity", "ridge", "time"):
             assert close(got[key], want[key]), (
