@@ -110,10 +110,12 @@ class ZeroAdamW:
         stages 0-2: `grad` is this rank's full local gradient [Psi] in param_dtype. Cast it to float32, sum it
         over ranks (stage 0: all_reduce; stages 1-2: reduce_scatter_flat), divide by world_size, and round the
         mean into the param_dtype gradient buffer (stage 1 first copies the local gradient into its full-size
-        buffer and reduce-scatters from there). stage 3: `grad` is this rank's shard of the gradient already
+        buffer and reduce-scatters from there; that buffer keeps the local gradient, and the rounded mean of the
+        piece is a temporary). stage 3: `grad` is this rank's shard of the gradient already
         SUMMED over ranks, in float32 (zero3_train_step builds it): divide by world_size into the buffer.
         The update reads the buffer as float32. With max_grad_norm, scale it by
-        min(1, max_grad_norm / (norm + 1e-6)), norm the L2 norm of the whole mean gradient (stages 1-3: all-reduce
+        min(1, max_grad_norm / (norm + 1e-6)) in float32 (a temporary: not rounded again, not written back to the
+        buffer), norm the L2 norm of the whole mean gradient (stages 1-3: all-reduce
         the one-element sum of squares of your piece). Then AdamW on the fp32 master (decoupled decay, bias
         corrections, eps after the square root), cast to param_dtype, and (stages 1-2) all_gather_flat the
         parameters."""
