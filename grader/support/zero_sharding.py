@@ -27,9 +27,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from grader.support.collectives import CollectiveView, run_ranks
+from grader.support.collectives import CollectiveView, flat_sizes, run_ranks
+from grader.support.ring_allreduce import ReadOnly, run_on_processes
 
-__all__ = ["run_optimizer", "run_zero3", "LAYER_KINDS", "layer_fn", "mse", "storage_bytes", "reachable_tensors"]
+__all__ = ["run_optimizer", "run_zero3", "run_distributed", "TorchCollectives", "LAYER_KINDS", "layer_fn", "mse",
+           "storage_bytes", "reachable_tensors"]
 
 
 def storage_bytes(tensors: Any) -> int:
@@ -77,7 +79,7 @@ def _strip(entries: list[dict]) -> list[dict]:
     return [{**e, "dtype": str(e["dtype"]).removeprefix("torch.")} for e in entries]
 
 
-def _report(opt: Any, comm: CollectiveView) -> dict:
+def _report(opt: Any, comm: Any) -> dict:
     held = list(opt.held_tensors())
     mem = opt.memory_bytes()
     return {"params": opt.params().detach().clone(), "memory_bytes": {k: int(v) for k, v in dict(mem).items()},
@@ -188,3 +190,117 @@ def run_zero3(cls: Callable, spec: Sequence[tuple[str, int, int]], world: int,
         out[r]["gathered_peak"] = gathered.peak[r]
         out[r]["gathered_count"] = gathered.count[r]
     return out
+
+
+# ---------------------------------------------------------------- real processes: torch.distributed's collectives
+
+
+class TorchCollectives(ReadOnly):
+    """A rank's communicator on a real torch.distributed group (the default one), with the contract's three
+    collectives mapped onto torch.distributed's own: ``all_reduce`` is ``dist.all_reduce`` of a copy;
+    ``reduce_scatter_flat`` pads every ``torch.tensor_split`` piece to the largest (``ceil(numel / N)``) and
+    calls ``dist.reduce_scatter``; ``all_gather_flat`` pads the rank's piece the same way and calls
+    ``dist.all_gather``, then drops the padding. (torch.distributed's collectives want equal pieces, which is
+    why DeepSpeed and FSDP pad their flat buffers; the padding here is the driver's and is not sent by the
+    ring's count.) Each returns a new tensor and never changes its input; the sums are gloo's, not the
+    course ring's order. Every call is logged (op, shape, dtype) in the driver's list, out of the rank's
+    reach; nothing counts elements, because gloo's algorithms are its own."""
+
+    __slots__ = ("rank", "world_size", "all_reduce", "reduce_scatter_flat", "all_gather_flat")
+
+    def __init__(self, rank: int, world_size: int, log: list[dict]):
+        import torch.distributed as dist
+
+        def record(op: str, x: torch.Tensor) -> None:
+            log.append({"op": op, "shape": tuple(x.shape), "dtype": str(x.dtype).removeprefix("torch.")})
+
+        def all_reduce(x: torch.Tensor) -> torch.Tensor:
+            """Every rank gets the sum over ranks of x (dist.all_reduce of a copy)."""
+            record("all_reduce", x)
+            with torch.no_grad():
+                out = x.detach().clone(memory_format=torch.contiguous_format)
+                dist.all_reduce(out)
+            return out
+
+        def reduce_scatter_flat(x: torch.Tensor) -> torch.Tensor:
+            """Piece `rank` of tensor_split(sum of every rank's flattened x, N) (dist.reduce_scatter, padded)."""
+            record("reduce_scatter_flat", x)
+            with torch.no_grad():
+                flat = x.detach().reshape(-1)
+                sizes = flat_sizes(flat.numel(), world_size)
+                width = max(sizes)
+                if width == 0:
+                    return flat[:0].clone()
+                padded = torch.zeros(world_size, width, dtype=flat.dtype)
+                for c, piece in enumerate(flat.tensor_split(world_size)):
+                    padded[c, :piece.numel()] = piece
+                out = torch.empty(width, dtype=flat.dtype)
+                dist.reduce_scatter(out, list(padded.unbind(0)))
+            return out[:sizes[rank]].clone()
+
+        def all_gather_flat(piece: torch.Tensor, numel: int) -> torch.Tensor:
+            """The flat [numel] tensor whose tensor_split piece r is rank r's piece (dist.all_gather, padded)."""
+            record("all_gather_flat", piece)
+            if isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
+                raise TypeError(f"comm.all_gather_flat(piece, numel): numel must be a non-negative int, found {numel!r}")
+            sizes = flat_sizes(numel, world_size)
+            if piece.numel() != sizes[rank]:
+                raise ValueError(f"comm.all_gather_flat: rank {rank}'s piece has {piece.numel()} elements; piece "
+                                 f"{rank} of torch.tensor_split over {numel} elements and {world_size} ranks has "
+                                 f"{sizes[rank]}")
+            with torch.no_grad():
+                width = max(sizes)
+                if width == 0:
+                    return torch.empty(0, dtype=piece.dtype)
+                mine = torch.zeros(width, dtype=piece.dtype)
+                mine[:piece.numel()] = piece.detach().reshape(-1)
+                outs = [torch.empty(width, dtype=piece.dtype) for _ in range(world_size)]
+                dist.all_gather(outs, mine)
+                return torch.cat([o[:n] for o, n in zip(outs, sizes)])
+
+        for name, value in (("rank", rank), ("world_size", world_size), ("all_reduce", all_reduce),
+                            ("reduce_scatter_flat", reduce_scatter_flat), ("all_gather_flat", all_gather_flat)):
+            object.__setattr__(self, name, value)
+
+
+def run_distributed(cls: Callable, world: int, runs: Sequence[dict], timeout_s: float = 120.0) -> list[dict]:
+    """On `world` real processes (gloo, grader.support.ring_allreduce's `run_on_processes`, as tensor_parallel's
+    check), each rank's communicator a `TorchCollectives`: one result per entry of `runs`, each rank running
+    them in order on the same process group. An entry is either ``{"sizes", "full", "grads", "stage",
+    "kwargs"}`` (``opt.step(grads[k][rank])`` per step, as `run_optimizer`) or ``{"spec", "full", "xs", "ys",
+    "kwargs"}`` (stage 3's ``zero3_train_step``, as `run_zero3`). Returns, per rank, a list of dicts: ``params``,
+    ``memory_bytes``, ``held_bytes``, ``reachable_bytes``, ``steps`` (each step's log: op, shape, dtype) and,
+    for a stage-3 run, ``losses``."""
+    train_step: Any = getattr(inspect.getmodule(cls), "zero3_train_step", None)  # only the stage-3 runs call it
+    code = getattr(cls, "__init__", None)
+    filename = getattr(getattr(code, "__code__", None), "co_filename", None)
+
+    def body(rank: int, world_size: int, device: torch.device) -> list[dict]:
+        out = []
+        for run in runs:
+            log: list[dict] = []
+            comm = TorchCollectives(rank, world_size, log)
+            kw = dict(run.get("kwargs", {}))
+            steps, losses = [], []
+            if "spec" in run:
+                layers = [(layer_fn(kind, a, b), a * b) for kind, a, b in run["spec"]]
+                opt = cls([n for _, n in layers], comm, 3, **kw)
+                opt.init(run["full"].clone())
+                for k in range(len(run["xs"])):
+                    mark = len(log)
+                    losses.append(float(train_step(layers, run["xs"][k][rank].clone(), run["ys"][k][rank].clone(),
+                                                   mse, opt)))
+                    steps.append(log[mark:])
+            else:
+                opt = cls(list(run["sizes"]), comm, run["stage"], **kw)
+                opt.init(run["full"].clone())
+                for k in range(len(run["grads"])):
+                    mark = len(log)
+                    opt.step(run["grads"][k][rank].clone())
+                    steps.append(log[mark:])
+            rep = _report(opt, comm)
+            rep["held_dtypes"] = list(rep["held_dtypes"])
+            out.append({**rep, "steps": steps, "losses": losses})
+        return out
+
+    return run_on_processes(body, world, "gloo", timeout_s, filename)

@@ -20,7 +20,8 @@ MUTANTS = [
                ("    inputs = []\n    h = x\n", "    inputs = []\n    h = x\n    ws = [gather(i) for i in range(len(layers))]\n"),
                (_BWD, "        w = ws[i].detach().requires_grad_(True)\n")],
         loses=["stage3"],
-        keeps=["partition", "adamw", "stages_agree", "memory", "traffic", "clip", "step_public", "memory_public"],
+        keeps=["partition", "adamw", "stages_agree", "memory", "traffic", "clip", "step_public", "memory_public",
+               "distributed"],  # distributed compares with the simulated run of the same code: it cannot see the peak
     ),
     Mutant(
         name="stage2_allreduce_then_slice",
@@ -30,7 +31,8 @@ MUTANTS = [
                 "            a, b = self.ranges[0]\n"
                 "            self.grad.copy_(self.comm.all_reduce(grad.float())[a:b] / n)\n")],
         loses=["traffic"],
-        keeps=["partition", "adamw", "stages_agree", "memory", "stage3", "clip", "memory_public"],
+        keeps=["partition", "adamw", "stages_agree", "memory", "stage3", "clip", "memory_public",
+               "distributed"],  # the same calls on processes: distributed does not count elements
     ),
     Mutant(
         name="stage1_allreduce_grads",
@@ -75,7 +77,7 @@ MUTANTS = [
         cause=r"GLOBAL norm|global norm",
         edits=[("            if self.stage > 0:                                # each rank holds only its piece: sum the squares\n"
                 "                sq = self.comm.all_reduce(sq.reshape(1))[0]\n", "")],
-        loses=["clip", "traffic"],
+        loses=["clip", "traffic", "distributed"],  # distributed's stage 2 clips (against the fp64 oracle)
         keeps=["partition", "adamw", "stages_agree", "memory", "stage3"],
     ),
     Mutant(
@@ -87,6 +89,23 @@ MUTANTS = [
                 "        opt.gathered.append(w)\n        return w\n"),
                ("        self.t = 0\n", "        self.t = 0\n        self.gathered: list[torch.Tensor] = []\n")],
         loses=["stage3"],
+    ),
+    Mutant(
+        name="threads_share_params",
+        why="stages 1-2 post their new piece in a module-level dict and read the others' pieces from it after a "
+            "one-element all-reduce (a barrier): the simulated ranks are threads of one process, so no all-gather "
+            "is needed there",
+        cause=r"all-gather of the new parameters|all_gather_flat of the new parameters",
+        edits=[("def shard_range(", "_SHARED: dict = {}  # rank -> (start, stop, piece): seen by every thread\n\n\n"
+                                    "def shard_range("),
+               ("            self.param.copy_(self.comm.all_gather_flat(self.master.to(self.param_dtype), self.numel))\n",
+                "            a, b = self.ranges[0]\n"
+                "            _SHARED[self.comm.rank] = (a, b, self.master.to(self.param_dtype))\n"
+                "            self.comm.all_reduce(torch.zeros(1))             # a barrier: every piece is posted\n"
+                "            for a, b, piece in [_SHARED[k] for k in range(self.comm.world_size)]:\n"
+                "                self.param[a:b] = piece\n")],
+        loses=["traffic", "step_public", "distributed"],  # on processes the dict holds this rank's piece only
+        keeps=["partition", "adamw", "stages_agree", "memory", "stage3", "clip", "memory_public"],
     ),
     Mutant(
         name="floor_shards",

@@ -26,6 +26,7 @@ Contract clauses (README "The contract") and the tests that draw them:
 | elements sent per step, per stage; nothing outside the collectives | test_traffic |
 | zero3_train_step: values, traffic, memory, at most 2 gathered layers alive | test_stage3 |
 | max_grad_norm: the global norm | test_clip |
+| the same code on real processes (gloo, torch.distributed's collectives) | test_distributed |
 """
 
 import pytest
@@ -230,7 +231,11 @@ def test_traffic(student, zs, rng, world, stage, clip):
                 f"stage {stage}, rank {r} of {world}, step {k}{', clipping' if clip else ''}: sent {step['elements']} "
                 f"elements ({ops}), expected {want}: " + ("clipping adds one all-reduce of ONE scalar, the sum of "
                 "squares of each rank's piece (the global norm; stage 0 has the whole gradient and sends nothing "
-                "for it). " if clip else "") + ("Psi for the reduce-scatter of the gradient and Psi for the all-gather of the "
+                "for it). " if clip else "") + (
+                "FEWER elements than the ring sends: every rank's new piece must reach the others through one "
+                "all_gather_flat of the new parameters (the simulated ranks are threads of one process; a variable "
+                "they share carries data the count never sees, and on real processes carries nothing). "
+                if stage in (1, 2) and step["elements"] < want - 2 else "") + ("Psi for the reduce-scatter of the gradient and Psi for the all-gather of the "
                 "new parameters, less the pieces a ring never sends. An all-reduce of the full gradient already "
                 "costs 2 Psi; then all-gathering the parameters makes it 3 Psi. Reduce-scatter instead: each "
                 "rank needs only its piece of the mean gradient." if stage in (1, 2) else
@@ -314,3 +319,74 @@ def test_clip(student, zs, rng, stage):
                      hint="clip by the GLOBAL norm of the mean gradient: each rank squares and sums its own piece, "
                           "one all-reduce of that scalar gives the total, then every rank scales its piece by "
                           "min(1, max_grad_norm / (norm + 1e-6)) before the update")
+
+
+# ---------------------------------------------------------------- real processes
+
+DIST = "grader.support.zero_sharding:run_distributed"
+
+
+def _ops(steps):
+    """Per step, the collectives called: (op, input shape). A simulated step is a dict with its "log"."""
+    return [[(e["op"], tuple(e["shape"])) for e in (step["log"] if isinstance(step, dict) else step)]
+            for step in steps]
+
+
+@pytest.fixture(scope="module")
+def zs_open(student):
+    """The module without the torch.distributed guard: on real processes the communicator's collectives are
+    torch.distributed's own (grader.support.zero_sharding.TorchCollectives), which the guard would refuse."""
+    return student.load("zero_sharding")
+
+
+@pytest.mark.check("distributed")
+def test_distributed(student, zs, zs_open, rng):
+    """Stages 1, 2 (clipping) and 3 (step, then zero3_train_step) on 2 gloo processes through torch.distributed's
+    all_reduce, reduce_scatter and all_gather, against the same code on the simulated ranks: bit for bit (with
+    2 ranks every sum is one addition, the same in any order), the same collectives called with the same shapes,
+    the same bytes held; and against the fp64 oracle."""
+    world, sizes, steps, lr = 2, [37, 64, 10], 3, 1e-2
+    numel = sum(sizes)
+    full = torch.randn(numel, generator=rng)
+    grads = exact_grads(rng, steps, world, numel, torch.bfloat16)
+    kw = dict(lr=lr, eps=1e-2, weight_decay=0.05)
+    spec = [("tanh", 6, 8), ("tanh", 8, 5), ("linear", 5, 3)]
+    full3 = torch.randn(sum(a * b for _, a, b in spec), generator=rng) * 0.5
+    xs = [[torch.randn(4, 6, generator=rng) for _ in range(world)] for _ in range(2)]
+    ys = [[torch.randn(4, 3, generator=rng) for _ in range(world)] for _ in range(2)]
+    kw3 = dict(lr=lr, eps=1e-2, param_dtype=torch.float32)
+    runs = [dict(sizes=sizes, full=full, grads=grads, stage=1, kwargs=kw),
+            dict(sizes=sizes, full=full, grads=grads, stage=2, kwargs={**kw, "max_grad_norm": 0.005}),
+            dict(sizes=sizes, full=full, grads=summed_shards(grads, sizes, world), stage=3, kwargs=kw),
+            dict(spec=spec, full=full3, xs=xs, ys=ys, kwargs=kw3)]
+    names = ["stage 1", "stage 2 with max_grad_norm 0.005", "stage 3's step", "zero3_train_step"]
+    sim = [student.drive(RUN, zs.ZeroAdamW, r["sizes"], world, r["full"], r["grads"], stage=r["stage"], **r["kwargs"])
+           if "sizes" in r else student.drive(RUN3, zs.ZeroAdamW, spec, world, full3, xs, ys, **kw3) for r in runs]
+    real = student.drive(DIST, zs_open.ZeroAdamW, world, runs)
+    means = [mean_grad(g, torch.bfloat16) for g in grads]
+    oracle = [adamw_fp64(full, means, lr, eps=1e-2, weight_decay=0.05),
+              adamw_fp64(full, means, lr, eps=1e-2, weight_decay=0.05, max_grad_norm=0.005),
+              adamw_fp64(full, means, lr, eps=1e-2, weight_decay=0.05)]
+    for i, name in enumerate(names):
+        for r in range(world):
+            got, want = real[r][i], sim[i][r]
+            where = f"{name} on 2 gloo processes, rank {r}"
+            assert _ops(got["steps"]) == _ops(want["steps"]), (
+                f"{where}: the collectives called per step {_ops(got['steps'])[:1]} differ from the simulated "
+                f"run's {_ops(want['steps'])[:1]} (first step shown): every rank must make the same calls, with "
+                "the same shapes, whatever carries them")
+            assert_equal(got["params"], want["params"], what=f"{where}: params against the simulated run's [i]",
+                         hint="on real processes nothing is shared between ranks but what the collectives carry: "
+                              "does a rank read another rank's data through a module-level or class variable, or "
+                              "rely on anything but comm.rank, comm.world_size and the three collectives?")
+            if "losses" in want and want["losses"]:
+                assert got["losses"] == want["losses"], f"{where}: losses {got['losses']}, simulated {want['losses']}"
+            assert got["memory_bytes"] == want["memory_bytes"] and got["reachable_bytes"] == want["reachable_bytes"], (
+                f"{where}: holds {got['memory_bytes']} ({got['reachable_bytes']} bytes reachable), the simulated run "
+                f"{want['memory_bytes']} ({want['reachable_bytes']})")
+            if i < 3:
+                expect = own(oracle[i], sizes, world, r, 3) if i == 2 else oracle[i]
+                assert_close(got["params"].double(), expect, atol=1e-6, rtol=BF16_RTOL,
+                             what=f"{where}: params against the fp64 AdamW loop [i]",
+                             hint="the same update as on the simulated ranks: the mean gradient over ranks, AdamW "
+                                  "on the fp32 master, the new params all-gathered")
