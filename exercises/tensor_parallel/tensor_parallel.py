@@ -92,6 +92,41 @@ def tp_mlp_block(x, params, comm, sequence_parallel: bool = False, act: str = "g
 
 
 def finalize_grads(grads: dict, comm, sequence_parallel: bool = False) -> dict:
-    """After backward, under SP: the parameters applied to the sequence shard (the norm's ln_w and ln_b, and the
-    row layer's bias b2) have gradients that cover only this rank's rows: sum them over the ranks."""
+    """After backward, under SP: the parameters applied to the sequence shard (the norms' ln_w, ln_b, ln1_w, ln1_b,
+    ln2_w, ln2_b and the row layers' biases b2, b_o, those of them in grads) have gradients that cover only this
+    rank's rows: sum them over the ranks."""
+    raise NotImplementedError
+
+
+# --------------------------------------------------------------------------------------------------
+# Attention: heads as the column split
+
+
+def shard_attention(params: dict, comm, n_heads: int, n_kv_heads: int) -> dict:
+    """This rank's shard of an attention layer (README, "The contract").
+
+    params: w_qkv [(n_heads + 2 n_kv_heads) d, h] (Q's heads, then K's, then V's, d rows per head), b_qkv,
+    w_o [h, n_heads d], b_o [h]; other entries copied. Returns w_qkv, b_qkv with rank r's heads of each of
+    Q, K and V (block r of each: under GQA the three have unequal widths), w_o's columns of rank r's query
+    heads, b_o whole. ValueError when n_kv_heads % t, n_heads % n_kv_heads, or w_qkv's rows do not divide."""
+    raise NotImplementedError
+
+
+def tp_attention(x, params, comm, n_heads: int, n_kv_heads: int, causal: bool, sequence_parallel: bool = False):
+    """Self-attention with Q, K, V column-parallel by heads and the output projection row-parallel.
+
+    x [s, b, h] (under SP: [s/t, b, h], this rank's rows). params: shard_attention's dict, maybe with
+    k_cache, v_cache [s_past, b, n_kv_heads / t, d], this rank's heads' keys and values of earlier positions,
+    placed before the new ones. n_heads, n_kv_heads: the whole layer's. Scale 1 / sqrt(d); causal masks are
+    aligned bottom-right (query i is position s_past + i). Returns row_parallel_linear's output: one
+    all-reduce forward, one backward (SP: all-gather, reduce-scatter forward). No Python loop over heads.
+    ValueError (before any collective) when n_kv_heads % t or n_heads % n_kv_heads."""
+    raise NotImplementedError
+
+
+def tp_block(x, params, comm, n_heads: int, n_kv_heads: int, causal: bool = True, sequence_parallel: bool = False,
+             act: str = "gelu"):
+    """A pre-LN transformer layer: h = x + tp_attention(layer_norm(x; ln1_w, ln1_b)), then
+    h + tp_mlp(layer_norm(h; ln2_w, ln2_b)). params holds both layers' shards (shard_mlp(shard_attention(full)))
+    and the two norms'. Under SP x is the sequence shard and the norms and residuals run on it."""
     raise NotImplementedError

@@ -91,3 +91,36 @@ def test_sp_block_shards(student, tp):
         assert ops(res[r]["forward"]) == ["all_gather", "reduce_scatter"], (
             f"rank {r}: the SP block's forward ran {ops(res[r]['forward'])}; expected an all-gather, then a "
             "reduce-scatter")
+
+
+@pytest.mark.check("attention_public")
+def test_tp_attention_gqa(student, tp):
+    torch.manual_seed(2)
+    s, b, h, nh, nkv, d = 4, 2, 8, 4, 2, 2
+    full = {"w_qkv": torch.randn((nh + 2 * nkv) * d, h, dtype=torch.float64),
+            "b_qkv": torch.randn((nh + 2 * nkv) * d, dtype=torch.float64),
+            "w_o": torch.randn(h, nh * d, dtype=torch.float64), "b_o": torch.randn(h, dtype=torch.float64)}
+    x, g = torch.randn(s, b, h, dtype=torch.float64), torch.randn(s, b, h, dtype=torch.float64)
+    shards = [r["value"] for r in student.drive(CALL, tp.shard_attention, 2, [full, nh, nkv], 1)]
+    # rank 0: Q heads 0, 1 (rows 0..3), K head 0 (rows 8, 9), V head 0 (rows 12, 13); rank 1 the others
+    for r, rows in enumerate(([0, 1, 2, 3, 8, 9, 12, 13], [4, 5, 6, 7, 10, 11, 14, 15])):
+        assert_close(shards[r]["w_qkv"], full["w_qkv"][rows], atol=0, rtol=0, what=f"shard_attention's w_qkv, rank {r}",
+                     hint="w_qkv stacks Q (n_heads*d rows), K and V (n_kv_heads*d rows each): rank r takes block r of "
+                          "each of the three, whose widths differ under GQA")
+    res = student.drive(RUN, tp.tp_attention, [x, x], shards, [g, g], {"n_heads": nh, "n_kv_heads": nkv, "causal": True})
+    xr = x.clone().requires_grad_(True)
+    q, k, v = F.linear(xr, full["w_qkv"], full["b_qkv"]).split([nh * d, nkv * d, nkv * d], dim=-1)
+    q = q.reshape(s, b, nh, d).permute(1, 2, 0, 3)
+    k = k.reshape(s, b, nkv, d).permute(1, 2, 0, 3).repeat_interleave(nh // nkv, dim=1)
+    v = v.reshape(s, b, nkv, d).permute(1, 2, 0, 3).repeat_interleave(nh // nkv, dim=1)
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # Nq == Nk: top-left and bottom-right agree
+    want = F.linear(o.permute(2, 0, 1, 3).reshape(s, b, nh * d), full["w_o"], full["b_o"])
+    want.backward(g)
+    for r in range(2):
+        assert_close(res[r]["out"], want.detach(), atol=1e-12, rtol=1e-12, what=f"tp_attention output, rank {r}",
+                     hint="query head j reads key/value head j // (n_heads / n_kv_heads); w_o is row-parallel: "
+                          "all-reduce its partial products, then add b_o once")
+        assert ops(res[r]["forward"]) == ["all_reduce"] and ops(res[r]["backward"]) == ["all_reduce"], (
+            f"rank {r}: forward ran {ops(res[r]['forward'])}, backward {ops(res[r]['backward'])}; TP attention runs "
+            "exactly one all-reduce each way, as the MLP: heads are independent until w_o")
+        assert_close(res[r]["x_grad"], xr.grad, atol=1e-12, rtol=1e-12, what=f"tp_attention x gradient, rank {r}")

@@ -28,7 +28,7 @@ import torch
 from grader.support.collectives import CollectiveView, run_ranks
 from grader.support.ring_allreduce import DistributedComm, RankView, run_on_processes
 
-__all__ = ["run_tp", "run_call", "run_tp_distributed"]
+__all__ = ["run_tp", "run_call", "run_tp_distributed", "solo_comm"]
 
 
 def _strip(entries: list[dict]) -> list[dict]:
@@ -125,3 +125,10 @@ def run_tp_distributed(fn: Callable, xs: Sequence[torch.Tensor], params: Sequenc
         return {k: v for k, v in got.items() if k != "saved"}
 
     return run_on_processes(body, len(xs), "gloo", timeout_s, code.co_filename if code else None)
+
+
+def solo_comm(fn: Callable) -> CollectiveView:
+    """A one-rank communicator (t = 1: every collective a copy, no message) that outlives the call, for the
+    structural check that runs the student's `fn` once, counted, outside `run_tp` (``student.drive`` hands
+    it back; the grader passes it to the counted call as `comm`). `fn` is not called."""
+    return run_ranks(lambda rank, comm, log: comm, 1)["returns"][0]

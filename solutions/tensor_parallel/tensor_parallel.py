@@ -197,10 +197,95 @@ def tp_mlp_block(x, params, comm, sequence_parallel: bool = False, act: str = "g
 
 
 def finalize_grads(grads: dict, comm, sequence_parallel: bool = False) -> dict:
-    """After backward, under SP: the parameters applied to the sequence shard (the norm's ln_w and ln_b, and the
-    row layer's bias b2) have gradients that cover only this rank's rows: sum them over the ranks."""
+    """After backward, under SP: the parameters applied to the sequence shard (the norms' ln_w, ln_b, ln1_w, ln1_b,
+    ln2_w, ln2_b and the row layers' biases b2, b_o, those of them in grads) have gradients that cover only this
+    rank's rows: sum them over the ranks."""
     out = dict(grads)
     if sequence_parallel:
-        for name in ("ln_w", "ln_b", "b2"):
-            out[name] = comm.all_reduce(grads[name])
+        for name in _ON_THE_SHARD:
+            if name in grads:
+                out[name] = comm.all_reduce(grads[name])
     return out
+
+
+# the parameters applied to the sequence shard under SP: the norms' and the row-parallel layers' biases
+_ON_THE_SHARD = ("ln_w", "ln_b", "b2", "ln1_w", "ln1_b", "ln2_w", "ln2_b", "b_o")
+
+
+# --------------------------------------------------------------------------------------------------
+# Attention: heads as the column split
+
+
+def _attention_shape(n_heads: int, n_kv_heads: int, t: int) -> None:
+    if n_heads < 1 or n_kv_heads < 1 or n_heads % n_kv_heads:
+        raise ValueError(f"n_heads={n_heads} must be a positive multiple of n_kv_heads={n_kv_heads}")
+    if n_kv_heads % t:
+        raise ValueError(f"n_kv_heads={n_kv_heads} is not a multiple of world_size={t}: each rank needs whole "
+                         "key/value heads (replicating them is not part of this contract)")
+
+
+def shard_attention(params: dict, comm, n_heads: int, n_kv_heads: int) -> dict:
+    """This rank's shard of an attention layer: w_qkv/b_qkv column-parallel by heads, w_o row-parallel.
+
+    w_qkv [(n_heads + 2 n_kv_heads) d, h] stacks Q's rows, then K's, then V's: three matrices of unequal
+    widths under GQA, so rank r takes block r of each (the stride-3 split, with each matrix's own width)."""
+    t, r = comm.world_size, comm.rank
+    _attention_shape(n_heads, n_kv_heads, t)
+    rows = params["w_qkv"].shape[0]
+    if rows % (n_heads + 2 * n_kv_heads):
+        raise ValueError(f"w_qkv has {rows} rows, not a multiple of n_heads + 2 n_kv_heads = {n_heads + 2 * n_kv_heads}")
+    d = rows // (n_heads + 2 * n_kv_heads)
+    widths = [n_heads * d, n_kv_heads * d, n_kv_heads * d]
+    out = {k: v.clone() for k, v in params.items() if k not in ("w_qkv", "b_qkv", "w_o", "b_o")}
+    out["w_qkv"] = torch.cat([m.chunk(t, dim=0)[r] for m in params["w_qkv"].split(widths, dim=0)]).clone()
+    if params.get("b_qkv") is not None:
+        out["b_qkv"] = torch.cat([m.chunk(t)[r] for m in params["b_qkv"].split(widths)]).clone()
+    else:
+        out["b_qkv"] = None
+    out["w_o"], out["b_o"] = shard_linear(params["w_o"], params.get("b_o"), comm, "row")
+    return out
+
+
+def _local_attention(q, k, v, causal: bool):
+    """softmax(q k^T / sqrt(d)) v for this rank's heads, all at once. q [s, b, hq, d]; k, v [sk, b, hkv, d]."""
+    group = q.shape[2] // k.shape[2]
+    q, k, v = q.permute(1, 2, 0, 3), k.permute(1, 2, 0, 3), v.permute(1, 2, 0, 3)  # [b, heads, seq, d]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # query head j reads kv head j // group
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if causal:  # bottom-right: query i is position i + (nk - nq) of the key sequence
+        nq, nk = q.shape[2], k.shape[2]
+        allowed = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(nk - nq)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    o = torch.softmax(scores, dim=-1) @ v  # [b, hq, s, d]
+    return o.permute(2, 0, 1, 3).reshape(o.shape[2], o.shape[0], -1)  # [s, b, hq d]
+
+
+def tp_attention(x, params, comm, n_heads: int, n_kv_heads: int, causal: bool, sequence_parallel: bool = False):
+    """Self-attention with Q, K, V column-parallel by heads and the output projection row-parallel.
+
+    One all-reduce forward (after w_o) and one backward (f, before w_qkv); under SP an all-gather and a
+    reduce-scatter instead. params["k_cache"], params["v_cache"] (optional, [s_past, b, n_kv_heads/t, d]):
+    this rank's heads' keys and values of earlier positions, placed before the new ones."""
+    t = comm.world_size
+    _attention_shape(n_heads, n_kv_heads, t)
+    hq, hkv = n_heads // t, n_kv_heads // t
+    d = params["w_qkv"].shape[0] // (hq + 2 * hkv)
+    qkv = column_parallel_linear(x, params["w_qkv"], params.get("b_qkv"), comm, sequence_parallel)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    s, b = q.shape[0], q.shape[1]
+    q, k, v = q.reshape(s, b, hq, d), k.reshape(s, b, hkv, d), v.reshape(s, b, hkv, d)
+    if params.get("k_cache") is not None:
+        k = torch.cat([params["k_cache"], k])
+        v = torch.cat([params["v_cache"], v])
+    o = _local_attention(q, k, v, causal)
+    return row_parallel_linear(o, params["w_o"], params.get("b_o"), comm, sequence_parallel)
+
+
+def tp_block(x, params, comm, n_heads: int, n_kv_heads: int, causal: bool = True, sequence_parallel: bool = False,
+             act: str = "gelu"):
+    """A pre-LN transformer layer: x + attn(ln1(x)), then that + mlp(ln2(that)). Under SP the norms and both
+    residuals run on the sequence shard; two TP regions, so twice the collectives of one."""
+    y = F.layer_norm(x, x.shape[-1:], params["ln1_w"], params["ln1_b"], eps=1e-5)
+    x = x + tp_attention(y, params, comm, n_heads, n_kv_heads, causal, sequence_parallel)
+    y = F.layer_norm(x, x.shape[-1:], params["ln2_w"], params["ln2_b"], eps=1e-5)
+    return x + tp_mlp(y, params, comm, sequence_parallel, act)

@@ -8,6 +8,7 @@ all-gather, so it loses those two checks and keeps every value check.
 
 from tests.known_wrong import Mutant
 
+_SHARD_NAMES = '_ON_THE_SHARD = ("ln_w", "ln_b", "b2", "ln1_w", "ln1_b", "ln2_w", "ln2_b", "b_o")\n'
 _SP_COLUMN = "        return _SPColumnLinear.apply(x, w, b, comm)\n"
 
 MUTANTS = [
@@ -68,7 +69,7 @@ MUTANTS = [
         name="sp_forgot_norm_allreduce",
         why="under SP the norm's gradients stay partial: finalize_grads does nothing",
         cause=r"finalize_grads",
-        edits=[("            out[name] = comm.all_reduce(grads[name])\n", "            out[name] = grads[name]\n")],
+        edits=[("                out[name] = comm.all_reduce(grads[name])\n", "                out[name] = grads[name]\n")],
         loses=["sequence_parallel"],
         keeps=["mlp", "conjugates", "column_row"],
     ),
@@ -76,7 +77,7 @@ MUTANTS = [
         name="sp_row_bias_grad_partial",
         why="under SP finalize_grads sums the norm's gradients but not the row layer's bias, added to the shard",
         cause=r"b2",
-        edits=[('        for name in ("ln_w", "ln_b", "b2"):\n', '        for name in ("ln_w", "ln_b"):\n')],
+        edits=[(_SHARD_NAMES, '_ON_THE_SHARD = ("ln_w", "ln_b", "ln1_w", "ln1_b", "ln2_w", "ln2_b")\n')],
         loses=["sequence_parallel", "communication"],
         keeps=["mlp", "conjugates", "column_row", "activation_memory", "sp_public"],
     ),
@@ -102,5 +103,86 @@ MUTANTS = [
                 "        y = F.layer_norm(x, x.shape[-1:], params[\"ln_w\"], params[\"ln_b\"], eps=1e-5)\n")],
         loses=["communication", "activation_memory"],
         keeps=["sequence_parallel", "mlp"],
+    ),
+]
+
+# Attention (tp_attention, shard_attention): heads as the column split.
+_LOOP_ATTENTION = '''def _local_attention(q, k, v, causal: bool):
+    """The textbook: one head at a time."""
+    group = q.shape[2] // k.shape[2]
+    nq, nk = q.shape[0], k.shape[0]
+    outs = []
+    for j in range(q.shape[2]):
+        qj, kj, vj = q[:, :, j].transpose(0, 1), k[:, :, j // group].transpose(0, 1), v[:, :, j // group].transpose(0, 1)
+        scores = qj @ kj.transpose(-1, -2) / q.shape[-1] ** 0.5
+        if causal:
+            allowed = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(nk - nq)
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        outs.append((torch.softmax(scores, dim=-1) @ vj).transpose(0, 1))
+    return torch.cat(outs, dim=-1)
+
+
+def _unused_local_attention(q, k, v, causal: bool):
+'''
+
+MUTANTS += [
+    Mutant(
+        name="textbook_attention_head_loop",
+        why="I looped over the heads in attention, one matmul per head: right values, one operator chain per head",
+        cause=r"grows with the query heads|query heads",
+        edits=[("def _local_attention(q, k, v, causal: bool):\n", _LOOP_ATTENTION)],
+        loses=["no_head_loop"],
+        keeps=["attention_public", "attention", "communication", "mlp", "sequence_parallel", "column_row", "conjugates"],
+    ),
+    Mutant(
+        name="gqa_qkv_equal_thirds",
+        why="I cut the fused QKV weight into three equal thirds before sharding: right for MHA, wrong under GQA",
+        cause=r"unequal widths|widths differ",
+        edits=[('    out["w_qkv"] = torch.cat([m.chunk(t, dim=0)[r] for m in params["w_qkv"].split(widths, dim=0)]).clone()\n',
+                '    out["w_qkv"] = torch.cat([m.chunk(t, dim=0)[r] for m in params["w_qkv"].chunk(3, dim=0)]).clone()\n'),
+               ('        out["b_qkv"] = torch.cat([m.chunk(t)[r] for m in params["b_qkv"].split(widths)]).clone()\n',
+                '        out["b_qkv"] = torch.cat([m.chunk(t)[r] for m in params["b_qkv"].chunk(3)]).clone()\n')],
+        loses=["attention_public", "attention"],
+        keeps=["communication", "no_head_loop", "mlp", "column_row"],
+    ),
+    Mutant(
+        name="qkv_plain_split",
+        why="I sharded the fused QKV weight as one matrix, rank r taking its r-th contiguous block of rows",
+        cause=r"block r of each",
+        edits=[('    out["w_qkv"] = torch.cat([m.chunk(t, dim=0)[r] for m in params["w_qkv"].split(widths, dim=0)]).clone()\n',
+                '    out["w_qkv"] = params["w_qkv"].chunk(t, dim=0)[r].clone()\n'),
+               ('        out["b_qkv"] = torch.cat([m.chunk(t)[r] for m in params["b_qkv"].split(widths)]).clone()\n',
+                '        out["b_qkv"] = params["b_qkv"].chunk(t)[r].clone()\n')],
+        loses=["attention_public", "attention"],
+        keeps=["communication", "no_head_loop", "mlp", "column_row"],
+    ),
+    Mutant(
+        name="attention_missing_allreduce",
+        why="after attention I multiplied by my w_o shard and added b_o, with no all-reduce: a partial sum",
+        cause=r"must run exactly|summed over the ranks|all-reduce its partial",
+        edits=[('    return row_parallel_linear(o, params["w_o"], params.get("b_o"), comm, sequence_parallel)\n',
+                '    return o @ params["w_o"].T + params["b_o"]\n')],
+        loses=["attention_public", "attention", "communication", "sequence_parallel"],  # tp_block uses attention
+        keeps=["no_head_loop", "mlp", "column_row"],
+    ),
+    Mutant(
+        name="attention_causal_top_left",
+        why="my causal mask is top-left (key j <= query i), as scaled_dot_product_attention's is_causal",
+        cause=r"bottom-right",
+        edits=[("        allowed = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(nk - nq)\n",
+                "        allowed = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(0)\n")],
+        loses=["attention"],
+        keeps=["attention_public", "communication", "no_head_loop", "mlp"],
+    ),
+]
+
+MUTANTS += [
+    Mutant(
+        name="block_finalize_mlp_names_only",
+        why="finalize_grads sums ln_w, ln_b and b2 only: in a whole layer under SP, ln1, ln2 and b_o stay partial",
+        cause=r"finalize_grads",
+        edits=[(_SHARD_NAMES, '_ON_THE_SHARD = ("ln_w", "ln_b", "b2")\n')],
+        loses=["sequence_parallel", "communication"],
+        keeps=["mlp", "attention", "attention_public", "sp_public", "activation_memory", "no_head_loop"],
     ),
 ]

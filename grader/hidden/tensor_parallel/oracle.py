@@ -84,3 +84,91 @@ def expected_pattern(s: int, b: int, h: int, t: int, sequence_parallel: bool) ->
         return {"forward": [("all_gather", ag), ("reduce_scatter", rs)],
                 "backward": [("all_gather", ag), ("all_gather", ag), ("reduce_scatter", rs)]}
     return {"forward": [("all_reduce", ar)], "backward": [("all_reduce", ar)]}
+
+
+# ---------------------------------------------------------------- attention
+
+
+def qkv_rows(n_heads: int, n_kv_heads: int, d: int, t: int, r: int) -> list[int]:
+    """The rows of the fused w_qkv [(n_heads + 2 n_kv_heads) d, h] that rank r holds: its query heads' rows,
+    then its key heads', then its value heads' (head by head, d rows each)."""
+    hq, hkv = n_heads // t, n_kv_heads // t
+    rows = [(r * hq + j) * d + i for j in range(hq) for i in range(d)]
+    for base in (n_heads * d, (n_heads + n_kv_heads) * d):
+        rows += [base + (r * hkv + j) * d + i for j in range(hkv) for i in range(d)]
+    return rows
+
+
+def o_cols(n_heads: int, d: int, t: int, r: int) -> list[int]:
+    """The columns of w_o [h, n_heads d] rank r holds: its query heads' outputs."""
+    hq = n_heads // t
+    return [(r * hq + j) * d + i for j in range(hq) for i in range(d)]
+
+
+def attention_full(x: torch.Tensor, p: dict, n_heads: int, n_kv_heads: int, causal: bool) -> torch.Tensor:
+    """Single-device self-attention, one head at a time, with Python loops over heads and batch.
+
+    w_qkv's rows: Q's heads, then K's, then V's, d rows per head. Query head j reads key/value head
+    j // (n_heads / n_kv_heads). p["k_cache"], p["v_cache"] ([s_past, b, n_kv_heads, d], optional) are the
+    keys and values of earlier positions. Causal: query i is position s_past + i, and sees keys 0 .. s_past + i."""
+    s, b, _ = x.shape
+    d = p["w_qkv"].shape[0] // (n_heads + 2 * n_kv_heads)
+    qkv = x @ p["w_qkv"].T + (p["b_qkv"] if p.get("b_qkv") is not None else 0)
+    group = n_heads // n_kv_heads
+    outs = []
+    for j in range(n_heads):
+        kv = j // group
+        q = qkv[..., j * d:(j + 1) * d]
+        k = qkv[..., (n_heads + kv) * d:(n_heads + kv + 1) * d]
+        v = qkv[..., (n_heads + n_kv_heads + kv) * d:(n_heads + n_kv_heads + kv + 1) * d]
+        if p.get("k_cache") is not None:
+            k = torch.cat([p["k_cache"][:, :, kv], k])
+            v = torch.cat([p["v_cache"][:, :, kv], v])
+        past = k.shape[0] - s
+        per_batch = []
+        for bi in range(b):
+            rows = []
+            for i in range(s):
+                seen = past + i + 1 if causal else k.shape[0]
+                sc = (k[:seen, bi] @ q[i, bi]) / d ** 0.5
+                w = torch.exp(sc - sc.max())
+                rows.append((w / w.sum()) @ v[:seen, bi])
+            per_batch.append(torch.stack(rows))
+        outs.append(torch.stack(per_batch, dim=1))  # [s, b, d]
+    o = torch.cat(outs, dim=-1)
+    return o @ p["w_o"].T + p["b_o"]
+
+
+def attention_grads(x: torch.Tensor, p: dict, grad: torch.Tensor, n_heads: int, n_kv_heads: int, causal: bool):
+    """(output, x's gradient, each parameter's gradient) of `attention_full`, float64 autograd on whole tensors."""
+    x = x.detach().double().requires_grad_(True)
+    q = {k: v.detach().double().requires_grad_(True) for k, v in p.items()}
+    out = attention_full(x, q, n_heads, n_kv_heads, causal)
+    out.backward(grad.double())
+    return out.detach(), x.grad, {k: v.grad for k, v in q.items()}
+
+
+def shard_attention_params(p: dict, n_heads: int, n_kv_heads: int, t: int, r: int) -> dict:
+    """Rank r's attention shard by index lists: w_qkv's and b_qkv's rows, w_o's columns, b_o whole, and the
+    caches' heads (dim 2) of its key/value heads."""
+    d = p["w_qkv"].shape[0] // (n_heads + 2 * n_kv_heads)
+    rows, cols = qkv_rows(n_heads, n_kv_heads, d, t, r), o_cols(n_heads, d, t, r)
+    out = {"w_qkv": p["w_qkv"][rows].clone(), "b_qkv": p["b_qkv"][rows].clone(),
+           "w_o": p["w_o"][:, cols].clone(), "b_o": p["b_o"].clone()}
+    hkv = n_kv_heads // t
+    for name in ("k_cache", "v_cache"):
+        if p.get(name) is not None:
+            out[name] = p[name][:, :, [r * hkv + j for j in range(hkv)]].clone()
+    return out
+
+
+def layer_full(x: torch.Tensor, p: dict, n_heads: int, n_kv_heads: int, causal: bool, act: str) -> torch.Tensor:
+    """A pre-LN transformer layer on one device: h = x + attention(ln1(x)), then h + mlp(ln2(h))."""
+    h = x + attention_full(_layer_norm(x, p["ln1_w"], p["ln1_b"]), p, n_heads, n_kv_heads, causal)
+    return h + mlp_full(_layer_norm(h, p["ln2_w"], p["ln2_b"]), p, act)
+
+
+def expected_layer_pattern(s: int, b: int, h: int, t: int, sequence_parallel: bool) -> dict:
+    """A whole layer: the block's pattern twice (attention's, then the MLP's forward; backward the MLP's first)."""
+    one = expected_pattern(s, b, h, t, sequence_parallel)
+    return {"forward": one["forward"] * 2, "backward": one["backward"] * 2}

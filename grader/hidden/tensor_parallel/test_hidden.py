@@ -25,19 +25,28 @@ Contract clauses (README "The contract") and the tests that draw them:
 | the collectives each way, elements per rank | test_communication |
 | saved tensors under SP | test_activation_memory |
 | real processes | test_distributed |
+| shard_attention by heads (MHA, GQA), tp_attention values and gradients, causal with a cache (Nq != Nk), SP | test_shard_attention, test_attention |
+| n_kv_heads % t, n_heads % n_kv_heads: ValueError | test_attention_rejects |
+| attention's collectives each way | test_attention_communication |
+| no Python loop over heads | test_attention_no_head_loop |
+| tp_block (attention then MLP, pre-LN) with and without SP, finalize_grads of both norms, b_o and b2 | test_layer_sp |
+| a whole layer's collectives each way, and finalize's | test_layer_communication |
 """
 
 import pytest
 import torch
 
 from grader.hidden.tensor_parallel.oracle import (
-    block_full, column_rows, expected_pattern, full_grads, mlp_full, row_cols, shard_params,
+    attention_full, attention_grads, block_full, column_rows, expected_layer_pattern, expected_pattern, full_grads,
+    layer_full, mlp_full, o_cols, qkv_rows, row_cols, shard_attention_params, shard_params,
 )
+from grader.structure import assert_no_loop_over
 from grader.testing import assert_close
 
 RUN = "grader.support.tensor_parallel:run_tp"
 CALL = "grader.support.tensor_parallel:run_call"
 DIST = "grader.support.tensor_parallel:run_tp_distributed"
+SOLO = "grader.support.tensor_parallel:solo_comm"
 
 
 @pytest.fixture(scope="module")
@@ -317,3 +326,235 @@ def test_distributed(student, tp, rng):
         assert_close(res[r]["x_grad"], xg, atol=1e-10, rtol=1e-10, what=f"tp_mlp's x gradient on gloo, rank {r}")
         assert ops(res[r]["forward"]) == [("all_reduce", s * b * h)], (
             f"rank {r} on gloo sent {ops(res[r]['forward'])} forward; expected one all-reduce")
+
+
+# ---------------------------------------------------------------- attention
+
+ATTN_HINT = ("w_qkv stacks Q's heads, then K's, then V's; under GQA the three have unequal widths (n_heads d, "
+             "n_kv_heads d, n_kv_heads d): rank r takes block r of each of the three, not the r-th contiguous block "
+             "of the stack, and not three equal thirds")
+
+
+def attention_params(h, n_heads, n_kv_heads, d, rng, past=0, b=2):
+    rows = (n_heads + 2 * n_kv_heads) * d
+    p = {"w_qkv": torch.randn(rows, h, generator=rng, dtype=torch.float64) / h ** 0.5,
+         "b_qkv": 0.1 * torch.randn(rows, generator=rng, dtype=torch.float64),
+         "w_o": torch.randn(h, n_heads * d, generator=rng, dtype=torch.float64) / (n_heads * d) ** 0.5,
+         "b_o": torch.randn(h, generator=rng, dtype=torch.float64)}
+    if past:
+        p["k_cache"] = torch.randn(past, b, n_kv_heads, d, generator=rng, dtype=torch.float64)
+        p["v_cache"] = torch.randn(past, b, n_kv_heads, d, generator=rng, dtype=torch.float64)
+    return p
+
+
+@pytest.mark.check("attention")
+@pytest.mark.parametrize("world,n_heads,n_kv_heads", [(2, 4, 4), (2, 8, 2), (4, 8, 4), (3, 6, 3)])
+def test_shard_attention(student, tp, rng, world, n_heads, n_kv_heads):
+    h, d = 12, 3
+    p = attention_params(h, n_heads, n_kv_heads, d, rng)
+    got = student.drive(CALL, tp.shard_attention, world, [p, n_heads, n_kv_heads], 1)
+    for r in range(world):
+        want = shard_attention_params(p, n_heads, n_kv_heads, world, r)
+        for k in ("w_qkv", "b_qkv", "w_o", "b_o"):
+            assert_close(got[r]["value"][k], want[k], atol=0, rtol=0,
+                         what=f"shard_attention(n_heads={n_heads}, n_kv_heads={n_kv_heads})[{k!r}], rank {r} of {world}",
+                         hint=ATTN_HINT if k.endswith("qkv") else "w_o is row-parallel: rank r takes its query heads' "
+                                                                   "columns; b_o stays whole")
+
+
+ATTN_CASES = [  # world, n_heads, n_kv_heads, causal, past (cached positions: Nk = past + s), sequence_parallel
+    (1, 4, 2, True, 0, False),
+    (2, 4, 4, False, 0, False),   # MHA
+    (2, 8, 2, True, 0, False),    # GQA, causal, Nq == Nk
+    (2, 8, 4, True, 5, False),    # causal with a cache: Nk = s + 5, bottom-right
+    (4, 8, 4, False, 3, False),
+    (2, 8, 2, True, 0, True),     # SP
+    (4, 4, 4, True, 2, True),
+]
+
+
+def _attention_run(student, tp, rng, world, n_heads, n_kv_heads, causal, past, sp, s=8, b=2, h=12, d=3):
+    p = attention_params(h, n_heads, n_kv_heads, d, rng, past, b)
+    x = torch.randn(s, b, h, generator=rng, dtype=torch.float64)
+    g = torch.randn(s, b, h, generator=rng, dtype=torch.float64)
+    xs = list(x.chunk(world)) if sp else [x] * world
+    gs = list(g.chunk(world)) if sp else [g] * world
+    res = student.drive(RUN, tp.tp_attention, xs,
+                        [shard_attention_params(p, n_heads, n_kv_heads, world, r) for r in range(world)], gs,
+                        {"n_heads": n_heads, "n_kv_heads": n_kv_heads, "causal": causal, "sequence_parallel": sp})
+    return res, (x, p, g, d, (s, b, h))
+
+
+@pytest.mark.check("attention")
+@pytest.mark.parametrize("world,n_heads,n_kv_heads,causal,past,sp", ATTN_CASES)
+def test_attention(student, tp, rng, world, n_heads, n_kv_heads, causal, past, sp):
+    res, (x, p, g, d, _) = _attention_run(student, tp, rng, world, n_heads, n_kv_heads, causal, past, sp)
+    out, xg, pg = attention_grads(x, p, g, n_heads, n_kv_heads, causal)
+    what = (f"tp_attention(t={world}, n_heads={n_heads}, n_kv_heads={n_kv_heads}, causal={causal}, "
+            f"{past} cached positions, sequence_parallel={sp})")
+    mask_hint = (" With a cache the keys are the cached positions then the new ones, and the causal mask is aligned "
+                 "bottom-right: query i is position past + i and sees keys 0 .. past + i" if causal and past else "")
+    got = torch.cat([r["out"] for r in res]) if sp else res[0]["out"]
+    assert_close(got, out, atol=1e-10, rtol=1e-10, what=f"{what} output" + (", shards concatenated" if sp else ""),
+                 hint="each rank attends with its own query heads (query head j reads key/value head j // (n_heads / "
+                      "n_kv_heads)), then w_o's partial products are summed over the ranks and b_o added once, after "
+                      "the sum." + mask_hint)
+    if not sp:
+        for r in range(1, world):
+            assert_close(res[r]["out"], out, atol=1e-10, rtol=1e-10, what=f"{what} output, rank {r}",
+                         hint="every rank must hold the whole output: the row-parallel projection all-reduces")
+    got = torch.cat([r["x_grad"] for r in res]) if sp else res[0]["x_grad"]
+    assert_close(got, xg, atol=1e-10, rtol=1e-10, what=f"{what} x gradient",
+                 hint="x feeds every rank's Q, K and V columns: its gradient is the sum of every rank's part (f's "
+                      "backward all-reduces; under SP the column layer reduce-scatters it)")
+    for r in range(world):
+        rows, cols = qkv_rows(n_heads, n_kv_heads, d, world, r), o_cols(n_heads, d, world, r)
+        assert_close(res[r]["grads"]["w_qkv"], pg["w_qkv"][rows], atol=1e-10, rtol=1e-10,
+                     what=f"{what}: w_qkv's gradient, rank {r}", hint=ATTN_HINT)
+        assert_close(res[r]["grads"]["b_qkv"], pg["b_qkv"][rows], atol=1e-10, rtol=1e-10,
+                     what=f"{what}: b_qkv's gradient, rank {r}")
+        assert_close(res[r]["grads"]["w_o"], pg["w_o"][:, cols], atol=1e-10, rtol=1e-10,
+                     what=f"{what}: w_o's gradient, rank {r}")
+        if past:
+            kv = [r * (n_kv_heads // world) + j for j in range(n_kv_heads // world)]
+            for name in ("k_cache", "v_cache"):
+                assert_close(res[r]["grads"][name], pg[name][:, :, kv], atol=1e-10, rtol=1e-10,
+                             what=f"{what}: {name}'s gradient, rank {r}")
+    b_o = sum(r["grads"]["b_o"] for r in res) if sp else res[0]["grads"]["b_o"]
+    assert_close(b_o, pg["b_o"], atol=1e-10, rtol=1e-10,
+                 what=f"{what}: b_o's gradient" + (" summed over the ranks (each saw its sequence shard)" if sp else ""),
+                 hint="b_o is added once, after the reduction")
+
+
+@pytest.mark.check("attention")
+@pytest.mark.parametrize("world,n_heads,n_kv_heads", [(2, 4, 1), (4, 8, 2), (2, 6, 4)])
+def test_attention_rejects(student, tp, rng, world, n_heads, n_kv_heads):
+    """n_kv_heads % t != 0 (MQA on 2 ranks, GQA with 2 KV heads on 4): ValueError, from shard_attention and from
+    tp_attention; n_heads % n_kv_heads != 0 too."""
+    h, d = 8, 2
+    p = attention_params(h, n_heads, n_kv_heads, d, rng)
+    with pytest.raises(ValueError):
+        student.drive(CALL, tp.shard_attention, world, [p, n_heads, n_kv_heads], 1)
+    shard = {"w_qkv": p["w_qkv"], "b_qkv": p["b_qkv"], "w_o": p["w_o"], "b_o": p["b_o"]}  # any shapes: it must refuse first
+    x = torch.randn(4 * world, 1, h, generator=rng, dtype=torch.float64)
+    with pytest.raises(ValueError):
+        student.drive(RUN, tp.tp_attention, [x] * world, [shard] * world, None,
+                      {"n_heads": n_heads, "n_kv_heads": n_kv_heads, "causal": False})
+
+
+@pytest.mark.check("communication")
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("sp", [False, True])
+def test_attention_communication(student, tp, rng, world, sp):
+    res, (*_, (s, b, h)) = _attention_run(student, tp, rng, world, 8, 4, True, 0, sp)
+    want = expected_pattern(s, b, h, world, sp)
+    for r in range(world):
+        for phase in ("forward", "backward"):
+            got = ops(res[r][phase])
+            assert got == want[phase], (
+                f"tp_attention ({'SP' if sp else 'TP'}), rank {r} of {world}, {phase}: your collectives were {got} "
+                f"(operation, elements this rank sent); attention must run exactly {want[phase]}, as the MLP does. "
+                + ("Under SP: an all-gather before the QKV projection and a reduce-scatter after w_o forward; "
+                   "backward the reduce-scatter's all-gather, the QKV layer's input gathered again, and a "
+                   "reduce-scatter of x's gradient." if sp else
+                   "Q, K and V are column-parallel by heads and attention is local to each rank's heads, so the "
+                   "forward's one all-reduce is the row-parallel output projection's (g), and backward's one is f's, "
+                   "before the QKV projection."))
+
+
+@pytest.mark.check("no_head_loop")
+def test_attention_no_head_loop(student, tp, rng):
+    """At real model sizes (8 and 128 query heads, GQA with a quarter as many KV heads) on one rank: the lines of
+    the student's file, the operators and the bytes read back must not grow with the heads."""
+    comm = student.drive(SOLO, tp.tp_attention)
+    s, b, h, d = 16, 2, 64, 16
+
+    def make(n):
+        p = attention_params(h, n, n // 4, d, rng, 0, b)
+        return torch.randn(s, b, h, generator=rng, dtype=torch.float64), p, comm, n, n // 4, True
+
+    def check(out, x, p, _comm, n, n_kv, causal):
+        with torch.no_grad():
+            want = attention_full(x, p, n, n_kv, causal)
+        assert_close(out, want, atol=1e-10, rtol=1e-10, what=f"tp_attention's output with {n} heads on one rank")
+
+    assert_no_loop_over(student, tp.tp_attention, make, check, over="query heads", sizes=(8, 128),
+                        advice="Attend with every head of the rank at once: view Q as [b, heads, s, d], repeat (or "
+                               "view) K and V per group of n_heads / n_kv_heads, and use one batched matmul.")
+
+
+
+# ---------------------------------------------------------------- a whole layer: tp_block
+
+LAYER_SHARDED = ("ln1_w", "ln1_b", "ln2_w", "ln2_b", "b_o", "b2")  # applied to the sequence shard under SP
+
+
+def _layer_run(student, tp, rng, world, sp, act, s=8, b=2, h=16):
+    n_heads, n_kv_heads, d = 8, 4, 2
+    f = 2 * h
+    p = {**mlp_params(h, f, act, rng), **attention_params(h, n_heads, n_kv_heads, d, rng)}
+    for k in ("ln1", "ln2"):
+        p[f"{k}_w"] = 1 + 0.1 * torch.randn(h, generator=rng, dtype=torch.float64)
+        p[f"{k}_b"] = 0.1 * torch.randn(h, generator=rng, dtype=torch.float64)
+    x = torch.randn(s, b, h, generator=rng, dtype=torch.float64)
+    g = torch.randn(s, b, h, generator=rng, dtype=torch.float64)
+    xs = list(x.chunk(world)) if sp else [x] * world
+    gs = list(g.chunk(world)) if sp else [g] * world
+    shards = [{**shard_params(p, world, r, act), **shard_attention_params(p, n_heads, n_kv_heads, world, r)}
+              for r in range(world)]
+    res = student.drive(RUN, tp.tp_block, xs, shards, gs,
+                        {"n_heads": n_heads, "n_kv_heads": n_kv_heads, "causal": True, "sequence_parallel": sp,
+                         "act": act}, finalize=True)
+    return res, (x, p, g, (n_heads, n_kv_heads, d), (s, b, h))
+
+
+@pytest.mark.check("sequence_parallel")
+@pytest.mark.parametrize("world,act", [(2, "gelu"), (4, "swiglu")])
+def test_layer_sp(student, tp, rng, world, act):
+    for sp in (False, True):
+        res, (x, p, g, (nh, nkv, d), _) = _layer_run(student, tp, rng, world, sp, act)
+        xd = x.detach().clone().requires_grad_(True)
+        q = {k: v.detach().clone().requires_grad_(True) for k, v in p.items()}
+        out = layer_full(xd, q, nh, nkv, True, act)
+        out.backward(g)
+        what = f"tp_block ({'SP' if sp else 'TP'}, t={world}, {act})"
+        got = torch.cat([r["out"] for r in res]) if sp else res[0]["out"]
+        assert_close(got, out.detach(), atol=1e-10, rtol=1e-10, what=f"{what} output",
+                     hint="a layer is x + tp_attention(ln1(x)), then that + tp_mlp(ln2(that)): each half's row-parallel "
+                          "output (w_o's, w2's) summed over the ranks, its bias added once, the norms with eps 1e-5")
+        got = torch.cat([r["x_grad"] for r in res]) if sp else res[0]["x_grad"]
+        assert_close(got, xd.grad, atol=1e-10, rtol=1e-10, what=f"{what} x gradient")
+        for r in range(world):
+            for k in LAYER_SHARDED:
+                assert_close(res[r]["grads"][k], q[k].grad, atol=1e-10, rtol=1e-10, what=f"{what}: {k}'s gradient, rank {r}",
+                             hint="under SP both norms and both row-parallel biases (b_o, b2) see only this rank's "
+                                  "rows: finalize_grads must all-reduce the gradients of ln1_w, ln1_b, ln2_w, ln2_b, "
+                                  "b_o and b2" if sp else None)
+            rows = qkv_rows(nh, nkv, d, world, r)
+            assert_close(res[r]["grads"]["w_qkv"], q["w_qkv"].grad[rows], atol=1e-10, rtol=1e-10,
+                         what=f"{what}: w_qkv's gradient, rank {r}")
+            rows = column_rows(p["w1"].shape[0], world, r, 2 if act == "swiglu" else 1)
+            assert_close(res[r]["grads"]["w1"], q["w1"].grad[rows], atol=1e-10, rtol=1e-10,
+                         what=f"{what}: w1's gradient, rank {r}")
+
+
+@pytest.mark.check("communication")
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("sp", [False, True])
+def test_layer_communication(student, tp, rng, world, sp):
+    res, (*_, (s, b, h)) = _layer_run(student, tp, rng, world, sp, "gelu")
+    want = expected_layer_pattern(s, b, h, world, sp)
+    for r in range(world):
+        for phase in ("forward", "backward"):
+            got = ops(res[r][phase])
+            assert got == want[phase], (
+                f"tp_block ({'SP' if sp else 'TP'}), rank {r} of {world}, {phase}: your collectives were {got}; a "
+                f"layer must run exactly {want[phase]}: attention's and the MLP's, each as one block's "
+                "(two all-reduces forward and two backward without SP)")
+        if sp:
+            got = ops(res[r]["finalize"])
+            want_elements = len(LAYER_SHARDED) * (2 * (world - 1) * h // world)
+            assert got and all(op == "all_reduce" for op, _ in got) and sum(e for _, e in got) == want_elements, (
+                f"finalize_grads after a whole SP layer, rank {r}: {got}; expected all-reduces of the gradients of "
+                f"ln1_w, ln1_b, ln2_w, ln2_b, b_o and b2 (6 h = {6 * h} elements), so {want_elements} elements sent "
+                "per rank")
