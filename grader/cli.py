@@ -79,6 +79,7 @@ def cmd_grade(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     backend = backend_from_args(args, root, opts)  # rejects flags that do not go with the backend
     if args.backend == "local":
+        opts.check_account()
         chosen = [e.id for e in course.exercises if not opts.exercises or e.id in opts.exercises]
         with GradeProgress(source.name, chosen, err) as progress:
             result = grade(course, root, source, out, opts, on_update=progress)

@@ -61,13 +61,19 @@ class GradeOptions:
             if value is not None and not value > 0:
                 flag = "--" + name[: -len("_s")].replace("_", "-")
                 raise OptionsError(f"expected {flag} greater than 0 seconds, found {value:g}")
-        if self.user not in ("auto", "") and os.geteuid() == 0:  # as root, each worker runs as this account
-            try:
-                pwd.getpwnam(self.user)
-            except KeyError:  # else every exercise fails later as "the test process exited with code 3"
-                raise OptionsError(f"expected --user {self.user!r} to name an account on this machine (as root, "
-                                   f"the student's code runs as it), found none: create it (the Gradescope bundle's "
-                                   f"setup.sh creates 'student'), or use --user auto (GRADER_USER=auto)") from None
+
+    def check_account(self) -> None:
+        """Where this machine grades (the local backend, as root), `user` must be an account it has: each worker
+        drops to it, and without it every exercise fails later as "the test process exited with code 3". Options
+        made for another machine (a container's, sent on the wire) are not checked here."""
+        if self.user in ("auto", "") or os.geteuid() != 0:
+            return
+        try:
+            pwd.getpwnam(self.user)
+        except KeyError:
+            raise OptionsError(f"expected --user {self.user!r} to name an account on this machine (as root, the "
+                               f"student's code runs as it), found none: create it (the Gradescope bundle's setup.sh "
+                               f"creates 'student'), or use --user auto (GRADER_USER=auto)") from None
 
     # -- the command line ---------------------------------------------------------------------------
 

@@ -95,3 +95,18 @@ def test_a_batch_keeps_each_submissions_pytest_logs_apart(tmp_path):
     batch = BatchOptions(tmp_path / "subs", tmp_path / "out", grade=GradeOptions(log_dir=tmp_path / "logs"))
     assert options_of(batch.grade, "ann").log_dir == tmp_path / "logs" / "ann"
     assert options_of(GradeOptions(), "ann").log_dir is None
+
+
+def test_an_account_is_checked_where_the_grade_runs_not_where_options_are_made():
+    """Options for a container name the container's account ('grader'), which the host may lack: making them never
+    fails; the local backend checks the account before it grades (as root, each worker drops to it)."""
+    import os
+
+    opts = GradeOptions(user="no-such-account-for-the-course")  # made anywhere, sent anywhere
+    assert GradeOptions.from_json(opts.to_json()) == opts
+    if os.geteuid() != 0:
+        opts.check_account()  # not root: no worker drops to an account, nothing to check
+        return
+    with pytest.raises(OptionsError, match="expected --user 'no-such-account-for-the-course' to name an account"):
+        opts.check_account()
+    GradeOptions(user="root").check_account()

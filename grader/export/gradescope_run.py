@@ -107,6 +107,7 @@ def run(root: Path) -> int:
         if refusal is not None:
             return _failed(root, refusal)
         opts = GradeOptions(exercises=config["exercises"], tests=config["tests"], user=config["user"])
+        opts.check_account()
         result = grade(course, source, root / "submission", out_dir / "result.json", opts,
                        submission_id=_submission_id(root))
         payload = to_gradescope(result, settings, course, execution_time_s=time.monotonic() - started)

@@ -412,6 +412,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
             jobs=args.jobs or (len(gpus) if gpus else 1), gpus=gpus, regrade=args.regrade, only=args.only or None,
             allow_shared_identity=args.allow_shared_identity, new_seed=args.new_seed, grade=grade)
         backend = backend_from_args(args, root, grade)
+        if args.backend == "local":
+            grade.check_account()
         report = run_batch(course, root, opts, backend=backend)
     except (BatchError, CourseError, BackendError, OptionsError) as exc:
         err.print(Text.assemble(("error:", "red"), " ", inert(str(exc))))
