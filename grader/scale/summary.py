@@ -183,8 +183,9 @@ def _num(value: float | None) -> str:
 def print_summary(summary: dict, console: Console) -> None:
     table = Table(title=f"batch summary: {summary['graded']} graded of {summary['submissions']} submissions",
                   box=box.SIMPLE_HEAVY, title_justify="left")
-    # Fits 80 columns: the exercise whole, the figures short; what "of" leaves out is said once below the table.
-    table.add_column("exercise", no_wrap=True)
+    # Fits 80 columns: the figures short, the exercise whole (a name longer than 19 characters folds onto a second
+    # line, never cut); what "of" leaves out is said once below the table.
+    table.add_column("exercise", overflow="fold", max_width=19)
     for col in ("graded", "mean", "median", "min-max", "of", "full", "missing"):
         table.add_column(col, justify="right", no_wrap=True)
     for e in summary["exercises"]:
