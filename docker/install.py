@@ -106,8 +106,9 @@ def ensure_c_compiler() -> None:
         print("install.py: C_COMPILER=none: no C compiler installed; Triton's kernels run here under its "
               "interpreter only (TRITON_INTERPRET=1), a GPU grade needs one")
         return
-    if c_compiler():
-        print(f"install.py: Triton's C compiler: {c_compiler()}")
+    found = c_compiler()
+    if found:
+        print(f"install.py: Triton's C compiler: {found}")
         return
     import shutil
 
